@@ -1,0 +1,27 @@
+"""Companion package of the decoder course: conventions, toy data, plots and the building blocks of visible checks.
+
+It never holds the answer to an exercise: every graded function is written by the student in a lesson, and its
+reference lives only in the instructor's ``autograder`` package.
+
+Conventions (lesson 00 states them again; ``tests/test_conventions.py`` holds them to this text)
+-----------------------------------------------------------------------------------------------
+Dimensions
+    ``B`` batch, ``T`` target/query length, ``S`` source/key length, ``H`` heads, ``D`` model width,
+    ``Dh = D // H`` head width, ``F`` feed-forward width, ``V`` vocabulary. Shape comments read ``# (B, H, T, S)``.
+Masks
+    A mask is boolean and ``True`` means **"this query may attend to this key"**, as in
+    ``torch.nn.functional.scaled_dot_product_attention``. We call it ``allowed``; it broadcasts to ``(B, H, T, S)``.
+    PyTorch's ``nn.MultiheadAttention`` and ``nn.Transformer*`` use the opposite polarity (``True`` = blocked):
+    invert only at that boundary (``blocked = ~allowed``), with a comment.
+Padding
+    ``is_real`` is boolean ``(B, S)`` or ``(B, T)``, ``True`` for real tokens.
+Fully masked rows
+    A query row whose keys are all masked returns **zeros**: never NaN, never a uniform average.
+Token ids
+    ``PAD``, ``BOS`` and ``EOS`` are the special ids of every toy vocabulary in :mod:`decoder_course.data`.
+"""
+
+from decoder_course.conventions import BOS, DIMENSIONS, EOS, PAD, SPECIAL_TOKENS
+
+__all__ = ["BOS", "DIMENSIONS", "EOS", "PAD", "SPECIAL_TOKENS"]
+__version__ = "0.1.0"
