@@ -1,0 +1,75 @@
+"""The instructor's entry point: ``python -m autograder COMMAND`` (or ``./course grade COMMAND``).
+
+Commands
+  build                      build solutions/<id>/<id>.ipynb from solutions/<id>.py and the references
+  release                    build, then write the student release into lessons/ (nbgrader generate_assignment)
+  grade SUBMISSIONS          canary, then every student in SUBMISSIONS (nbgrader layout or LMS zip), feedback, CSV
+  demo                       release, then grade three sample students (perfect, untouched, typical mistakes)
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import sys
+import time
+from pathlib import Path
+
+from autograder import notebooks, pipeline, samples
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m autograder", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    sub = parser.add_subparsers(dest="command", required=True)
+    sub.add_parser("build", help="build solution notebooks from their sources")
+    p_release = sub.add_parser("release", help="build the student release into lessons/")
+    p_release.add_argument("--lessons", nargs="*", help="lesson ids (default: all)")
+    for name in ("grade", "demo"):
+        p = sub.add_parser(name)
+        if name == "grade":
+            p.add_argument("submissions", type=Path, help="folder student/lesson/*.ipynb, or an LMS zip export")
+        p.add_argument("--work", type=Path, default=pipeline.ROOT / ".grading",
+                       help="where nbgrader's trees, the gradebook, feedback and grades.csv go (default .grading)")
+        p.add_argument("--db-url", default=None, help="gradebook SQLAlchemy URL (default: SQLite in --work)")
+        p.add_argument("--lessons", nargs="*", help="lesson ids (default: all)")
+        p.add_argument("-v", "--verbose", action="store_true", help="show nbgrader's log")
+    args = parser.parse_args(argv)
+    logging.basicConfig(level=logging.INFO if getattr(args, "verbose", False) else logging.WARNING,
+                        format="%(levelname)s %(name)s: %(message)s")
+    pipeline.quiet_nbgrader(getattr(args, "verbose", False))
+
+    if args.command == "build":
+        stale = notebooks.build_all()
+        print(f"built {len(notebooks.lessons())} solution notebooks ({len(stale)} changed)")
+        return 0
+    if args.command == "release":
+        done = pipeline.release(args.lessons)
+        print(f"released {len(done)} lessons into {pipeline.LESSONS_DIR}")
+        return 0
+
+    started = time.perf_counter()
+    if args.command == "demo":
+        pipeline.release(args.lessons)
+        print(f"released {len(notebooks.lessons())} lessons into lessons/")
+        submissions = samples.make_samples(args.work / "samples", args.lessons)
+        print(f"sample submissions ({', '.join(samples.STUDENTS)}) in {submissions}")
+    else:
+        submissions = args.submissions
+        if not submissions.exists():
+            print(f"error: {submissions} does not exist; pass a folder student/lesson/*.ipynb or a zip",
+                  file=sys.stderr)
+            return 2
+    outcomes = pipeline.grade(submissions, args.work, args.lessons, args.db_url, args.verbose)
+    print(pipeline.score_table(outcomes))
+    bad = [o for o in outcomes if not o.ok]
+    for o in bad:
+        print(f"needs attention: {o.student}/{o.lesson}: {o.message}")
+    print(f"\ngraded {len(outcomes) - len(set(o.lesson for o in outcomes))} notebooks "
+          f"(+ canaries) in {time.perf_counter() - started:.0f} s; "
+          f"grades: {args.work / 'grades.csv'}; feedback: {args.work / 'feedback'}")
+    return 1 if bad else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,278 @@
+"""Trusted side of grading: build each exercise's cases, then judge what the kernel handed back.
+
+An exercise is a class registered with :func:`exercise`. ``cases(rng)`` builds :class:`Case` objects (steps in the
+small language of :mod:`decoder_course.harvest`, arrays kept aside); ``judge(result)`` reads the student's outputs
+through :class:`Result`, which checks type, dtype, shape and finiteness before any value, and raises :class:`Fail`
+with a message that teaches. Reference code runs only here, never in the student's kernel.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+REGISTRY: dict[str, dict[str, type[Exercise]]] = {}
+
+
+class Fail(Exception):
+    """A hidden check failed; the message is shown to the student and must say which idea broke."""
+
+
+def exercise(lesson: str, name: str, points: float = 1.0):
+    """Register an exercise class under ``lesson`` and its graded cell id ``name``."""
+
+    def register(cls):
+        cls.lesson, cls.name, cls.points = lesson, name, points
+        REGISTRY.setdefault(lesson, {})[name] = cls
+        return cls
+
+    return register
+
+
+# -- building cases ---------------------------------------------------------------------------------------------
+@dataclass
+class Case:
+    """One call sequence to run in the kernel, with the inputs kept for the reference."""
+
+    id: str
+    desc: str  # shown to the student: sizes and situation, never values
+    steps: list[dict] = field(default_factory=list)
+    arrays: dict[str, np.ndarray] = field(default_factory=dict)
+    data: dict[str, Any] = field(default_factory=dict)  # trusted side only: anything judge() needs
+
+    def _key(self) -> str:
+        return f"{self.id}_a{len(self.arrays)}"
+
+    def array(self, value) -> dict:
+        """A NumPy array argument (the kernel gets a fresh copy)."""
+        key = self._key()
+        self.arrays[key] = np.ascontiguousarray(value)
+        return {"array": key}
+
+    def tensor(self, value, requires_grad: bool = False, dtype: str | None = None) -> dict:
+        """A torch tensor argument, made from ``value`` (NumPy or torch) in the kernel."""
+        if hasattr(value, "detach"):
+            value = value.detach().cpu().numpy()
+        key = self._key()
+        self.arrays[key] = np.ascontiguousarray(value)
+        spec: dict[str, Any] = {"tensor": key}
+        if dtype:
+            spec["dtype"] = dtype
+        if requires_grad:
+            spec["requires_grad"] = True
+        return spec
+
+    def call(self, fn: dict | str, *args, let: str | None = None, record: str | None = None, **kwargs) -> None:
+        """Call ``fn`` (a global name or a value spec) with value specs or JSON literals."""
+        spec = {"global": fn} if isinstance(fn, str) else fn
+        step: dict[str, Any] = {"call": spec, "args": list(args), "kwargs": kwargs}
+        if let:
+            step["let"] = let
+        if record:
+            step["record"] = record
+        self.steps.append(step)
+
+    def method(self, obj: str, name: str, *args, let: str | None = None, record: str | None = None,
+               **kwargs) -> None:
+        """Call ``obj.name(*args, **kwargs)`` on an object bound earlier with ``let``."""
+        self.call({"attr": [obj, name]}, *args, let=let, record=record, **kwargs)
+
+    def load_state(self, obj: str, state: dict[str, Any]) -> None:
+        """Load a state dict (strict) into a bound module: the names are part of the exercise's contract."""
+        self.steps.append({"load_state": obj, "state": {k: self.tensor(v) for k, v in state.items()}})
+
+    def eval(self, obj: str) -> None:
+        self.steps.append({"eval": obj})
+
+    def seed(self, value: int) -> None:
+        self.steps.append({"seed": int(value)})
+
+    def backward(self, obj: str, weights) -> None:
+        self.steps.append({"backward": obj, "weights": self.tensor(weights)})
+
+    def let(self, name: str, value: dict) -> None:
+        """Bind a value spec to a name, e.g. an input to record again after the call."""
+        self.steps.append({"let": name, "value": value})
+
+    def record(self, name: str, value: dict) -> None:
+        self.steps.append({"record": name, "value": value})
+
+
+def write_cases(folder: Path, item: str, cases: list[Case]) -> None:
+    """Write ``cases`` for the kernel as JSON plus one ``.npz`` (plain arrays only)."""
+    folder.mkdir(parents=True, exist_ok=True)
+    arrays = {key: value for case in cases for key, value in case.arrays.items()}
+    np.savez(folder / f"{item}.npz", **arrays)
+    payload = {"item": item, "cases": [{"id": c.id, "steps": c.steps} for c in cases]}
+    (folder / f"{item}.json").write_text(json.dumps(payload))
+
+
+# -- reading results --------------------------------------------------------------------------------------------
+_FLOAT_KINDS = "f"
+
+
+class Result:
+    """What the kernel handed back for one exercise, read without trusting any of it."""
+
+    def __init__(self, folder: Path, item: str, cases: list[Case]):
+        self.item = item
+        self.cases = {case.id: case for case in cases}
+        json_path, npz_path = folder / f"{item}.json", folder / f"{item}.npz"
+        if not json_path.exists() or not npz_path.exists():
+            raise Fail(
+                "the hidden checks never ran for this exercise: the cell was not reached (an earlier cell hung, "
+                "crashed the kernel or exited), or the test cell was changed."
+            )
+        try:
+            report = json.loads(json_path.read_text())
+            leaf_keys = list(report["leaves"])
+            self.report_cases = dict(report["cases"])
+            with np.load(npz_path, allow_pickle=False) as npz:
+                self.leaves = {key: npz[f"leaf{i}"] for i, key in enumerate(leaf_keys)}
+        except Fail:
+            raise
+        except Exception as exc:
+            raise Fail(f"the grader could not read this exercise's outputs ({type(exc).__name__}).") from exc
+
+    def _entry(self, case_id: str) -> dict:
+        entry = self.report_cases.get(case_id)
+        if not isinstance(entry, dict):
+            raise Fail(f"no result for the case {self.cases[case_id].desc}: did the cell finish?")
+        return entry
+
+    def error(self, case_id: str) -> str | None:
+        """The exception the student's code raised on this case, if any."""
+        error = self._entry(case_id).get("error")
+        return str(error) if error is not None else None
+
+    def raise_if_error(self, case_id: str) -> None:
+        error = self.error(case_id)
+        if error is not None:
+            desc = self.cases[case_id].desc
+            raise Fail(f"your code raised an exception on a case with {desc}:\n    {error.splitlines()[-1]}")
+
+    def meta(self, case_id: str, name: str) -> dict:
+        self.raise_if_error(case_id)
+        outputs = self._entry(case_id).get("outputs", {})
+        if name not in outputs:
+            raise Fail(f"nothing was returned for `{name}` on a case with {self.cases[case_id].desc}.")
+        return outputs[name]
+
+    def get(self, case_id: str, name: str, *, what: str, kind: str = "any", dtype: str | None = None,
+            shape: tuple | None = None, finite: bool = True) -> np.ndarray:
+        """One returned array, after checking its exact type, dtype, shape and finiteness.
+
+        ``kind`` is ``"ndarray"``, ``"tensor"``, ``"array"`` (either) or ``"any"`` (also Python scalars);
+        ``dtype`` is ``"bool"``, ``"float"``, ``"int"`` or an exact name such as ``"torch.float16"``.
+        """
+        desc = self.cases[case_id].desc
+        meta = self.meta(case_id, name)
+        got_type = meta.get("type", "?")
+        allowed_types = {
+            "ndarray": {"numpy.ndarray"},
+            "tensor": {"torch.Tensor"},
+            "array": {"numpy.ndarray", "torch.Tensor"},
+            "any": {"numpy.ndarray", "torch.Tensor", "float", "int", "bool"},
+        }[kind]
+        if got_type not in allowed_types:
+            wanted = {"ndarray": "a NumPy array", "tensor": "a torch.Tensor", "array": "an array",
+                      "any": "an array or a number"}[kind]
+            raise Fail(f"{what} should be {wanted}, but your code returned `{got_type}` ({desc}).")
+        key = f"{case_id}/{name}"
+        if key not in self.leaves:
+            raise Fail(f"{what}: the returned value could not be read ({desc}).")
+        array = self.leaves[key]
+        if list(array.shape) != list(meta.get("shape", array.shape)):
+            raise Fail(f"{what}: the returned value could not be read ({desc}).")
+        if dtype is not None:
+            _check_dtype(array, meta.get("dtype", ""), dtype, what, desc)
+        if shape is not None and tuple(array.shape) != tuple(shape):
+            raise Fail(f"{what} should have shape {tuple(shape)}, got {tuple(array.shape)} ({desc}).")
+        if finite and array.dtype.kind in "fc" and not np.isfinite(array).all():
+            bad = np.argwhere(~np.isfinite(array))[0].tolist()
+            raise Fail(
+                f"{what} contains NaN or inf (first at index {bad}) on a case with {desc}. A fully masked row "
+                "or huge scores? Subtract the row max before exp, and give fully masked rows zeros."
+            )
+        return array
+
+
+def _check_dtype(array: np.ndarray, declared: str, want: str, what: str, desc: str) -> None:
+    if want == "bool":
+        ok = array.dtype == np.bool_
+    elif want == "float":
+        ok = array.dtype.kind == "f"
+    elif want == "int":
+        ok = array.dtype.kind in "iu"
+    else:
+        ok = declared == want
+    if not ok:
+        raise Fail(f"{what} should have a {want} dtype, got {declared or array.dtype} ({desc}).")
+
+
+# -- comparing ----------------------------------------------------------------------------------------------------
+def expect_close(got: np.ndarray, want: np.ndarray, what: str, desc: str, hint: str = "",
+                 rtol: float = 1e-5, atol: float = 1e-6) -> None:
+    """Values must agree with the reference; say how far off and where, never what the reference is."""
+    got = np.asarray(got)
+    want = np.asarray(want)
+    if got.shape != want.shape:
+        raise Fail(f"{what} should have shape {want.shape}, got {got.shape} ({desc}).")
+    if got.dtype == np.bool_ or want.dtype == np.bool_:
+        wrong = got.astype(bool) != want.astype(bool)
+        if wrong.any():
+            where = np.argwhere(wrong)[0].tolist()
+            raise Fail(f"{what} is wrong at {int(wrong.sum())} place(s), first at index {where} ({desc}). {hint}")
+        return
+    close = np.isclose(got.astype(np.float64), want.astype(np.float64), rtol=rtol, atol=atol)
+    if not close.all():
+        where = np.argwhere(~close)[0].tolist()
+        err = float(np.max(np.abs(got.astype(np.float64) - want.astype(np.float64))))
+        raise Fail(
+            f"{what} differs from the expected values on a case with {desc}: max abs error {err:.3g}, "
+            f"first at index {where}. {hint}".rstrip()
+        )
+
+
+@dataclass
+class Verdict:
+    passed: bool
+    message: str
+
+
+class Exercise:
+    """Base class: subclasses set ``cases`` and ``judge``; ``lesson``, ``name`` and ``points`` come from @exercise."""
+
+    lesson: str = ""
+    name: str = ""
+    points: float = 1.0
+    # Calls that would make the exercise trivial; found in the submitted source by the static policy check.
+    forbidden: tuple[str, ...] = ()
+
+    def cases(self, rng: np.random.Generator) -> list[Case]:
+        raise NotImplementedError
+
+    def judge(self, result: Result) -> None:
+        raise NotImplementedError
+
+
+def run_judge(ex: Exercise, folder: Path, cases: list[Case]) -> Verdict:
+    """Judge one exercise from the kernel's outputs in ``folder``; any failure becomes a teaching verdict."""
+    try:
+        ex.judge(Result(folder, ex.name, cases))
+    except Fail as fail:
+        return Verdict(False, str(fail))
+    except Exception as exc:  # a grader bug must not look like the student's fault; say so plainly
+        return Verdict(False, f"the grader could not judge this exercise ({type(exc).__name__}: {exc}); "
+                              "tell your instructor.")
+    return Verdict(True, f"all {len(cases)} hidden cases passed")
+
+
+def each(cases: Iterable[Case], fn: Callable[[Case], None]) -> None:
+    for case in cases:
+        fn(case)

@@ -1,0 +1,199 @@
+"""Build the solution notebooks from their percent sources, taking every exercise's code from its reference.
+
+``solutions/<id>.py`` is a lesson's source in the percent format (diff-friendly, one cell per ``# %%``). Cell
+headers understood here, beyond jupytext's plain ``# %%`` and ``# %% [markdown]``:
+
+``# %% exercise=causal_mask``
+    a solution cell; its code is the source of ``causal_mask`` in the lesson's reference module, student part
+    between nbgrader's ``### BEGIN SOLUTION`` / ``### END SOLUTION`` lines. The cell body in the percent file stays
+    empty: the reference is the one source.
+``# %% test=causal_mask points=2``
+    the graded test cell of that exercise: the hidden part (only a call to ``decoder_course.harvest.collect``,
+    identical in every cell, stripped from the release and the feedback), then the visible checks written under
+    the header.
+``# %% given=multi_head:attention,MultiHeadAttention``
+    building blocks of an earlier lesson, shown as given code: the references' source without the markers.
+
+The built notebook (``solutions/<id>/<id>.ipynb``) is what nbgrader reads; ``tests/test_notebooks.py`` fails
+when it has drifted from its source or from the references.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import importlib
+import inspect
+import re
+import textwrap
+from pathlib import Path
+
+import nbformat
+from nbformat import NotebookNode
+
+ROOT = Path(__file__).resolve().parent.parent
+SOLUTIONS = ROOT / "solutions"
+
+# Each lesson's reference module, in autograder/reference.
+REFERENCE_MODULES = {
+    "00-setup": "warmup",
+    "01-masks": "masks",
+    "02-attention": "attention",
+    "03-multi-head": "multi_head",
+    "04-cross-attention": "cross_attention",
+    "05-decoder-layer": "decoder_layer",
+    "06-model": "model",
+    "07-training": "training",
+    "08-generation": "generation",
+    "09-kv-cache": "kv_cache",
+    "10-numerics": "numerics",
+}
+
+BOOTSTRAP = """\
+# Setup. In Colab this installs the course's companion package (torch is already there); elsewhere it does nothing.
+import sys
+
+if "google.colab" in sys.modules:
+    %pip install --quiet "decoder-course @ git+https://github.com/decoder-course/decoder-course"
+"""
+
+HIDDEN = """\
+### BEGIN HIDDEN TESTS
+from decoder_course.harvest import collect; collect({item!r}, globals())
+### END HIDDEN TESTS"""
+
+_HEADER = re.compile(r"^# %%(?P<rest>.*)$")
+_MARKERS = re.compile(r"^\s*### (BEGIN|END) SOLUTION\s*\n", re.M)
+
+
+def lessons() -> list[str]:
+    """Lesson ids that have a percent source."""
+    return sorted(p.stem for p in SOLUTIONS.glob("*.py") if p.stem in REFERENCE_MODULES)
+
+
+def reference_object(lesson: str, name: str):
+    """``name`` from a reference module: ``"causal_mask"`` (the lesson's module) or ``"masks:causal_mask"``."""
+    module_name, _, attr = name.rpartition(":")
+    module_name = module_name or REFERENCE_MODULES[lesson]
+    module = importlib.import_module(f"autograder.reference.{module_name}")
+    return getattr(module, attr)
+
+
+def reference_source(lesson: str, name: str, keep_markers: bool = True) -> str:
+    """The exact source of a reference object, optionally without the solution markers."""
+    source = textwrap.dedent(inspect.getsource(reference_object(lesson, name))).rstrip() + "\n"
+    return source if keep_markers else _MARKERS.sub("", source)
+
+
+def _cell_id(lesson: str, index: int, header: str) -> str:
+    return hashlib.sha1(f"{lesson}:{index}:{header}".encode()).hexdigest()[:12]
+
+
+def _parse_header(rest: str) -> tuple[str, dict[str, str]]:
+    """``" [markdown]"`` → ("markdown", {}); ``" test=x points=2"`` → ("code", {"test": "x", "points": "2"})."""
+    rest = rest.strip()
+    if rest.startswith("[markdown]"):
+        return "markdown", {}
+    options = dict(part.split("=", 1) for part in rest.split() if "=" in part)
+    return "code", options
+
+
+def _markdown(lines: list[str]) -> str:
+    text = []
+    for line in lines:
+        if line.startswith("# "):
+            text.append(line[2:])
+        elif line.rstrip() in ("#", ""):
+            text.append("")
+        else:
+            raise ValueError(f"markdown lines must start with '# ': {line!r}")
+    return "\n".join(text).strip("\n")
+
+
+def _nbgrader(grade_id: str, *, solution: bool, grade: bool, points: float | None = None) -> dict:
+    meta = {"grade": grade, "grade_id": grade_id, "locked": not solution, "schema_version": 3,
+            "solution": solution, "task": False}
+    if points is not None:
+        meta["points"] = points
+    return meta
+
+
+def build_notebook(lesson: str, text: str) -> NotebookNode:
+    """Build the solution notebook of ``lesson`` from its percent source ``text``."""
+    chunks: list[tuple[str, list[str]]] = []
+    for line in text.splitlines():
+        match = _HEADER.match(line)
+        if match:
+            chunks.append((match["rest"], []))
+        elif chunks:
+            chunks[-1][1].append(line)
+        elif line.strip() and not line.startswith("#"):
+            raise ValueError(f"{lesson}: code before the first '# %%' cell: {line!r}")
+
+    nb = nbformat.v4.new_notebook()
+    nb.metadata = {
+        "kernelspec": {"display_name": "Python 3", "language": "python", "name": "python3"},
+        "language_info": {"name": "python"},
+    }
+    nb.cells.append(nbformat.v4.new_code_cell(BOOTSTRAP.rstrip(), id=_cell_id(lesson, 0, "bootstrap")))
+    seen_tests: set[str] = set()
+    for index, (rest, lines) in enumerate(chunks, start=1):
+        kind, options = _parse_header(rest)
+        body = "\n".join(lines).strip("\n")
+        cell_id = _cell_id(lesson, index, rest)
+        if kind == "markdown":
+            nb.cells.append(nbformat.v4.new_markdown_cell(_markdown(lines), id=cell_id))
+            continue
+        cell = nbformat.v4.new_code_cell(body, id=cell_id)
+        if "exercise" in options:
+            if body:
+                raise ValueError(f"{lesson}: exercise cell {options['exercise']} must be empty in the source")
+            names = options["exercise"].split(",")
+            cell.source = "\n\n".join(reference_source(lesson, name).rstrip() for name in names)
+            cell.metadata["nbgrader"] = _nbgrader(f"{names[0]}_solution", solution=True, grade=False)
+            cell.metadata["course"] = {"exercise": names}
+        elif "test" in options:
+            item = options["test"]
+            if item in seen_tests:
+                raise ValueError(f"{lesson}: two test cells for {item}")
+            seen_tests.add(item)
+            points = float(options.get("points", 1))
+            # The hidden part comes first: it must collect even when a visible check below fails.
+            cell.source = HIDDEN.format(item=item) + ("\n\n" + body if body else "")
+            cell.metadata["nbgrader"] = _nbgrader(item, solution=False, grade=True, points=points)
+        elif "given" in options:
+            names = options["given"].split(",")
+            module = None
+            parts = []
+            for name in names:
+                # "multi_head:attention,MultiHeadAttention": the module carries over to the next names
+                if ":" in name:
+                    module, _, name = name.rpartition(":")
+                parts.append(reference_source(lesson, f"{module}:{name}" if module else name, keep_markers=False))
+            header = "# Given: built in an earlier lesson, shown here so that this lesson runs on its own.\n\n"
+            cell.source = header + (body + "\n\n\n" if body else "") + "\n\n".join(p.rstrip() for p in parts)
+            cell.metadata["course"] = {"given": names}
+            cell.metadata["jupyter"] = {"source_hidden": False}
+        nb.cells.append(cell)
+    return nb
+
+
+def solution_path(lesson: str) -> Path:
+    return SOLUTIONS / lesson / f"{lesson}.ipynb"
+
+
+def render(nb: NotebookNode) -> str:
+    return nbformat.writes(nb) + "\n"
+
+
+def build_all(check: bool = False) -> list[str]:
+    """Build every solution notebook; with ``check``, only report those whose committed copy differs."""
+    stale = []
+    for lesson in lessons():
+        text = render(build_notebook(lesson, (SOLUTIONS / f"{lesson}.py").read_text()))
+        path = solution_path(lesson)
+        if not path.exists() or path.read_text() != text:
+            stale.append(lesson)
+            if not check:
+                path.parent.mkdir(parents=True, exist_ok=True)
+                path.write_text(text)
+    return stale

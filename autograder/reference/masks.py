@@ -1,0 +1,69 @@
+"""Reference for lesson 01-masks (NumPy): causal and padding masks, how they combine, and additive biases.
+
+Convention: a mask is boolean and True means "this query may attend to this key" (``allowed``), as in
+``torch.nn.functional.scaled_dot_product_attention``; it broadcasts to (B, H, T, S). Padding is ``is_real``,
+True for real tokens.
+"""
+
+import numpy as np
+
+EXERCISES = ["causal_mask", "padding_mask", "combine_masks", "mask_to_bias"]
+GIVEN: list[str] = []
+
+
+def causal_mask(T: int) -> np.ndarray:
+    """Causal mask: query t may attend to keys 0..t (on and below the diagonal), never to the future.
+
+    Shape:
+        returns: (T, T) bool, ``allowed[t, s] = s <= t``
+    """
+    ### BEGIN SOLUTION
+    q_pos = np.arange(T)[:, None]  # (T, 1): one row per query position
+    k_pos = np.arange(T)[None, :]  # (1, T): one column per key position
+    # a key is visible when it is not later than the query (the diagonal is allowed: a token sees itself)
+    return k_pos <= q_pos  # (T, T)
+    ### END SOLUTION
+
+
+def padding_mask(token_ids: np.ndarray, pad_id: int) -> np.ndarray:
+    """Which tokens are real (not padding).
+
+    Shape:
+        token_ids: (B, S) int -> is_real: (B, S) bool, True for real tokens
+    """
+    ### BEGIN SOLUTION
+    # compare with the vocabulary's own pad id: it need not be 0
+    return np.asarray(token_ids) != pad_id  # (B, S)
+    ### END SOLUTION
+
+
+def combine_masks(causal: np.ndarray, key_is_real: np.ndarray) -> np.ndarray:
+    """Allow a (query, key) pair only when the causal mask allows it and the key is a real token.
+
+    Shape:
+        causal: (T, S) bool, key_is_real: (B, S) bool -> allowed: (B, 1, T, S) bool (1 broadcasts over heads)
+    """
+    ### BEGIN SOLUTION
+    causal = causal[None, None, :, :]  # (1, 1, T, S): the same for every sequence and head
+    key_is_real = key_is_real[:, None, None, :]  # (B, 1, 1, S): the same for every head and query
+    return causal & key_is_real  # (B, 1, T, S)
+    ### END SOLUTION
+
+
+def mask_to_bias(allowed: np.ndarray, dtype=np.float32) -> np.ndarray:
+    """Additive bias for attention scores: 0 where allowed, the most negative finite value where blocked.
+
+    Shape:
+        allowed: (...) bool -> bias: (...) of ``dtype``
+    """
+    ### BEGIN SOLUTION
+    # Why not -inf: a query whose keys are all blocked gets a row of -inf, and softmax computes
+    #   exp(-inf - (-inf)) = exp(nan): the whole row turns NaN and spreads through every later layer.
+    # Why not -1e9: float16 cannot hold it (its largest magnitude is 65504), so it becomes -inf in half
+    #   precision and the NaN is back; in float32 it silently makes a fully blocked row a uniform average.
+    # finfo(dtype).min is finite in every dtype and exp(min - max) underflows to exactly 0. Adding it to a
+    # negative score can still round to -inf in float16: harmless while the row keeps one allowed key; a
+    # fully blocked row still needs its weights set to zero explicitly (lesson 02).
+    very_negative = np.finfo(dtype).min
+    return np.where(allowed, 0, very_negative).astype(dtype)  # same shape as allowed
+    ### END SOLUTION

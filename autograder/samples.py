@@ -1,0 +1,93 @@
+"""Sample submissions for the demo, made from the release so that they never go stale.
+
+- ``ada``: every exercise solved (the reference code typed into the release notebook);
+- ``grace``: the untouched release (every exercise raises ``NotImplementedError``);
+- ``alan``: typical mistakes: every other exercise holds a realistic wrong answer from ``autograder.mutants``, and
+  one correct answer prints a warning on stderr (which must not cost points).
+"""
+
+from __future__ import annotations
+
+import importlib
+import inspect
+import re
+import textwrap
+from pathlib import Path
+
+import nbformat
+
+from autograder import notebooks
+
+ROOT = notebooks.ROOT
+STUDENTS = ("ada", "grace", "alan")
+_DECORATOR = re.compile(r"^@mutant\(.*\)\n", re.M)
+_NOQA = re.compile(r"\s*# noqa[^\n]*")
+
+
+def mutants_of(lesson: str) -> list:
+    module = "m" + lesson.split("-", 1)[0] + "_" + notebooks.REFERENCE_MODULES[lesson]
+    return importlib.import_module(f"autograder.mutants.{module}").MUTANTS
+
+
+def mutant_source(obj) -> str:
+    """A wrong answer as a student would have typed it: no decorator, no lint comments."""
+    source = textwrap.dedent(inspect.getsource(obj))
+    return _NOQA.sub("", _DECORATOR.sub("", source)).rstrip() + "\n"
+
+
+def _fill(lesson: str, choose) -> nbformat.NotebookNode:
+    """The release notebook with each exercise cell's code chosen by ``choose(names) -> source | None``."""
+    nb = nbformat.read(ROOT / "lessons" / lesson / f"{lesson}.ipynb", as_version=4)
+    for cell in nb.cells:
+        names = cell.get("metadata", {}).get("course", {}).get("exercise")
+        if names:
+            source = choose(names)
+            if source is not None:
+                cell.source = source
+    return nb
+
+
+def perfect(lesson: str) -> nbformat.NotebookNode:
+    return _fill(lesson, lambda names: "\n\n".join(
+        notebooks.reference_source(lesson, name, keep_markers=False).rstrip() for name in names))
+
+
+def untouched(lesson: str) -> nbformat.NotebookNode:
+    return _fill(lesson, lambda names: None)
+
+
+def typical_mistakes(lesson: str) -> nbformat.NotebookNode:
+    first_wrong: dict[str, object] = {}
+    for item, _, replacement in mutants_of(lesson):
+        first_wrong.setdefault(item, next(iter(replacement.values())))
+    wrong_items = list(first_wrong)[::2]
+    warned = False
+
+    def choose(names):
+        nonlocal warned
+        sources = []
+        for name in names:
+            if name in wrong_items:
+                sources.append(mutant_source(first_wrong[name]))
+            else:
+                source = notebooks.reference_source(lesson, name, keep_markers=False)
+                if not warned and source.startswith("def "):
+                    # A correct answer that also warns on stderr: nbgrader alone would zero it (issue 1904).
+                    source = "import warnings\n\nwarnings.warn('a harmless warning from a correct answer')\n\n" \
+                        + source
+                    warned = True
+                sources.append(source)
+        return "\n\n".join(s.rstrip() for s in sources)
+
+    return _fill(lesson, choose)
+
+
+def make_samples(dest: Path, lessons: list[str] | None = None) -> Path:
+    """Write the three students' submissions in nbgrader's layout: ``dest/student/lesson/lesson.ipynb``."""
+    makers = {"ada": perfect, "grace": untouched, "alan": typical_mistakes}
+    for lesson in lessons or notebooks.lessons():
+        for student, make in makers.items():
+            path = dest / student / lesson / f"{lesson}.ipynb"
+            path.parent.mkdir(parents=True, exist_ok=True)
+            nbformat.write(make(lesson), path)
+    return dest

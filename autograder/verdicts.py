@@ -1,0 +1,163 @@
+"""Decide graded cells outside the kernel and write the verdicts where nbgrader reads them.
+
+The flow for one notebook (see docs/ARCHITECTURE.md):
+
+1. :func:`prepare` finds the graded test cells, builds each registered exercise's cases from a seed and writes them
+   into ``scratch/cases``;
+2. the notebook runs in a kernel with ``$DECODER_COURSE_HARVEST=scratch`` (``decoder_course.harvest.collect`` writes
+   ``scratch/outputs``);
+3. :func:`decide` judges each exercise from those outputs, and :func:`apply` rewrites each graded cell's outputs so
+   that nbgrader's own ``determine_grade`` records exactly the trusted verdict: an error output when it failed,
+   none when it passed. Whatever the kernel printed stays visible, but as plain text: a warning on stderr or a
+   visible check's traceback can no longer zero a correct answer, and a student cannot forge a pass.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import importlib
+import re
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+from nbformat import NotebookNode
+
+from autograder.checks.framework import REGISTRY, Case, Exercise, Verdict, run_judge, write_cases
+
+LESSON_CHECK_MODULES = {
+    "00-setup": "autograder.checks.l00_setup",
+    "01-masks": "autograder.checks.l01_masks",
+    "02-attention": "autograder.checks.l02_attention",
+    "03-multi-head": "autograder.checks.l03_multi_head",
+    "04-cross-attention": "autograder.checks.l04_cross_attention",
+    "05-decoder-layer": "autograder.checks.l05_decoder_layer",
+    "06-model": "autograder.checks.l06_model",
+    "07-training": "autograder.checks.l07_training",
+    "08-generation": "autograder.checks.l08_generation",
+    "09-kv-cache": "autograder.checks.l09_kv_cache",
+    "10-numerics": "autograder.checks.l10_numerics",
+}
+
+_ANSI = re.compile(r"\x1b\[[0-9;]*[A-Za-z]")
+
+
+def exercises_for(lesson: str) -> dict[str, type[Exercise]]:
+    """The registered exercises of ``lesson`` (importing its check module on first use)."""
+    module = LESSON_CHECK_MODULES.get(lesson)
+    if module is None:
+        raise KeyError(f"unknown lesson {lesson!r}; known: {', '.join(LESSON_CHECK_MODULES)}")
+    importlib.import_module(module)
+    return REGISTRY.get(lesson, {})
+
+
+def derive_seed(secret: bytes, lesson: str, student: str, item: str) -> int:
+    """The per-run secret seed of one item: unguessable without the secret, the same on a re-grade."""
+    digest = hashlib.sha256(secret + b"\0" + f"{lesson}\0{student}\0{item}".encode()).digest()
+    return int.from_bytes(digest[:8], "little")
+
+
+def graded_test_cells(nb: NotebookNode) -> list[NotebookNode]:
+    """Autograded test cells: graded code cells that are not solution cells."""
+    cells = []
+    for cell in nb.cells:
+        meta = cell.get("metadata", {}).get("nbgrader", {})
+        if cell.cell_type == "code" and meta.get("grade") and not meta.get("solution"):
+            cells.append(cell)
+    return cells
+
+
+@dataclass
+class Plan:
+    """What was sent to the kernel, kept by the trusted process to judge the answers."""
+
+    lesson: str
+    scratch: Path
+    items: dict[str, tuple[Exercise, list[Case]]]
+
+
+def prepare(nb: NotebookNode, lesson: str, student: str, secret: bytes, scratch: Path) -> Plan:
+    """Build and write the cases of every registered exercise that has a graded cell in ``nb``."""
+    registered = exercises_for(lesson)
+    items: dict[str, tuple[Exercise, list[Case]]] = {}
+    for cell in graded_test_cells(nb):
+        item = cell.metadata["nbgrader"]["grade_id"]
+        if item in registered and item not in items:
+            ex = registered[item]()
+            cases = ex.cases(np.random.default_rng(derive_seed(secret, lesson, student, item)))
+            write_cases(scratch / "cases", item, cases)
+            items[item] = (ex, cases)
+    (scratch / "outputs").mkdir(parents=True, exist_ok=True)
+    return Plan(lesson, scratch, items)
+
+
+def decide(plan: Plan) -> dict[str, Verdict]:
+    """Judge every planned exercise from the kernel's outputs."""
+    return {
+        item: run_judge(ex, plan.scratch / "outputs", cases) for item, (ex, cases) in plan.items.items()
+    }
+
+
+def _as_text(output: NotebookNode) -> NotebookNode | None:
+    """Keep what the kernel showed, but as stdout text that cannot change a grade."""
+    if output.output_type == "stream":
+        return NotebookNode(output_type="stream", name="stdout", text=output.text)
+    if output.output_type == "error":
+        lines = [_ANSI.sub("", line) for line in output.get("traceback", [])]
+        last = lines[-1] if lines else f"{output.get('ename')}: {output.get('evalue')}"
+        return NotebookNode(output_type="stream", name="stdout", text=f"[visible check] {last}\n")
+    if output.output_type == "execute_result":
+        # An execute_result would be read by nbgrader as partial credit: show it as display data instead.
+        return NotebookNode(output_type="display_data", data=output.get("data", {}), metadata={})
+    return output
+
+
+def apply(nb: NotebookNode, verdicts: dict[str, Verdict]) -> None:
+    """Rewrite graded test cells' outputs so that nbgrader records the trusted verdict and only that."""
+    for cell in graded_test_cells(nb):
+        item = cell.metadata["nbgrader"]["grade_id"]
+        kept = [out for out in (_as_text(o) for o in cell.get("outputs", [])) if out is not None]
+        verdict = verdicts.get(item)
+        if verdict is None:
+            verdict = Verdict(False, "this cell has no hidden checks registered; tell your instructor.")
+        if verdict.passed:
+            kept.append(NotebookNode(output_type="stream", name="stdout", text=f"✓ Hidden checks: {verdict.message}\n"))
+        else:
+            message = f"✗ Hidden checks for `{item}`: {verdict.message}"
+            kept.append(NotebookNode(output_type="error", ename="HiddenCheckFailed", evalue=verdict.message,
+                                     traceback=[message]))
+        cell.outputs = kept
+
+
+def judge_namespace(lesson: str, namespace: dict, secret: bytes = b"in-process", student: str = "test",
+                    items: list[str] | None = None) -> dict[str, Verdict]:
+    """Judge objects in a Python namespace directly, without a notebook or kernel (tests and authoring).
+
+    The same cases, harvest and verdicts as a grading run; only the kernel is replaced by this process.
+    """
+    import os
+    import tempfile
+
+    from decoder_course.harvest import ENV_VAR, collect
+
+    registered = exercises_for(lesson)
+    names = items or list(registered)
+    with tempfile.TemporaryDirectory(prefix="judge-") as tmp:
+        scratch = Path(tmp)
+        plan_items = {}
+        for item in names:
+            ex = registered[item]()
+            cases = ex.cases(np.random.default_rng(derive_seed(secret, lesson, student, item)))
+            write_cases(scratch / "cases", item, cases)
+            plan_items[item] = (ex, cases)
+        previous = os.environ.get(ENV_VAR)
+        os.environ[ENV_VAR] = str(scratch)
+        try:
+            for item in names:
+                collect(item, namespace)
+        finally:
+            if previous is None:
+                os.environ.pop(ENV_VAR, None)
+            else:
+                os.environ[ENV_VAR] = previous
+        return decide(Plan(lesson, scratch, plan_items))
