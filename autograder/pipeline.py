@@ -15,6 +15,7 @@ import re
 import shutil
 import sys
 import tempfile
+import time
 import zipfile
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -174,6 +175,7 @@ class Outcome:
     max_score: float
     ok: bool = True
     message: str = ""
+    seconds: float = 0.0
 
 
 def _place(work: Path, student: str, lesson: str, notebook: Path) -> None:
@@ -194,6 +196,14 @@ def _score(work: Path, db_url: str | None, lesson: str, student: str) -> tuple[f
 def grade_one(grader: NbGraderAPI, work: Path, db_url: str | None, student: str, lesson: str,
               notebook: Path) -> Outcome:
     """Autograde one notebook and write its feedback; a failure is reported, never raised."""
+    started = time.perf_counter()
+    outcome = _grade_one(grader, work, db_url, student, lesson, notebook)
+    outcome.seconds = time.perf_counter() - started
+    return outcome
+
+
+def _grade_one(grader: NbGraderAPI, work: Path, db_url: str | None, student: str, lesson: str,
+               notebook: Path) -> Outcome:
     try:
         _place(work, student, lesson, notebook)
         result = grader.autograde(lesson, student, force=True, create=True)

@@ -1,0 +1,68 @@
+"""Reference for lesson 04-cross-attention: the decoder's queries attend to the encoder's memory.
+
+The memory's keys and values do not depend on the decoder's position, so ``CrossAttention.project_memory``
+computes them once and ``forward(..., memory_kv=...)`` reuses them at every decoding step (lesson 09 builds on
+it).
+"""
+
+import torch
+
+from autograder.reference.multi_head import MultiHeadAttention, attention, merge_heads, split_heads
+
+EXERCISES = ["cross_attention_mask", "CrossAttention"]
+GIVEN: list[str] = []
+
+
+def cross_attention_mask(memory_is_real: torch.Tensor, T: int) -> torch.Tensor:
+    """Cross-attention mask: every query may attend to every real memory token, never to memory padding.
+
+    Shape:
+        memory_is_real: (B, S) bool -> allowed: (B, 1, T, S) bool (the 1 broadcasts over heads)
+    """
+    ### BEGIN SOLUTION
+    memory_is_real = torch.as_tensor(memory_is_real, dtype=torch.bool)  # (B, S); a NumPy array works too
+    # no causal part: the whole source sentence is known before decoding starts
+    allowed = memory_is_real[:, None, None, :]  # (B, 1, 1, S)
+    return allowed.repeat(1, 1, T, 1)  # (B, 1, T, S), a fresh tensor: one identical row per query
+    ### END SOLUTION
+
+
+class CrossAttention(MultiHeadAttention):
+    """Multi-head attention from decoder queries to encoder memory, whose keys/values can be projected once.
+
+    Same parameters as ``MultiHeadAttention`` (``q_proj``, ``k_proj``, ``v_proj``, ``out_proj``).
+
+    Shape:
+        query: (B, T, D), memory: (B, S, D), allowed: (B, H, T, S)-broadcastable bool or None
+        -> out: (B, T, D), weights: (B, H, T, S)
+    """
+
+    def project_memory(self, memory: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Project the memory into per-head keys and values, to be reused by every later ``forward``.
+
+        Shape:
+            memory: (B, S, D) -> k: (B, H, S, Dh), v: (B, H, S, Dh)
+        """
+        ### BEGIN SOLUTION
+        k = split_heads(self.k_proj(memory), self.n_heads)  # (B, H, S, Dh)
+        v = split_heads(self.v_proj(memory), self.n_heads)  # (B, H, S, Dh)
+        return k, v
+        ### END SOLUTION
+
+    def forward(self, query, memory=None, allowed=None, memory_kv=None):
+        """Attend from ``query`` to the memory; pass ``memory`` or ``memory_kv = project_memory(memory)``.
+
+        Shape:
+            query: (B, T, D), memory: (B, S, D) or memory_kv: ((B, H, S, Dh), (B, H, S, Dh))
+            -> out: (B, T, D), weights: (B, H, T, S)
+        """
+        ### BEGIN SOLUTION
+        if (memory is None) == (memory_kv is None):
+            raise ValueError("pass exactly one of memory or memory_kv")
+        if memory_kv is None:
+            memory_kv = self.project_memory(memory)  # computed here only when not given
+        k, v = memory_kv  # (B, H, S, Dh) each
+        q = split_heads(self.q_proj(query), self.n_heads)  # (B, H, T, Dh)
+        out, weights = attention(q, k, v, allowed, dropout=self.dropout)  # (B, H, T, Dh), (B, H, T, S)
+        return self.out_proj(merge_heads(out)), weights  # (B, T, D), (B, H, T, S)
+        ### END SOLUTION

@@ -1,0 +1,160 @@
+"""Reference for lesson 03-multi-head: splitting heads (einops and plain reshape), then multi-head attention.
+
+``split_heads`` / ``merge_heads`` work on NumPy arrays and PyTorch tensors alike. ``attention`` is lesson 02's
+scaled dot-product attention ported to PyTorch (given, not graded). ``MultiHeadAttention`` takes a boolean
+``allowed`` mask (True = may attend); PyTorch's ``nn.MultiheadAttention`` uses the opposite polarity, which is
+why ``load_from_torch_mha`` exists only to copy weights and never touches a mask.
+"""
+
+import math
+
+import numpy as np
+import torch
+from einops import rearrange
+from torch import nn
+
+EXERCISES = ["split_heads", "merge_heads", "split_heads_reshape", "merge_heads_reshape", "MultiHeadAttention"]
+GIVEN = ["attention", "load_from_torch_mha"]
+
+
+def split_heads(x: np.ndarray | torch.Tensor, H: int) -> np.ndarray | torch.Tensor:
+    """Split the model width into H heads and move the head axis before time (einops).
+
+    Shape:
+        x: (B, T, D) -> (B, H, T, Dh) with Dh = D // H; head h holds features h*Dh ... (h+1)*Dh - 1
+    """
+    ### BEGIN SOLUTION
+    # einops checks that D = H * Dh, and names say which axis goes where
+    return rearrange(x, "b t (h dh) -> b h t dh", h=H)  # (B, H, T, Dh)
+    ### END SOLUTION
+
+
+def merge_heads(x: np.ndarray | torch.Tensor) -> np.ndarray | torch.Tensor:
+    """Undo ``split_heads``: put the heads side by side again along the model width (einops).
+
+    Shape:
+        x: (B, H, T, Dh) -> (B, T, D) with D = H * Dh
+    """
+    ### BEGIN SOLUTION
+    return rearrange(x, "b h t dh -> b t (h dh)")  # (B, T, D)
+    ### END SOLUTION
+
+
+def split_heads_reshape(x: np.ndarray | torch.Tensor, H: int) -> np.ndarray | torch.Tensor:
+    """``split_heads`` with plain reshape and axis swap (no einops).
+
+    Shape:
+        x: (B, T, D) -> (B, H, T, Dh)
+    """
+    ### BEGIN SOLUTION
+    B, T, D = x.shape
+    if D % H != 0:
+        raise ValueError(f"model width D={D} is not divisible by H={H} heads")
+    # reshape first: the last axis D is cut into H contiguous chunks of Dh features
+    x = x.reshape(B, T, H, D // H)  # (B, T, H, Dh)
+    # then swap time and heads (NumPy arrays and PyTorch tensors both have .swapaxes)
+    return x.swapaxes(1, 2)  # (B, H, T, Dh)
+    ### END SOLUTION
+
+
+def merge_heads_reshape(x: np.ndarray | torch.Tensor) -> np.ndarray | torch.Tensor:
+    """``merge_heads`` with plain axis swap and reshape (no einops).
+
+    Shape:
+        x: (B, H, T, Dh) -> (B, T, D)
+    """
+    ### BEGIN SOLUTION
+    B, H, T, Dh = x.shape
+    # swap back first: reshaping (B, H, T, Dh) straight to (B, T, D) would interleave time steps and heads
+    x = x.swapaxes(1, 2)  # (B, T, H, Dh)
+    return x.reshape(B, T, H * Dh)  # (B, T, D)
+    ### END SOLUTION
+
+
+def attention(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, allowed: torch.Tensor | None = None, dropout=None
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Scaled dot-product attention in PyTorch (lesson 02's, ported); a fully blocked query row gives zeros.
+
+    ``dropout`` (optional, e.g. an ``nn.Dropout``) is applied to the weights before they average the values;
+    the weights returned are those used, as in ``nn.MultiheadAttention``.
+
+    Shape:
+        q: (..., T, Dh), k: (..., S, Dh), v: (..., S, Dv), allowed: bool broadcastable to (..., T, S) or None
+        -> out: (..., T, Dv), weights: (..., T, S)
+    """
+    scores = q @ k.transpose(-2, -1) / math.sqrt(q.shape[-1])  # (..., T, S)
+    if allowed is not None:
+        # finite fill, not -inf: a fully blocked row stays finite, and so do its value and gradient
+        scores = scores.masked_fill(~allowed, torch.finfo(scores.dtype).min)
+    weights = torch.softmax(scores, dim=-1)  # (..., T, S)
+    if allowed is not None:
+        # a fully blocked row came out uniform: zero it (a no-op elsewhere, blocked weights are already 0)
+        weights = weights.masked_fill(~allowed, 0.0)
+    if dropout is not None:
+        weights = dropout(weights)
+    return weights @ v, weights  # (..., T, Dv), (..., T, S)
+
+
+class MultiHeadAttention(nn.Module):
+    """Multi-head attention: project queries, keys and values, attend in H heads at once, project back.
+
+    ``allowed`` is boolean, True = "this query may attend to this key", broadcastable to (B, H, T, S). A fully
+    blocked query gets zero attention output, so its output row is ``out_proj.bias``.
+
+    Shape:
+        query: (B, T, D), key: (B, S, D), value: (B, S, D), allowed: (B, H, T, S)-broadcastable bool or None
+        -> out: (B, T, D), weights: (B, H, T, S)
+    """
+
+    def __init__(self, d_model: int, n_heads: int, dropout: float = 0.0):
+        super().__init__()
+        ### BEGIN SOLUTION
+        if d_model % n_heads != 0:
+            raise ValueError(f"d_model={d_model} is not divisible by n_heads={n_heads}")
+        self.n_heads = n_heads
+        self.d_head = d_model // n_heads  # Dh
+        # one D -> D projection each: all H heads at once, head h reads features h*Dh ... (h+1)*Dh - 1
+        self.q_proj = nn.Linear(d_model, d_model)
+        self.k_proj = nn.Linear(d_model, d_model)
+        self.v_proj = nn.Linear(d_model, d_model)
+        self.out_proj = nn.Linear(d_model, d_model)
+        self.dropout = nn.Dropout(dropout)  # on the attention weights, as in nn.MultiheadAttention
+        ### END SOLUTION
+
+    def forward(self, query, key, value, allowed=None):
+        """Attend from ``query`` to ``key``/``value`` (T may differ from S).
+
+        Shape:
+            query: (B, T, D), key: (B, S, D), value: (B, S, D) -> out: (B, T, D), weights: (B, H, T, S)
+        """
+        ### BEGIN SOLUTION
+        q = split_heads(self.q_proj(query), self.n_heads)  # (B, H, T, Dh)
+        k = split_heads(self.k_proj(key), self.n_heads)  # (B, H, S, Dh)
+        v = split_heads(self.v_proj(value), self.n_heads)  # (B, H, S, Dh)
+        out, weights = attention(q, k, v, allowed, dropout=self.dropout)  # (B, H, T, Dh), (B, H, T, S)
+        return self.out_proj(merge_heads(out)), weights  # (B, T, D), (B, H, T, S)
+        ### END SOLUTION
+
+
+def load_from_torch_mha(ours: MultiHeadAttention, torch_mha: nn.MultiheadAttention) -> MultiHeadAttention:
+    """Copy an ``nn.MultiheadAttention``'s weights into ours (its packed ``in_proj`` holds q, k, v stacked).
+
+    Only weights are copied: masks are not involved, and PyTorch's mask polarity (True = blocked) stays out.
+
+    Shape:
+        in_proj_weight: (3 * D, D) -> q_proj, k_proj, v_proj weights (D, D) each; out_proj copied as is
+    """
+    if not torch_mha._qkv_same_embed_dim or torch_mha.in_proj_bias is None:
+        raise ValueError("only nn.MultiheadAttention with kdim = vdim = embed_dim and bias=True is supported")
+    if torch_mha.num_heads != ours.n_heads or torch_mha.embed_dim != ours.q_proj.in_features:
+        raise ValueError("the two modules disagree on d_model or n_heads")
+    w_q, w_k, w_v = torch_mha.in_proj_weight.chunk(3, dim=0)  # (D, D) each, in the order q, k, v
+    b_q, b_k, b_v = torch_mha.in_proj_bias.chunk(3, dim=0)  # (D,) each
+    with torch.no_grad():
+        for proj, w, b in [(ours.q_proj, w_q, b_q), (ours.k_proj, w_k, b_k), (ours.v_proj, w_v, b_v)]:
+            proj.weight.copy_(w)
+            proj.bias.copy_(b)
+        ours.out_proj.weight.copy_(torch_mha.out_proj.weight)
+        ours.out_proj.bias.copy_(torch_mha.out_proj.bias)
+    return ours
