@@ -14,10 +14,11 @@ The flow for one notebook (see docs/ARCHITECTURE.md):
 
 from __future__ import annotations
 
+import ast
 import hashlib
 import importlib
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
@@ -74,6 +75,47 @@ class Plan:
     lesson: str
     scratch: Path
     items: dict[str, tuple[Exercise, list[Case]]]
+    sources: dict[str, str] = field(default_factory=dict)  # item -> the submitted code of its solution cell(s)
+
+
+def solution_sources(nb: NotebookNode) -> dict[str, str]:
+    """The submitted code of each exercise's solution cell, keyed by exercise name."""
+    sources: dict[str, str] = {}
+    for cell in nb.cells:
+        if cell.cell_type != "code":
+            continue
+        meta = cell.get("metadata", {})
+        names = list(meta.get("course", {}).get("exercise", []))
+        grade_id = meta.get("nbgrader", {}).get("grade_id", "")
+        if meta.get("nbgrader", {}).get("solution") and grade_id.endswith("_solution"):
+            names.append(grade_id[: -len("_solution")])
+        for name in set(names):
+            sources[name] = sources.get(name, "") + "\n" + cell.source
+    return sources
+
+
+def forbidden_uses(source: str, forbidden: tuple[str, ...]) -> list[str]:
+    """Forbidden names (``"F.scaled_dot_product_attention"`` matches any ``….scaled_dot_product_attention``)
+    used in ``source``, found from its syntax tree: calls, attributes and imports alike."""
+    if not forbidden:
+        return []
+    wanted = {name.rsplit(".", 1)[-1]: name for name in forbidden}
+    try:
+        tree = ast.parse(source)
+    except SyntaxError:
+        # IPython magics or a syntax error: the kernel reports the latter; fall back to a plain text search.
+        return sorted({full for short, full in wanted.items() if re.search(rf"\b{re.escape(short)}\b", source)})
+    found = set()
+    for node in ast.walk(tree):
+        names = []
+        if isinstance(node, ast.Attribute):
+            names.append(node.attr)
+        elif isinstance(node, ast.Name):
+            names.append(node.id)
+        elif isinstance(node, (ast.Import, ast.ImportFrom)):
+            names.extend(alias.name.rsplit(".", 1)[-1] for alias in node.names)
+        found.update(wanted[n] for n in names if n in wanted)
+    return sorted(found)
 
 
 def prepare(nb: NotebookNode, lesson: str, student: str, secret: bytes, scratch: Path) -> Plan:
@@ -88,14 +130,22 @@ def prepare(nb: NotebookNode, lesson: str, student: str, secret: bytes, scratch:
             write_cases(scratch / "cases", item, cases)
             items[item] = (ex, cases)
     (scratch / "outputs").mkdir(parents=True, exist_ok=True)
-    return Plan(lesson, scratch, items)
+    return Plan(lesson, scratch, items, solution_sources(nb))
 
 
 def decide(plan: Plan) -> dict[str, Verdict]:
-    """Judge every planned exercise from the kernel's outputs."""
-    return {
-        item: run_judge(ex, plan.scratch / "outputs", cases) for item, (ex, cases) in plan.items.items()
-    }
+    """Judge every planned exercise: first the static policy on its submitted source, then its outputs."""
+    decided = {}
+    for item, (ex, cases) in plan.items.items():
+        used = forbidden_uses(plan.sources.get(item, ""), tuple(getattr(ex, "forbidden", ())))
+        if used:
+            decided[item] = Verdict(False, (
+                f"your `{item}` uses {', '.join(f'`{u}`' for u in used)}, which does this exercise's work for "
+                "you. The point of the exercise is to write it yourself from the operations it is made of; "
+                "PyTorch's version is what we compare against."))
+        else:
+            decided[item] = run_judge(ex, plan.scratch / "outputs", cases)
+    return decided
 
 
 def _as_text(output: NotebookNode) -> NotebookNode | None:

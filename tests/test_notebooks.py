@@ -20,7 +20,7 @@ def test_the_course_has_lessons():
 
 def test_solution_notebooks_are_built_from_sources_and_references():
     stale = notebooks.build_all(check=True)
-    assert not stale, f"solutions/<id>/<id>.ipynb out of date for {stale}: run `./course grade build`"
+    assert not stale, f"solutions/<id>/<id>.ipynb out of date for {stale}: run `./course release`"
 
 
 @pytest.mark.parametrize("lesson", LESSONS)
@@ -43,11 +43,11 @@ def test_committed_release_is_what_nbgrader_generates(tmp_path):
     for lesson in LESSONS:
         fresh = (tmp_path / "release" / lesson / f"{lesson}.ipynb").read_text()
         committed_path = ROOT / "lessons" / lesson / f"{lesson}.ipynb"
-        assert committed_path.exists(), f"lessons/{lesson} is missing: run `./course grade release`"
+        assert committed_path.exists(), f"lessons/{lesson} is missing: run `./course release`"
         committed = committed_path.read_text()
         assert json.loads(committed) == json.loads(fresh), (
             f"lessons/{lesson} differs from nbgrader's release of solutions/{lesson}: never edit lessons/ by hand;"
-            " run `./course grade release`"
+            " run `./course release`"
         )
 
 
