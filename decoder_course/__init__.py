@@ -19,6 +19,15 @@ Fully masked rows
     A query row whose keys are all masked returns **zeros**: never NaN, never a uniform average.
 Token ids
     ``PAD``, ``BOS`` and ``EOS`` are the special ids of every toy vocabulary in :mod:`decoder_course.data`.
+
+Modules
+-------
+:mod:`~decoder_course.data`
+    Toy tasks made by code (digit copy, reverse, sort; dates), vocabularies, padded batches, held-out splits.
+:mod:`~decoder_course.plots`
+    Masks as grids, attention heatmaps, live training curves, positional encodings, speed-ups.
+:mod:`~decoder_course.checks`
+    The building blocks of visible checks: ``check(title)``, ``expect_*`` helpers and leakage probes.
 """
 
 from decoder_course.conventions import BOS, DIMENSIONS, EOS, PAD, SPECIAL_TOKENS
