@@ -1,0 +1,187 @@
+"""Reference for lesson 09-kv-cache (PyTorch): decode one token at a time without recomputing the past.
+
+At step t plain greedy decoding re-runs the decoder on all t tokens, although the keys and values of positions
+0 .. t-1 have not changed (the causal mask guarantees it). A KV cache keeps each layer's self-attention keys
+and values and appends one position per step; cross-attention keys and values depend only on the memory, so
+they are projected once per layer before decoding starts (``CrossAttention.project_memory``).
+
+The cache is an explicit object passed in and returned (never hidden module state), as in Hugging Face's cache
+utilities: one ``KVCache`` for the whole decoder, ``update(k, v, layer_idx)`` per layer.
+"""
+
+import torch
+from torch import nn
+
+from autograder.reference.multi_head import attention, merge_heads, split_heads
+
+EXERCISES = ("KVCache", "cached_causal_mask", "decode_step", "greedy_decode_cached")
+GIVEN: tuple[str, ...] = ()
+
+
+class KVCache:
+    """Self-attention keys and values of every position decoded so far, one (k, v) pair of tensors per layer.
+
+    ``update(k, v, layer_idx)`` appends the new positions of one layer and returns everything cached for it
+    (SPEC's per-layer ``update(k, v)`` is ``layer_idx=0``). ``length`` is the number of cached positions; they
+    are the absolute positions ``0 .. length - 1`` (``positions``).
+
+    Shape:
+        k, v: (B, H, T_new, Dh) -> k_all, v_all: (B, H, S, Dh) with S = positions cached so far
+    """
+
+    def __init__(self, n_layers: int = 1):
+        ### BEGIN SOLUTION
+        # one slot per layer: None until that layer's first update
+        self.keys: list[torch.Tensor | None] = [None] * n_layers
+        self.values: list[torch.Tensor | None] = [None] * n_layers
+        ### END SOLUTION
+
+    def update(
+        self, k: torch.Tensor, v: torch.Tensor, layer_idx: int = 0
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """Append this step's keys and values for one layer; return all of that layer's keys and values.
+
+        Shape:
+            k, v: (B, H, T_new, Dh) -> k_all, v_all: (B, H, S_so_far + T_new, Dh)
+        """
+        ### BEGIN SOLUTION
+        if self.keys[layer_idx] is None:
+            self.keys[layer_idx], self.values[layer_idx] = k, v
+        else:
+            # new positions go after the old ones along the sequence axis (dim 2 of (B, H, S, Dh))
+            self.keys[layer_idx] = torch.cat([self.keys[layer_idx], k], dim=2)  # (B, H, S + T_new, Dh)
+            self.values[layer_idx] = torch.cat([self.values[layer_idx], v], dim=2)  # (B, H, S + T_new, Dh)
+        return self.keys[layer_idx], self.values[layer_idx]
+        ### END SOLUTION
+
+    @property
+    def length(self) -> int:
+        """Number of positions cached (in layer 0; every layer has the same count between decoding steps)."""
+        ### BEGIN SOLUTION
+        return 0 if self.keys[0] is None else self.keys[0].shape[2]
+        ### END SOLUTION
+
+    @property
+    def positions(self) -> torch.Tensor:
+        """The absolute positions held in the cache, ``0 .. length - 1``.
+
+        Shape:
+            (S,) int64
+        """
+        ### BEGIN SOLUTION
+        device = None if self.keys[0] is None else self.keys[0].device
+        return torch.arange(self.length, device=device)  # (S,)
+        ### END SOLUTION
+
+
+def cached_causal_mask(q_positions: torch.Tensor, k_len: int) -> torch.Tensor:
+    """Causal mask for queries at absolute positions ``q_positions`` over keys at positions 0 .. k_len - 1.
+
+    Aligned to absolute positions (key k is allowed when k <= the query's position): with a cache T < S and
+    the triangle's corner is bottom-right, unlike ``is_causal=True``, whose top-left triangle fits only
+    T == S.
+
+    Shape:
+        q_positions: (T,) int -> allowed: (T, S) bool with S = k_len
+    """
+    ### BEGIN SOLUTION
+    k_positions = torch.arange(k_len, device=q_positions.device)  # (S,)
+    return k_positions[None, :] <= q_positions[:, None]  # (T, S)
+    ### END SOLUTION
+
+
+@torch.no_grad()
+def decode_step(
+    model: nn.Module,
+    token_ids: torch.Tensor,
+    memory_kv: list,
+    cache: KVCache,
+    position: int,
+    src_is_real: torch.Tensor | None = None,
+) -> tuple[torch.Tensor, KVCache]:
+    """Run the decoder on new tokens only, reusing cached self-attention keys/values; return the last logits.
+
+    ``token_ids`` hold the tokens at absolute positions ``position .. position + T_new - 1`` (usually one
+    token; several tokens prefill the cache). ``memory_kv[i]`` is layer i's
+    ``cross_attn.project_memory(memory)``. Works for both norm placements; dropout is applied as in the layers
+    (call ``model.eval()`` first).
+
+    Shape:
+        token_ids: (B, T_new), memory_kv: per layer ((B, H, S, Dh), (B, H, S, Dh)),
+        src_is_real: (B, S) bool or None
+        -> logits: (B, V) for the last new position, and the updated cache
+    """
+    ### BEGIN SOLUTION
+    T_new = token_ids.shape[1]
+    q_positions = torch.arange(position, position + T_new, device=token_ids.device)  # (T_new,) absolute
+    # these tokens' position encodings are rows position .. position + T_new - 1 of the table, not rows 0..
+    pe = model.pos_encoding
+    x = pe.dropout(model.tgt_embed(token_ids) * model.embed_scale + pe.pe[q_positions])  # (B, T_new, D)
+    cross_allowed = None if src_is_real is None else src_is_real.bool()[:, None, None, :]  # (B, 1, 1, S)
+    for i, layer in enumerate(model.decoder.layers):
+        # the same three sublayers and residual wiring as DecoderLayer.forward; pre-LN normalises the
+        # sublayer's input, post-LN the residual sum
+        pre = layer.norm_first
+        # 1. self-attention over the cached past plus the new positions
+        attn, h = layer.self_attn, (layer.norm1(x) if pre else x)
+        q = split_heads(attn.q_proj(h), attn.n_heads)  # (B, H, T_new, Dh)
+        k_new = split_heads(attn.k_proj(h), attn.n_heads)  # (B, H, T_new, Dh)
+        v_new = split_heads(attn.v_proj(h), attn.n_heads)  # (B, H, T_new, Dh)
+        k, v = cache.update(k_new, v_new, i)  # (B, H, S_self, Dh): every position so far
+        # aligned to absolute positions: new query t sees cached keys 0 .. position + t
+        allowed = cached_causal_mask(q_positions, k.shape[2])  # (T_new, S_self)
+        out, _ = attention(q, k, v, allowed, dropout=attn.dropout)  # (B, H, T_new, Dh)
+        sa = layer.dropout1(attn.out_proj(merge_heads(out)))  # (B, T_new, D)
+        x = x + sa if pre else layer.norm1(x + sa)
+        # 2. cross-attention with the memory's keys/values projected once, before decoding started
+        h = layer.norm2(x) if pre else x
+        out, _ = layer.cross_attn(h, memory_kv=memory_kv[i], allowed=cross_allowed)  # (B, T_new, D)
+        ca = layer.dropout2(out)
+        x = x + ca if pre else layer.norm2(x + ca)
+        # 3. feed-forward, position by position
+        h = layer.norm3(x) if pre else x
+        ff = layer.dropout3(layer.feed_forward(h))  # (B, T_new, D)
+        x = x + ff if pre else layer.norm3(x + ff)
+    logits = model.out_proj(model.decoder.norm(x[:, -1]))  # (B, V): only the last position predicts
+    return logits, cache
+    ### END SOLUTION
+
+
+@torch.no_grad()
+def greedy_decode_cached(
+    model: nn.Module,
+    src_ids: torch.Tensor,
+    max_len: int,
+    bos_id: int,
+    eos_id: int,
+    src_is_real: torch.Tensor | None = None,
+    pad_id: int = 0,
+) -> torch.Tensor:
+    """Greedy decoding with a KV cache: the same tokens as ``greedy_decode``, one decoder position per step.
+
+    Shape:
+        src_ids (B, S), src_is_real (B, S) bool or None -> ids (B, L), L <= max_len, without BOS,
+        ``pad_id`` after each row's EOS
+    """
+    ### BEGIN SOLUTION
+    B = src_ids.shape[0]
+    memory = model.encode(src_ids, src_is_real)  # (B, S, D)
+    # cross-attention keys/values: once per layer for the whole generation
+    memory_kv = [layer.cross_attn.project_memory(memory) for layer in model.decoder.layers]
+    cache = KVCache(len(model.decoder.layers))
+    # the decoder input of each step is the newest token only, BOS first
+    token = torch.full((B, 1), bos_id, dtype=torch.long, device=src_ids.device)  # (B, 1)
+    finished = torch.zeros(B, dtype=torch.bool, device=src_ids.device)  # (B,)
+    generated = []
+    for position in range(max_len):
+        logits, cache = decode_step(model, token, memory_kv, cache, position, src_is_real)  # (B, V)
+        next_id = logits.argmax(-1).masked_fill(finished, pad_id)  # (B,): finished rows only pad
+        generated.append(next_id)
+        finished = finished | (next_id == eos_id)
+        if bool(finished.all()):
+            break
+        token = next_id[:, None]  # (B, 1): the only input of the next step
+    if not generated:
+        return torch.zeros(B, 0, dtype=torch.long, device=src_ids.device)
+    return torch.stack(generated, dim=1)  # (B, L)
+    ### END SOLUTION

@@ -1,0 +1,245 @@
+"""Reference for lesson 06-model (PyTorch): positional encoding, the decoder stack, a full encoder-decoder.
+
+The model follows "Attention Is All You Need" with two marked departures:
+
+- pre-LN by default (``norm_first=True``): each sublayer normalises its input, and each stack ends with a
+  final LayerNorm, which trains deep stacks more stably than the paper's post-LN;
+- embeddings are *not* multiplied by sqrt(D) by default. The paper does it with embeddings initialised small;
+  with PyTorch's default N(0, 1) ``nn.Embedding`` init it makes token vectors ~sqrt(D) times larger than the
+  sinusoids (at most 1), drowning the position signal (lesson 07 measures the slowdown).
+  ``scale_embedding=True`` restores the paper's scaling.
+
+Masks follow the course: boolean, True = "this query may attend to this key". The encoder is built from
+PyTorch's ``nn.TransformerEncoderLayer`` (given code), whose padding mask has the opposite polarity: we invert
+it there.
+"""
+
+import math
+
+import torch
+from torch import nn
+
+from autograder.reference.decoder_layer import DecoderLayer
+
+EXERCISES = ("sinusoidal_table", "PositionalEncoding", "Decoder", "Seq2SeqTransformer")
+GIVEN = ("Encoder",)
+
+
+def sinusoidal_table(max_len: int, d_model: int) -> torch.Tensor:
+    """The paper's sinusoidal table: PE[pos, 2i] = sin(pos / 10000^(2i/D)), PE[pos, 2i+1] = cos(same).
+
+    Shape:
+        returns (max_len, D) float32
+    """
+    ### BEGIN SOLUTION
+    position = torch.arange(max_len, dtype=torch.float32)[:, None]  # (max_len, 1)
+    # 1 / 10000^(2i/D) for each pair of features, via exp/log to stay accurate
+    inv_freq = torch.exp(torch.arange(0, d_model, 2, dtype=torch.float32) * (-math.log(10000.0) / d_model))
+    angle = position * inv_freq  # (max_len, ceil(D/2)): one wavelength per feature pair
+    table = torch.zeros(max_len, d_model)
+    table[:, 0::2] = torch.sin(angle)  # even features
+    table[:, 1::2] = torch.cos(angle[:, : d_model // 2])  # odd features (one fewer when D is odd)
+    return table  # (max_len, D)
+    ### END SOLUTION
+
+
+class PositionalEncoding(nn.Module):
+    """Add the sinusoidal position table to a sequence of embeddings, then apply dropout.
+
+    The table is a buffer ``pe`` (max_len, D): saved and moved by ``.to(device)`` with the model, not trained.
+
+    Shape:
+        x: (B, T, D) with T <= max_len -> (B, T, D)
+    """
+
+    def __init__(self, d_model: int, max_len: int = 512, dropout: float = 0.0):
+        super().__init__()
+        ### BEGIN SOLUTION
+        self.register_buffer("pe", sinusoidal_table(max_len, d_model))  # (max_len, D)
+        self.dropout = nn.Dropout(dropout)
+        ### END SOLUTION
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        """Add the encodings of positions 0 .. T-1.
+
+        Shape:
+            x: (B, T, D) -> (B, T, D)
+        """
+        ### BEGIN SOLUTION
+        T = x.shape[1]
+        if T > self.pe.shape[0]:
+            raise ValueError(f"sequence length {T} exceeds max_len={self.pe.shape[0]}")
+        return self.dropout(x + self.pe[:T])  # (B, T, D); pe[:T] (T, D) broadcasts over the batch
+        ### END SOLUTION
+
+
+class Encoder(nn.Module):
+    """A stack of PyTorch encoder layers, with a final LayerNorm when pre-LN (given: we build the decoder).
+
+    Shape:
+        x: (B, S, D), is_real: (B, S) bool or None -> (B, S, D)
+    """
+
+    def __init__(
+        self,
+        d_model: int,
+        n_heads: int,
+        d_ff: int,
+        n_layers: int,
+        dropout: float = 0.1,
+        norm_first: bool = True,
+    ):
+        super().__init__()
+        self.layers = nn.ModuleList(
+            [
+                nn.TransformerEncoderLayer(
+                    d_model, n_heads, d_ff, dropout, batch_first=True, norm_first=norm_first
+                )
+                for _ in range(n_layers)
+            ]
+        )
+        # pre-LN leaves the residual stream unnormalised: one last LayerNorm (post-LN already ends with one)
+        self.norm = nn.LayerNorm(d_model) if norm_first else nn.Identity()
+
+    def forward(self, x: torch.Tensor, is_real: torch.Tensor | None = None) -> torch.Tensor:
+        """Encode the source; padding keys are ignored.
+
+        Shape:
+            x: (B, S, D), is_real: (B, S) bool or None -> (B, S, D)
+        """
+        # PyTorch's key padding mask has the opposite polarity (True = "ignore this key"): invert here only.
+        key_is_pad = None if is_real is None else ~is_real.bool()  # (B, S)
+        for layer in self.layers:
+            x = layer(x, src_key_padding_mask=key_is_pad)  # (B, S, D)
+        return self.norm(x)
+
+
+class Decoder(nn.Module):
+    """A stack of ``DecoderLayer`` s, with a final LayerNorm when pre-LN.
+
+    Shape:
+        x: (B, T, D), memory: (B, S, D), self_allowed: (B, H, T, T)-broadcastable bool or None,
+        cross_allowed: (B, H, T, S)-broadcastable bool or None -> (B, T, D)
+    """
+
+    def __init__(
+        self,
+        d_model: int,
+        n_heads: int,
+        d_ff: int,
+        n_layers: int,
+        dropout: float = 0.1,
+        norm_first: bool = True,
+    ):
+        super().__init__()
+        ### BEGIN SOLUTION
+        # N independent layers (separate weights), not one layer applied N times
+        self.layers = nn.ModuleList(
+            [DecoderLayer(d_model, n_heads, d_ff, dropout, norm_first=norm_first) for _ in range(n_layers)]
+        )
+        # pre-LN adds every sublayer's output to an unnormalised stream: normalise it once at the end
+        self.norm = nn.LayerNorm(d_model) if norm_first else nn.Identity()
+        ### END SOLUTION
+
+    def forward(self, x, memory, self_allowed=None, cross_allowed=None):
+        """Run every layer in order with the same memory and masks.
+
+        Shape:
+            x: (B, T, D), memory: (B, S, D) -> (B, T, D)
+        """
+        ### BEGIN SOLUTION
+        for layer in self.layers:
+            x = layer(x, memory, self_allowed, cross_allowed)  # (B, T, D)
+        return self.norm(x)  # (B, T, D)
+        ### END SOLUTION
+
+
+class Seq2SeqTransformer(nn.Module):
+    """Encoder-decoder Transformer: source and target ids in, next-token logits out; builds its own masks.
+
+    ``encode``/``decode`` are separate so that generation (lesson 08) encodes the source once. The decoder
+    self-attention is causal and, when ``tgt_is_real`` is given, skips target padding keys; cross-attention
+    skips source padding keys (``src_is_real``). With ``tie_weights`` the output projection shares its weight
+    with the target embedding (Press & Wolf 2017): one (V, D) matrix both embeds and scores tokens.
+
+    Shape:
+        src_ids: (B, S), tgt_ids: (B, T), src_is_real: (B, S) bool or None, tgt_is_real: (B, T) bool or None
+        -> logits: (B, T, V) with V = tgt_vocab
+    """
+
+    def __init__(
+        self,
+        src_vocab: int,
+        tgt_vocab: int,
+        d_model: int,
+        n_heads: int,
+        d_ff: int,
+        n_layers: int,
+        dropout: float = 0.1,
+        tie_weights: bool = True,
+        norm_first: bool = True,
+        max_len: int = 512,
+        scale_embedding: bool = False,
+    ):
+        super().__init__()
+        ### BEGIN SOLUTION
+        self.src_embed = nn.Embedding(src_vocab, d_model)  # (V_src, D)
+        self.tgt_embed = nn.Embedding(tgt_vocab, d_model)  # (V, D)
+        # departure from the paper, off by default: see the module docstring
+        self.embed_scale = math.sqrt(d_model) if scale_embedding else 1.0
+        self.pos_encoding = PositionalEncoding(d_model, max_len, dropout)  # shared: it has no weights
+        self.encoder = Encoder(d_model, n_heads, d_ff, n_layers, dropout, norm_first)
+        self.decoder = Decoder(d_model, n_heads, d_ff, n_layers, dropout, norm_first)
+        self.out_proj = nn.Linear(d_model, tgt_vocab)  # D -> V
+        if tie_weights:
+            self.out_proj.weight = self.tgt_embed.weight  # the same Parameter: one storage, one gradient
+        ### END SOLUTION
+
+    def encode(self, src_ids: torch.Tensor, src_is_real: torch.Tensor | None = None) -> torch.Tensor:
+        """Embed and encode the source once.
+
+        Shape:
+            src_ids: (B, S), src_is_real: (B, S) bool or None -> memory: (B, S, D)
+        """
+        ### BEGIN SOLUTION
+        x = self.pos_encoding(self.src_embed(src_ids) * self.embed_scale)  # (B, S, D)
+        return self.encoder(x, src_is_real)  # (B, S, D)
+        ### END SOLUTION
+
+    def decode(
+        self,
+        tgt_ids: torch.Tensor,
+        memory: torch.Tensor,
+        src_is_real: torch.Tensor | None = None,
+        tgt_is_real: torch.Tensor | None = None,
+    ) -> torch.Tensor:
+        """Next-token logits at every target position, attending causally to the target and to the memory.
+
+        Shape:
+            tgt_ids: (B, T), memory: (B, S, D) -> logits: (B, T, V)
+        """
+        ### BEGIN SOLUTION
+        T = tgt_ids.shape[1]
+        # causal: position t may attend to positions 0..t of the target, never to the future
+        causal = torch.ones(T, T, dtype=torch.bool, device=tgt_ids.device).tril()  # (T, T)
+        self_allowed = causal[None, None]  # (1, 1, T, T)
+        if tgt_is_real is not None:
+            # and never to target padding keys
+            self_allowed = self_allowed & tgt_is_real.bool()[:, None, None, :]  # (B, 1, T, T)
+        # every target position may attend to every real source token
+        cross_allowed = None if src_is_real is None else src_is_real.bool()[:, None, None, :]  # (B, 1, 1, S)
+        y = self.pos_encoding(self.tgt_embed(tgt_ids) * self.embed_scale)  # (B, T, D)
+        y = self.decoder(y, memory, self_allowed, cross_allowed)  # (B, T, D)
+        return self.out_proj(y)  # (B, T, V)
+        ### END SOLUTION
+
+    def forward(self, src_ids, tgt_ids, src_is_real=None, tgt_is_real=None):
+        """Encode the source, then decode the whole (shifted) target in parallel, as in training.
+
+        Shape:
+            src_ids: (B, S), tgt_ids: (B, T) -> logits: (B, T, V)
+        """
+        ### BEGIN SOLUTION
+        memory = self.encode(src_ids, src_is_real)  # (B, S, D)
+        return self.decode(tgt_ids, memory, src_is_real, tgt_is_real)  # (B, T, V)
+        ### END SOLUTION

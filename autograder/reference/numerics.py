@@ -1,0 +1,96 @@
+"""Reference for lesson 10-numerics (PyTorch): masked attention that stays finite in half precision, autocast.
+
+Three ways to block a score, and what each does to a query row whose keys are *all* blocked:
+
+=================  ===========================================  ==============================================
+fill               float32                                      float16 / bfloat16
+=================  ===========================================  ==============================================
+``-inf``           NaN (``exp(-inf - (-inf))``)                 NaN
+``-1e9``           silent uniform average over blocked keys     float16 cannot hold it (max 65504): a
+                                                                bias rounds to ``-inf`` and gives NaN, and
+                                                                ``masked_fill`` refuses it; bfloat16 has
+                                                                float32's range: a silent uniform average
+``finfo.min``      uniform average (finite), then zeroed        finite in every dtype
+=================  ===========================================  ==============================================
+
+The robust recipe: fill with ``torch.finfo(dtype).min`` (finite, and ``exp(min - max)`` underflows to exactly
+0), take the softmax in float32 when the input is half precision (its sums lose fewer bits), then set blocked
+weights to 0, which turns a fully blocked row into zeros, the course's convention.
+"""
+
+import math
+
+import torch
+
+EXERCISES = ("mask_fill_value", "robust_masked_softmax", "robust_attention")
+GIVEN = ("naive_masked_softmax",)
+
+
+def naive_masked_softmax(scores: torch.Tensor, allowed: torch.Tensor, fill: float) -> torch.Tensor:
+    """The naive recipe, to watch it fail: add a bias of ``fill`` at blocked keys, softmax in the input dtype.
+
+    The bias is built in float32 and cast to the scores' dtype, as mixed-precision code often does: in float16
+    ``-1e9`` becomes ``-inf`` on the way.
+
+    Shape:
+        scores: (..., T, S), allowed: bool broadcastable to scores -> weights: (..., T, S), scores' dtype
+    """
+    bias = torch.zeros(allowed.shape, dtype=torch.float32).masked_fill(~allowed, fill)  # float32: holds -1e9
+    return (scores + bias.to(scores.dtype)).softmax(dim=-1)  # the cast rounds -1e9 to -inf in float16
+
+
+def mask_fill_value(dtype: torch.dtype) -> float:
+    """The score to put at blocked keys: the most negative finite number of ``dtype``.
+
+    Shape:
+        a dtype -> a Python float (-65504.0 for float16, about -3.4e38 for float32 and bfloat16)
+    """
+    ### BEGIN SOLUTION
+    # finite in this dtype (unlike -inf, or -1e9 in float16), and exp(min - max) underflows to exactly 0
+    return torch.finfo(dtype).min
+    ### END SOLUTION
+
+
+def robust_masked_softmax(scores: torch.Tensor, allowed: torch.Tensor | None) -> torch.Tensor:
+    """Softmax over the allowed keys, never NaN: fully blocked rows give zeros; huge scores stay finite.
+
+    Computed in float32 when ``scores`` are float16 or bfloat16; the result has the dtype of ``scores``.
+
+    Shape:
+        scores: (..., T, S), allowed: bool broadcastable to scores, or None -> weights: (..., T, S)
+    """
+    ### BEGIN SOLUTION
+    # half precision keeps ~3 significant digits (bfloat16 ~2): exponentials and sums are done in float32
+    work = scores.float() if scores.dtype in (torch.float16, torch.bfloat16) else scores
+    if allowed is not None:
+        # finite fill in the working dtype: a fully blocked row becomes a row of equal finite numbers, not NaN
+        work = work.masked_fill(~allowed, mask_fill_value(work.dtype))
+    # softmax subtracts each row's max first, so huge scores cannot overflow exp
+    weights = work.softmax(dim=-1)  # (..., T, S)
+    if allowed is not None:
+        # blocked keys already weigh 0 in a row with an allowed key; a fully blocked row came out uniform:
+        # zero it. (This would also wipe the NaN row of a -inf fill, but the NaN would exist before it, and
+        # code that adds the mask as a bias, or a fused kernel, never gets this second chance.)
+        weights = weights.masked_fill(~allowed, 0.0)
+    return weights.to(scores.dtype)
+    ### END SOLUTION
+
+
+def robust_attention(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, allowed: torch.Tensor | None = None
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Scaled dot-product attention that is NaN-free in float16, bfloat16 and under ``torch.autocast``.
+
+    A fully blocked query row gets zero weights and a zero output, as ``F.scaled_dot_product_attention`` gives
+    in recent PyTorch; every other row agrees with it too.
+
+    Shape:
+        q: (..., T, Dh), k: (..., S, Dh), v: (..., S, Dv), allowed: bool broadcastable to (..., T, S) or None
+        -> out: (..., T, Dv), weights: (..., T, S)
+    """
+    ### BEGIN SOLUTION
+    # scale q before the product, not the scores after: in float16 q @ k^T can overflow 65504 before dividing
+    scores = (q * (1.0 / math.sqrt(q.shape[-1]))) @ k.transpose(-2, -1)  # (..., T, S)
+    weights = robust_masked_softmax(scores, allowed)  # (..., T, S), the scores' dtype
+    return weights @ v, weights  # (..., T, Dv), (..., T, S)
+    ### END SOLUTION

@@ -1,0 +1,248 @@
+"""Reference for lesson 07-training (PyTorch): teacher forcing, a padding-aware loss, exact match and a loop.
+
+Teacher forcing: the decoder reads the target shifted right by one (BOS first) and predicts the target itself,
+all positions in parallel; the causal mask keeps position t from reading the token it must predict. The loss
+ignores padding, and a generated sequence counts as correct only when it matches its target up to and
+including EOS. ``train`` and ``evaluate_exact_match`` are given; ``PeekingSeq2SeqTransformer`` is the ablation
+that trains without the causal mask: its teacher-forced loss collapses, yet it cannot generate.
+"""
+
+import time
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from autograder.reference.generation import greedy_decode
+from autograder.reference.model import Seq2SeqTransformer
+from decoder_course.conventions import BOS, EOS, PAD
+
+EXERCISES = ("shift_right", "sequence_loss", "exact_match")
+GIVEN = ("train", "evaluate_exact_match", "PeekingSeq2SeqTransformer")
+
+
+def shift_right(tgt_ids: torch.Tensor, bos_id: int) -> torch.Tensor:
+    """Decoder input for teacher forcing: BOS, then the target without its last token.
+
+    Shape:
+        tgt_ids: (B, T) -> (B, T), same dtype; the input is unchanged
+    """
+    ### BEGIN SOLUTION
+    bos = torch.full((tgt_ids.shape[0], 1), bos_id, dtype=tgt_ids.dtype, device=tgt_ids.device)  # (B, 1)
+    # position t now holds token t-1: the model predicts token t having seen only tokens < t
+    return torch.cat([bos, tgt_ids[:, :-1]], dim=1)  # (B, T)
+    ### END SOLUTION
+
+
+def sequence_loss(
+    logits: torch.Tensor, targets: torch.Tensor, pad_id: int, label_smoothing: float = 0.0
+) -> torch.Tensor:
+    """Mean cross-entropy over real (non-pad) target tokens, with optional label smoothing.
+
+    Equals ``F.cross_entropy(logits.reshape(-1, V), targets.reshape(-1), ignore_index=pad_id,
+    label_smoothing=label_smoothing)``, except that a batch with no real token gives 0 instead of NaN.
+
+    Shape:
+        logits: (B, T, V), targets: (B, T) int -> scalar
+    """
+    ### BEGIN SOLUTION
+    log_probs = logits.log_softmax(dim=-1)  # (B, T, V), stable: never log(softmax(...))
+    is_real = targets != pad_id  # (B, T): padding positions do not count
+    # gather needs a valid index even where the target is padding (pad_id may be -100 or >= V): use 0 there
+    safe_targets = targets.masked_fill(~is_real, 0)  # (B, T)
+    nll = -log_probs.gather(-1, safe_targets[..., None]).squeeze(-1)  # (B, T): -log p(correct token)
+    # label smoothing mixes the one-hot target with the uniform distribution: eps/V on every token
+    uniform_ce = -log_probs.mean(dim=-1)  # (B, T): cross-entropy against the uniform distribution
+    per_token = (1.0 - label_smoothing) * nll + label_smoothing * uniform_ce  # (B, T)
+    # mean over real tokens only, not over B * T (padding would dilute the loss)
+    return (per_token * is_real).sum() / is_real.sum().clamp(min=1)
+    ### END SOLUTION
+
+
+def exact_match(pred_ids: torch.Tensor, target_ids: torch.Tensor, pad_id: int, eos_id: int) -> float:
+    """Fraction of sequences whose prediction equals the target at every position up to and including its EOS.
+
+    Positions after the target's first EOS are not compared (the prediction may pad them with anything); a
+    target without EOS must be matched at every position, padding included. Lengths may differ: the shorter is
+    padded.
+
+    Shape:
+        pred_ids: (B, L_pred), target_ids: (B, L_tgt) -> float in [0, 1]
+    """
+    ### BEGIN SOLUTION
+    L = max(pred_ids.shape[1], target_ids.shape[1])
+    pred = F.pad(pred_ids, (0, L - pred_ids.shape[1]), value=pad_id)  # (B, L)
+    target = F.pad(target_ids, (0, L - target_ids.shape[1]), value=pad_id)  # (B, L)
+    is_eos = (target == eos_id).long()  # (B, L)
+    # after_eos[b, i]: an EOS occurs strictly before position i (cumsum counts EOS at or before i)
+    after_eos = (is_eos.cumsum(dim=1) - is_eos) > 0  # (B, L)
+    # equal up to and including the target's EOS means the prediction also ended there
+    row_ok = ((pred == target) | after_eos).all(dim=1)  # (B,)
+    return row_ok.float().mean().item()
+    ### END SOLUTION
+
+
+class PeekingSeq2SeqTransformer(Seq2SeqTransformer):
+    """The ablation: the same model with the causal mask removed, so that each position can read the future.
+
+    With teacher forcing the answer to position t sits at position t + 1 of the decoder input: the model
+    learns to copy it, and its training loss drops fast. At generation time position t + 1 does not exist yet,
+    and greedy decoding produces rubbish. Only self-attention's mask differs from
+    ``Seq2SeqTransformer.decode``.
+
+    Shape:
+        as ``Seq2SeqTransformer``
+    """
+
+    def decode(self, tgt_ids, memory, src_is_real=None, tgt_is_real=None):
+        """``Seq2SeqTransformer.decode`` with every real target key visible to every query (no causal mask).
+
+        Shape:
+            tgt_ids: (B, T), memory: (B, S, D) -> logits: (B, T, V)
+        """
+        B, T = tgt_ids.shape
+        # the bug on purpose: all keys allowed, only padding is skipped
+        self_allowed = torch.ones(B, 1, T, T, dtype=torch.bool, device=tgt_ids.device)  # (B, 1, T, T)
+        if tgt_is_real is not None:
+            self_allowed = self_allowed & tgt_is_real.bool()[:, None, None, :]
+        cross_allowed = None if src_is_real is None else src_is_real.bool()[:, None, None, :]  # (B, 1, 1, S)
+        y = self.pos_encoding(self.tgt_embed(tgt_ids) * self.embed_scale)  # (B, T, D)
+        return self.out_proj(self.decoder(y, memory, self_allowed, cross_allowed))  # (B, T, V)
+
+
+@torch.no_grad()
+def evaluate_exact_match(
+    model: nn.Module, pairs, task, max_len: int | None = None, batch_size: int = 500
+) -> float:
+    """Greedy-decode the sources of ``pairs``; return the fraction decoded exactly (up to and including EOS).
+
+    ``pairs`` are (source, target) strings, e.g. ``task.make_pairs(500, rng=1, split="test")``; ``task``
+    supplies the vocabularies (``task.make_batch``). The model is evaluated in eval mode, then put back.
+
+    Shape:
+        pairs: N (source, target) pairs -> float in [0, 1]
+    """
+    was_training = model.training
+    model.eval()
+    max_len = task.max_tgt_len + 1 if max_len is None else max_len  # the target plus its EOS
+    n_correct = 0.0
+    for start in range(0, len(pairs), batch_size):
+        chunk = pairs[start : start + batch_size]
+        batch = task.make_batch(chunk)
+        src_ids, src_is_real = batch["src_ids"], batch["src_is_real"]  # (B, S) each
+        pred = greedy_decode(model, src_ids, max_len, BOS, EOS, src_is_real=src_is_real, pad_id=PAD)  # (B, L)
+        n_correct += exact_match(pred, batch["tgt_ids"], PAD, EOS) * len(chunk)
+    model.train(was_training)
+    return n_correct / max(len(pairs), 1)
+
+
+def train(
+    model: nn.Module,
+    task,
+    steps: int | None = None,
+    seconds: float | None = None,
+    batch_size: int = 128,
+    lr: float = 3e-3,
+    warmup_steps: int = 100,
+    weight_decay: float = 0.01,
+    label_smoothing: float = 0.0,
+    grad_clip: float = 1.0,
+    eval_every: int = 100,
+    eval_pairs: int = 500,
+    target_exact_match: float | None = None,
+    seed: int = 0,
+    progress: bool = True,
+    live: bool = True,
+) -> dict:
+    """Train ``model`` on ``task`` with teacher forcing; watch the loss and held-out exact match as it learns.
+
+    Stops after ``steps`` optimiser steps or ``seconds`` of wall time (whichever comes first; one is needed),
+    or as soon as held-out exact match reaches ``target_exact_match``. AdamW; the learning rate warms up
+    linearly to ``lr`` over ``warmup_steps``, then decays as 1/sqrt(step) (the paper's schedule); gradients
+    are clipped to norm ``grad_clip``. Every ``eval_every`` steps (and at the end) greedy decoding is scored
+    on ``eval_pairs`` held-out pairs. Shows a tqdm progress bar (``progress``) and live curves (``live``, via
+    ``decoder_course.plots.LiveCurves`` when it is available). The training time, evaluation excluded, is
+    printed at the end; the model is left in eval mode.
+
+    Shape:
+        batches from ``task.batches``: src (B, S), tgt (B, T) -> history ``{name: (steps, values)}`` with
+        ``"loss"`` and ``"token_accuracy"`` (teacher-forced, every step) and ``"exact_match"`` (held out,
+        every ``eval_every`` steps), ready for ``decoder_course.plots.plot_curves``
+    """
+    if steps is None and seconds is None:
+        raise ValueError("give steps=, seconds= or both")
+    from tqdm.auto import tqdm
+
+    try:
+        from decoder_course.plots import LiveCurves
+    except ImportError:  # the plotting helpers are optional: train without live curves
+        LiveCurves = None
+    curves = LiveCurves(title=f"training on {task.name}", total_steps=steps) if live and LiveCurves else None
+
+    torch.manual_seed(seed)
+    held_out = task.make_pairs(eval_pairs, rng=seed + 1, split="test")
+    batches = task.batches(batch_size, seed=seed, split="train")
+    optimizer = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=weight_decay)
+    # the paper's schedule: linear warm-up (tiny steps while Adam's moment estimates are still noise), then
+    # decay as 1/sqrt(step), which settles the last errors; it needs no total step count, so seconds= works
+    warmup = max(warmup_steps, 1)
+    schedule = torch.optim.lr_scheduler.LambdaLR(
+        optimizer, lambda step: min((step + 1) / warmup, (warmup / (step + 1)) ** 0.5)
+    )
+    history = {"loss": ([], []), "token_accuracy": ([], []), "exact_match": ([], [])}
+
+    def record(name, step, value):
+        history[name][0].append(step)
+        history[name][1].append(float(value))
+
+    def evaluate(step):
+        score = evaluate_exact_match(model, held_out, task)
+        record("exact_match", step, score)
+        if curves is not None:
+            curves.update(step, exact_match=score)
+        return score
+
+    bar = tqdm(total=steps if steps is not None else None, disable=not progress, desc=f"train {task.name}")
+    model.train()
+    step, training_time, started = 0, 0.0, time.perf_counter()
+    while (steps is None or step < steps) and (seconds is None or training_time < seconds):
+        batch = next(batches)
+        tgt = batch["tgt_ids"]  # (B, T): the target followed by EOS, then PAD
+        # no tgt_is_real needed: padding sits after the real tokens, where the causal mask already hides it
+        logits = model(batch["src_ids"], shift_right(tgt, BOS), src_is_real=batch["src_is_real"])  # (B, T, V)
+        loss = sequence_loss(logits, tgt, PAD, label_smoothing)
+        optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), grad_clip)
+        optimizer.step()
+        schedule.step()
+        step += 1
+        training_time = time.perf_counter() - started
+        is_real = tgt != PAD
+        accuracy = ((logits.argmax(-1) == tgt) & is_real).sum().item() / max(is_real.sum().item(), 1)
+        record("loss", step, loss.item())
+        record("token_accuracy", step, accuracy)
+        if curves is not None:
+            curves.update(step, loss=loss.item(), token_accuracy=accuracy)
+        bar.update(1)
+        bar.set_postfix(loss=f"{loss.item():.3f}", acc=f"{accuracy:.3f}")
+        if step % eval_every == 0:
+            # evaluation time is not training time: pause the clock
+            paused = time.perf_counter()
+            score = evaluate(step)
+            started += time.perf_counter() - paused
+            bar.set_postfix(loss=f"{loss.item():.3f}", exact_match=f"{score:.3f}")
+            if target_exact_match is not None and score >= target_exact_match:
+                break
+    if not history["exact_match"][0] or history["exact_match"][0][-1] != step:
+        evaluate(step)
+    bar.close()
+    if curves is not None:
+        curves.final()
+    if progress:
+        print(
+            f"{step} steps in {training_time:.1f} s of training; held-out exact match "
+            f"{history['exact_match'][1][-1]:.3f}"
+        )
+    model.eval()
+    return history
