@@ -17,7 +17,11 @@ from __future__ import annotations
 import ast
 import hashlib
 import importlib
+import math
+import os
 import re
+import stat
+import zipfile
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -52,10 +56,25 @@ def exercises_for(lesson: str) -> dict[str, type[Exercise]]:
     return REGISTRY.get(lesson, {})
 
 
-def derive_seed(secret: bytes, lesson: str, student: str, item: str) -> int:
-    """The per-run secret seed of one item: unguessable without the secret, the same on a re-grade."""
-    digest = hashlib.sha256(secret + b"\0" + f"{lesson}\0{student}\0{item}".encode()).digest()
+def derive_seed(secret: bytes, lesson: str, student: str, item: str, submission: str = "") -> int:
+    """The per-run secret seed of one item: unguessable without the secret, the same on a re-grade.
+
+    ``submission`` (a digest of the submitted code, see :func:`submission_digest`) makes a changed submission get
+    new cases: hidden inputs a student carried out of one grading run into their feedback are of no use in the
+    next one.
+    """
+    key = f"{lesson}\0{student}\0{item}" + (f"\0{submission}" if submission else "")
+    digest = hashlib.sha256(secret + b"\0" + key.encode()).digest()
     return int.from_bytes(digest[:8], "little")
+
+
+def submission_digest(nb: NotebookNode) -> str:
+    """A digest of every code cell's source: the same submission re-graded gets the same cases."""
+    h = hashlib.sha256()
+    for cell in nb.cells:
+        if cell.cell_type == "code":
+            h.update(cell.source.encode("utf-8", "replace") + b"\0")
+    return h.hexdigest()
 
 
 def graded_test_cells(nb: NotebookNode) -> list[NotebookNode]:
@@ -63,7 +82,7 @@ def graded_test_cells(nb: NotebookNode) -> list[NotebookNode]:
     cells = []
     for cell in nb.cells:
         meta = cell.get("metadata", {}).get("nbgrader", {})
-        if cell.cell_type == "code" and meta.get("grade") and not meta.get("solution"):
+        if cell.cell_type == "code" and meta.get("grade") and not meta.get("solution") and meta.get("grade_id"):
             cells.append(cell)
     return cells
 
@@ -107,11 +126,11 @@ def forbidden_uses(source: str, forbidden: tuple[str, ...]) -> list[str]:
         return sorted({full for short, full in wanted.items() if re.search(rf"\b{re.escape(short)}\b", source)})
     found = set()
     for node in ast.walk(tree):
+        # Attribute access (F.x, torch.nn.x, tensor.x) and imports only: a bare name may be the student's own
+        # function of the same name (an exercise called `softmax` calling itself in a quick test is fine).
         names = []
         if isinstance(node, ast.Attribute):
             names.append(node.attr)
-        elif isinstance(node, ast.Name):
-            names.append(node.id)
         elif isinstance(node, (ast.Import, ast.ImportFrom)):
             names.extend(alias.name.rsplit(".", 1)[-1] for alias in node.names)
         found.update(wanted[n] for n in names if n in wanted)
@@ -122,27 +141,76 @@ def prepare(nb: NotebookNode, lesson: str, student: str, secret: bytes, scratch:
     """Build and write the cases of every registered exercise that has a graded cell in ``nb``."""
     registered = exercises_for(lesson)
     items: dict[str, tuple[Exercise, list[Case]]] = {}
+    digest = submission_digest(nb)
     for cell in graded_test_cells(nb):
         item = cell.metadata["nbgrader"]["grade_id"]
         if item in registered and item not in items:
             ex = registered[item]()
-            cases = ex.cases(np.random.default_rng(derive_seed(secret, lesson, student, item)))
+            cases = ex.cases(np.random.default_rng(derive_seed(secret, lesson, student, item, digest)))
             write_cases(scratch / "cases", item, cases)
             items[item] = (ex, cases)
     (scratch / "outputs").mkdir(parents=True, exist_ok=True)
     return Plan(lesson, scratch, items, solution_sources(nb))
 
 
-def decide(plan: Plan) -> dict[str, Verdict]:
+MAX_OUTPUT_BYTES = 256 << 20  # the most the grader reads of one exercise's outputs
+
+
+def unreadable_outputs(folder: Path, item: str, max_bytes: int = MAX_OUTPUT_BYTES) -> str | None:
+    """Why the kernel's files for ``item`` must not be read (a link, a FIFO, too large, an array whose header
+    claims more than its bytes, a compressed or object array), or None when they are plain harvest files.
+
+    The kernel wrote them and may have forged them: read nothing before these checks (the kernel is dead by now,
+    so nothing changes between the check and the read).
+    """
+    for suffix in (".json", ".npz"):
+        path = folder / f"{item}{suffix}"
+        try:
+            info = os.lstat(path)
+        except FileNotFoundError:
+            continue  # Result says the cell was not reached
+        if not stat.S_ISREG(info.st_mode) or info.st_nlink != 1:
+            return f"{path.name} is not a plain file"
+        if info.st_size > max_bytes:
+            return f"{path.name} is {info.st_size / 2**20:.0f} MB, over the {max_bytes / 2**20:.0f} MB limit"
+    npz = folder / f"{item}.npz"
+    if not npz.exists():
+        return None
+    try:
+        with zipfile.ZipFile(npz) as archive:
+            members = archive.infolist()
+            if sum(m.file_size for m in members) > max_bytes:
+                return f"{npz.name} holds more than {max_bytes / 2**20:.0f} MB"
+            for member in members:
+                if member.compress_type != zipfile.ZIP_STORED:
+                    return f"{npz.name} is compressed"
+                with archive.open(member) as handle:
+                    version = np.lib.format.read_magic(handle)
+                    read_header = (np.lib.format.read_array_header_1_0 if version == (1, 0)
+                                   else np.lib.format.read_array_header_2_0)
+                    shape, _, dtype = read_header(handle)
+                    if dtype.hasobject or math.prod(shape) * dtype.itemsize > member.file_size:
+                        return f"{npz.name} holds an array whose header does not match its data"
+    except Exception as exc:  # not a zip, a broken header: the kernel did not write it with np.savez
+        return f"{npz.name} is not a plain .npz file ({type(exc).__name__})"
+    return None
+
+
+def decide(plan: Plan, max_bytes: int = MAX_OUTPUT_BYTES) -> dict[str, Verdict]:
     """Judge every planned exercise: first the static policy on its submitted source, then its outputs."""
     decided = {}
     for item, (ex, cases) in plan.items.items():
         used = forbidden_uses(plan.sources.get(item, ""), tuple(getattr(ex, "forbidden", ())))
+        unreadable = unreadable_outputs(plan.scratch / "outputs", item, max_bytes)
         if used:
             decided[item] = Verdict(False, (
                 f"your `{item}` uses {', '.join(f'`{u}`' for u in used)}, which does this exercise's work for "
                 "you. The point of the exercise is to write it yourself from the operations it is made of; "
                 "PyTorch's version is what we compare against."))
+        elif unreadable:
+            decided[item] = Verdict(False, (
+                f"the grader refused to read what your notebook handed in for `{item}` ({unreadable}): it was not "
+                "written by the course's hidden checks. Do not write into the grading folder."))
         else:
             decided[item] = run_judge(ex, plan.scratch / "outputs", cases)
     return decided

@@ -21,6 +21,9 @@ def test_honest_code_is_not_flagged():
     honest = "def attention(q, k, v):\n    scores = q @ k.transpose(-2, -1)  # scaled dot product\n    return scores"
     assert verdicts.forbidden_uses(honest, FORBIDDEN) == []
     assert verdicts.forbidden_uses("x = nn.MultiheadAttention(4, 2)", ()) == []
+    # The student's own function of the same short name is not PyTorch's.
+    own = "def scaled_dot_product_attention(q, k, v):\n    return q\n\nscaled_dot_product_attention(1, 2, 3)"
+    assert verdicts.forbidden_uses(own, FORBIDDEN) == []
 
 
 class _Passing(Exercise):
