@@ -48,13 +48,56 @@ REFERENCE_MODULES = {
     "10-numerics": "numerics",
 }
 
-BOOTSTRAP = """\
-# Setup. In Colab this installs the course's companion package (torch is already there); elsewhere it does nothing.
+# Where the course lives: the Colab badge of every lesson and the bootstrap cell's install both point here.
+REPOSITORY = "decoder-course/decoder-course"  # GitHub owner/name
+BRANCH = "main"
+# What Colab lacks of the package's dependencies (it ships torch, numpy and matplotlib): installed beside it.
+COLAB_PROVIDES = ("torch", "numpy", "matplotlib")
+COLAB_EXTRAS = ("einops>=0.7", "tqdm>=4.60")
+# Overrides the install target (a local path instead of GitHub): the Colab-like test installs offline.
+SOURCE_ENV = "DECODER_COURSE_SOURCE"
+
+BOOTSTRAP = f"""\
+# Colab only: install the course's companion package. Anywhere else this cell does nothing.
+import os
 import sys
 
 if "google.colab" in sys.modules:
-    %pip install --quiet "decoder-course @ git+https://github.com/decoder-course/decoder-course"
+    # --no-deps keeps Colab's own torch, numpy and matplotlib; the light packages it may lack come along.
+    _source = "git+https://github.com/{REPOSITORY}@{BRANCH}"
+    _source = os.environ.get("{SOURCE_ENV}", _source)  # only the course's own tests set it
+    %pip install --quiet --no-deps "decoder-course @ {{_source}}" {" ".join(f'"{r}"' for r in COLAB_EXTRAS)}
 """
+
+_BADGE_LINE = re.compile(r"^\[!\[Open In Colab\]\(.*\)\]\(https://colab\.research\.google\.com/.*\)\s*$")
+
+
+def colab_url(lesson: str) -> str:
+    """The address that opens the released notebook of ``lesson`` in Colab."""
+    notebook = f"lessons/{lesson}/{lesson}.ipynb"
+    return f"https://colab.research.google.com/github/{REPOSITORY}/blob/{BRANCH}/{notebook}"
+
+
+def colab_badge(lesson: str) -> str:
+    """The "Open in Colab" badge of ``lesson``, as a markdown line."""
+    image = "https://colab.research.google.com/assets/colab-badge.svg"
+    return f"[![Open In Colab]({image})]({colab_url(lesson)})"
+
+
+def with_badge(lesson: str, markdown: str) -> str:
+    """``markdown`` with the lesson's badge under its first line (the title); a hand-written badge is dropped."""
+    lines = markdown.split("\n")
+    kept: list[str] = []
+    for i, line in enumerate(lines):
+        if _BADGE_LINE.match(line):
+            continue
+        after_badge = i > 0 and _BADGE_LINE.match(lines[i - 1])
+        if after_badge and not line.strip() and kept and not kept[-1].strip():
+            continue  # the blank line that followed a removed badge
+        kept.append(line)
+    title, rest = kept[0], "\n".join(kept[1:]).strip("\n")
+    return f"{title}\n\n{colab_badge(lesson)}" + (f"\n\n{rest}" if rest else "")
+
 
 HIDDEN = """\
 ### BEGIN HIDDEN TESTS
@@ -141,7 +184,10 @@ def build_notebook(lesson: str, text: str) -> NotebookNode:
         body = "\n".join(lines).strip("\n")
         cell_id = _cell_id(lesson, index, rest)
         if kind == "markdown":
-            nb.cells.append(nbformat.v4.new_markdown_cell(_markdown(lines), id=cell_id))
+            text = _markdown(lines)
+            if not any(cell.cell_type == "markdown" for cell in nb.cells):
+                text = with_badge(lesson, text)  # the first markdown cell: the title, then the badge
+            nb.cells.append(nbformat.v4.new_markdown_cell(text, id=cell_id))
             continue
         cell = nbformat.v4.new_code_cell(body, id=cell_id)
         if "exercise" in options:
@@ -169,7 +215,10 @@ def build_notebook(lesson: str, text: str) -> NotebookNode:
                 if ":" in name:
                     module, _, name = name.rpartition(":")
                 parts.append(reference_source(lesson, f"{module}:{name}" if module else name, keep_markers=False))
-            header = "# Given: built in an earlier lesson, shown here so that this lesson runs on its own.\n\n"
+            modules = [name.split(":")[0] for name in names if ":" in name]
+            own = all(module == REFERENCE_MODULES[lesson] for module in modules)
+            header = ("# Given: helpers for this lesson (not exercises).\n\n" if own else
+                      "# Given: built in an earlier lesson, shown here so that this lesson runs on its own.\n\n")
             cell.source = header + (body + "\n\n\n" if body else "") + "\n\n".join(p.rstrip() for p in parts)
             cell.metadata["course"] = {"given": names}
             cell.metadata["jupyter"] = {"source_hidden": False}

@@ -31,7 +31,7 @@ class FeedForward(nn.Module):
         super().__init__()
         ### BEGIN SOLUTION
         self.linear1 = nn.Linear(d_model, d_ff)  # D -> F: widen (F is usually 4 D)
-        self.dropout = nn.Dropout(dropout)
+        self.dropout = nn.Dropout(dropout)  # on the hidden activations, after the ReLU (as PyTorch)
         self.linear2 = nn.Linear(d_ff, d_model)  # F -> D: back to the residual stream's width
         ### END SOLUTION
 

@@ -1,0 +1,936 @@
+"""Hidden checks of lesson 05-decoder-layer (PyTorch, and the NumPy-only layer).
+
+``DecoderLayer`` is graded apart from the student's own attention and feed-forward: its cases inject the
+notebook's given ``MultiHeadAttention`` / ``CrossAttention`` and a plain ``nn.Sequential`` feed-forward (named
+``linear1``, ``relu``, ``linear2``, so the contract's parameter names load), then compare with PyTorch's own
+``nn.TransformerDecoderLayer`` carrying the same weights. Only one case builds the default sublayers, and it
+looks at their types and the output's shape, so a wrong ``FeedForward`` costs only its own item.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+from torch import nn
+
+from autograder.checks.framework import Case, Exercise, Fail, Result, exercise, expect_close
+from autograder.reference import cross_attention as ref_cross
+from autograder.reference import decoder_layer as ref
+from autograder.reference import multi_head as ref_mh
+from autograder.reference.masks import causal_mask
+
+LESSON = "05-decoder-layer"
+ATTN_PROJ = ("q_proj", "k_proj", "v_proj", "out_proj")
+NORMS = ("norm1", "norm2", "norm3")
+
+
+# -- inputs --------------------------------------------------------------------------------------------------
+def _inputs(rng: np.random.Generator, B: int, T: int, S: int, D: int) -> tuple[np.ndarray, np.ndarray]:
+    """x (B, T, D) and memory (B, S, D), float32, each batch item on a very different scale."""
+    scales = np.geomspace(0.3, 6.0, B)[rng.permutation(B)][:, None, None]  # (B, 1, 1)
+    x = (rng.standard_normal((B, T, D)) * scales).astype(np.float32)
+    memory = (rng.standard_normal((B, S, D)) * scales[::-1]).astype(np.float32)
+    return x, memory
+
+
+def _lengths(rng: np.random.Generator, B: int, n: int) -> np.ndarray:
+    """is_real (B, n): padding at the end, every row keeping at least one real token, one row unpadded."""
+    lengths = rng.integers(1, n, size=B)
+    lengths[rng.integers(B)] = n
+    return np.arange(n)[None, :] < lengths[:, None]  # (B, n)
+
+
+def _layer_state(rng: np.random.Generator, D: int, F: int) -> dict[str, np.ndarray]:
+    """A random state dict of the contract's ``DecoderLayer`` (float32), LayerNorms not the identity."""
+    state = {}
+    for sub in ("self_attn", "cross_attn"):
+        for proj in ATTN_PROJ:
+            state[f"{sub}.{proj}.weight"] = rng.normal(0.0, 1.0 / np.sqrt(D), (D, D))
+            state[f"{sub}.{proj}.bias"] = rng.normal(0.0, 0.2, D)
+    state["feed_forward.linear1.weight"] = rng.normal(0.0, 1.0 / np.sqrt(D), (F, D))
+    state["feed_forward.linear1.bias"] = rng.normal(0.0, 0.2, F)
+    state["feed_forward.linear2.weight"] = rng.normal(0.0, 1.0 / np.sqrt(F), (D, F))
+    state["feed_forward.linear2.bias"] = rng.normal(0.0, 0.2, D)
+    for norm in NORMS:
+        state[f"{norm}.weight"] = 1.0 + rng.normal(0.0, 0.3, D)
+        state[f"{norm}.bias"] = rng.normal(0.0, 0.3, D)
+    return {key: value.astype(np.float32) for key, value in state.items()}
+
+
+def _torch_layer(state: dict, D: int, H: int, F: int, norm_first: bool) -> nn.TransformerDecoderLayer:
+    """PyTorch's own decoder layer (float64, eval) carrying the weights of a contract state dict."""
+    theirs = nn.TransformerDecoderLayer(D, H, F, dropout=0.1, batch_first=True, norm_first=norm_first)
+    mapped = {}
+    for ours, name in (("self_attn", "self_attn"), ("cross_attn", "multihead_attn")):
+        # nn.MultiheadAttention packs q, k, v into one (3 D, D) in_proj
+        mapped[f"{name}.in_proj_weight"] = np.concatenate(
+            [state[f"{ours}.{p}.weight"] for p in ATTN_PROJ[:3]]
+        )
+        mapped[f"{name}.in_proj_bias"] = np.concatenate([state[f"{ours}.{p}.bias"] for p in ATTN_PROJ[:3]])
+        mapped[f"{name}.out_proj.weight"] = state[f"{ours}.out_proj.weight"]
+        mapped[f"{name}.out_proj.bias"] = state[f"{ours}.out_proj.bias"]
+    for i in (1, 2):
+        for kind in ("weight", "bias"):
+            mapped[f"linear{i}.{kind}"] = state[f"feed_forward.linear{i}.{kind}"]
+    for norm in NORMS:
+        for kind in ("weight", "bias"):
+            mapped[f"{norm}.{kind}"] = state[f"{norm}.{kind}"]
+    theirs.load_state_dict({key: torch.from_numpy(np.asarray(v, np.float64)) for key, v in mapped.items()})
+    return theirs.double().eval()
+
+
+def _torch_forward(theirs, x, memory, causal=None, tgt_is_real=None, mem_is_real=None) -> np.ndarray:
+    """Run PyTorch's layer; its masks mean True = BLOCKED, so ours are inverted here, at the boundary."""
+
+    def blocked(allowed):
+        return None if allowed is None else ~torch.from_numpy(np.asarray(allowed, bool))
+
+    with torch.no_grad():
+        out = theirs(
+            torch.from_numpy(np.asarray(x, np.float64)),
+            torch.from_numpy(np.asarray(memory, np.float64)),
+            tgt_mask=blocked(causal),
+            tgt_key_padding_mask=blocked(tgt_is_real),
+            memory_key_padding_mask=blocked(mem_is_real),
+        )
+    return out.numpy()
+
+
+def _self_allowed(causal: np.ndarray, tgt_is_real: np.ndarray | None) -> np.ndarray:
+    """Our self-attention mask: (T, T) causal alone, or (B, 1, T, T) with target padding on the keys."""
+    if tgt_is_real is None:
+        return causal
+    return causal[None, None] & tgt_is_real[:, None, None, :]
+
+
+def _cross_allowed(mem_is_real: np.ndarray, T: int) -> np.ndarray:
+    return np.repeat(mem_is_real[:, None, None, :], T, axis=2)  # (B, 1, T, S)
+
+
+def _diagnose(got: np.ndarray, candidates: dict[str, np.ndarray]) -> str:
+    """Name the mistake whose output the student's matches, if any (never a value)."""
+    for mistake, want in candidates.items():
+        if got.shape == want.shape and np.allclose(got, want, rtol=1e-4, atol=1e-4):
+            return f"Your output matches {mistake}."
+    return ""
+
+
+# -- FeedForward ---------------------------------------------------------------------------------------------
+@exercise(LESSON, "FeedForward", points=2)
+class FeedForwardCheck(Exercise):
+    """Values against PyTorch's own ops in eval mode; in training, dropout acts on the hidden (B, T, F)."""
+
+    def cases(self, rng):
+        cases = []
+        for i, (B, T, D, F) in enumerate([(2, 5, 12, 20), (1, 3, 8, 32)]):
+            state = {
+                "linear1.weight": rng.normal(0, 1 / np.sqrt(D), (F, D)),
+                "linear1.bias": rng.normal(0, 0.5, F),
+                "linear2.weight": rng.normal(0, 1 / np.sqrt(F), (D, F)),
+                "linear2.bias": rng.normal(0, 0.5, D),
+            }
+            state = {k: v.astype(np.float32) for k, v in state.items()}
+            x, _ = _inputs(rng, B, T, 1, D)
+            case = Case(
+                f"c{i}", f"B={B}, T={T}, D={D}, F={F}, dropout=0.1, eval mode", data={"state": state, "x": x}
+            )
+            case.call("FeedForward", D, F, 0.1, let="ff")
+            case.load_state("ff", state)
+            case.eval("ff")
+            case.let("x", case.tensor(x))
+            case.method("ff", "forward", {"ref": "x"}, record="out")
+            case.record("x_after", {"ref": "x"})
+            cases.append(case)
+        # Training mode, F < D: the hidden units can be read back from the output (W2 has full column rank)
+        B, T, D, F, p = 3, 7, 10, 6, 0.5
+        state = {
+            "linear1.weight": rng.normal(0, 1, (F, D)),
+            "linear1.bias": rng.normal(0, 0.5, F),
+            "linear2.weight": rng.normal(0, 1, (D, F)),
+            "linear2.bias": rng.normal(0, 0.5, D),
+        }
+        state = {k: v.astype(np.float32) for k, v in state.items()}
+        x = rng.standard_normal((B, T, D)).astype(np.float32)
+        case = Case(
+            "train",
+            f"B={B}, T={T}, D={D}, F={F}, dropout={p}, training mode",
+            data={"state": state, "x": x, "p": p},
+        )
+        case.call("FeedForward", D, F, dropout=p, let="ff")
+        case.load_state("ff", state)
+        case.steps.append({"train": "ff"})
+        case.seed(int(rng.integers(2**31)))
+        case.method("ff", "forward", case.tensor(x), record="out")
+        cases.append(case)
+        return cases
+
+    def judge(self, result: Result):
+        for case_id in ("c0", "c1"):
+            case = result.cases[case_id]
+            state, x = case.data["state"], case.data["x"]
+            got = result.get(
+                case_id, "out", what="FeedForward's output", kind="tensor", dtype="float", shape=x.shape
+            )
+            w = {k: torch.from_numpy(v.astype(np.float64)) for k, v in state.items()}
+            xt = torch.from_numpy(x.astype(np.float64))
+            hidden = xt @ w["linear1.weight"].T + w["linear1.bias"]  # (B, T, F)
+            want = torch.relu(hidden) @ w["linear2.weight"].T + w["linear2.bias"]  # (B, T, D)
+            without_relu = hidden @ w["linear2.weight"].T + w["linear2.bias"]
+            gelu = torch.nn.functional.gelu(hidden) @ w["linear2.weight"].T + w["linear2.bias"]
+            hint = _diagnose(
+                got,
+                {
+                    "the network without its ReLU (two linear maps are one linear map)": without_relu.numpy(),
+                    "GELU, not ReLU (nn.TransformerDecoderLayer's default activation is ReLU)": gelu.numpy(),
+                },
+            )
+            expect_close(
+                got,
+                want.numpy(),
+                "FeedForward's output",
+                case.desc,
+                rtol=1e-4,
+                atol=1e-4,
+                hint=hint
+                or "Expected linear2(dropout(relu(linear1(x)))), with linear1: D -> F and "
+                "linear2: F -> D; in eval mode dropout does nothing.",
+            )
+            after = result.get(case_id, "x_after", what="x after the call", kind="tensor")
+            if not np.array_equal(after, x):
+                raise Fail(
+                    "FeedForward changed its input x in place: use out-of-place operations "
+                    "(torch.relu(h), not h.relu_() on a view of x)."
+                )
+        self._judge_train(result)
+
+    @staticmethod
+    def _judge_train(result: Result):
+        case = result.cases["train"]
+        state, x, p = case.data["state"], case.data["x"].astype(np.float64), case.data["p"]
+        got = result.get(
+            "train",
+            "out",
+            what="FeedForward's output in training mode",
+            kind="tensor",
+            dtype="float",
+            shape=x.shape,
+        ).astype(np.float64)
+        W1, b1 = state["linear1.weight"].astype(np.float64), state["linear1.bias"].astype(np.float64)
+        W2, b2 = state["linear2.weight"].astype(np.float64), state["linear2.bias"].astype(np.float64)
+        kept = np.maximum(x @ W1.T + b1, 0.0) / (1.0 - p)  # (B, T, F): a hidden unit that survives dropout
+        # read the hidden units back: out - b2 = hidden @ W2.T, and W2 (D, F) has full column rank
+        hidden = (got - b2) @ np.linalg.pinv(W2.T)  # (B, T, F)
+        scale = 1e-3 * (1.0 + np.abs(kept))
+        fits = (np.abs(hidden) <= scale) | (np.abs(hidden - kept) <= scale)
+        if not fits.all():
+            raise Fail(
+                f"in training mode ({case.desc}), dropout should act on the hidden activations, between the "
+                "ReLU and linear2: each hidden unit is either 0 or relu(linear1(x)) / (1 - p). Yours is "
+                "not of that form: is dropout applied to the output or the input instead of the hidden layer?"
+            )
+        dropped = (np.abs(hidden) <= scale) & (kept > 1e-2)
+        if not dropped.any():
+            raise Fail(
+                f"in training mode with dropout={p} ({case.desc}) no hidden unit was dropped: create "
+                "nn.Dropout(dropout) in __init__ and apply it to the hidden activations in forward."
+            )
+
+
+# -- DecoderLayer --------------------------------------------------------------------------------------------
+def _build_injected(
+    case: Case, D: int, H: int, F: int, norm_first: bool, dropout: float = 0.1, state: dict | None = None
+) -> None:
+    """Steps building ``layer`` from the notebook's given attention modules and an nn.Sequential FFN."""
+    case.call("MultiHeadAttention", D, H, let="sa")
+    case.call("CrossAttention", D, H, let="ca")
+    case.let("nn_", {"global": "nn"})
+    case.call({"attr": ["nn_", "Sequential"]}, let="ff")
+    for name, args in (("linear1", [D, F]), ("relu", []), ("linear2", [F, D])):
+        kind = "ReLU" if name == "relu" else "Linear"
+        case.call({"attr": ["nn_", kind]}, *args, let=f"ff_{name}")
+        case.method("ff", "add_module", name, {"ref": f"ff_{name}"})
+    case.call(
+        "DecoderLayer",
+        D,
+        H,
+        F,
+        dropout=dropout,
+        norm_first=norm_first,
+        self_attn={"ref": "sa"},
+        cross_attn={"ref": "ca"},
+        feed_forward={"ref": "ff"},
+        let="layer",
+    )
+    if state is not None:
+        case.load_state("layer", state)
+
+
+@exercise(LESSON, "DecoderLayer", points=2)
+class DecoderLayerCheck(Exercise):
+    """Against nn.TransformerDecoderLayer with copied weights (eval; both LN placements; causal + memory
+    padding; T != S; B = 1), leakage of the future and of memory padding, injected sublayers used, dropout
+    active in training, default sublayers of the right kinds, inputs unchanged."""
+
+    # wrapping PyTorch's own layer would skip the exercise
+    forbidden = ("nn.TransformerDecoderLayer", "nn.TransformerDecoder")
+
+    def cases(self, rng):
+        cases = []
+        B, T, S, D, H, F = 2, 5, 7, 16, 4, 24  # T != S != H, Dh = 4, F != D
+        causal = causal_mask(T)
+        mem_is_real = _lengths(rng, B, S)
+        tgt_is_real = _lengths(rng, B, T)
+        x, memory = _inputs(rng, B, T, S, D)
+        t0 = int(rng.integers(1, T - 1))
+        x_future = x.copy()
+        x_future[:, t0 + 1 :] = rng.standard_normal((B, T - t0 - 1, D)).astype(np.float32) * 3.0
+        memory_pad = memory.copy()
+        memory_pad[~mem_is_real] = (
+            rng.standard_normal((int((~mem_is_real).sum()), D)).astype(np.float32) * 3.0
+        )
+        for norm_first in (False, True):
+            state = _layer_state(rng, D, F)
+            name = "pre" if norm_first else "post"
+            # post-LN: causal (T, T) only; pre-LN: causal and target padding, (B, 1, T, T)
+            tgt = tgt_is_real if norm_first else None
+            data = {
+                "state": state,
+                "D": D,
+                "H": H,
+                "F": F,
+                "norm_first": norm_first,
+                "causal": causal,
+                "tgt_is_real": tgt,
+                "mem_is_real": mem_is_real,
+                "t0": t0,
+            }
+            variants = [("", x, memory)]
+            if not norm_first:
+                variants += [("_future", x_future, memory), ("_pad", x, memory_pad)]
+            for suffix, xs, ms in variants:
+                label = {
+                    "": "",
+                    "_future": ", positions after a query changed",
+                    "_pad": ", padded memory positions changed",
+                }[suffix]
+                desc = (
+                    f"B={B}, T={T}, S={S}, D={D}, H={H}, F={F}, {name}-LN, causal + "
+                    f"{'target and ' if tgt is not None else ''}memory padding{label}"
+                )
+                case = Case(name + suffix, desc, data={**data, "x": xs, "memory": ms})
+                _build_injected(case, D, H, F, norm_first, state=state)
+                case.eval("layer")
+                case.let("x", case.tensor(xs))
+                case.let("memory", case.tensor(ms))
+                case.method(
+                    "layer",
+                    "forward",
+                    {"ref": "x"},
+                    {"ref": "memory"},
+                    case.tensor(_self_allowed(causal, tgt)),
+                    case.tensor(_cross_allowed(mem_is_real, T)),
+                    record="out",
+                )
+                if not suffix:
+                    case.record("x_after", {"ref": "x"})
+                    case.record("memory_after", {"ref": "memory"})
+                    # the injected modules must be the ones used: the state dict was loaded into them
+                    case.record("sa_q", {"attr": ["sa", "q_proj", "weight", "data"]})
+                    case.record("ca_q", {"attr": ["ca", "q_proj", "weight", "data"]})
+                    case.record("ff_w1", {"attr": ["ff", "linear1", "weight", "data"]})
+                cases.append(case)
+
+        # B = 1, T != S, no masks at all, another width and head count
+        B1, T1, S1, D1, H1, F1 = 1, 3, 6, 12, 2, 20
+        norm_first = bool(rng.integers(2))
+        state = _layer_state(rng, D1, F1)
+        x1, memory1 = _inputs(rng, B1, T1, S1, D1)
+        case = Case(
+            "b1",
+            f"B=1, T={T1}, S={S1}, D={D1}, H={H1}, F={F1}, {'pre' if norm_first else 'post'}-LN, no masks",
+            data={
+                "state": state,
+                "D": D1,
+                "H": H1,
+                "F": F1,
+                "norm_first": norm_first,
+                "x": x1,
+                "memory": memory1,
+                "causal": None,
+                "tgt_is_real": None,
+                "mem_is_real": None,
+            },
+        )
+        _build_injected(case, D1, H1, F1, norm_first, state=state)
+        case.eval("layer")
+        case.method("layer", "forward", case.tensor(x1), case.tensor(memory1), record="out")
+        cases.append(case)
+
+        # One sequence with no real memory token at all: finite, as our conventions say (zeros from attention)
+        mem_empty = mem_is_real.copy()
+        mem_empty[1] = False
+        state = _layer_state(rng, D, F)
+        case = Case(
+            "empty",
+            f"B={B}, T={T}, S={S}, post-LN, batch item 1 has no real memory token",
+            data={
+                "state": state,
+                "D": D,
+                "H": H,
+                "F": F,
+                "x": x,
+                "memory": memory,
+                "causal": causal,
+                "mem_is_real": mem_empty,
+            },
+        )
+        _build_injected(case, D, H, F, False, state=state)
+        case.eval("layer")
+        case.method(
+            "layer",
+            "forward",
+            case.tensor(x),
+            case.tensor(memory),
+            case.tensor(causal),
+            case.tensor(_cross_allowed(mem_empty, T)),
+            record="out",
+        )
+        cases.append(case)
+
+        # Dropout: active in training mode, off in eval mode
+        case = Case(
+            "train",
+            f"B={B}, T={T}, S={S}, dropout=0.5, training mode then eval mode",
+            data={"x": x, "memory": memory},
+        )
+        _build_injected(case, D, H, F, False, dropout=0.5, state=_layer_state(rng, D, F))
+        case.steps.append({"train": "layer"})
+        case.seed(int(rng.integers(2**31)))
+        case.method(
+            "layer", "forward", case.tensor(x), case.tensor(memory), case.tensor(causal), record="out_train"
+        )
+        case.eval("layer")
+        case.method(
+            "layer", "forward", case.tensor(x), case.tensor(memory), case.tensor(causal), record="out_eval"
+        )
+        case.method(
+            "layer", "forward", case.tensor(x), case.tensor(memory), case.tensor(causal), record="out_eval2"
+        )
+        cases.append(case)
+
+        # Nothing injected: the layer builds its own sublayers of the contract's kinds
+        case = Case(
+            "default",
+            f"DecoderLayer({D}, {H}, {F}) with no sublayer given",
+            data={"x": x, "call": f"DecoderLayer({D}, {H}, {F})"},
+        )
+        case.call("DecoderLayer", D, H, F, let="layer")
+        for sub in ("self_attn", "cross_attn", "feed_forward", *NORMS):
+            case.record(sub, {"attr": ["layer", sub]})
+        case.eval("layer")
+        case.method(
+            "layer", "forward", case.tensor(x), case.tensor(memory), case.tensor(causal), record="out"
+        )
+        cases.append(case)
+        return cases
+
+    def judge(self, result: Result):
+        self._judge_default(result)
+        post = result.cases["post"]
+        B, T, D = post.data["x"].shape
+        outs = {}
+        for case_id in ("post", "post_future", "post_pad", "pre", "b1", "empty"):
+            case = result.cases[case_id]
+            outs[case_id] = result.get(
+                case_id,
+                "out",
+                what="DecoderLayer's output",
+                kind="tensor",
+                dtype="float",
+                shape=case.data["x"].shape,
+            )
+        # The injected sublayers are the ones that run
+        state = post.data["state"]
+        for name, key, what in (
+            ("sa_q", "self_attn.q_proj.weight", "self_attn"),
+            ("ca_q", "cross_attn.q_proj.weight", "cross_attn"),
+            ("ff_w1", "feed_forward.linear1.weight", "feed_forward"),
+        ):
+            got = result.get("post", name, what=f"the injected {what}'s weights", kind="tensor")
+            if got.shape != state[key].shape or not np.allclose(got, state[key]):
+                raise Fail(
+                    f"the `{what}` passed to DecoderLayer(...) was not used: store the module you are "
+                    f"given (self.{what} = {what} when it is not None) and build your own only when it "
+                    "is None."
+                )
+        # Leakage, before values: it names the idea that broke
+        t0 = post.data["t0"]
+        if not np.allclose(outs["post_future"][:, : t0 + 1], outs["post"][:, : t0 + 1], rtol=1e-5, atol=1e-5):
+            raise Fail(
+                f"positions <= {t0} changed when only later positions of x changed ({post.desc}): the "
+                "future leaks. Only the self-attention may mix positions of x, under self_allowed: pass it "
+                "along; the cross-attention's keys and values come from the memory."
+            )
+        if not np.allclose(outs["post_pad"], outs["post"], rtol=1e-5, atol=1e-5):
+            raise Fail(
+                f"the output changed when only padded memory positions changed ({post.desc}): pass "
+                "cross_allowed to the cross-attention sublayer."
+            )
+        # Values against PyTorch's nn.TransformerDecoderLayer with the same weights
+        for case_id in ("post", "pre", "b1"):
+            case = result.cases[case_id]
+            d = case.data
+            theirs = _torch_layer(d["state"], d["D"], d["H"], d["F"], d["norm_first"])
+            other = _torch_layer(d["state"], d["D"], d["H"], d["F"], not d["norm_first"])
+            want = _torch_forward(
+                theirs, d["x"], d["memory"], d["causal"], d["tgt_is_real"], d["mem_is_real"]
+            )
+            other_name = "pre-LN (norm_first=True)" if not d["norm_first"] else "post-LN (norm_first=False)"
+            other_out = _torch_forward(other, d["x"], d["memory"], d["causal"], d["tgt_is_real"],
+                                       d["mem_is_real"])
+            mistake = f"a {other_name} layer: check where the LayerNorms sit for norm_first={d['norm_first']}"
+            hint = _diagnose(outs[case_id], {mistake: other_out}) or (
+                "Post-LN (norm_first=False): x = norm(x + sublayer(x)); pre-LN (norm_first=True): "
+                "x = x + sublayer(norm(x)); the sublayers run in the order self-attention (norm1), "
+                "cross-attention over the memory (norm2), feed-forward (norm3)."
+            )
+            expect_close(
+                outs[case_id],
+                want,
+                "DecoderLayer's output (vs nn.TransformerDecoderLayer with the same weights)",
+                case.desc,
+                rtol=1e-4,
+                atol=1e-4,
+                hint=hint,
+            )
+        # A sequence without memory: our attention gives zeros, PyTorch's NaN, so our reference judges
+        d = result.cases["empty"].data
+        ours = ref.DecoderLayer(
+            D,
+            d["H"],
+            d["F"],
+            dropout=0.0,
+            self_attn=ref_mh.MultiHeadAttention(D, d["H"]),
+            cross_attn=ref_cross.CrossAttention(D, d["H"]),
+        )
+        ours.load_state_dict({k: torch.from_numpy(v) for k, v in d["state"].items()})
+        with torch.no_grad():
+            want = (
+                ours.double()
+                .eval()(
+                    torch.from_numpy(d["x"].astype(np.float64)),
+                    torch.from_numpy(d["memory"].astype(np.float64)),
+                    torch.from_numpy(d["causal"]),
+                    torch.from_numpy(_cross_allowed(d["mem_is_real"], T)),
+                )
+                .numpy()
+            )
+        expect_close(
+            outs["empty"],
+            want,
+            "DecoderLayer's output",
+            result.cases["empty"].desc,
+            rtol=1e-4,
+            atol=1e-4,
+            hint="Pass cross_allowed to the cross-attention unchanged: the given CrossAttention "
+            "already returns zeros for a query with no allowed key.",
+        )
+        # Inputs unchanged
+        for name, key in (("x_after", "x"), ("memory_after", "memory")):
+            after = result.get("post", name, what=f"{key} after the call", kind="tensor")
+            if not np.array_equal(after, post.data[key]):
+                raise Fail(
+                    f"DecoderLayer changed its input `{key}` in place: write `x = x + ...`, not `x += ...`."
+                )
+        self._judge_train(result)
+
+    @staticmethod
+    def _judge_default(result: Result):
+        case = result.cases["default"]
+        kinds = {
+            "self_attn": "MultiHeadAttention",
+            "cross_attn": "CrossAttention",
+            "feed_forward": "FeedForward",
+            "norm1": "LayerNorm",
+            "norm2": "LayerNorm",
+            "norm3": "LayerNorm",
+        }
+        for sub, kind in kinds.items():
+            got = result.meta("default", sub).get("type", "None")
+            if not got.endswith(kind):
+                raise Fail(
+                    f"{case.data['call']}, built without sublayers given, should make "
+                    f"`self.{sub}` a {kind}, but it is `{got.rsplit('.', 1)[-1]}`."
+                )
+        x = case.data["x"]
+        result.get(
+            "default", "out", what="DecoderLayer's output", kind="tensor", dtype="float", shape=x.shape
+        )
+
+    @staticmethod
+    def _judge_train(result: Result):
+        case = result.cases["train"]
+        shape = case.data["x"].shape
+        train = result.get(
+            "train",
+            "out_train",
+            what="DecoderLayer's output in training mode",
+            kind="tensor",
+            dtype="float",
+            shape=shape,
+        )
+        eval1 = result.get("train", "out_eval", what="DecoderLayer's output", kind="tensor", shape=shape)
+        eval2 = result.get("train", "out_eval2", what="DecoderLayer's output", kind="tensor", shape=shape)
+        if not np.array_equal(eval1, eval2):
+            raise Fail(
+                f"in eval mode DecoderLayer gave two different outputs for the same input ({case.desc}): "
+                "dropout must be off in eval mode (use nn.Dropout modules, which follow .eval())."
+            )
+        if np.allclose(train, eval1, rtol=1e-6, atol=1e-6):
+            raise Fail(
+                f"with dropout=0.5 in training mode the output equals the eval-mode output ({case.desc}): "
+                "apply dropout1..3 to each sublayer's output before its residual addition."
+            )
+
+
+# -- NumPy layer ---------------------------------------------------------------------------------------------
+PARAM_SHAPES = {
+    **{f"{prefix}_W{n}": ("D", "D") for prefix in ("sa", "ca") for n in "qkvo"},
+    **{f"{prefix}_b{n}": ("D",) for prefix in ("sa", "ca") for n in "qkvo"},
+    "ff_W1": ("D", "F"),
+    "ff_b1": ("F",),
+    "ff_W2": ("F", "D"),
+    "ff_b2": ("D",),
+    **{f"ln{i}_{k}": ("D",) for i in (1, 2, 3) for k in "gb"},
+}
+
+
+def _params_case(case: Case, D: int, H: int, F: int, record: str, seed: int | None) -> None:
+    """Steps calling init_numpy_decoder_params with a fresh np.random.default_rng(seed), or with no rng."""
+    if seed is None:
+        case.call("init_numpy_decoder_params", D, H, F, record=record)
+        return
+    case.let("np_", {"global": "np"})
+    case.call({"attr": ["np_", "random", "default_rng"]}, seed, let=f"rng_{record}")
+    case.call("init_numpy_decoder_params", D, H, F, {"ref": f"rng_{record}"}, record=record)
+
+
+@exercise(LESSON, "init_numpy_decoder_params", points=1)
+class InitNumpyParams(Exercise):
+    """Keys and shapes, LayerNorms start as the identity, weights scaled by 1/sqrt(fan_in), rng honoured."""
+
+    forbidden = ("torch.",)  # NumPy only
+
+    def cases(self, rng):
+        D, H, F = 64, 4, 256
+        seed = int(rng.integers(2**31))
+        case = Case(
+            "seeded",
+            f"D={D}, H={H}, F={F}, twice with np.random.default_rng(the same seed)",
+            data={"D": D, "F": F},
+        )
+        _params_case(case, D, H, F, "p1", seed)
+        _params_case(case, D, H, F, "p2", seed)
+        unseeded = Case("unseeded", "D=12, H=3, F=20, twice without an rng", data={"D": 12, "F": 20})
+        _params_case(unseeded, 12, 3, 20, "p1", None)
+        _params_case(unseeded, 12, 3, 20, "p2", None)
+        return [case, unseeded]
+
+    def judge(self, result: Result):
+        for case_id in ("seeded", "unseeded"):
+            case = result.cases[case_id]
+            sizes = {"D": case.data["D"], "F": case.data["F"]}
+            params = {}
+            for run in ("p1", "p2"):
+                meta = result.meta(case_id, run)
+                if meta.get("type") != "dict":
+                    raise Fail(
+                        f"init_numpy_decoder_params should return a dict of NumPy arrays, got "
+                        f"`{meta.get('type')}` ({case.desc})."
+                    )
+                keys = set(meta.get("keys", []))
+                if keys != set(PARAM_SHAPES):
+                    missing, extra = sorted(set(PARAM_SHAPES) - keys), sorted(keys - set(PARAM_SHAPES))
+                    raise Fail(
+                        f"the parameter dict's keys are not those the exercise names: missing {missing}, "
+                        f"unexpected {extra}."
+                    )
+                params[run] = {
+                    key: result.get(
+                        case_id,
+                        f"{run}/{key}",
+                        what=f"params[{key!r}]",
+                        kind="ndarray",
+                        dtype="float",
+                        shape=tuple(sizes[n] for n in dims),
+                    )
+                    for key, dims in PARAM_SHAPES.items()
+                }
+            p1, p2 = params["p1"], params["p2"]
+            for i in (1, 2, 3):
+                if not (np.all(p1[f"ln{i}_g"] == 1) and np.all(p1[f"ln{i}_b"] == 0)):
+                    raise Fail(
+                        f"ln{i}_g should start at ones and ln{i}_b at zeros: a LayerNorm starts as a plain "
+                        "normalisation (as nn.LayerNorm does)."
+                    )
+            weights = [k for k in PARAM_SHAPES if "_W" in k]
+            if case_id == "seeded":
+                for key in weights:
+                    fan_in = p1[key].shape[0]
+                    std = float(p1[key].std())
+                    if not 0.5 / np.sqrt(fan_in) < std < 2.0 / np.sqrt(fan_in):
+                        raise Fail(
+                            f"params[{key!r}] has standard deviation {std:.3g} for fan-in {fan_in}: draw "
+                            "weights with standard deviation 1/sqrt(fan_in), so that x @ W keeps the scale "
+                            "of x."
+                        )
+                if np.allclose(p1["sa_Wq"], p1["sa_Wk"]) or np.allclose(p1["sa_Wq"], p1["ca_Wq"]):
+                    raise Fail("two weight matrices are equal: draw every matrix separately.")
+                if any(not np.array_equal(p1[k], p2[k]) for k in PARAM_SHAPES):
+                    raise Fail(
+                        f"two calls with the same seed gave different parameters ({case.desc}): draw every "
+                        "number from the rng you are given."
+                    )
+            elif all(np.array_equal(p1[k], p2[k]) for k in weights):
+                raise Fail(
+                    f"two calls without an rng gave the same parameters ({case.desc}): with rng=None use a "
+                    "fresh np.random.default_rng(), not a fixed seed."
+                )
+
+
+def _np_params(rng: np.random.Generator, D: int, F: int) -> dict[str, np.ndarray]:
+    """Random float64 parameters for numpy_decoder_layer, biases and LayerNorms not trivial."""
+    state = _layer_state(rng, D, F)
+    params = {}
+    for prefix, sub in (("sa", "self_attn"), ("ca", "cross_attn")):
+        for n, proj in zip("qkvo", ATTN_PROJ, strict=True):
+            params[f"{prefix}_W{n}"] = state[f"{sub}.{proj}.weight"].T  # (D_in, D_out)
+            params[f"{prefix}_b{n}"] = state[f"{sub}.{proj}.bias"]
+    for i in (1, 2):
+        params[f"ff_W{i}"] = state[f"feed_forward.linear{i}.weight"].T
+        params[f"ff_b{i}"] = state[f"feed_forward.linear{i}.bias"]
+    for i, norm in enumerate(NORMS, start=1):
+        params[f"ln{i}_g"], params[f"ln{i}_b"] = state[f"{norm}.weight"], state[f"{norm}.bias"]
+    return {k: np.ascontiguousarray(v, dtype=np.float64) for k, v in params.items()}
+
+
+def _state_from_np(params: dict) -> dict[str, np.ndarray]:
+    """numpy_decoder_layer's parameters under the contract's DecoderLayer names ((out, in) weights)."""
+    state = {}
+    for prefix, sub in (("sa", "self_attn"), ("ca", "cross_attn")):
+        for n, proj in zip("qkvo", ATTN_PROJ, strict=True):
+            state[f"{sub}.{proj}.weight"] = params[f"{prefix}_W{n}"].T
+            state[f"{sub}.{proj}.bias"] = params[f"{prefix}_b{n}"]
+    for i in (1, 2):
+        state[f"feed_forward.linear{i}.weight"] = params[f"ff_W{i}"].T
+        state[f"feed_forward.linear{i}.bias"] = params[f"ff_b{i}"]
+    for i, norm in enumerate(NORMS, start=1):
+        state[f"{norm}.weight"], state[f"{norm}.bias"] = params[f"ln{i}_g"], params[f"ln{i}_b"]
+    return state
+
+
+@exercise(LESSON, "numpy_decoder_layer", points=2)
+class NumpyDecoderLayer(Exercise):
+    """Against nn.TransformerDecoderLayer (float64, copied weights), both LN placements, leakage, B = 1, a
+    sequence without memory, inputs and params unchanged."""
+
+    # NumPy only: no detour through PyTorch
+    forbidden = ("torch.", "nn.TransformerDecoderLayer")
+
+    def cases(self, rng):
+        cases = []
+        B, T, S, D, H, F = 2, 5, 7, 12, 3, 20  # Dh = 4, T != S != H, F != D
+        causal = causal_mask(T)
+        mem_is_real = _lengths(rng, B, S)
+        x, memory = (a.astype(np.float64) for a in _inputs(rng, B, T, S, D))
+        t0 = int(rng.integers(1, T - 1))
+        x_future = x.copy()
+        x_future[:, t0 + 1 :] = rng.standard_normal((B, T - t0 - 1, D)) * 3.0
+        memory_pad = memory.copy()
+        memory_pad[~mem_is_real] = rng.standard_normal((int((~mem_is_real).sum()), D)) * 3.0
+        params = _np_params(rng, D, F)
+        mem_empty = mem_is_real.copy()
+        mem_empty[0] = False
+        specs = [
+            ("post", False, x, memory, mem_is_real, "causal + memory padding"),
+            (
+                "post_future",
+                False,
+                x_future,
+                memory,
+                mem_is_real,
+                "causal + memory padding, later positions changed",
+            ),
+            ("post_pad", False, x, memory_pad, mem_is_real, "causal + memory padding, padded memory changed"),
+            ("pre", True, x, memory, mem_is_real, "causal + memory padding"),
+            ("empty", bool(rng.integers(2)), x, memory, mem_empty, "batch item 0 has no real memory token"),
+        ]
+        for case_id, norm_first, xs, ms, real, what in specs:
+            desc = f"B={B}, T={T}, S={S}, D={D}, H={H}, F={F}, {'pre' if norm_first else 'post'}-LN, {what}"
+            case = Case(
+                case_id,
+                desc,
+                data={
+                    "params": params,
+                    "H": H,
+                    "x": xs,
+                    "memory": ms,
+                    "causal": causal,
+                    "mem_is_real": real,
+                    "norm_first": norm_first,
+                    "t0": t0,
+                },
+            )
+            case.let("x", case.array(xs))
+            case.let("memory", case.array(ms))
+            case.let("params", {"dict": {k: case.array(v) for k, v in params.items()}})
+            case.call(
+                "numpy_decoder_layer",
+                {"ref": "x"},
+                {"ref": "memory"},
+                {"ref": "params"},
+                H,
+                case.array(causal),
+                case.array(_cross_allowed(real, T)),
+                norm_first=norm_first,
+                record="out",
+            )
+            if case_id == "post":
+                case.record("x_after", {"ref": "x"})
+                case.record("memory_after", {"ref": "memory"})
+                case.record("params_after", {"ref": "params"})
+            cases.append(case)
+        # B = 1, T != S, no masks, another size; the FFN's F = 2 D
+        B1, T1, S1, D1, H1, F1 = 1, 3, 4, 8, 2, 16
+        norm_first = bool(rng.integers(2))
+        x1, memory1 = (a.astype(np.float64) for a in _inputs(rng, B1, T1, S1, D1))
+        params1 = _np_params(rng, D1, F1)
+        case = Case(
+            "b1",
+            f"B=1, T={T1}, S={S1}, D={D1}, H={H1}, F={F1}, {'pre' if norm_first else 'post'}-LN, no masks",
+            data={
+                "params": params1,
+                "H": H1,
+                "x": x1,
+                "memory": memory1,
+                "causal": None,
+                "mem_is_real": None,
+                "norm_first": norm_first,
+            },
+        )
+        case.call(
+            "numpy_decoder_layer",
+            case.array(x1),
+            case.array(memory1),
+            {"dict": {k: case.array(v) for k, v in params1.items()}},
+            H1,
+            norm_first=norm_first,
+            record="out",
+        )
+        cases.append(case)
+        return cases
+
+    def judge(self, result: Result):
+        for case_id, case in result.cases.items():
+            error = result.error(case_id) or ""
+            if "matmul" in error or "not aligned" in error:
+                raise Fail(
+                    f"a matrix product failed on a case with {case.desc}:\n    {error.splitlines()[-1]}\n"
+                    "Weights are stored (in, out), so activations go on the left: (B, T, D) @ (D, F) -> "
+                    "(B, T, F), i.e. h @ W; W @ h multiplies the wrong axes."
+                )
+        outs = {}
+        for case_id, case in result.cases.items():
+            outs[case_id] = result.get(
+                case_id,
+                "out",
+                what="numpy_decoder_layer(...)",
+                kind="ndarray",
+                dtype="float",
+                shape=case.data["x"].shape,
+            )
+        post = result.cases["post"]
+        t0 = post.data["t0"]
+        if not np.allclose(outs["post_future"][:, : t0 + 1], outs["post"][:, : t0 + 1], rtol=1e-7, atol=1e-7):
+            raise Fail(
+                f"positions <= {t0} changed when only later positions of x changed ({post.desc}): the "
+                "future leaks. Only the self-attention may mix positions of x, under self_allowed; the "
+                "cross-attention's keys and values come from the memory; LayerNorm and the feed-forward "
+                "work on each position alone (LayerNorm's statistics are over the last axis, D)."
+            )
+        if not np.allclose(outs["post_pad"], outs["post"], rtol=1e-7, atol=1e-7):
+            raise Fail(
+                f"the output changed when only padded memory positions changed ({post.desc}): pass "
+                "cross_allowed to the cross-attention, whose keys and values come from the memory."
+            )
+        for case_id in ("post", "pre", "b1"):
+            case = result.cases[case_id]
+            d = case.data
+            D = d["x"].shape[-1]
+            F = d["params"]["ff_W1"].shape[1]
+            state = _state_from_np(d["params"])
+            theirs = _torch_layer(state, D, d["H"], F, d["norm_first"])
+            want = _torch_forward(theirs, d["x"], d["memory"], d["causal"], None, d["mem_is_real"])
+            other = _torch_forward(
+                _torch_layer(state, D, d["H"], F, not d["norm_first"]),
+                d["x"],
+                d["memory"],
+                d["causal"],
+                None,
+                d["mem_is_real"],
+            )
+            hint = _diagnose(
+                outs[case_id],
+                {
+                    f"the other LayerNorm placement: norm_first={d['norm_first']} was asked for": other,
+                },
+            ) or (
+                "Compare each step with DecoderLayer: LayerNorm over the last axis D (biased variance, "
+                "eps 1e-5, "
+                "then * g + b); every linear map is activations @ W + b (h @ W, never W @ h); post-LN: "
+                "x = LN(x + sublayer(x)); pre-LN: x = x + sublayer(LN(x))."
+            )
+            expect_close(
+                outs[case_id],
+                want,
+                "numpy_decoder_layer's output (vs nn.TransformerDecoderLayer with the same weights)",
+                case.desc,
+                rtol=1e-6,
+                atol=1e-6,
+                hint=hint,
+            )
+        d = result.cases["empty"].data
+        want = ref.numpy_decoder_layer(
+            d["x"],
+            d["memory"],
+            d["params"],
+            d["H"],
+            d["causal"],
+            _cross_allowed(d["mem_is_real"], d["x"].shape[1]),
+            d["norm_first"],
+        )
+        expect_close(
+            outs["empty"],
+            want,
+            "numpy_decoder_layer's output",
+            result.cases["empty"].desc,
+            rtol=1e-6,
+            atol=1e-6,
+            hint="A query with no allowed key gets zero attention output (the given "
+            "scaled_dot_product_attention does it): pass cross_allowed to it unchanged.",
+        )
+        for name, key in (("x_after", "x"), ("memory_after", "memory")):
+            after = result.get("post", name, what=f"{key} after the call", kind="ndarray")
+            if not np.array_equal(after, post.data[key]):
+                raise Fail(
+                    f"numpy_decoder_layer changed its input `{key}` in place: write `x = x + ...`, not "
+                    "`x += ...`."
+                )
+        for key, value in post.data["params"].items():
+            after = result.get(
+                "post", f"params_after/{key}", what=f"params[{key!r}] after the call", kind="ndarray"
+            )
+            if not np.array_equal(after, value):
+                raise Fail(
+                    f"numpy_decoder_layer changed params[{key!r}] in place: never write into the parameters."
+                )

@@ -1,0 +1,484 @@
+"""Visible checks of lesson 05-decoder-layer.
+
+The decoder layer's checks compare with PyTorch's own ``nn.TransformerDecoderLayer`` carrying the same weights
+(an independent implementation, not an answer key), and test properties any correct layer has: with every
+sublayer returning zeros a pre-LN layer is the identity, the future and memory padding do not leak, dropout
+follows ``.train()`` / ``.eval()``.
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+
+import numpy as np
+import torch
+from torch import nn
+
+from decoder_course.checks import (
+    CheckFailed,
+    causal_leakage_probe,
+    check,
+    expect_close,
+    expect_dtype,
+    expect_finite,
+    expect_inputs_unchanged,
+    expect_shape,
+    expect_type,
+    padding_leakage_probe,
+)
+
+ATTN_PROJ = ("q_proj", "k_proj", "v_proj", "out_proj")
+
+
+# -- helpers -------------------------------------------------------------------------------------------------
+def _randomized(module: nn.Module, seed: int) -> nn.Module:
+    """Give every parameter random values (LayerNorms too, so that they are not the identity)."""
+    g = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for name, p in module.named_parameters():
+            if "norm" in name and name.endswith("weight"):
+                p.copy_(1.0 + 0.3 * torch.randn(p.shape, generator=g))
+            else:
+                p.copy_(torch.randn(p.shape, generator=g) / max(1, p.shape[-1]) ** 0.5)
+    return module
+
+
+def _torch_layer(D: int, H: int, F: int, norm_first: bool, seed: int) -> nn.TransformerDecoderLayer:
+    """PyTorch's decoder layer with random weights, in eval mode."""
+    torch.manual_seed(seed)
+    theirs = nn.TransformerDecoderLayer(D, H, F, dropout=0.1, batch_first=True, norm_first=norm_first)
+    return _randomized(theirs, seed).eval()
+
+
+def _contract_state(theirs: nn.TransformerDecoderLayer) -> dict[str, torch.Tensor]:
+    """PyTorch's weights under the course's parameter names (its packed in_proj split into q, k, v)."""
+    state = {}
+    for ours, name in (("self_attn", "self_attn"), ("cross_attn", "multihead_attn")):
+        mha = getattr(theirs, name)
+        for proj, w, b in zip(
+            ATTN_PROJ[:3], mha.in_proj_weight.chunk(3), mha.in_proj_bias.chunk(3), strict=True
+        ):
+            state[f"{ours}.{proj}.weight"], state[f"{ours}.{proj}.bias"] = w, b
+        state[f"{ours}.out_proj.weight"], state[f"{ours}.out_proj.bias"] = (
+            mha.out_proj.weight,
+            mha.out_proj.bias,
+        )
+    for i in (1, 2):
+        linear = getattr(theirs, f"linear{i}")
+        state[f"feed_forward.linear{i}.weight"], state[f"feed_forward.linear{i}.bias"] = (
+            linear.weight,
+            linear.bias,
+        )
+    for i in (1, 2, 3):
+        norm = getattr(theirs, f"norm{i}")
+        state[f"norm{i}.weight"], state[f"norm{i}.bias"] = norm.weight, norm.bias
+    return {key: value.detach().clone() for key, value in state.items()}
+
+
+def _plain_feed_forward(D: int, F: int) -> nn.Module:
+    """A feed-forward from PyTorch parts, with the course's names (so this check does not need yours)."""
+    return nn.Sequential(OrderedDict(linear1=nn.Linear(D, F), relu=nn.ReLU(), linear2=nn.Linear(F, D)))
+
+
+def _load(layer: nn.Module, state: dict) -> None:
+    try:
+        layer.load_state_dict(state, strict=True)
+    except RuntimeError as exc:
+        first = str(exc).splitlines()[0]
+        raise CheckFailed(
+            "your layer's parameters do not have the contract's names (self_attn, cross_attn, feed_forward, "
+            f"norm1, norm2, norm3): PyTorch says {first}"
+        ) from None
+
+
+def _masks(B: int, T: int, S: int, mem_lengths: list[int]):
+    """Causal (T, T) and memory padding (B, 1, T, S) in our polarity, plus PyTorch's inverted versions."""
+    causal = torch.ones(T, T, dtype=torch.bool).tril()  # (T, T), True = may attend
+    mem_is_real = torch.arange(S)[None, :] < torch.tensor(mem_lengths)[:, None]  # (B, S)
+    cross_allowed = mem_is_real[:, None, None, :].expand(B, 1, T, S)  # (B, 1, T, S)
+    # PyTorch's masks mean True = BLOCKED: invert at this boundary only
+    return causal, mem_is_real, cross_allowed, {"tgt_mask": ~causal, "memory_key_padding_mask": ~mem_is_real}
+
+
+class _Recorder(nn.Module):
+    """A stand-in sublayer that returns zeros and remembers how it was called."""
+
+    def __init__(self, name: str, log: list, attention: bool):
+        super().__init__()
+        self.name, self.log, self.attention = name, log, attention
+
+    def forward(self, x, *args, **kwargs):
+        self.log.append((self.name, x, args, kwargs))
+        zeros = torch.zeros_like(x)
+        return (zeros, None) if self.attention else zeros
+
+
+def _matmul_hint(fn, *args, **kwargs):
+    """Call ``fn``; a failed matrix product becomes a message about the order of its operands."""
+    try:
+        return fn(*args, **kwargs)
+    except ValueError as exc:
+        if "matmul" in str(exc) or "not aligned" in str(exc):
+            raise CheckFailed(
+                f"a matrix product failed ({exc}). Weights are stored (in, out): activations go on "
+                "the left, h @ W with (B, T, D) @ (D, F) -> (B, T, F); W @ h multiplies the wrong "
+                "axes."
+            ) from None
+        raise
+
+
+# -- FeedForward ---------------------------------------------------------------------------------------------
+def check_feed_forward(FeedForward) -> None:
+    """Structure, a worked example by hand, one position at a time, dropout only in training."""
+    with check("FeedForward(8, 32) has linear1: 8 -> 32 and linear2: 32 -> 8"):
+        ff = FeedForward(8, 32)
+        for name, (n_in, n_out) in (("linear1", (8, 32)), ("linear2", (32, 8))):
+            layer = getattr(ff, name, None)
+            expect_type(layer, nn.Linear, f"ff.{name}")
+            if (layer.in_features, layer.out_features) != (n_in, n_out):
+                raise CheckFailed(
+                    f"ff.{name} maps {layer.in_features} -> {layer.out_features} features, expected "
+                    f"{n_in} -> {n_out}: linear1 widens D to F, linear2 brings F back to D."
+                )
+    with check("a worked example: D = 2, F = 3, by hand"):
+        ff = FeedForward(2, 3).eval()
+        with torch.no_grad():
+            ff.linear1.weight.copy_(torch.tensor([[1.0, 0.0], [0.0, 1.0], [1.0, 1.0]]))
+            ff.linear1.bias.copy_(torch.tensor([0.0, 0.0, -1.0]))
+            ff.linear2.weight.copy_(torch.tensor([[1.0, 1.0, 0.0], [0.0, 0.0, 1.0]]))
+            ff.linear2.bias.copy_(torch.tensor([0.5, 0.0]))
+            got = ff(torch.tensor([[[1.0, -2.0], [3.0, 1.0]]]))  # (B=1, T=2, D=2)
+        # position 0: linear1 -> [1, -2, -2], ReLU -> [1, 0, 0], linear2 -> [1 + 0.5, 0]
+        # position 1: linear1 -> [3, 1, 3],   ReLU keeps it,   linear2 -> [3 + 1 + 0.5, 3]
+        expect_close(
+            got,
+            torch.tensor([[[1.5, 0.0], [4.5, 3.0]]]),
+            "FeedForward on the worked example",
+            hint="linear2(relu(linear1(x))): position 0's hidden layer is [1, -2, -2] before the ReLU "
+            "and [1, 0, 0] after it",
+        )
+    with check("FeedForward keeps (B, T, D) and treats every position on its own"):
+        torch.manual_seed(0)
+        ff = FeedForward(8, 32, dropout=0.1).eval()
+        x = torch.randn(2, 5, 8)
+        with torch.no_grad():
+            out = expect_inputs_unchanged(ff, x)
+            expect_shape(out, (2, 5, 8), "FeedForward's output", names="B, T, D")
+            x2 = x.clone()
+            x2[:, 3] += 1.0
+            changed = (ff(x2) - out).abs().amax(dim=-1) > 1e-6  # (B, T)
+        if changed[:, [0, 1, 2, 4]].any():
+            raise CheckFailed(
+                "changing position 3 changed other positions: the feed-forward must act on each "
+                "position alone (nn.Linear works on the last axis; nothing should mix T)"
+            )
+    with check("dropout acts in training mode only"):
+        torch.manual_seed(0)
+        ff = FeedForward(8, 32, dropout=0.5)
+        x = torch.randn(2, 5, 8)
+        with torch.no_grad():
+            ff.eval()
+            a, b = ff(x), ff(x)
+            ff.train()
+            c = ff(x)
+        expect_close(
+            a, b, "two eval-mode outputs", hint="in eval mode dropout must do nothing: use nn.Dropout"
+        )
+        if torch.allclose(a, c):
+            raise CheckFailed(
+                "with dropout=0.5 the training-mode output equals the eval-mode output: apply "
+                "self.dropout to the hidden activations in forward"
+            )
+        if (c == 0).any():
+            # dropout on the hidden layer keeps linear2's bias in every output; an exact 0 = it hit the output
+            raise CheckFailed(
+                "some outputs are exactly 0 in training mode: dropout was applied to the output; it "
+                "belongs on the hidden activations, between the ReLU and linear2"
+            )
+
+
+# -- DecoderLayer --------------------------------------------------------------------------------------------
+def check_decoder_layer(DecoderLayer) -> None:
+    """Structure, sublayer order, residual paths, PyTorch's layer with the same weights, leakage, dropout."""
+    D, H, F, B, T, S = 16, 4, 32, 2, 5, 7
+    with check("DecoderLayer(16, 4, 32) builds its sublayers, three LayerNorms and three dropouts"):
+        layer = DecoderLayer(D, H, F)
+        for name in ("self_attn", "cross_attn", "feed_forward"):
+            if not isinstance(getattr(layer, name, None), nn.Module):
+                raise CheckFailed(f"layer.{name} should be a module (built when none is given)")
+        for i in (1, 2, 3):
+            norm = getattr(layer, f"norm{i}", None)
+            expect_type(norm, nn.LayerNorm, f"layer.norm{i}")
+            if tuple(norm.normalized_shape) != (D,):
+                raise CheckFailed(f"layer.norm{i} normalises {tuple(norm.normalized_shape)}, expected ({D},)")
+            expect_type(getattr(layer, f"dropout{i}", None), nn.Dropout, f"layer.dropout{i}")
+
+    x, memory = torch.randn(B, T, D), torch.randn(B, S, D)
+    causal, _, cross_allowed, _ = _masks(B, T, S, [S, 4])
+    for norm_first in (False, True):
+        kind = "pre-LN" if norm_first else "post-LN"
+        with check(f"{kind}: the injected sublayers run once each, in order, on the right inputs"):
+            log: list = []
+            layer = DecoderLayer(
+                D,
+                H,
+                F,
+                dropout=0.0,
+                norm_first=norm_first,
+                self_attn=_Recorder("self_attn", log, True),
+                cross_attn=_Recorder("cross_attn", log, True),
+                feed_forward=_Recorder("feed_forward", log, False),
+            )
+            with torch.no_grad():
+                out = layer(x, memory, causal, cross_allowed)
+            order = [name for name, *_ in log]
+            if order != ["self_attn", "cross_attn", "feed_forward"]:
+                raise CheckFailed(
+                    f"the sublayers ran as {order}; expected self_attn, cross_attn, feed_forward, "
+                    "once each (did you use the modules passed in?)"
+                )
+            _, _, sa_args, sa_kwargs = log[0]
+            if not any(a is causal for a in (*sa_args, *sa_kwargs.values())):
+                raise CheckFailed("self_attn was not given self_allowed: without it the future leaks")
+            _, _, ca_args, ca_kwargs = log[1]
+            if not any(a is memory for a in (*ca_args, *ca_kwargs.values())):
+                raise CheckFailed(
+                    "cross_attn was not given the memory: its keys and values come from the encoder"
+                )
+            if not any(a is cross_allowed for a in (*ca_args, *ca_kwargs.values())):
+                raise CheckFailed("cross_attn was not given cross_allowed: memory padding would leak")
+        with check(f"{kind}: with every sublayer returning zeros, only the residual path is left"):
+            if norm_first:
+                # x + 0 + 0 + 0: the residual stream passes through untouched
+                expect_close(
+                    out,
+                    x,
+                    "the pre-LN layer's output",
+                    atol=1e-6,
+                    hint="pre-LN is x = x + sublayer(norm(x)): with zero sublayers the output is x itself. "
+                    "Add the sublayer's output to the raw x, not to norm(x)",
+                )
+            else:
+                # norm3(norm2(norm1(x + 0))): LayerNorm of an already normalised vector changes it very little
+                want = torch.nn.functional.layer_norm(x, (D,))
+                expect_close(
+                    out,
+                    want,
+                    "the post-LN layer's output",
+                    atol=1e-4,
+                    hint="post-LN is x = norm(x + sublayer(x)): with zero sublayers the output is "
+                    "LayerNorm(x)",
+                )
+
+    for norm_first in (False, True):
+        kind = "pre-LN" if norm_first else "post-LN"
+        with check(
+            f"{kind} equals nn.TransformerDecoderLayer(batch_first=True, norm_first={norm_first}) with the "
+            "same weights (eval, causal + memory padding, T != S)"
+        ):
+            theirs = _torch_layer(D, H, F, norm_first, seed=5 + norm_first)
+            layer = DecoderLayer(D, H, F, norm_first=norm_first, feed_forward=_plain_feed_forward(D, F))
+            _load(layer, _contract_state(theirs))
+            layer.eval()
+            causal, mem_is_real, cross_allowed, blocked = _masks(B, T, S, [S, 4])
+            with torch.no_grad():
+                got = expect_inputs_unchanged(layer, x, memory, causal, cross_allowed)
+                want = theirs(x, memory, **blocked)  # PyTorch gets its own polarity (True = blocked)
+            expect_shape(got, (B, T, D), "DecoderLayer's output", names="B, T, D")
+            expect_finite(got, "DecoderLayer's output")
+            place = (
+                "x = x + sublayer(norm(x)), three times"
+                if norm_first
+                else "x = norm(x + sublayer(x)), three times"
+            )
+            expect_close(
+                got,
+                want,
+                "DecoderLayer's output",
+                rtol=1e-4,
+                atol=1e-5,
+                hint=f"{kind} is {place}: self-attention (norm1), cross-attention (norm2), feed-forward "
+                "(norm3); dropout1..3 on each sublayer's output",
+            )
+
+    with check("the future and memory padding do not leak; eval mode is deterministic"):
+        layer = DecoderLayer(D, H, F, feed_forward=_plain_feed_forward(D, F))
+        _load(layer, _contract_state(_torch_layer(D, H, F, False, seed=9)))
+        layer.eval()
+        causal, mem_is_real, cross_allowed, _ = _masks(B, T, S, [S, 4])
+        causal_leakage_probe(
+            lambda q: layer(q, memory, causal, cross_allowed),
+            x,
+            time_axis=1,
+            what="DecoderLayer's output",
+            atol=1e-5,
+        )
+        padding_leakage_probe(
+            lambda m: layer(x, m, causal, cross_allowed),
+            memory,
+            mem_is_real,
+            key_axis=1,
+            what="DecoderLayer's output",
+            atol=1e-5,
+        )
+
+    with check("dropout acts in training mode only"):
+        layer = DecoderLayer(D, H, F, dropout=0.5, feed_forward=_plain_feed_forward(D, F))
+        with torch.no_grad():
+            layer.eval()
+            a = layer(x, memory, causal)
+            layer.train()
+            b = layer(x, memory, causal)
+        if torch.allclose(a, b):
+            raise CheckFailed(
+                "with dropout=0.5 the training-mode output equals the eval-mode output: apply "
+                "dropout1..3 to the sublayers' outputs (nn.Dropout modules follow .train()/.eval())"
+            )
+
+
+# -- NumPy layer ---------------------------------------------------------------------------------------------
+PARAM_SHAPES = {
+    **{f"{prefix}_W{n}": ("D", "D") for prefix in ("sa", "ca") for n in "qkvo"},
+    **{f"{prefix}_b{n}": ("D",) for prefix in ("sa", "ca") for n in "qkvo"},
+    "ff_W1": ("D", "F"),
+    "ff_b1": ("F",),
+    "ff_W2": ("F", "D"),
+    "ff_b2": ("D",),
+    **{f"ln{i}_{k}": ("D",) for i in (1, 2, 3) for k in "gb"},
+}
+
+
+def check_init_numpy_decoder_params(init_numpy_decoder_params) -> None:
+    """Keys and shapes, LayerNorms as the identity, weight scale 1/sqrt(fan_in), the rng honoured."""
+    D, H, F = 8, 2, 12
+    with check("init_numpy_decoder_params(8, 2, 12) has the named parameters with (in, out) shapes"):
+        params = init_numpy_decoder_params(D, H, F, np.random.default_rng(0))
+        expect_type(params, dict, "the parameters")
+        missing, extra = sorted(set(PARAM_SHAPES) - set(params)), sorted(set(params) - set(PARAM_SHAPES))
+        if missing or extra:
+            raise CheckFailed(f"the keys differ from the exercise's: missing {missing}, unexpected {extra}")
+        sizes = {"D": D, "F": F}
+        for key, dims in PARAM_SHAPES.items():
+            expect_type(params[key], np.ndarray, f"params[{key!r}]")
+            expect_shape(params[key], tuple(sizes[d] for d in dims), f"params[{key!r}]", names=dims)
+            expect_dtype(params[key], "float", f"params[{key!r}]")
+    with check("LayerNorms start as the identity (gain 1, bias 0)"):
+        for i in (1, 2, 3):
+            expect_close(params[f"ln{i}_g"], np.ones(D), f"params['ln{i}_g']")
+            expect_close(params[f"ln{i}_b"], np.zeros(D), f"params['ln{i}_b']")
+    with check("weights have standard deviation about 1/sqrt(fan_in)"):
+        big = init_numpy_decoder_params(64, 4, 256, np.random.default_rng(1))
+        for key in ("sa_Wq", "ca_Wo", "ff_W1", "ff_W2"):
+            fan_in = big[key].shape[0]
+            std = float(big[key].std())
+            if not 0.5 / np.sqrt(fan_in) < std < 2.0 / np.sqrt(fan_in):
+                raise CheckFailed(
+                    f"params[{key!r}] has standard deviation {std:.3g}, expected about "
+                    f"1/sqrt({fan_in}) = {1 / np.sqrt(fan_in):.3g}, which keeps x @ W at the scale "
+                    "of x"
+                )
+    with check("the same seed gives the same parameters; no rng gives fresh ones"):
+        again = init_numpy_decoder_params(D, H, F, np.random.default_rng(0))
+        for key in PARAM_SHAPES:
+            expect_close(
+                again[key],
+                params[key],
+                f"params[{key!r}] with the same seed",
+                hint="draw every number from the rng you are given",
+            )
+        p1, p2 = init_numpy_decoder_params(D, H, F), init_numpy_decoder_params(D, H, F)
+        if np.array_equal(p1["sa_Wq"], p2["sa_Wq"]):
+            raise CheckFailed(
+                "two calls without an rng gave the same weights: use np.random.default_rng() "
+                "(no seed) when rng is None"
+            )
+    with check("a width D that H heads cannot share raises ValueError"):
+        try:
+            init_numpy_decoder_params(10, 3, 8, np.random.default_rng(0))
+        except ValueError:
+            pass
+        else:
+            raise CheckFailed("init_numpy_decoder_params(10, 3, 8) returned: D = 10 cannot be split into 3 "
+                              "heads of equal width; raise ValueError")
+
+
+def _numpy_params(theirs: nn.TransformerDecoderLayer) -> dict[str, np.ndarray]:
+    """PyTorch's weights as numpy_decoder_layer parameters: (in, out) matrices, float64."""
+    state = {k: v.double().numpy() for k, v in _contract_state(theirs).items()}
+    params = {}
+    for prefix, sub in (("sa", "self_attn"), ("ca", "cross_attn")):
+        for n, proj in zip("qkvo", ATTN_PROJ, strict=True):
+            params[f"{prefix}_W{n}"] = state[f"{sub}.{proj}.weight"].T.copy()  # (D_in, D_out)
+            params[f"{prefix}_b{n}"] = state[f"{sub}.{proj}.bias"]
+    for i in (1, 2):
+        params[f"ff_W{i}"] = state[f"feed_forward.linear{i}.weight"].T.copy()
+        params[f"ff_b{i}"] = state[f"feed_forward.linear{i}.bias"]
+    for i in (1, 2, 3):
+        params[f"ln{i}_g"], params[f"ln{i}_b"] = state[f"norm{i}.weight"], state[f"norm{i}.bias"]
+    return params
+
+
+def check_numpy_decoder_layer(numpy_decoder_layer) -> None:
+    """The SPEC's NumPy system's shape, PyTorch's layer with the same weights, leakage, inputs unchanged."""
+    D, H, F, B, T, S = 64, 4, 128, 2, 5, 7
+    rng = np.random.default_rng(0)
+    x, memory = rng.standard_normal((B, T, D)), rng.standard_normal((B, S, D))
+    causal_t, mem_is_real_t, cross_t, blocked = _masks(B, T, S, [S, 5])
+    causal, mem_is_real, cross_allowed = causal_t.numpy(), mem_is_real_t.numpy(), cross_t.numpy().copy()
+    for norm_first in (False, True):
+        kind = "pre-LN" if norm_first else "post-LN"
+        with check(
+            f"{kind}, D=64, 4 heads, F=128, B=2, T=5, S=7: (2, 5, 64) and equal to "
+            "nn.TransformerDecoderLayer with the same weights"
+        ):
+            theirs = _torch_layer(D, H, F, norm_first, seed=21 + norm_first).double()
+            params = _numpy_params(theirs)
+            got = _matmul_hint(
+                expect_inputs_unchanged,
+                numpy_decoder_layer,
+                x,
+                memory,
+                params,
+                H,
+                causal,
+                cross_allowed,
+                norm_first=norm_first,
+            )
+            expect_type(got, np.ndarray, "numpy_decoder_layer(...)")
+            expect_shape(got, (B, T, D), "numpy_decoder_layer(...)", names="B, T, D")
+            expect_dtype(got, "float", "numpy_decoder_layer(...)")
+            expect_finite(got, "numpy_decoder_layer(...)")
+            with torch.no_grad():
+                want = theirs(torch.from_numpy(x), torch.from_numpy(memory), **blocked).numpy()
+            expect_close(
+                got,
+                want,
+                "numpy_decoder_layer(...)",
+                rtol=1e-6,
+                atol=1e-8,
+                hint="LayerNorm over the last axis (biased variance, eps 1e-5, then * g + b); every "
+                "linear map is h @ W + b; post-LN: x = LN(x + sublayer(x)), pre-LN: "
+                "x = x + sublayer(LN(x))",
+            )
+            for key, value in _numpy_params(theirs).items():
+                expect_close(
+                    params[key],
+                    value,
+                    f"params[{key!r}] after the call",
+                    hint="never write into the parameters",
+                )
+    with check("query 0 ignores later positions; padded memory is ignored"):
+        params = _numpy_params(_torch_layer(D, H, F, False, seed=23).double())
+        causal_leakage_probe(
+            lambda q: numpy_decoder_layer(q, memory, params, H, causal, cross_allowed),
+            x,
+            time_axis=1,
+            what="numpy_decoder_layer's output",
+        )
+        padding_leakage_probe(
+            lambda m: numpy_decoder_layer(x, m, params, H, causal, cross_allowed),
+            memory,
+            mem_is_real,
+            key_axis=1,
+            what="numpy_decoder_layer's output",
+        )
