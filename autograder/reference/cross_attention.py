@@ -62,7 +62,7 @@ class CrossAttention(MultiHeadAttention):
         if memory_kv is None:
             memory_kv = self.project_memory(memory)  # computed here only when not given
         k, v = memory_kv  # (B, H, S, Dh) each
-        q = split_heads(self.q_proj(query), self.n_heads)  # (B, H, T, Dh)
-        out, weights = attention(q, k, v, allowed, dropout=self.dropout)  # (B, H, T, Dh), (B, H, T, S)
-        return self.out_proj(merge_heads(out)), weights  # (B, T, D), (B, H, T, S)
+        q = split_heads(self.q_proj(query), self.n_heads)  # (B, H, T, Dh): the queries come from the decoder
+        out, weights = attention(q, k, v, allowed, dropout=self.dropout)  # (B, H, T, Dh), (B, H, T, S): S = memory
+        return self.out_proj(merge_heads(out)), weights  # (B, T, D), (B, H, T, S), as in self-attention
         ### END SOLUTION

@@ -1,0 +1,301 @@
+"""Hidden checks of lesson 04-cross-attention: the cross-attention mask, then CrossAttention with reusable memory.
+
+Expected outputs come from PyTorch: ``nn.MultiheadAttention`` (float64, eval, weights copied, padding given as
+``key_padding_mask = ~memory_is_real``, PyTorch's polarity) for attention over a memory, and
+``F.scaled_dot_product_attention`` (whose boolean mask has our polarity, True = may attend) for keys and values
+handed in directly through ``memory_kv``.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+
+from autograder.checks.framework import Case, Exercise, Fail, Result, exercise, expect_close
+from autograder.checks.l03_multi_head import (
+    ATOL,
+    RTOL,
+    check_unchanged,
+    expect_value_error,
+    get_pair,
+    judge_attention_output,
+    raise_module_error,
+    random_mha_state,
+)
+from autograder.reference import cross_attention as ref
+
+LESSON = "04-cross-attention"
+
+
+def _memory_is_real(rng, B: int, S: int, empty_row: int | None = None) -> np.ndarray:
+    """(B, S) bool: right padding of random lengths, row 0 unpadded, optionally one row with no real token."""
+    lengths = rng.integers(1, S, size=B)
+    lengths[0] = S
+    is_real = np.arange(S)[None, :] < lengths[:, None]  # (B, S)
+    if empty_row is not None:
+        is_real[empty_row] = False
+    return is_real
+
+
+# -- cross_attention_mask ----------------------------------------------------------------------------------------
+@exercise(LESSON, "cross_attention_mask")
+class CrossAttentionMask(Exercise):
+    def cases(self, rng):
+        cases = []
+        # (B, S, T, situation): T < S, T > S, B = 1 with T = 1 (one decoding step), an empty source, scattered pads
+        for i, (B, S, T, kind) in enumerate([(3, 6, 4, "right"), (2, 3, 7, "empty"), (1, 5, 1, "right"),
+                                             (4, 8, int(rng.integers(2, 6)), "scattered")]):
+            if kind == "scattered":
+                is_real = rng.random((B, S)) < 0.6
+                is_real[0] = True
+            else:
+                is_real = _memory_is_real(rng, B, S, empty_row=1 if kind == "empty" else None)
+            desc = f"B={B}, S={S}, T={T}" + (", one sequence whose memory is all padding" if kind == "empty" else "")
+            case = Case(f"c{i}", desc, data={"is_real": is_real, "T": T})
+            case.let("is_real", case.tensor(is_real))
+            case.call("cross_attention_mask", {"ref": "is_real"}, T, record="out")
+            case.record("is_real_after", {"ref": "is_real"})
+            cases.append(case)
+        return cases
+
+    def judge(self, result: Result):
+        for case in result.cases.values():
+            is_real, T = case.data["is_real"], case.data["T"]
+            B, S = is_real.shape
+            got = result.get(case.id, "out", what="cross_attention_mask(...)", kind="tensor", dtype="bool")
+            if got.shape != (B, 1, T, S):
+                hint = ""
+                if got.shape == (B, 1, 1, S):
+                    hint = (": it broadcasts, but the contract is one row per query, (B, 1, T, S): that is what T "
+                            "is for (repeat or expand the row T times)")
+                raise Fail(f"cross_attention_mask should have shape (B, 1, T, S) = {(B, 1, T, S)}, got {got.shape} "
+                           f"({case.desc}){hint}.")
+            want = ref.cross_attention_mask(torch.from_numpy(is_real), T).numpy()
+            if np.array_equal(got, ~want):
+                raise Fail(f"your mask is True exactly at the padding ({case.desc}): that is PyTorch's "
+                           "key_padding_mask polarity. Here True means the query may attend to this key.")
+            if not np.array_equal(got, want) and np.array_equal(got, want & np.tril(np.ones((T, S), dtype=bool))):
+                raise Fail(f"your mask hides later memory positions from early queries ({case.desc}): "
+                           "cross-attention has no causal part, the whole source is known before decoding starts.")
+            expect_close(got, want, "cross_attention_mask(...)", case.desc,
+                         hint="Every query may attend to every real memory token and to no padding: each of the "
+                              "T rows of sequence b is memory_is_real[b].")
+            check_unchanged(result, case.id, {"is_real_after": is_real}, "cross_attention_mask")
+
+
+# -- CrossAttention ----------------------------------------------------------------------------------------------
+def _heads(x: torch.Tensor, H: int) -> torch.Tensor:
+    """(B, L, D) -> (B, H, L, Dh) with PyTorch's own view and transpose."""
+    B, L, D = x.shape
+    return x.view(B, L, H, D // H).transpose(1, 2)
+
+
+def _projected_memory(state, H, memory) -> tuple[np.ndarray, np.ndarray]:
+    """The memory's keys and values per head, computed with F.linear (float64)."""
+    t = {name: torch.from_numpy(np.asarray(value, dtype=np.float64)) for name, value in state.items()}
+    m = torch.from_numpy(np.asarray(memory, dtype=np.float64))
+    k = _heads(F.linear(m, t["k_proj.weight"], t["k_proj.bias"]), H)  # (B, H, S, Dh)
+    v = _heads(F.linear(m, t["v_proj.weight"], t["v_proj.bias"]), H)  # (B, H, S, Dh)
+    return k.numpy(), v.numpy()
+
+
+def _attend_to_given_kv(state, H, query, k, v, allowed) -> tuple[np.ndarray, np.ndarray]:
+    """Queries projected with q_proj attend to given per-head keys/values; PyTorch's SDPA (True = may attend).
+
+    Shape:
+        query: (B, T, D), k/v: (B, H, S, Dh), allowed: bool broadcastable to (B, H, T, S), no empty row
+        -> out: (B, T, D), weights: (B, H, T, S)
+    """
+    t = {name: torch.from_numpy(np.asarray(value, dtype=np.float64)) for name, value in state.items()}
+    k, v = (torch.from_numpy(np.asarray(a, dtype=np.float64)) for a in (k, v))
+    q = _heads(F.linear(torch.from_numpy(np.asarray(query, dtype=np.float64)), t["q_proj.weight"],
+                        t["q_proj.bias"]), H)  # (B, H, T, Dh)
+    mask = torch.from_numpy(np.asarray(allowed, dtype=bool))
+    out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask)  # (B, H, T, Dh); its mask: True = attend
+    scores = (q @ k.transpose(-2, -1) / math.sqrt(q.shape[-1])).masked_fill(~mask, -math.inf)
+    weights = torch.softmax(scores, dim=-1)  # (B, H, T, S)
+    B, _, T, _ = out.shape
+    merged = out.transpose(1, 2).reshape(B, T, -1)  # (B, T, D)
+    return F.linear(merged, t["out_proj.weight"], t["out_proj.bias"]).numpy(), weights.numpy()
+
+
+@exercise(LESSON, "CrossAttention", points=2)
+class CrossAttentionCheck(Exercise):
+    # PyTorch's own multi-head attention, or its fused kernel, would do the exercise's work
+    forbidden = ("nn.MultiheadAttention", "F.scaled_dot_product_attention", "F.multi_head_attention_forward")
+
+    def _case(self, rng, cid, desc, B, T, S, H, Dh, is_real):
+        D = H * Dh
+        state = random_mha_state(rng, D)
+        query = rng.normal(size=(B, T, D)).astype(np.float32)
+        memory = rng.normal(size=(B, S, D)).astype(np.float32)
+        allowed = None if is_real is None else np.repeat(is_real[:, None, None, :], T, axis=2)  # (B, 1, T, S)
+        case = Case(cid, desc, data={"state": state, "H": H, "query": query, "memory": memory, "allowed": allowed})
+        case.call("CrossAttention", D, H, let="m")
+        case.load_state("m", state)
+        case.eval("m")
+        case.let("query", case.tensor(query))
+        case.let("memory", case.tensor(memory))
+        if allowed is not None:
+            case.let("allowed", case.tensor(allowed))
+        return case
+
+    def cases(self, rng):
+        cases = []
+        # c0 forward with the memory; one sequence's memory is all padding (fully masked rows); project_memory
+        B, T, S, H, Dh = 3, 4, 6, 2, 3
+        case = self._case(rng, "c0", f"forward(query, memory, allowed) with B={B}, T={T}, S={S}, H={H}, Dh={Dh}, "
+                          "memory padding and one sequence whose memory is all padding",
+                          B, T, S, H, Dh, _memory_is_real(rng, B, S, empty_row=2))
+        case.call({"ref": "m"}, {"ref": "query"}, {"ref": "memory"}, allowed={"ref": "allowed"}, record="res")
+        case.method("m", "project_memory", {"ref": "memory"}, record="kv")
+        case.record("query_after", {"ref": "query"})
+        case.record("memory_after", {"ref": "memory"})
+        cases.append(case)
+        # c1 memory_kv handed in, memory=None: keys and values that come from no memory at all
+        B, T, S, H, Dh = 2, 5, 7, 3, 2
+        case = self._case(rng, "c1", f"forward(query, memory_kv=(k, v), allowed) without a memory, B={B}, T={T}, "
+                          f"S={S}, H={H}, Dh={Dh}", B, T, S, H, Dh, _memory_is_real(rng, B, S))
+        k = rng.normal(size=(B, H, S, Dh)).astype(np.float32)
+        v = rng.normal(size=(B, H, S, Dh)).astype(np.float32)
+        case.data.update(k=k, v=v)
+        case.let("k", case.tensor(k))
+        case.let("v", case.tensor(v))
+        case.call({"ref": "m"}, {"ref": "query"}, memory_kv={"tuple": [{"ref": "k"}, {"ref": "v"}]},
+                  allowed={"ref": "allowed"}, record="res")
+        case.record("k_after", {"ref": "k"})
+        case.record("v_after", {"ref": "v"})
+        cases.append(case)
+        # c2 project once, reuse for the whole query and for one decoding step at a time
+        B, T, S, H, Dh = 2, 3, 5, 2, 4
+        case = self._case(rng, "c2", f"project_memory once, then forward(query, memory_kv=...) for all T={T} "
+                          f"queries and for one query at a time, B={B}, S={S}, H={H}, Dh={Dh}",
+                          B, T, S, H, Dh, _memory_is_real(rng, B, S))
+        case.method("m", "project_memory", {"ref": "memory"}, let="kv")
+        case.call({"ref": "m"}, {"ref": "query"}, memory_kv={"ref": "kv"}, allowed={"ref": "allowed"}, record="res")
+        for t in range(T):
+            step_query = case.tensor(case.data["query"][:, t:t + 1])  # (B, 1, D)
+            step_allowed = case.tensor(case.data["allowed"][:, :, t:t + 1])  # (B, 1, 1, S)
+            case.call({"ref": "m"}, step_query, memory_kv={"ref": "kv"}, allowed=step_allowed, record=f"step{t}")
+        case.record("memory_after", {"ref": "memory"})
+        cases.append(case)
+        # c3 B = 1, H = 1, no mask, memory passed by position
+        case = self._case(rng, "c3", "B=1, H=1, T=3, S=5, Dh=6, no mask", 1, 3, 5, 1, 6, None)
+        case.call({"ref": "m"}, {"ref": "query"}, {"ref": "memory"}, record="res")
+        cases.append(case)
+        # c4 padding leakage: padded memory positions replaced by huge values in a second call
+        B, T, S, H, Dh = 3, 2, 6, 4, 2
+        is_real = _memory_is_real(rng, B, S)
+        is_real[1, 3:] = False
+        case = self._case(rng, "c4", f"memory padding, B={B}, T={T}, S={S}, H={H}, Dh={Dh}", B, T, S, H, Dh, is_real)
+        case.call({"ref": "m"}, {"ref": "query"}, {"ref": "memory"}, allowed={"ref": "allowed"}, record="res")
+        memory2 = case.data["memory"].copy()
+        memory2[~is_real] = 100.0 * rng.normal(size=memory2[~is_real].shape)
+        case.call({"ref": "m"}, {"ref": "query"}, case.tensor(memory2), allowed={"ref": "allowed"}, record="res2")
+        cases.append(case)
+        # c5 both memory and memory_kv: ambiguous, must be refused
+        B, T, S, H, Dh = 2, 3, 4, 2, 3
+        case = self._case(rng, "c5", "forward given both memory and memory_kv", B, T, S, H, Dh, None)
+        other = rng.normal(size=(B, S, H * Dh)).astype(np.float32)
+        case.method("m", "project_memory", case.tensor(other), let="kv_other")
+        case.call({"ref": "m"}, {"ref": "query"}, {"ref": "memory"}, memory_kv={"ref": "kv_other"}, record="res")
+        cases.append(case)
+        # c6 neither memory nor memory_kv: nothing to attend to, must be refused
+        case = self._case(rng, "c6", "forward given neither memory nor memory_kv", B, T, S, H, Dh, None)
+        case.call({"ref": "m"}, {"ref": "query"}, record="res")
+        cases.append(case)
+        return cases
+
+    def judge(self, result: Result):
+        what = "CrossAttention"
+        for case in result.cases.values():
+            d = case.data
+            if case.id == "c5":
+                self._judge_both(result, case)
+                continue
+            if case.id == "c6":
+                expect_value_error(result, case.id, "given neither memory nor memory_kv, there is nothing to attend "
+                                   "to")
+                continue
+            error = result.error(case.id)
+            if case.id == "c1" and error is not None and "NotImplementedError" not in error:
+                raise Fail(f"your code raised an exception on a case with {case.desc}:\n    "
+                           f"{error.splitlines()[-1]}\nWhen memory_kv is given, memory is None: take the keys "
+                           "and values from memory_kv (do not project the memory again).")
+            raise_module_error(result, case.id)
+            if case.id == "c1":
+                self._judge_given_kv(result, case)
+                continue
+            out, _ = judge_attention_output(result, case.id, "res", d["state"], d["H"], d["query"], d["memory"],
+                                            d["memory"], d["allowed"], what, key_name="memory",
+                                            value_name="memory")
+            if case.id == "c0":
+                self._judge_project_memory(result, case)
+                check_unchanged(result, case.id, {"query_after": d["query"], "memory_after": d["memory"]}, what)
+            if case.id == "c2":
+                for t in range(d["query"].shape[1]):
+                    get_pair(result, case.id, f"step{t}", what)
+                    step = result.get(case.id, f"step{t}/0", what=f"the output of decoding step {t}",
+                                      kind="tensor", dtype="float")
+                    if step.shape != (out.shape[0], 1, out.shape[2]):
+                        raise Fail(f"with one query (T=1) the output should have shape (B, 1, D), got {step.shape} "
+                                   f"({case.desc}).")
+                    if not np.allclose(step[:, 0], out[:, t], rtol=RTOL, atol=ATOL):
+                        raise Fail(f"decoding step {t} alone (one query, the same memory_kv) differs from row {t} "
+                                   f"of the full pass ({case.desc}): each query's output may depend only on that "
+                                   "query and the memory.")
+                check_unchanged(result, case.id, {"memory_after": d["memory"]}, what)
+            if case.id == "c4":
+                get_pair(result, case.id, "res2", what)
+                out2 = result.get(case.id, "res2/0", what="the output of the second call", kind="tensor",
+                                  shape=out.shape)
+                if not np.allclose(out2, out, rtol=RTOL, atol=ATOL):
+                    raise Fail(f"the output changed when only padded memory positions changed ({case.desc}): "
+                               "memory padding leaks into the output. Is `allowed` passed on to attention?")
+
+    def _judge_project_memory(self, result: Result, case: Case) -> None:
+        d = case.data
+        B, S, D = d["memory"].shape
+        H = d["H"]
+        meta = result.meta(case.id, "kv")
+        if meta.get("type") not in ("tuple", "list") or meta.get("len") != 2:
+            raise Fail(f"project_memory should return a pair `(k, v)`, got `{meta.get('type')}` ({case.desc}).")
+        want_k, want_v = _projected_memory(d["state"], H, d["memory"])
+        for index, (name, want, proj) in enumerate([("k", want_k, "k_proj"), ("v", want_v, "v_proj")]):
+            got = result.get(case.id, f"kv/{index}", what=f"the {name} of project_memory", kind="tensor",
+                             dtype="float")
+            if got.shape != (B, H, S, D // H):
+                hint = ": split the heads and put them before S" if got.shape in ((B, S, D), (B, S, H, D // H)) \
+                    else ""
+                raise Fail(f"project_memory's {name} should have shape (B, H, S, Dh) = {(B, H, S, D // H)}, got "
+                           f"{got.shape} ({case.desc}){hint}.")
+            expect_close(got.astype(np.float64), want, f"project_memory's {name}", case.desc, rtol=RTOL, atol=ATOL,
+                         hint=f"{name} is the memory through {proj}, split into heads (B, H, S, Dh).")
+
+    def _judge_given_kv(self, result: Result, case: Case) -> None:
+        d = case.data
+        B, T, D = d["query"].shape
+        H, S = d["H"], d["k"].shape[2]
+        get_pair(result, case.id, "res", "CrossAttention")
+        out = result.get(case.id, "res/0", what="the output of CrossAttention", kind="tensor", dtype="float")
+        weights = result.get(case.id, "res/1", what="the weights of CrossAttention", kind="tensor", dtype="float")
+        if out.shape != (B, T, D) or weights.shape != (B, H, T, S):
+            raise Fail(f"with memory_kv the output should be (B, T, D) = {(B, T, D)} and the weights (B, H, T, S) = "
+                       f"{(B, H, T, S)}; got {out.shape} and {weights.shape} ({case.desc}).")
+        want_out, want_w = _attend_to_given_kv(d["state"], H, d["query"], d["k"], d["v"], d["allowed"])
+        expect_close(weights.astype(np.float64), want_w, "the weight tensor of CrossAttention", case.desc, rtol=RTOL,
+                     atol=ATOL, hint="With memory_kv = (k, v) the keys are k exactly as given (already projected and "
+                                     "split into heads): only the query goes through q_proj.")
+        expect_close(out.astype(np.float64), want_out, "the output of CrossAttention", case.desc, rtol=RTOL,
+                     atol=ATOL, hint="With memory_kv = (k, v) the values are v exactly as given: average them with "
+                                     "the weights, merge the heads, then out_proj.")
+        check_unchanged(result, case.id, {"k_after": d["k"], "v_after": d["v"]}, "CrossAttention")
+
+    def _judge_both(self, result: Result, case: Case) -> None:
+        if result.error(case.id) is None:
+            raise Fail("given both memory and memory_kv, forward silently used one of them. The two could "
+                       "disagree: raise a ValueError and ask for exactly one.")
+        expect_value_error(result, case.id, "given both memory and memory_kv, which could disagree")

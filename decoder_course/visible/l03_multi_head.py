@@ -1,0 +1,260 @@
+"""Visible checks of lesson 03-multi-head: head split/merge on NumPy and torch, then MultiHeadAttention.
+
+The worked examples are written out by hand; the other checks test properties any correct answer has (head h
+holds features h*Dh ... (h+1)*Dh - 1, rows sum to one, the future and the padding do not leak) and agreement with
+PyTorch's own ``nn.MultiheadAttention``, whose masks use the opposite polarity (True = blocked).
+"""
+
+from __future__ import annotations
+
+import inspect
+
+import numpy as np
+import torch
+from torch import nn
+
+from decoder_course.checks import (
+    CheckFailed,
+    causal_leakage_probe,
+    check,
+    expect_close,
+    expect_dtype,
+    expect_finite,
+    expect_inputs_unchanged,
+    expect_rows_sum_to_one,
+    expect_shape,
+    expect_type,
+    padding_leakage_probe,
+)
+
+# The worked example of the lesson: B=1, T=2, D=6 split into H=3 heads of Dh=2 features.
+EXAMPLE_X = np.array([[[0, 1, 2, 3, 4, 5], [10, 11, 12, 13, 14, 15]]], dtype=np.float32)  # (B, T, D)
+EXAMPLE_HEADS = np.array([[[[0, 1], [10, 11]], [[2, 3], [12, 13]], [[4, 5], [14, 15]]]],
+                         dtype=np.float32)  # (B, H, T, Dh)
+
+
+def _no_einops(fn, name: str) -> None:
+    """The reshape versions practise reshape and axis swaps by hand."""
+    try:
+        source = inspect.getsource(fn)
+    except (OSError, TypeError):
+        return
+    if any(word in source for word in ("rearrange", "einops.", "from einops", "import einops")):
+        raise CheckFailed(f"{name} must not use einops: this version practises .reshape and .swapaxes by hand")
+
+
+def _call_on(fn, name: str, backend: str, *args):
+    """``fn(*args)``, turning a crash on NumPy input into a message about the two libraries."""
+    try:
+        return expect_inputs_unchanged(fn, *args)
+    except (CheckFailed, NotImplementedError):
+        raise
+    except Exception as exc:
+        if backend != "NumPy":
+            raise
+        raise CheckFailed(f"{name} crashed on a NumPy array ({type(exc).__name__}: {exc}). It must work on NumPy "
+                          "arrays and torch tensors alike: .reshape and .swapaxes mean the same on both, while "
+                          ".transpose(1, 2) and .view(shape) are torch's (NumPy reads them differently)") from None
+
+
+def _expect_value_error(fn, why: str) -> None:
+    try:
+        fn()
+    except ValueError:
+        return
+    except NotImplementedError:
+        raise
+    except Exception as exc:
+        raise CheckFailed(f"{why}: raise a ValueError that says so, not {type(exc).__name__} ({exc})") from None
+    raise CheckFailed(f"{why}, yet it was accepted: raise a ValueError that says so")
+
+
+def _split_checks(split_heads, name: str) -> None:
+    with check(f"{name} on the worked example (T=2, D=6, H=3 heads of Dh=2)"):
+        for backend, x in [("NumPy", EXAMPLE_X.copy()), ("torch", torch.from_numpy(EXAMPLE_X.copy()))]:
+            got = _call_on(split_heads, name, backend, x, 3)
+            expect_type(got, type(x), f"{name}(x, 3) on a {backend} input")
+            expect_shape(got, (1, 3, 2, 2), f"{name}(x, 3)", names="B, H, T, Dh")
+            expect_dtype(got, "float32", f"{name}(x, 3)")
+            direct = EXAMPLE_X.reshape(1, 3, 2, 2)
+            if np.array_equal(np.asarray(got), direct):
+                raise CheckFailed("you reshaped (B, T, D) straight to (B, H, T, Dh): that mixes time steps into "
+                                  "heads. Cut D into (H, Dh) first, then move H before T")
+            expect_close(got, EXAMPLE_HEADS, f"{name}(x, 3) on a {backend} input",
+                         hint="head h holds features h*Dh ... (h+1)*Dh - 1 of every time step")
+    with check(f"{name}: head h holds features h*Dh ... (h+1)*Dh - 1 (B=2, T=5, H=4, Dh=3, torch)"):
+        x = torch.randn(2, 5, 12, generator=torch.Generator().manual_seed(0))
+        got = split_heads(x, 4)
+        expect_shape(got, (2, 4, 5, 3), f"{name}(x, 4)", names="B, H, T, Dh")
+        for h, t in [(1, 3), (3, 0)]:
+            expect_close(got[:, h, t], x[:, t, 3 * h:3 * h + 3], f"head {h} at time {t}",
+                         hint=f"head {h} should hold features {3 * h}..{3 * h + 2} of time step {t}")
+
+
+def _merge_checks(merge_heads, name: str) -> None:
+    with check(f"{name} on the worked example (H=3 heads of Dh=2 back to D=6)"):
+        for backend, x in [("NumPy", EXAMPLE_HEADS.copy()), ("torch", torch.from_numpy(EXAMPLE_HEADS.copy()))]:
+            got = _call_on(merge_heads, name, backend, x)
+            expect_type(got, type(x), f"{name}(x) on a {backend} input")
+            expect_shape(got, (1, 2, 6), f"{name}(x)", names="B, T, D")
+            expect_dtype(got, "float32", f"{name}(x)")
+            if np.array_equal(np.asarray(got), EXAMPLE_HEADS.reshape(1, 2, 6)):
+                raise CheckFailed("you reshaped (B, H, T, Dh) straight to (B, T, D): that interleaves time steps "
+                                  "and heads. Move H back after T first, then merge (H, Dh) into D")
+            expect_close(got, EXAMPLE_X, f"{name}(x) on a {backend} input",
+                         hint="the heads go back side by side: head h fills features h*Dh ... (h+1)*Dh - 1")
+    with check(f"{name}: head h lands on features h*Dh ... (h+1)*Dh - 1 (B=2, H=4, T=5, Dh=3, torch)"):
+        x = torch.randn(2, 4, 5, 3, generator=torch.Generator().manual_seed(1))
+        got = merge_heads(x)
+        expect_shape(got, (2, 5, 12), f"{name}(x)", names="B, T, D")
+        for h, t in [(2, 1), (0, 4)]:
+            expect_close(got[:, t, 3 * h:3 * h + 3], x[:, h, t], f"features {3 * h}..{3 * h + 2} at time {t}",
+                         hint=f"they should hold head {h} at time step {t}")
+
+
+def check_split_heads(split_heads) -> None:
+    """The worked example on NumPy and torch, then which features each head holds."""
+    _split_checks(split_heads, "split_heads")
+
+
+def check_merge_heads(merge_heads) -> None:
+    """The worked example backwards, on NumPy and torch, then where each head lands."""
+    _merge_checks(merge_heads, "merge_heads")
+
+
+def check_split_heads_reshape(split_heads_reshape) -> None:
+    """As ``check_split_heads``, without einops."""
+    with check("split_heads_reshape uses reshape and swapaxes, not einops"):
+        _no_einops(split_heads_reshape, "split_heads_reshape")
+    _split_checks(split_heads_reshape, "split_heads_reshape")
+    with check("split_heads_reshape refuses D=10 with H=3 with a ValueError"):
+        _expect_value_error(lambda: split_heads_reshape(torch.zeros(1, 2, 10), 3),
+                            "D=10 features cannot be cut into 3 equal heads")
+
+
+def check_merge_heads_reshape(merge_heads_reshape) -> None:
+    """As ``check_merge_heads``, without einops."""
+    with check("merge_heads_reshape uses swapaxes and reshape, not einops"):
+        _no_einops(merge_heads_reshape, "merge_heads_reshape")
+    _merge_checks(merge_heads_reshape, "merge_heads_reshape")
+
+
+# -- MultiHeadAttention ------------------------------------------------------------------------------------------
+_NAMES = ("q_proj", "k_proj", "v_proj", "out_proj")
+
+
+def _torch_copy(ours: nn.Module, H: int) -> nn.MultiheadAttention:
+    """PyTorch's module holding our weights (its in_proj stacks the q, k, v projections)."""
+    D = ours.q_proj.in_features
+    theirs = nn.MultiheadAttention(D, H, batch_first=True).eval()
+    with torch.no_grad():
+        theirs.in_proj_weight.copy_(torch.cat([ours.q_proj.weight, ours.k_proj.weight, ours.v_proj.weight]))
+        theirs.in_proj_bias.copy_(torch.cat([ours.q_proj.bias, ours.k_proj.bias, ours.v_proj.bias]))
+        theirs.out_proj.weight.copy_(ours.out_proj.weight)
+        theirs.out_proj.bias.copy_(ours.out_proj.bias)
+    return theirs
+
+
+def _randomised(MultiHeadAttention, D: int, H: int, seed: int) -> nn.Module:
+    """A module with every parameter re-drawn (biases far from 0, so a missing one shows), in eval mode."""
+    torch.manual_seed(seed)
+    mha = MultiHeadAttention(D, H)
+    with torch.no_grad():
+        for p in mha.parameters():
+            p.normal_(0.0, 0.5 if p.dim() == 1 else D ** -0.5)
+    return mha.eval()
+
+
+def check_multi_head_attention(MultiHeadAttention) -> None:
+    """Names and shapes, masks applied per head, no leakage, and agreement with nn.MultiheadAttention."""
+    D, H, B, T, S = 12, 3, 2, 4, 6  # Dh = 4; T != S != H
+    g = torch.Generator().manual_seed(2)
+    query, memory = torch.randn(B, T, D, generator=g), torch.randn(B, S, D, generator=g)
+
+    with check("MultiHeadAttention(12, 3) has the contract's parameters: q_proj, k_proj, v_proj, out_proj"):
+        mha = MultiHeadAttention(D, H)
+        expect_type(mha, nn.Module, "MultiHeadAttention(12, 3)")
+        for name in _NAMES:
+            proj = getattr(mha, name, None)
+            if not isinstance(proj, nn.Linear) or proj.in_features != D or proj.out_features != D \
+                    or proj.bias is None:
+                raise CheckFailed(f"`{name}` should be an nn.Linear(d_model, d_model) with a bias")
+        extra = sorted(set(mha.state_dict()) - {f"{n}.{w}" for n in _NAMES for w in ("weight", "bias")})
+        if extra:
+            raise CheckFailed(f"unexpected parameters or buffers {extra}: weights are loaded by the four names "
+                              "only (a mask is an argument of forward, not a buffer)")
+
+    mha = _randomised(MultiHeadAttention, D, H, seed=3)
+    with check("forward(query, key, value) with T=4 != S=6 returns out (B, T, D) and weights (B, H, T, S)"):
+        result = expect_inputs_unchanged(mha, query, memory, memory)
+        expect_type(result, tuple, "forward(...)")
+        if len(result) != 2:
+            raise CheckFailed(f"forward should return (out, weights), got {len(result)} values")
+        out, weights = result
+        expect_shape(out, (B, T, D), "out", names="B, T, D")
+        expect_shape(weights, (B, H, T, S), "weights", names="B, H, T, S")
+        expect_dtype(out, "float", "out")
+        expect_rows_sum_to_one(weights, what="the weights (no mask)")
+
+    with check("the mask's polarity: True = this query may attend to this key"):
+        only_first = torch.zeros(1, 1, 1, S, dtype=torch.bool)
+        only_first[..., 0] = True  # every query may attend to key 0 only
+        with torch.no_grad():
+            _, weights = mha(query, memory, memory, allowed=only_first)
+        if torch.allclose(weights[..., 0], torch.zeros(())):
+            raise CheckFailed("with only key 0 allowed, your weights avoid exactly key 0: you used PyTorch's "
+                              "polarity (True = blocked). Here True means the query may attend to that key")
+        expect_close(weights[..., 0], torch.ones(B, H, T), "the weight on key 0, the only allowed key",
+                     hint="a query with one allowed key puts all its weight there")
+
+    with check("a key-padding mask (B, 1, 1, S) with an empty sequence: blocked keys get 0, empty rows give zeros"):
+        key_is_real = torch.tensor([[True] * 4 + [False] * 2, [False] * S])  # sequence 1 has no real key
+        allowed = key_is_real[:, None, None, :]  # (B, 1, 1, S)
+        with torch.no_grad():
+            out, weights = expect_inputs_unchanged(mha, query, memory, memory, allowed=allowed)
+        expect_finite(out, "out")
+        expect_rows_sum_to_one(weights, allowed)
+        expect_close(out[1], mha.out_proj.bias.detach().expand(T, D), "the output rows of the empty sequence",
+                     hint="a query with no allowed key attends to nothing: its attention output is zero, so "
+                          "its output row is out_proj.bias")
+
+    with check("gradients stay finite when a query row is fully masked"):
+        q, m = query.clone().requires_grad_(True), memory.clone().requires_grad_(True)
+        allowed = torch.ones(B, 1, T, S, dtype=torch.bool)
+        allowed[0, 0, 1] = False  # query 1 of sequence 0 may attend to nothing
+        out, _ = mha(q, m, m, allowed=allowed)
+        out.sum().backward()
+        expect_finite(q.grad, "the gradient of the query",
+                      hint="-inf in the scores gives NaN gradients on a fully masked row, even when its weights "
+                           "are zeroed afterwards: fill with a finite value such as torch.finfo(dtype).min")
+        expect_finite(m.grad, "the gradient of the keys and values")
+
+    with check("causal self-attention: the future does not leak, in any head"):
+        causal = torch.ones(T, T, dtype=torch.bool).tril()  # (T, T), broadcast over B and H
+        causal_leakage_probe(lambda x: mha(x, x, x, allowed=causal), query, time_axis=1, atol=1e-5,
+                             what="MultiHeadAttention's output")
+
+    with check("padded keys do not leak into the output"):
+        key_is_real = torch.tensor([[True] * S, [True] * 3 + [False] * 3])
+        padding_leakage_probe(lambda m: mha(query, m, m, allowed=key_is_real[:, None, None, :]), memory,
+                              key_is_real, key_axis=1, atol=1e-5, what="MultiHeadAttention's output")
+
+    with check("equals nn.MultiheadAttention with the same weights (causal + padding mask, inverted for PyTorch)"):
+        x = query
+        is_real = torch.tensor([[True] * T, [True] * 3 + [False]])
+        allowed = torch.ones(T, T, dtype=torch.bool).tril()[None, None] & is_real[:, None, None, :]  # (B,1,T,T)
+        theirs = _torch_copy(mha, H)
+        with torch.no_grad():
+            out, weights = mha(x, x, x, allowed=allowed)
+            # PyTorch's boundary: its attn_mask says True = blocked, so our `allowed` is inverted here
+            blocked = ~allowed.expand(B, H, T, T).reshape(B * H, T, T)  # (B*H, T, T)
+            want, want_w = theirs(x, x, x, attn_mask=blocked, average_attn_weights=False)
+        expect_rows_sum_to_one(weights, allowed)
+        expect_close(weights, want_w, "the weights vs nn.MultiheadAttention's", atol=1e-5, rtol=1e-4,
+                     hint="softmax(q·k / √Dh) per head, Dh = D // H, q from query and k from key")
+        expect_close(out, want, "the output vs nn.MultiheadAttention's", atol=1e-5, rtol=1e-4,
+                     hint="the weights agree, so check the values, merging the heads and out_proj")
+
+    with check("MultiHeadAttention(10, 3) is refused with a ValueError"):
+        _expect_value_error(lambda: MultiHeadAttention(10, 3), "MultiHeadAttention(10, 3): d_model=10 cannot be cut "
+                            "into 3 equal heads")
