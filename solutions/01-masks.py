@@ -1,8 +1,6 @@
 # %% [markdown]
 # # Lesson 01 — Masks: who may look at whom
 #
-# [![Open In Colab](https://colab.research.google.com/assets/colab-badge.svg)](https://colab.research.google.com/github/decoder-course/decoder-course/blob/main/lessons/01-masks/01-masks.ipynb)
-#
 # Attention lets every query position mix information from key positions. Two rules limit that mixing in a
 # decoder, and both are written as **boolean masks**:
 #

@@ -1,0 +1,191 @@
+"""Run a lesson's checks on your saved notebook, without nbgrader: ``python -m decoder_course check NOTEBOOK``.
+
+The notebook runs top to bottom in a fresh kernel, in its own folder, the way the grader will run it; then every
+graded exercise gets one line: ``✓ name`` when its visible checks pass, ``✗ name: what broke`` (the check's own
+message) or ``✗ name: not implemented yet``. The exit status is 0 only when every exercise passes.
+
+Only the visible checks run here: they are the ones under each exercise in the notebook. Grading adds hidden checks
+on other inputs, so a ✓ here is necessary, not sufficient. Your file is read, never written.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+DEFAULT_TIMEOUT = 300  # seconds per cell: the longest lesson cell (training) takes about two minutes on a laptop
+HARVEST_ENV = "DECODER_COURSE_HARVEST"  # set only during a grading run (decoder_course.harvest)
+NOT_IMPLEMENTED = "is not implemented yet"  # how decoder_course.checks words an unwritten exercise
+
+
+@dataclass(frozen=True)
+class Verdict:
+    """What the visible checks of one graded exercise said."""
+
+    name: str  # the exercise (nbgrader's grade_id)
+    passed: bool
+    message: str = ""  # why it failed, in the check's own words; empty when it passed
+    not_implemented: bool = False
+    checks_passed: int = 0  # how many "✓" lines its cell printed
+
+
+def _text_of(cell: Any) -> str:
+    """Everything a code cell printed on stdout (its stream outputs)."""
+    return "".join(out.get("text", "") for out in cell.get("outputs", []) if out.get("output_type") == "stream"
+                   and out.get("name") == "stdout")
+
+
+def _error_of(cell: Any) -> tuple[str, str] | None:
+    """``(ename, evalue)`` of the error a code cell raised, or None."""
+    for out in cell.get("outputs", []):
+        if out.get("output_type") == "error":
+            return out.get("ename", "Error"), out.get("evalue", "")
+    return None
+
+
+def _is_not_implemented(ename: str, evalue: str) -> bool:
+    return ename == "NotImplementedError" or (ename == "CheckFailed" and NOT_IMPLEMENTED in evalue)
+
+
+def graded_cells(nb: Any) -> list[tuple[int, Any]]:
+    """``(index, cell)`` of every graded test cell: nbgrader metadata with ``grade: true`` on a code cell."""
+    return [(i, cell) for i, cell in enumerate(nb.cells)
+            if cell.cell_type == "code" and cell.get("metadata", {}).get("nbgrader", {}).get("grade")]
+
+
+def verdict_of(cell: Any) -> Verdict:
+    """The verdict of one executed graded cell, from its outputs only."""
+    name = cell.metadata["nbgrader"].get("grade_id", "?")
+    passed = sum(line.startswith("✓") for line in _text_of(cell).splitlines())
+    if cell.get("execution_count") is None and not cell.get("outputs"):
+        return Verdict(name, False, "did not run (the kernel stopped before this cell; see the notes below)")
+    error = _error_of(cell)
+    if error is None:
+        return Verdict(name, True, checks_passed=passed)
+    ename, evalue = error
+    if _is_not_implemented(ename, evalue):
+        return Verdict(name, False, "not implemented yet", not_implemented=True, checks_passed=passed)
+    if ename == "CheckFailed":
+        # The check's message already says which idea broke: "✗ <title>: <why>".
+        return Verdict(name, False, evalue.removeprefix("✗").strip(), checks_passed=passed)
+    if ename == "NameError":
+        hint = " (run the cell that defines it; did you rename it?)"
+        return Verdict(name, False, f"{evalue}{hint}", checks_passed=passed)
+    if ename == "KeyboardInterrupt":
+        return Verdict(name, False, "took too long and was stopped (an endless loop?)", checks_passed=passed)
+    return Verdict(name, False, f"raised {ename}: {evalue.strip()}", checks_passed=passed)
+
+
+def notes_on_other_cells(nb: Any) -> list[str]:
+    """Errors in cells that are not graded (your exercise cells, plots), except "not implemented yet"."""
+    notes = []
+    for i, cell in enumerate(nb.cells):
+        meta = cell.get("metadata", {}).get("nbgrader", {})
+        if cell.cell_type != "code" or meta.get("grade"):
+            continue
+        error = _error_of(cell)
+        if error is None or _is_not_implemented(*error):
+            continue
+        where = f"your cell for {meta['grade_id'].removesuffix('_solution')}" if meta.get("solution") \
+            else f"cell {i + 1}"
+        first_line = (error[1].splitlines() or [""])[0][:200]
+        notes.append(f"{where} raised {error[0]}: {first_line}")
+    return notes
+
+
+def execute(path: Path, timeout: int = DEFAULT_TIMEOUT, kernel_name: str | None = None) -> tuple[Any, str]:
+    """Run the notebook at ``path`` top to bottom in a fresh kernel; return it executed and a note if it stopped.
+
+    Every cell runs even when an earlier one raised (as nbgrader does); a cell over ``timeout`` seconds is
+    interrupted. The file itself is not written.
+    """
+    try:
+        import nbformat
+        from nbclient import NotebookClient
+        from nbclient.exceptions import DeadKernelError
+    except ImportError as exc:  # JupyterLab brings both; a bare Python may not
+        raise SystemExit(f"error: {exc.name} is needed to run a notebook: pip install nbclient nbformat") from None
+    nb = nbformat.read(path, as_version=4)
+    # The kernel the notebook asks for (the course's is "python3"); a grading run's variable never leaks in.
+    name = kernel_name or nb.metadata.get("kernelspec", {}).get("name") or "python3"
+    env = {key: value for key, value in os.environ.items() if key != HARVEST_ENV}
+    client = NotebookClient(nb, timeout=timeout, kernel_name=name, allow_errors=True, interrupt_on_timeout=True,
+                            resources={"metadata": {"path": str(path.parent)}},
+                            # the kernel's start-up warnings ("running over TCP without encryption") are noise here
+                            extra_arguments=["--IPKernelApp.log_level=ERROR"])
+    stopped = ""
+    try:
+        client.execute(env=env)
+    except DeadKernelError as exc:
+        stopped = f"the kernel died ({exc}): out of memory, or a crash in native code"
+    return nb, stopped
+
+
+def report(verdicts: list[Verdict], notes: list[str]) -> str:
+    """The lines printed for the student: one per exercise, notes, then a summary."""
+    lines = []
+    for v in verdicts:
+        lines.append(f"✓ {v.name}" if v.passed else f"✗ {v.name}: {v.message}")
+    if notes:
+        lines += ["", "notes:"] + [f"  - {note}" for note in notes]
+    passed = sum(v.passed for v in verdicts)
+    todo = sum(v.not_implemented for v in verdicts)
+    summary = f"{passed}/{len(verdicts)} exercises pass their visible checks"
+    if passed < len(verdicts):
+        wrong = len(verdicts) - passed - todo
+        parts = ([f"{wrong} to fix"] if wrong else []) + ([f"{todo} not implemented yet"] if todo else [])
+        summary += f" ({', '.join(parts)}); fix the first ✗, save, and run this again"
+    else:
+        summary += "; grading adds hidden checks on other inputs"
+    return "\n".join(lines + ["", summary])
+
+
+def check(path: Path, timeout: int = DEFAULT_TIMEOUT, kernel_name: str | None = None) -> int:
+    """Run ``path`` and print one line per graded exercise; 0 when all pass, 1 otherwise, 2 when unusable."""
+    if not path.is_file():
+        print(f"error: {path} is not a file", file=sys.stderr)
+        return 2
+    print(f"running {path} in a fresh kernel (at most {timeout} s a cell)...", file=sys.stderr, flush=True)
+    started = time.perf_counter()
+    try:
+        nb, stopped = execute(path, timeout, kernel_name)
+    except (ValueError, OSError) as exc:  # not JSON, not a notebook, unreadable
+        print(f"error: cannot run {path}: {exc}", file=sys.stderr)
+        return 2
+    verdicts = [verdict_of(cell) for _, cell in graded_cells(nb)]
+    if not verdicts:
+        print(f"error: {path} has no graded exercise (is it a lesson notebook of this course?)", file=sys.stderr)
+        return 2
+    notes = ([stopped] if stopped else []) + notes_on_other_cells(nb)
+    print(report(verdicts, notes))
+    print(f"(ran in {time.perf_counter() - started:.0f} s)", file=sys.stderr)
+    return 0 if all(v.passed for v in verdicts) else 1
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m decoder_course", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    sub = parser.add_subparsers(dest="command", required=True)
+    p_check = sub.add_parser("check", help="run a lesson notebook and report each exercise's visible checks",
+                             description="Run NOTEBOOK top to bottom in a fresh kernel and report, per graded "
+                                         "exercise, whether its visible checks pass.")
+    p_check.add_argument("notebook", type=Path, help="a lesson notebook, e.g. lessons/01-masks/01-masks.ipynb")
+    p_check.add_argument("--timeout", type=int, default=DEFAULT_TIMEOUT,
+                         help=f"seconds a cell may run before it is interrupted (default {DEFAULT_TIMEOUT})")
+    p_check.add_argument("--kernel", default=None,
+                         help="Jupyter kernel name (default: the notebook's own, normally python3)")
+    args = parser.parse_args(argv)
+    # ✓ and ✗ on a console that is not UTF-8 (an old Windows code page) must not crash the report.
+    for stream in (sys.stdout, sys.stderr):
+        if hasattr(stream, "reconfigure"):
+            stream.reconfigure(errors="replace")
+    return check(args.notebook, args.timeout, args.kernel)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

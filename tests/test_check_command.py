@@ -1,0 +1,150 @@
+"""`python -m decoder_course check NOTEBOOK`: a self-learner's verdict per exercise, without nbgrader."""
+
+import json
+import os
+import subprocess
+import sys
+
+import nbformat
+import pytest
+
+from autograder import samples
+from decoder_course import __main__ as cli
+from tests.conftest import ROOT
+
+LESSON = "01-masks"
+EXERCISES = ["causal_mask", "padding_mask", "combine_masks", "mask_to_bias"]
+pytestmark = pytest.mark.notebook
+
+
+def run_check(path, *args, env=None):
+    """The command as a student types it, from the repository root; returns (exit code, stdout, stderr)."""
+    done = subprocess.run([sys.executable, "-m", "decoder_course", "check", str(path), *args], cwd=ROOT,
+                          capture_output=True, text=True, timeout=120, env=env)
+    return done.returncode, done.stdout, done.stderr
+
+
+def with_one_wrong_answer(exercise: str, description: str) -> nbformat.NotebookNode:
+    """The perfect submission with one exercise replaced by the named wrong answer of autograder.mutants."""
+    nb = samples.perfect(LESSON)
+    wrong = next(obj for item, what, replacement in samples.mutants_of(LESSON)
+                 for obj in replacement.values() if item == exercise and what == description)
+    cell = next(c for c in nb.cells if c.metadata.get("course", {}).get("exercise") == [exercise])
+    cell.source = samples.mutant_source(wrong)
+    return nb
+
+
+def test_released_lesson_reports_every_exercise_as_not_implemented(tmp_path):
+    path = tmp_path / f"{LESSON}.ipynb"
+    nbformat.write(samples.untouched(LESSON), path)
+    code, out, err = run_check(path)
+    assert code == 1, out + err
+    for name in EXERCISES:
+        assert f"✗ {name}: not implemented yet" in out.splitlines()
+    assert "0/4 exercises pass" in out and "4 not implemented yet" in out
+    assert "Traceback" not in out + err and "WARNING" not in err, err
+
+
+def test_solution_notebook_passes_every_exercise(tmp_path):
+    path = tmp_path / f"{LESSON}.ipynb"
+    nbformat.write(samples.perfect(LESSON), path)
+    code, out, err = run_check(path)
+    assert code == 0, out + err
+    assert [line for line in out.splitlines() if line.startswith(("✓", "✗"))] == [f"✓ {n}" for n in EXERCISES]
+    assert "4/4 exercises pass" in out
+
+
+def test_one_wrong_answer_fails_alone_with_its_teaching_message(tmp_path):
+    folder = tmp_path / "my work"  # a space in the path, as on many students' machines
+    folder.mkdir()
+    nb = with_one_wrong_answer("padding_mask", "assumes the pad id is 0")
+    # A probe at the end: where the kernel ran, and whether a grading run's variable reached it.
+    nb.cells.append(nbformat.v4.new_code_cell(
+        "import json, os, pathlib\n"
+        f"seen = [os.getcwd(), os.environ.get({cli.HARVEST_ENV!r})]\n"
+        "pathlib.Path('probe.json').write_text(json.dumps(seen))"
+    ))
+    path = folder / "submission.ipynb"
+    nbformat.write(nb, path)
+    before = path.read_bytes()
+    env = {**os.environ, cli.HARVEST_ENV: str(tmp_path / "no-such-grading-run")}
+    code, out, err = run_check(path, env=env)
+    assert code == 1, out + err
+    lines = out.splitlines()
+    for name in ("causal_mask", "combine_masks", "mask_to_bias"):
+        assert f"✓ {name}" in lines
+    failed = [line for line in lines if line.startswith("✗")]
+    assert len(failed) == 1 and failed[0].startswith("✗ padding_mask: "), out
+    # The visible check's own words: which idea broke and what to do.
+    assert "pad_id" in failed[0] and "Use the pad_id argument" in failed[0], failed[0]
+    assert "3/4 exercises pass" in out and "1 to fix" in out
+    cwd, harvest = json.loads((folder / "probe.json").read_text())
+    assert cwd == str(folder), "the kernel must run in the notebook's folder, as in JupyterLab"
+    assert harvest is None, "a grading run's variable must not reach the kernel"
+    assert path.read_bytes() == before, "the student's notebook must not be written"
+
+
+def _cell(grade_id, outputs, *, grade=True, solution=False, count=1):
+    return nbformat.from_dict({
+        "cell_type": "code", "source": "", "execution_count": count, "outputs": outputs,
+        "metadata": {"nbgrader": {"grade": grade, "solution": solution, "grade_id": grade_id}},
+    })
+
+
+def _error(ename, evalue):
+    return {"output_type": "error", "ename": ename, "evalue": evalue, "traceback": []}
+
+
+def test_verdicts_read_only_the_cell_outputs():
+    stdout = {"output_type": "stream", "name": "stdout", "text": "✓ shape\n✓ values\n"}
+    ok = cli.verdict_of(_cell("a", [stdout]))
+    assert ok.passed and ok.checks_passed == 2
+    todo = cli.verdict_of(_cell("a", [_error("CheckFailed", "✗ t: `a` is not implemented yet: replace …")]))
+    assert not todo.passed and todo.not_implemented and todo.message == "not implemented yet"
+    wrong = cli.verdict_of(_cell("a", [stdout, _error("CheckFailed", "✗ shape: expected (2, 3), got (3, 2)")]))
+    assert not wrong.passed and not wrong.not_implemented and wrong.message == "shape: expected (2, 3), got (3, 2)"
+    crash = cli.verdict_of(_cell("a", [_error("ValueError", "operands could not be broadcast ")]))
+    assert crash.message == "raised ValueError: operands could not be broadcast"
+    missing = cli.verdict_of(_cell("a", [_error("NameError", "name 'a' is not defined")]))
+    assert "run the cell that defines it" in missing.message
+    hang = cli.verdict_of(_cell("a", [_error("KeyboardInterrupt", "")]))
+    assert "took too long" in hang.message
+    never = cli.verdict_of(_cell("a", [], count=None))
+    assert not never.passed and "did not run" in never.message
+
+
+def test_notes_name_the_students_cell_and_skip_unwritten_exercises():
+    nb = nbformat.v4.new_notebook()
+    nb.cells = [
+        _cell("causal_mask_solution", [_error("SyntaxError", "invalid syntax")], grade=False, solution=True),
+        _cell("padding_mask_solution", [], grade=False, solution=True),
+        nbformat.v4.new_code_cell("plot()", outputs=[_error("NotImplementedError", "")]),
+        nbformat.v4.new_code_cell("plot()", outputs=[_error("ZeroDivisionError", "division by zero\nmore")]),
+        _cell("causal_mask", [_error("NameError", "name 'causal_mask' is not defined")]),
+    ]
+    assert cli.notes_on_other_cells(nb) == [
+        "your cell for causal_mask raised SyntaxError: invalid syntax",
+        "cell 4 raised ZeroDivisionError: division by zero",
+    ]
+    assert [i for i, _ in cli.graded_cells(nb)] == [4]
+
+
+def test_report_summary_counts():
+    verdicts = [cli.Verdict("a", True), cli.Verdict("b", False, "x"), cli.Verdict("c", False, "n", True)]
+    text = cli.report(verdicts, ["a note"])
+    assert text.splitlines()[:3] == ["✓ a", "✗ b: x", "✗ c: n"]
+    assert "  - a note" in text
+    assert "1/3 exercises pass their visible checks (1 to fix, 1 not implemented yet)" in text
+
+
+def test_unusable_input_exits_2_and_help_works(tmp_path, capsys):
+    bad = tmp_path / "broken.ipynb"
+    bad.write_text("{ not json")
+    assert cli.main(["check", str(bad)]) == 2 and "cannot run" in capsys.readouterr().err
+    assert cli.main(["check", str(tmp_path / "missing.ipynb")]) == 2
+    assert "is not a file" in capsys.readouterr().err
+    with pytest.raises(SystemExit) as exit_:
+        cli.main(["--help"])
+    assert exit_.value.code == 0
+    out = capsys.readouterr().out
+    assert "check" in out and "without nbgrader" in out
