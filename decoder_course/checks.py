@@ -48,6 +48,12 @@ __all__ = [
 class CheckFailed(AssertionError):
     """A visible check failed; the message says which idea broke."""
 
+    def _render_traceback_(self) -> list[str]:
+        # IPython (JupyterLab, Colab) shows these lines instead of a traceback through the checker's internals:
+        # the student needs the message, and the cell above is where the bug is.
+        first, *rest = str(self).splitlines() or [""]
+        return [f"\x1b[0;31mCheckFailed\x1b[0m: {first}", *rest]
+
 
 # ------------------------------------------------------------------------------------------------------------
 # Running checks

@@ -766,3 +766,12 @@ def test_checks_never_change_their_inputs():
     checks.expect_close(x, before)
     assert torch.equal(x, before)
 
+
+
+def test_check_failures_render_as_their_message_in_jupyter():
+    """IPython shows _render_traceback_'s lines instead of a traceback through the checker's internals."""
+    err = CheckFailed("✗ causal_mask: position 2 changed when only positions > 2 were changed\nsecond line")
+    lines = err._render_traceback_()
+    assert len(lines) == 2
+    assert lines[0].endswith("✗ causal_mask: position 2 changed when only positions > 2 were changed")
+    assert "CheckFailed" in lines[0] and lines[1] == "second line"
