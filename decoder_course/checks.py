@@ -117,7 +117,8 @@ def not_implemented_message(exc: BaseException | None = None, name: str | None =
         tb = exc.__traceback__
         while tb.tb_next is not None:  # the innermost frame raised it
             tb = tb.tb_next
-        code_name = tb.tb_frame.f_code.co_qualname  # "FeedForward.__init__", not just "__init__"
+        # "FeedForward.__init__", not just "__init__"; a function defined inside another keeps its own name
+        code_name = tb.tb_frame.f_code.co_qualname.rsplit("<locals>.", 1)[-1]
         name = None if code_name.startswith("<") else code_name
     who = f"`{name}`" if name else "this exercise"
     detail = f" ({exc})" if exc is not None and str(exc) else ""
