@@ -179,6 +179,8 @@ def beam_search(
 ) -> torch.Tensor:
     """Keep the ``beam_size`` best partial sequences per batch row; return each row's best finished one.
 
+    A beam cut off at ``max_len`` without EOS counts as finished.
+
     Beams are ranked by their total log-probability while searching; at the end each row returns the beam with
     the best *length-normalised* score, GNMT's ``log_prob / ((5 + len) / 6) ** length_penalty`` (Wu et al.
     2016), where ``len`` counts generated tokens up to and including EOS. ``length_penalty = 0`` compares raw

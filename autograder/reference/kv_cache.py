@@ -12,6 +12,7 @@ utilities: one ``KVCache`` for the whole decoder, ``update(k, v, layer_idx)`` pe
 import torch
 from torch import nn
 
+from autograder.reference.model import Seq2SeqTransformer  # noqa: F401 - given in the lesson; graded by name
 from autograder.reference.multi_head import attention, merge_heads, split_heads
 
 EXERCISES = ("KVCache", "cached_causal_mask", "decode_step", "greedy_decode_cached")

@@ -1,0 +1,721 @@
+"""Hidden checks of lesson 08-generation (PyTorch): greedy decoding, the sampling filters, sampling, beam search.
+
+Every decoder is run on the model-free stand-ins of ``decoder_course.testing``, built in the kernel from plain
+data (``{"new": "decoder_course.testing:..."}``) and again here, so the trusted side knows every logit:
+
+- ``ScriptedModel`` trees drawn so that greedy decoding and beam search disagree: the best sequence is known;
+- ``HashedLogitsModel``: pseudo-random logits fixed by (real source tokens, prefix), so a batched decoder must
+  give each row its own answer, and forgetting ``src_is_real`` changes the answer.
+
+Expected tokens come from the reference decoders on the same models; the filters are checked against a float64
+nucleus computed here, and beam search also against exhaustive search. Sampling is judged by what any correct
+sampler guarantees: a seeded generator reproduces its draws whatever the global random state, no draw falls
+outside top-k/top-p, and first-token frequencies follow softmax(logits / temperature).
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import torch
+
+from autograder.checks.framework import Case, Exercise, Fail, Result, exercise, expect_close
+from autograder.reference import generation as ref
+from decoder_course.conventions import BOS, EOS
+from decoder_course.testing import HashedLogitsModel, ScriptedModel
+
+LESSON = "08-generation"
+HASHED = "decoder_course.testing:HashedLogitsModel"
+SCRIPTED = "decoder_course.testing:ScriptedModel"
+
+
+# -- models, built in the kernel from plain data and here from the same data ------------------------------------------
+def _hashed(case: Case, name: str, V: int, seed: int, **kwargs) -> HashedLogitsModel:
+    """Bind a HashedLogitsModel to ``name`` in the kernel; return the same model for the trusted side."""
+    case.let(name, {"new": HASHED, "args": [V, seed], "kwargs": kwargs})
+    return HashedLogitsModel(V, seed, **kwargs)
+
+
+def _tree_data(tree: dict) -> list:
+    """A probability tree {token: (p, child)} as JSON-friendly nested lists [[token, p, child], ...]."""
+    return [[int(token), float(p), None if child is None else _tree_data(child)] for token, (p, child) in
+            tree.items()]
+
+
+def _scripted(case: Case, name: str, V: int, tree: dict | None = None, table=None, **kwargs) -> ScriptedModel:
+    """Bind a ScriptedModel (from a tree or a table) in the kernel; return the same model for the trusted side."""
+    if tree is not None:
+        case.let(name, {"new": SCRIPTED, "args": [V], "kwargs": {"tree": _tree_data(tree), **kwargs}})
+        return ScriptedModel(V, tree=tree, **kwargs)
+    case.let(name, {"new": SCRIPTED, "args": [V], "kwargs": {"table": table, **kwargs}})
+    return ScriptedModel(V, table=table, **kwargs)
+
+
+def _padded_source(rng: np.random.Generator, lengths, S: int, V: int, pad_id: int) -> tuple[np.ndarray, np.ndarray]:
+    """Source ids (B, S) with real tokens in 3..V-1 (never pad_id) and pad_id after each row's length."""
+    src = rng.integers(3, V, size=(len(lengths), S))
+    src[src == pad_id] = 3 if pad_id != 3 else 4
+    is_real = np.arange(S)[None, :] < np.asarray(lengths)[:, None]  # (B, S)
+    return np.where(is_real, src, pad_id), is_real
+
+
+def _run(fn, model, src: np.ndarray, is_real: np.ndarray | None, *args, **kwargs) -> np.ndarray:
+    """A reference decoder on the trusted copy of a model, as NumPy ids."""
+    real = None if is_real is None else torch.from_numpy(is_real)
+    return fn(model, torch.from_numpy(src), *args, src_is_real=real, **kwargs).numpy()
+
+
+# -- judging outputs -------------------------------------------------------------------------------------------------
+def _ids(result: Result, case: Case, name: str, what: str, B: int, max_len: int) -> np.ndarray:
+    """The returned ids after checking type, integer dtype and (B, L) shape with L <= max_len."""
+    got = result.get(case.id, name, what=what, kind="tensor", dtype="int")
+    if got.ndim != 2 or got.shape[0] != B:
+        raise Fail(f"{what} should have shape (B, L) with B = {B}, got {tuple(got.shape)} ({case.desc}).")
+    if got.shape[1] > max_len:
+        raise Fail(f"{what} has {got.shape[1]} tokens per row, more than max_len = {max_len} ({case.desc}): "
+                   "max_len counts the generated tokens, EOS included; BOS is not part of the output.")
+    return got
+
+
+def _structure(got: np.ndarray, eos_id: int, pad_id: int, max_len: int, what: str, desc: str) -> list[int]:
+    """Each row stops at its first EOS and holds only pad_id after it; L is the longest row. Returns lengths."""
+    lengths = []
+    for b, row in enumerate(got.tolist()):
+        if row and row[0] == BOS:
+            raise Fail(f"row {b} of {what} starts with BOS ({desc}): return the generated tokens only, without "
+                       "the BOS every row started from.")
+        end = row.index(eos_id) + 1 if eos_id in row else len(row)
+        if pad_id != 0 and row[end:] and all(t == 0 for t in row[end:]):
+            raise Fail(f"row {b} of {what} is padded with 0 after its EOS, but pad_id is {pad_id} here ({desc}): "
+                       "pad with the pad_id argument.")
+        if any(t != pad_id for t in row[end:]):
+            raise Fail(f"row {b} of {what} goes on after its EOS ({desc}): a row that has emitted EOS is "
+                       "finished, and every later position must be pad_id. Keep a `finished` flag per row.")
+        if eos_id not in row and len(row) < max_len:
+            raise Fail(f"row {b} of {what} stopped before max_len = {max_len} without an EOS ({desc}).")
+        if pad_id in row[:end]:
+            raise Fail(f"row {b} of {what} holds pad_id before its end ({desc}): only finished rows are padded "
+                       f"(pad_id = {pad_id} here, not necessarily 0).")
+        lengths.append(end)
+    if lengths and max(lengths) < got.shape[1]:
+        raise Fail(f"{what} has L = {got.shape[1]} columns but its longest row ends after {max(lengths)} tokens "
+                   f"({desc}): stop as soon as every row has finished; L is the length of the longest row.")
+    return lengths
+
+
+def _same_tokens(got: np.ndarray, want: np.ndarray, what: str, desc: str, hint: str) -> None:
+    if got.shape != want.shape or not np.array_equal(got, want):
+        rows = [b for b in range(min(len(got), len(want)))
+                if got.shape[1:] != want.shape[1:] or not np.array_equal(got[b], want[b])]
+        first = rows[0] if rows else 0
+        raise Fail(f"{what} is wrong for {len(rows) or 'some'} of {len(want)} rows, the first being row {first} "
+                   f"({desc}). {hint}")
+
+
+def _unchanged(result: Result, case: Case, name: str, original: np.ndarray, what: str) -> None:
+    after = result.get(case.id, name, what=f"{what} after the call", kind="tensor", finite=False)
+    if not np.array_equal(after, original):
+        raise Fail(f"the caller's {what} was modified in place ({case.desc}): work on new tensors "
+                   "(masked_fill, scatter, torch.cat) rather than writing into the inputs.")
+
+
+# -- greedy_decode -----------------------------------------------------------------------------------------------------
+def _greedy_trap_tree(rng: np.random.Generator, V: int) -> tuple[dict, list[int], list[int]]:
+    """A tree where the greedy path (first token a) is less likely than the best one (first token b).
+
+    Returns the tree, the greedy tokens and the best tokens (each ending with EOS).
+    """
+    a, b, *kids = (int(t) for t in rng.choice(np.arange(3, V), size=6, replace=False))
+    p_a = float(rng.uniform(0.48, 0.55))
+    p_b = 0.9 - p_a  # EOS takes 0.1; a is the most likely first token
+    split = rng.permutation([0.42, 0.33, 0.25])  # a's children: at most 0.55 * 0.42 = 0.23 in all
+    p_c = float(rng.uniform(0.85, 0.95))  # b's best child: at least 0.35 * 0.85 = 0.30 in all
+    tree = {
+        a: (p_a, {kids[0]: (float(split[0]), None), kids[1]: (float(split[1]), None),
+                  kids[2]: (float(split[2]), None)}),
+        b: (p_b, {kids[3]: (p_c, None), kids[0]: (1.0 - p_c, None)}),
+        EOS: (0.1, None),
+    }
+    greedy = [a, kids[int(np.argmax(split[:3]))], EOS]
+    return tree, greedy, [b, kids[3], EOS]
+
+
+@exercise(LESSON, "greedy_decode", points=2)
+class GreedyDecode(Exercise):
+    """Tokens against the reference on a scripted tree and on a padded batch of pseudo-random logits (pad_id != 0),
+    max_len without any EOS, B = 1; EOS and padding per row; the caller's source unchanged."""
+
+    def cases(self, rng):
+        cases = []
+        V = int(rng.integers(10, 14))
+        tree, greedy, _ = _greedy_trap_tree(rng, V)
+        case = Case("tree", f"a scripted tree, B=3, V={V}", data={"tree": tree, "V": V, "B": 3, "max_len": 8})
+        _scripted(case, "m", V, tree=tree)
+        case.call("greedy_decode", {"ref": "m"}, case.tensor(np.zeros((3, 4), np.int64)), 8, BOS, EOS, record="out")
+        case.data["want"] = np.array([greedy] * 3)
+        cases.append(case)
+        # a padded batch: rows of different real lengths, pad_id != 0, rows that stop at different steps
+        pad_id = int(rng.integers(5, 9))
+        for _ in range(50):
+            seed = int(rng.integers(2**31))
+            lengths = rng.integers(1, 8, size=5)
+            lengths[0] = 7
+            src, is_real = _padded_source(rng, lengths, 7, 14, pad_id)
+            model = HashedLogitsModel(14, seed, eos_bias=0.6, pad_id=pad_id)
+            want = _run(ref.greedy_decode, model, src, is_real, 9, BOS, EOS, pad_id=pad_id)
+            if len({int((row == EOS).argmax()) for row in want if EOS in row}) >= 3:
+                break
+        case = Case("batch", f"B=5, S=7, V=14, pad_id={pad_id}, padded sources with src_is_real",
+                    data={"B": 5, "max_len": 9, "pad_id": pad_id, "want": want, "src": src,
+                          "without_mask": _run(ref.greedy_decode, model, src, None, 9, BOS, EOS, pad_id=pad_id)})
+        _hashed(case, "m", 14, seed, eos_bias=0.6, pad_id=pad_id)
+        case.let("src", case.tensor(src))
+        case.call("greedy_decode", {"ref": "m"}, {"ref": "src"}, 9, BOS, EOS, src_is_real=case.tensor(is_real),
+                  pad_id=pad_id, record="out")
+        case.record("src_after", {"ref": "src"})
+        cases.append(case)
+        # no EOS ever: exactly max_len tokens
+        max_len = int(rng.integers(3, 7))
+        src, is_real = _padded_source(rng, [4, 2], 4, 12, 0)
+        model = HashedLogitsModel(12, int(rng.integers(2**31)), eos_bias=-50.0)
+        case = Case("maxlen", f"B=2, a model that never emits EOS, max_len={max_len}",
+                    data={"B": 2, "max_len": max_len, "pad_id": 0,
+                          "want": _run(ref.greedy_decode, model, src, is_real, max_len, BOS, EOS)})
+        _hashed(case, "m", 12, model.seed, eos_bias=-50.0)
+        case.call("greedy_decode", {"ref": "m"}, case.tensor(src), max_len, BOS, EOS,
+                  src_is_real=case.tensor(is_real), record="out")
+        cases.append(case)
+        # B = 1, no padding information
+        src = rng.integers(3, 12, size=(1, 5))
+        model = HashedLogitsModel(12, int(rng.integers(2**31)), eos_bias=0.2)
+        case = Case("b1", "B=1, S=5, src_is_real=None", data={"B": 1, "max_len": 12, "pad_id": 0,
+                                                              "want": _run(ref.greedy_decode, model, src, None, 12,
+                                                                           BOS, EOS)})
+        _hashed(case, "m", 12, model.seed, eos_bias=0.2)
+        case.call("greedy_decode", {"ref": "m"}, case.tensor(src), 12, BOS, EOS, record="out")
+        cases.append(case)
+        return cases
+
+    def judge(self, result: Result):
+        for case in result.cases.values():
+            d = case.data
+            pad_id = d.get("pad_id", 0)
+            got = _ids(result, case, "out", "greedy_decode(...)", d["B"], d["max_len"])
+            _structure(got, EOS, pad_id, d["max_len"], "greedy_decode's output", case.desc)
+            hint = "At each step take the argmax of the last position's logits (logits[:, -1]) for every row."
+            if case.id == "tree":
+                hint = ("On this tree greedy decoding follows the most likely token at each step: take the argmax "
+                        "of logits[:, -1], the position that predicts the next token.")
+            if "without_mask" in d and got.shape == d["without_mask"].shape and np.array_equal(got,
+                                                                                                d["without_mask"]):
+                hint = "These are the tokens of a source whose padding counts: pass src_is_real to encode and decode."
+            _same_tokens(got, d["want"], "greedy_decode's output", case.desc, hint)
+            if "src" in d:
+                _unchanged(result, case, "src_after", d["src"], "src_ids")
+
+
+# -- filters -----------------------------------------------------------------------------------------------------------
+def _judge_filtered(got: np.ndarray, logits: np.ndarray, keep: np.ndarray, what: str, desc: str, idea: str) -> None:
+    """Kept logits unchanged, every other logit -inf."""
+    kept = np.isfinite(got)
+    removed_not_inf = ~kept & ~np.isneginf(got)
+    if removed_not_inf.any():
+        raise Fail(f"{what}: a removed token holds {got[removed_not_inf][0]} instead of -inf ({desc}): set filtered "
+                   "logits to float('-inf'), so that softmax gives them probability exactly 0.")
+    if not np.array_equal(kept, keep):
+        wrong = np.argwhere(kept != keep)[0].tolist()
+        more = "kept a token it should remove" if kept[tuple(wrong)] else "removed a token it should keep"
+        raise Fail(f"{what} {more}, first at index {wrong} ({desc}). {idea}")
+    if not np.array_equal(got[kept], logits[kept]):
+        raise Fail(f"{what} changed the value of a kept logit ({desc}): kept logits pass through unchanged.")
+
+
+@exercise(LESSON, "top_k_filter")
+class TopKFilter(Exercise):
+    def cases(self, rng):
+        specs = [((3, 11), int(rng.integers(2, 6)), "float32", ""), ((2, 3, 9), 1, "float32", "(B, T, V) logits"),
+                 ((4, 7), 50, "float32", "k > V"), ((2, 6), 3, "float16", "float16 logits"),
+                 ((3, 6), 2, "float32", "a tie with the k-th largest logit")]
+        cases = []
+        for i, (shape, k, dtype, what) in enumerate(specs):
+            logits = rng.standard_normal(shape) * 2.0
+            if what.startswith("a tie"):
+                base = np.array([5.0, 4.0, 4.0, 2.0, 1.0, 0.0])  # k = 2: 5 and both 4s stay
+                logits = np.stack([rng.permutation(base) for _ in range(shape[0])])
+            logits = torch.from_numpy(logits).to(getattr(torch, dtype)).float().numpy()
+            desc = f"logits {shape} in {dtype}, k={k}" + (f", {what}" if what else "")
+            case = Case(f"c{i}", desc, data={"logits": logits, "k": k, "dtype": dtype})
+            case.let("x", case.tensor(logits, dtype=dtype))
+            case.call("top_k_filter", {"ref": "x"}, k, record="out")
+            case.record("x_after", {"ref": "x"})
+            cases.append(case)
+        return cases
+
+    def judge(self, result: Result):
+        for case in result.cases.values():
+            logits, k, dtype = case.data["logits"], case.data["k"], case.data["dtype"]
+            got = result.get(case.id, "out", what="top_k_filter(logits, k)", kind="tensor", dtype="float",
+                             shape=logits.shape, finite=False)
+            declared = result.meta(case.id, "out").get("dtype")
+            if declared != f"torch.{dtype}":
+                raise Fail(f"top_k_filter returned {declared} for {dtype} logits ({case.desc}): keep the dtype.")
+            kth = np.sort(logits, axis=-1)[..., ::-1][..., min(k, logits.shape[-1]) - 1 : min(k, logits.shape[-1])]
+            keep = logits >= kth  # ties with the k-th largest stay
+            _judge_filtered(got, logits, keep, "top_k_filter(logits, k)", case.desc,
+                            "Keep every logit >= the k-th largest of its row (ties included, along the last axis; "
+                            "k larger than V keeps everything).")
+            _unchanged(result, case, "x_after", logits, "logits")
+
+
+def _nucleus(logits: np.ndarray, p: float) -> tuple[np.ndarray, float]:
+    """The float64 nucleus: per row the fewest most likely tokens reaching p (at least one), and the smallest
+    distance between p and any cumulative sum (decisions closer than that depend on rounding)."""
+    flat = logits.reshape(-1, logits.shape[-1]).astype(np.float64)
+    keep = np.zeros(flat.shape, dtype=bool)
+    margin = math.inf
+    for r, row in enumerate(flat):
+        probs = np.exp(row - row.max())
+        probs /= probs.sum()
+        order = np.argsort(-probs, kind="stable")
+        total = np.cumsum(probs[order])
+        n = 1 if p <= 0 else len(row) if p >= 1 else int(np.searchsorted(total, p) + 1)
+        keep[r, order[: max(n, 1)]] = True
+        if 0 < p < 1:
+            margin = min(margin, float(np.abs(total - p).min()))
+    return keep.reshape(logits.shape), margin
+
+
+@exercise(LESSON, "top_p_filter")
+class TopPFilter(Exercise):
+    def cases(self, rng):
+        specs = [((6, 15), float(rng.choice([0.5, 0.8, 0.9])), "float32", "rows from flat to peaked"),
+                 ((2, 3, 10), 0.9, "float32", "(B, T, V) logits"), ((3, 8), 1.0, "float32", "p=1"),
+                 ((3, 8), 0.0, "float32", "p=0"), ((4, 9), 0.75, "float16", "float16 logits")]
+        cases = []
+        for i, (shape, p, dtype, what) in enumerate(specs):
+            for _ in range(100):  # no cumulative sum within rounding distance of p
+                scales = np.geomspace(0.3, 8.0, shape[-2])[rng.permutation(shape[-2])][:, None]  # (rows, 1)
+                logits = rng.standard_normal(shape) * scales
+                logits = torch.from_numpy(logits).to(getattr(torch, dtype)).float().numpy()
+                keep, margin = _nucleus(logits, p)
+                if margin > 5e-3:
+                    break
+            case = Case(f"c{i}", f"logits {shape} in {dtype}, p={p}, {what}",
+                        data={"logits": logits, "keep": keep, "dtype": dtype})
+            case.let("x", case.tensor(logits, dtype=dtype))
+            case.call("top_p_filter", {"ref": "x"}, p, record="out")
+            case.record("x_after", {"ref": "x"})
+            cases.append(case)
+        return cases
+
+    def judge(self, result: Result):
+        for case in result.cases.values():
+            logits, keep, dtype = case.data["logits"], case.data["keep"], case.data["dtype"]
+            got = result.get(case.id, "out", what="top_p_filter(logits, p)", kind="tensor", dtype="float",
+                             shape=logits.shape, finite=False)
+            declared = result.meta(case.id, "out").get("dtype")
+            if declared != f"torch.{dtype}":
+                raise Fail(f"top_p_filter returned {declared} for {dtype} logits ({case.desc}): keep the dtype.")
+            _judge_filtered(got, logits, keep, "top_p_filter(logits, p)", case.desc,
+                            "Per row (last axis), keep the fewest most likely tokens whose probabilities add up to "
+                            "at least p; the most likely token always stays; p = 1 keeps everything. Sort, decide "
+                            "in sorted order, then scatter the decision back to vocabulary order.")
+            _unchanged(result, case, "x_after", logits, "logits")
+
+
+@exercise(LESSON, "apply_repetition_penalty")
+class RepetitionPenalty(Exercise):
+    def cases(self, rng):
+        cases = []
+        for i, (B, V, L, penalty, dtype) in enumerate([(3, 9, 6, float(rng.choice([1.3, 1.5, 2.0])), "float32"),
+                                                       (2, 7, 4, 1.0, "float32"), (1, 6, 5, 1.2, "float32"),
+                                                       (2, 8, 3, 2.0, "float16")]):
+            logits = rng.standard_normal((B, V)) * 2.0
+            logits = torch.from_numpy(logits).to(getattr(torch, dtype)).float().numpy()
+            prev = rng.integers(0, V, size=(B, L))
+            prev[:, -1] = prev[:, 0]  # a repeated token in every row
+            case = Case(f"c{i}", f"B={B}, V={V}, {L} previous tokens with repeats, penalty={penalty}, {dtype}",
+                        data={"logits": logits, "prev": prev, "penalty": penalty, "dtype": dtype})
+            case.let("x", case.tensor(logits, dtype=dtype))
+            case.let("prev", case.tensor(prev))
+            case.call("apply_repetition_penalty", {"ref": "x"}, {"ref": "prev"}, penalty, record="out")
+            case.record("x_after", {"ref": "x"})
+            case.record("prev_after", {"ref": "prev"})
+            cases.append(case)
+        return cases
+
+    def judge(self, result: Result):
+        for case in result.cases.values():
+            d = case.data
+            got = result.get(case.id, "out", what="apply_repetition_penalty(...)", kind="tensor", dtype="float",
+                             shape=d["logits"].shape)
+            declared = result.meta(case.id, "out").get("dtype")
+            if declared != f"torch.{d['dtype']}":
+                raise Fail(f"apply_repetition_penalty returned {declared} for {d['dtype']} logits ({case.desc}): "
+                           "keep the dtype.")
+            x = torch.from_numpy(d["logits"]).to(getattr(torch, d["dtype"]))
+            want = ref.apply_repetition_penalty(x, torch.from_numpy(d["prev"]), d["penalty"]).float().numpy()
+            tol = 1e-6 if d["dtype"] == "float32" else 2e-3
+            expect_close(got, want, "apply_repetition_penalty(...)", case.desc, rtol=tol, atol=tol,
+                         hint="For each row, the tokens in that row's prev_ids: a positive logit is divided by the "
+                              "penalty, a negative one multiplied by it; a token seen several times is penalised "
+                              "once; other tokens are unchanged.")
+            _unchanged(result, case, "x_after", d["logits"], "logits")
+            _unchanged(result, case, "prev_after", d["prev"], "prev_ids")
+
+
+# -- sample ------------------------------------------------------------------------------------------------------------
+def _first_step_tree(rng: np.random.Generator, V: int) -> tuple[dict, dict[int, float]]:
+    """A one-step tree: five tokens with clearly different probabilities, then EOS."""
+    tokens = [int(t) for t in rng.choice(np.arange(3, V), size=5, replace=False)]
+    probs = np.array([0.36, 0.26, 0.18, 0.12, 0.08])
+    return {t: (float(p), None) for t, p in zip(tokens, probs, strict=True)}, dict(zip(tokens, probs.tolist(),
+                                                                                       strict=True))
+
+
+def _allowed_tokens(logits: torch.Tensor, prev: list[int], temperature: float, top_k, top_p, penalty: float):
+    """Tokens a correct sampler may draw at one step (the nucleus widened by a hair against rounding)."""
+    x = logits.float()[None]  # (1, V)
+    if penalty != 1.0 and prev:
+        x = ref.apply_repetition_penalty(x, torch.tensor([prev]), penalty)
+    x = x / temperature
+    if top_k is not None:
+        x = ref.top_k_filter(x, top_k)
+    if top_p is not None:
+        x = ref.top_p_filter(x, min(1.0, top_p + 1e-3))
+    return set(torch.isfinite(x[0]).nonzero().flatten().tolist())
+
+
+@exercise(LESSON, "sample", points=2)
+class Sample(Exercise):
+    """Reproducible with a generator whatever the global seed, varies with the seed; never outside top-k/top-p;
+    first-token frequencies follow softmax(logits / temperature); temperature 0 and the repetition penalty against
+    the reference; per-row EOS and padding with pad_id != 0 on a padded batch with every knob set."""
+
+    depends_on = ("top_k_filter", "top_p_filter", "apply_repetition_penalty")  # sample calls all three
+
+    def cases(self, rng):
+        cases = []
+        # 1. reproducibility: same generator seed under two different global seeds, then another generator seed
+        pad_id = int(rng.integers(4, 9))
+        src, is_real = _padded_source(rng, rng.integers(2, 7, size=12), 6, 14, pad_id)
+        seed = int(rng.integers(2**31))
+        g1, g2 = (int(s) for s in rng.integers(2**31, size=2))
+        case = Case("repro", f"B=12 padded sources, V=14, pad_id={pad_id}, temperature 1, a seeded generator",
+                    data={"B": 12, "max_len": 10, "pad_id": pad_id, "src": src, "is_real": is_real,
+                          "model": HashedLogitsModel(14, seed, eos_bias=0.3, scale=0.7, pad_id=pad_id),
+                          "settings": {"temperature": 1.0}})
+        _hashed(case, "m", 14, seed, eos_bias=0.3, scale=0.7, pad_id=pad_id)
+        for name, global_seed, generator in (("a", 1, g1), ("b", 2, g1), ("c", 3, g2)):
+            case.seed(int(rng.integers(2**31)) + global_seed)  # a different global random state each time
+            case.call("sample", {"ref": "m"}, case.tensor(src), 10, BOS, EOS, generator={"generator": generator},
+                      src_is_real=case.tensor(is_real), pad_id=pad_id, record=name)
+        cases.append(case)
+        # 2. filters: first tokens drawn with top-k, top-p and both
+        V = 10
+        tree, first = _first_step_tree(rng, V)
+        ranked = sorted(first, key=first.get, reverse=True)
+        settings = [{"top_k": int(rng.integers(2, 4))}, {"top_p": float(rng.choice([0.55, 0.7]))},
+                    {"temperature": 2.0, "top_k": 4, "top_p": 0.6}]
+        case = Case("filters", "800 first tokens drawn from a scripted five-token distribution, "
+                               "with top-k, top-p and both", data={"first": first, "ranked": ranked,
+                                                                   "settings": settings, "B": 800, "max_len": 1})
+        _scripted(case, "m", V, tree=tree, floor=1e-9)
+        for i, setting in enumerate(settings):
+            case.call("sample", {"ref": "m"}, case.tensor(np.zeros((800, 1), np.int64)), 1, BOS, EOS,
+                      generator={"generator": int(rng.integers(2**31))}, record=f"s{i}", **setting)
+        cases.append(case)
+        # 3. temperature: frequencies of 3000 first tokens
+        tree, first = _first_step_tree(rng, V)
+        temperature = float(rng.choice([0.5, 2.0]))
+        case = Case("temp", "3000 first tokens drawn from a scripted five-token distribution, "
+                            f"temperature {temperature}",
+                    data={"first": first, "temperature": temperature, "B": 3000, "max_len": 1})
+        _scripted(case, "m", V, tree=tree, floor=1e-9)
+        case.call("sample", {"ref": "m"}, case.tensor(np.zeros((3000, 1), np.int64)), 1, BOS, EOS,
+                  temperature=temperature, generator={"generator": int(rng.integers(2**31))}, record="out")
+        cases.append(case)
+        # 4. temperature 0 is greedy, on a padded batch
+        pad_id = int(rng.integers(4, 9))
+        src, is_real = _padded_source(rng, rng.integers(1, 6, size=4), 5, 12, pad_id)
+        model = HashedLogitsModel(12, int(rng.integers(2**31)), eos_bias=0.5, pad_id=pad_id)
+        case = Case("greedy", f"B=4 padded sources, pad_id={pad_id}, temperature 0",
+                    data={"B": 4, "max_len": 9, "pad_id": pad_id,
+                          "want": _run(ref.greedy_decode, model, src, is_real, 9, BOS, EOS, pad_id=pad_id)})
+        _hashed(case, "m", 12, model.seed, eos_bias=0.5, pad_id=pad_id)
+        case.call("sample", {"ref": "m"}, case.tensor(src), 9, BOS, EOS, temperature=0,
+                  src_is_real=case.tensor(is_real), pad_id=pad_id, record="out")
+        cases.append(case)
+        # 5. repetition penalty at temperature 0 on a looping model: two tokens neck and neck
+        a, b = (int(t) for t in rng.choice(np.arange(3, 8), size=2, replace=False))
+        loop = [-9.0] * 8
+        loop[a], loop[b] = 1.0, float(rng.uniform(0.8, 0.9))
+        penalty = float(rng.choice([1.5, 2.0]))
+        model = ScriptedModel(8, table=[[[], loop]], default_logits=loop)
+        src = np.zeros((2, 2), np.int64)
+        case = Case("penalty", f"a scripted model that loops on one token, temperature 0, repetition_penalty="
+                               f"{penalty}", data={"B": 2, "max_len": 6, "pad_id": 0,
+                                                   "want": ref.sample(model, torch.from_numpy(src), 6, BOS, EOS,
+                                                                      temperature=0,
+                                                                      repetition_penalty=penalty).numpy()})
+        _scripted(case, "m", 8, table=[[[], loop]], default_logits=loop)
+        case.call("sample", {"ref": "m"}, case.tensor(src), 6, BOS, EOS, temperature=0, repetition_penalty=penalty,
+                  record="out")
+        cases.append(case)
+        # 6. every knob on a padded batch: EOS and padding per row, no draw outside the filters
+        pad_id = int(rng.integers(4, 9))
+        src, is_real = _padded_source(rng, rng.integers(1, 7, size=10), 6, 16, pad_id)
+        seed = int(rng.integers(2**31))
+        settings = {"temperature": 0.8, "top_k": 5, "top_p": 0.9, "repetition_penalty": 1.3}
+        case = Case("knobs", f"B=10 padded sources, V=16, pad_id={pad_id}, temperature 0.8, top_k 5, top_p 0.9, "
+                             "repetition_penalty 1.3",
+                    data={"B": 10, "max_len": 12, "pad_id": pad_id, "src": src, "is_real": is_real,
+                          "model": HashedLogitsModel(16, seed, eos_bias=0.4, pad_id=pad_id), "settings": settings})
+        _hashed(case, "m", 16, seed, eos_bias=0.4, pad_id=pad_id)
+        case.call("sample", {"ref": "m"}, case.tensor(src), 12, BOS, EOS, generator={"generator": seed},
+                  src_is_real=case.tensor(is_real), pad_id=pad_id, record="out", **settings)
+        cases.append(case)
+        return cases
+
+    @staticmethod
+    def _check_draws(got: np.ndarray, case: Case) -> None:
+        """Every token of every row is one a correct sampler may draw after that row's prefix."""
+        d = case.data
+        s = {"temperature": 1.0, "top_k": None, "top_p": None, "repetition_penalty": 1.0, **d["settings"]}
+        for b, row in enumerate(got.tolist()):
+            real = d["src"][b][d["is_real"][b]].tolist()
+            prefix: list[int] = []
+            for token in row:
+                if prefix and prefix[-1] == EOS:
+                    break
+                allowed = _allowed_tokens(d["model"].next_logits(real, [BOS] + prefix), prefix, s["temperature"],
+                                          s["top_k"], s["top_p"], s["repetition_penalty"])
+                if token not in allowed:
+                    raise Fail(f"sample drew a token that its settings exclude (row {b}, step {len(prefix)}; "
+                               f"{case.desc}). Per step: repetition penalty with the tokens so far, divide by the "
+                               "temperature, top_k_filter, top_p_filter, softmax, then one draw per row; and pass "
+                               "src_is_real to the model.")
+                prefix.append(token)
+
+    def judge(self, result: Result):
+        for case in result.cases.values():
+            error = result.error(case.id)
+            if error is not None:
+                raise Fail(f"your code raised an exception on a case with {case.desc}:\n    {error.splitlines()[-1]}\n"
+                           "sample runs your top_k_filter, top_p_filter and apply_repetition_penalty: if one of "
+                           "their checks fails, fix it first.")
+        # the most specific diagnosis first: the temperature before the filters that depend on it
+        for case_id in ("repro", "temp", "greedy", "penalty", "filters", "knobs"):
+            getattr(self, f"_judge_{case_id}")(result, result.cases[case_id])
+
+    def _judge_repro(self, result: Result, case: Case):
+        d = case.data
+        outs = {}
+        for name in "abc":
+            outs[name] = _ids(result, case, name, "sample(...)", d["B"], d["max_len"])
+            _structure(outs[name], EOS, d["pad_id"], d["max_len"], "sample's output", case.desc)
+        if outs["a"].shape != outs["b"].shape or not np.array_equal(outs["a"], outs["b"]):
+            raise Fail(f"two calls with generators of the same seed gave different samples ({case.desc}): draw with "
+                       "torch.multinomial(probs, 1, generator=generator), never from the global random state, so "
+                       "that a caller's generator decides every draw.")
+        if outs["a"].shape == outs["c"].shape and np.array_equal(outs["a"], outs["c"]):
+            raise Fail(f"generators with different seeds gave identical samples ({case.desc}): is the next token "
+                       "drawn at random from softmax(logits / temperature)?")
+        self._check_draws(outs["a"], case)
+
+    def _judge_filters(self, result: Result, case: Case):
+        d = case.data
+        for i, setting in enumerate(d["settings"]):
+            got = _ids(result, case, f"s{i}", "sample(...)", d["B"], 1)
+            logits = torch.log(torch.tensor([d["first"].get(t, 1e-9) for t in range(10)]))
+            allowed = _allowed_tokens(logits, [], setting.get("temperature", 1.0), setting.get("top_k"),
+                                      setting.get("top_p"), 1.0)
+            drawn = set(got[:, 0].tolist())
+            if not drawn <= allowed:
+                raise Fail(f"with {setting}, sample drew {len(drawn - allowed)} token(s) outside the allowed set "
+                           f"({case.desc}): filtered logits are -inf and must never be drawn. Divide by the "
+                           "temperature, then top_k_filter, then top_p_filter.")
+            if drawn != allowed:
+                raise Fail(f"with {setting}, only {len(drawn)} of the {len(allowed)} allowed tokens were drawn in "
+                           f"{d['B']} draws ({case.desc}): divide by the temperature before filtering (top-p depends "
+                           "on it), then draw from the softmax of the filtered logits, not its argmax.")
+
+    def _judge_temp(self, result: Result, case: Case):
+        d = case.data
+        got = _ids(result, case, "out", "sample(...)", d["B"], 1)[:, 0]
+        tokens = list(d["first"])
+        logits = torch.log(torch.tensor([d["first"][t] for t in tokens], dtype=torch.float64))
+        want = torch.softmax(logits / d["temperature"], -1).numpy()  # PyTorch's softmax of the tempered logits
+        freq = np.array([(got == t).mean() for t in tokens])
+        sigma = np.sqrt(want * (1 - want) / d["B"])
+        if np.any(np.abs(freq - want) > 5 * sigma + 0.01):
+            raise Fail(f"the frequencies of the first token do not follow softmax(logits / temperature) "
+                       f"({case.desc}): divide the logits by the temperature (temperature < 1 sharpens, > 1 "
+                       "flattens), then draw from the softmax.")
+
+    def _judge_greedy(self, result: Result, case: Case):
+        d = case.data
+        got = _ids(result, case, "out", "sample(..., temperature=0)", d["B"], d["max_len"])
+        _structure(got, EOS, d["pad_id"], d["max_len"], "sample's output", case.desc)
+        _same_tokens(got, d["want"], "sample(..., temperature=0)", case.desc,
+                     "temperature == 0 means greedy: take the argmax of the (penalised) logits at each step.")
+
+    def _judge_penalty(self, result: Result, case: Case):
+        d = case.data
+        got = _ids(result, case, "out", "sample(..., repetition_penalty=...)", d["B"], d["max_len"])
+        _same_tokens(got, d["want"], "sample(..., temperature=0, repetition_penalty=...)", case.desc,
+                     "Apply the penalty before choosing, with the tokens generated so far (BOS excluded); a token "
+                     "seen several times is penalised once.")
+
+    def _judge_knobs(self, result: Result, case: Case):
+        d = case.data
+        got = _ids(result, case, "out", "sample(...)", d["B"], d["max_len"])
+        _structure(got, EOS, d["pad_id"], d["max_len"], "sample's output", case.desc)
+        self._check_draws(got, case)
+
+
+# -- beam_search ------------------------------------------------------------------------------------------------------
+def _all_sequences(next_logits, V: int, max_len: int) -> list[tuple[list[int], float]]:
+    """Every complete sequence (ended by EOS, or max_len long) with its float64 log-probability."""
+    out = []
+
+    def grow(prefix, score):
+        if prefix and (prefix[-1] == EOS or len(prefix) == max_len):
+            out.append((prefix, score))
+            return
+        logp = torch.log_softmax(next_logits(prefix).double(), -1)
+        for token in range(V):
+            if torch.isfinite(logp[token]):
+                grow(prefix + [token], score + logp[token].item())
+
+    grow([], 0.0)
+    return out
+
+
+def _gnmt(score: float, length: int, alpha: float) -> float:
+    return score / ((5 + length) / 6) ** alpha
+
+
+def _trim(row: np.ndarray) -> list[int]:
+    row = row.tolist()
+    return row[: row.index(EOS) + 1] if EOS in row else row
+
+
+@exercise(LESSON, "beam_search", points=2)
+class BeamSearch(Exercise):
+    """A scripted tree where greedy misses the best sequence; exhaustive search with a length penalty that changes
+    the answer; a padded batch (pad_id != 0) against the reference; beam size 1 is greedy; B = 1."""
+
+    def cases(self, rng):
+        cases = []
+        V = int(rng.integers(10, 14))
+        tree, greedy, best = _greedy_trap_tree(rng, V)
+        case = Case("tree", f"a scripted tree where the most likely sequence does not start with the most likely "
+                            f"token, B=2, V={V}, beam_size=2, length_penalty=0",
+                    data={"B": 2, "max_len": 6, "pad_id": 0, "want": np.array([best] * 2), "greedy": greedy})
+        _scripted(case, "m", V, tree=tree)
+        case.call("beam_search", {"ref": "m"}, case.tensor(np.zeros((2, 3), np.int64)), 6, BOS, EOS, beam_size=2,
+                  length_penalty=0.0, record="out")
+        cases.append(case)
+        # exhaustive: 128 beams keep every candidate of V=6 (PAD and BOS impossible), max_len 4: 121 sequences
+        alpha = float(rng.choice([1.0, 2.5]))
+        for _ in range(200):
+            seed = int(rng.integers(2**31))
+            model = HashedLogitsModel(6, seed, eos_bias=0.5, scale=1.5, special_logit=-math.inf)
+            src, is_real = _padded_source(rng, [3, 5], 5, 6, 0)
+            bests, ok = [], True
+            for b in range(2):
+                real = src[b][is_real[b]].tolist()
+                seqs = _all_sequences(lambda p, real=real, model=model: model.next_logits(real, [BOS] + p), 6, 4)
+                ranked = sorted(seqs, key=lambda item: -_gnmt(item[1], len(item[0]), alpha))
+                gap = _gnmt(ranked[0][1], len(ranked[0][0]), alpha) - _gnmt(ranked[1][1], len(ranked[1][0]), alpha)
+                raw_best = max(seqs, key=lambda item: item[1])[0]
+                ok &= gap > 1e-3 and ranked[0][0][-1] == EOS
+                bests.append((ranked[0][0], raw_best))
+            if ok and any(best != raw for best, raw in bests):
+                break
+        case = Case("exhaustive", f"B=2, V=6, beam_size=128 (wide enough to keep every candidate), max_len=4, "
+                                  f"length_penalty={alpha}",
+                    data={"B": 2, "max_len": 4, "pad_id": 0, "bests": bests})
+        _hashed(case, "m", 6, seed, eos_bias=0.5, scale=1.5, special_logit=-math.inf)
+        case.call("beam_search", {"ref": "m"}, case.tensor(src), 4, BOS, EOS, beam_size=128, length_penalty=alpha,
+                  src_is_real=case.tensor(is_real), record="out")
+        cases.append(case)
+        # a padded batch against the reference
+        pad_id = int(rng.integers(5, 9))
+        for _ in range(50):
+            seed = int(rng.integers(2**31))
+            lengths = rng.integers(1, 7, size=6)
+            src, is_real = _padded_source(rng, lengths, 6, 12, pad_id)
+            model = HashedLogitsModel(12, seed, eos_bias=0.7, pad_id=pad_id)
+            want = _run(ref.beam_search, model, src, is_real, 10, BOS, EOS, beam_size=3, length_penalty=0.6,
+                        pad_id=pad_id)
+            if len({len(_trim(row)) for row in want}) >= 2:
+                break
+        case = Case("batch", f"B=6 padded sources, V=12, pad_id={pad_id}, beam_size=3, length_penalty=0.6",
+                    data={"B": 6, "max_len": 10, "pad_id": pad_id, "want": want, "src": src})
+        _hashed(case, "m", 12, seed, eos_bias=0.7, pad_id=pad_id)
+        case.let("src", case.tensor(src))
+        case.call("beam_search", {"ref": "m"}, {"ref": "src"}, 10, BOS, EOS, beam_size=3, length_penalty=0.6,
+                  src_is_real=case.tensor(is_real), pad_id=pad_id, record="out")
+        case.record("src_after", {"ref": "src"})
+        cases.append(case)
+        # beam size 1 is greedy
+        src, is_real = _padded_source(rng, [5, 2, 4], 5, 12, 0)
+        model = HashedLogitsModel(12, int(rng.integers(2**31)), eos_bias=0.5)
+        case = Case("k1", "B=3 padded sources, beam_size=1",
+                    data={"B": 3, "max_len": 9, "pad_id": 0,
+                          "want": _run(ref.greedy_decode, model, src, is_real, 9, BOS, EOS)})
+        _hashed(case, "m", 12, model.seed, eos_bias=0.5)
+        case.call("beam_search", {"ref": "m"}, case.tensor(src), 9, BOS, EOS, beam_size=1,
+                  src_is_real=case.tensor(is_real), record="out")
+        cases.append(case)
+        # B = 1, four beams, no padding information
+        src = rng.integers(3, 12, size=(1, 4))
+        model = HashedLogitsModel(12, int(rng.integers(2**31)), eos_bias=0.3)
+        case = Case("b1", "B=1, beam_size=4, length_penalty=1.0, src_is_real=None",
+                    data={"B": 1, "max_len": 8, "pad_id": 0,
+                          "want": _run(ref.beam_search, model, src, None, 8, BOS, EOS, beam_size=4,
+                                       length_penalty=1.0)})
+        _hashed(case, "m", 12, model.seed, eos_bias=0.3)
+        case.call("beam_search", {"ref": "m"}, case.tensor(src), 8, BOS, EOS, beam_size=4, length_penalty=1.0,
+                  record="out")
+        cases.append(case)
+        return cases
+
+    def judge(self, result: Result):
+        # batch mix-ups first (their hint names them), then the exhaustive search (length normalisation)
+        for case_id in ("tree", "batch", "k1", "b1", "exhaustive"):
+            case = result.cases[case_id]
+            d = case.data
+            got = _ids(result, case, "out", "beam_search(...)", d["B"], d["max_len"])
+            _structure(got, EOS, d["pad_id"], d["max_len"], "beam_search's output", case.desc)
+            if case.id == "tree":
+                if got.shape[1] == len(d["greedy"]) and all(row.tolist() == d["greedy"] for row in got):
+                    raise Fail(f"beam_search returned the greedy answer ({case.desc}), which is not the most likely "
+                               "sequence. Keep the beam_size best sequences by total log-probability, and start with "
+                               "only beam 0 alive (the others at -inf) or every beam holds the same sequence.")
+                _same_tokens(got, d["want"], "beam_search's output", case.desc,
+                             "With beam_size=2 the most likely sequence survives every step here.")
+            elif case.id == "exhaustive":
+                for b, (best, raw_best) in enumerate(d["bests"]):
+                    row = _trim(got[b])
+                    if row != best:
+                        idea = ("Your answer is the best by raw log-probability: pick each row's winner by "
+                                "log_prob / ((5 + len) / 6) ** length_penalty, len counting tokens up to and "
+                                "including EOS." if row == raw_best else
+                                "With beams wide enough to keep every candidate, beam search must return the "
+                                "sequence with the best length-normalised score: keep finished beams with their "
+                                "score (extended only by pad_id at log-probability 0), rank by total "
+                                "log-probability while searching, normalise once at the end.")
+                        raise Fail(f"row {b} of beam_search's output is not the best sequence ({case.desc}). {idea}")
+            else:
+                hint = ("Lay out beams as B·K rows (row b·K + j is beam j of sequence b), repeat the memory and "
+                        "src_is_real with repeat_interleave, reorder the histories after each topk, keep finished "
+                        "beams, and pick the winner by the length-normalised score.")
+                if case.id == "k1":
+                    hint = "With beam_size=1 beam search is greedy decoding."
+                _same_tokens(got, d["want"], "beam_search's output", case.desc, hint)
+            if "src" in d:
+                _unchanged(result, case, "src_after", d["src"], "src_ids")

@@ -1,0 +1,346 @@
+"""Hidden checks of lesson 09-kv-cache (PyTorch): the cache, the aligned causal mask, a cached step, cached greedy.
+
+``decode_step`` and ``greedy_decode_cached`` run on a model built in the kernel from the notebook's given
+``Seq2SeqTransformer`` and loaded (strictly, by the contract's parameter names) with random weights drawn here.
+The expected logits are the full, uncached decoder's (``model.decode`` of the reference model carrying the same
+weights); the expected tokens are the reference ``greedy_decode``'s, compared token for token. The memory's
+cross-attention keys and values are handed to ``decode_step`` precomputed, and ``greedy_decode_cached`` is watched
+by a forward hook (``decoder_course.visible.l09_kv_cache.CallCounter``) on each layer's ``cross_attn.k_proj``:
+projecting the memory once per layer is part of the exercise.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+
+from autograder.checks.framework import Case, Exercise, Fail, Result, exercise, expect_close
+from autograder.reference import generation as ref_gen
+from autograder.reference import kv_cache as ref
+from autograder.reference.model import Seq2SeqTransformer
+from decoder_course.conventions import BOS
+
+LESSON = "09-kv-cache"
+COUNTER = "decoder_course.visible.l09_kv_cache:CallCounter"
+V, D, H, F, LAYERS = 20, 32, 4, 64, 2  # Dh = 8, T != S != H
+
+
+# -- a model with random weights, in the kernel and here ---------------------------------------------------------------
+def _random_model(rng: np.random.Generator, norm_first: bool) -> tuple[Seq2SeqTransformer, dict[str, np.ndarray]]:
+    """The reference model with fresh random weights (greedy outputs that vary, PAD/BOS never chosen), and its state
+    dict as float32 arrays for the kernel."""
+    with torch.random.fork_rng():
+        torch.manual_seed(int(rng.integers(2**31)))
+        model = Seq2SeqTransformer(V, V, D, H, F, LAYERS, dropout=0.1, tie_weights=False, norm_first=norm_first)
+        with torch.no_grad():
+            for name, p in model.named_parameters():
+                if name.endswith("bias"):
+                    p.normal_(0.0, 0.2)  # biases far from 0, so that a forgotten one shows
+            model.out_proj.weight.mul_(3.0)  # sharper logits: greedy outputs differ from row to row
+            model.out_proj.bias[:2] -= 100.0  # never PAD (0) or BOS (1)
+    model.eval()
+    state = {key: value.detach().numpy().astype(np.float32) for key, value in model.state_dict().items()}
+    return model, state
+
+
+def _build(case: Case, state: dict, norm_first: bool) -> None:
+    """Steps binding ``m``: the notebook's Seq2SeqTransformer with the given weights, in eval mode."""
+    case.call("Seq2SeqTransformer", V, V, D, H, F, LAYERS, dropout=0.1, tie_weights=False, norm_first=norm_first,
+              let="m")
+    case.load_state("m", state)
+    case.eval("m")
+
+
+def _source(rng: np.random.Generator, B: int, S: int) -> tuple[np.ndarray, np.ndarray]:
+    """Source ids (B, S) padded at the end to random lengths (row 0 full), and is_real."""
+    lengths = rng.integers(1, S + 1, size=B)
+    lengths[0] = S
+    is_real = np.arange(S)[None, :] < lengths[:, None]  # (B, S)
+    return np.where(is_real, rng.integers(3, V, size=(B, S)), 0), is_real
+
+
+def _tensor(x: np.ndarray | None) -> torch.Tensor | None:
+    return None if x is None else torch.from_numpy(np.asarray(x))
+
+
+def _raise_with_dependencies(result: Result, case: Case, uses: str) -> None:
+    """An exception on a case of an exercise built on others: show it, and say which of the student's own pieces
+    ran inside it (their bugs surface here too)."""
+    error = result.error(case.id)
+    if error is not None:
+        raise Fail(f"your code raised an exception on a case with {case.desc}:\n    {error.splitlines()[-1]}\n"
+                   f"This exercise runs your {uses}: if one of their checks fails, fix it first.")
+
+
+# -- KVCache -----------------------------------------------------------------------------------------------------------
+@exercise(LESSON, "KVCache", points=2)
+class KVCacheCheck(Exercise):
+    """Appends along the sequence axis, per layer; returns everything cached; length counts positions; positions
+    are 0 .. length - 1; the SPEC's one-layer form; the caller's k and v unchanged."""
+
+    def cases(self, rng):
+        cases = []
+        B, Hh, Dh, n_layers = 2, 3, 4, 3
+        steps = [2, 1, 1]  # a prefill of 2 positions, then one per step
+        ks = [[rng.standard_normal((B, Hh, t, Dh)).astype(np.float32) for t in steps] for _ in range(n_layers)]
+        vs = [[rng.standard_normal((B, Hh, t, Dh)).astype(np.float32) for t in steps] for _ in range(n_layers)]
+        case = Case("layers", f"KVCache(n_layers={n_layers}), (B, H, Dh) = {(B, Hh, Dh)}, a prefill of 2 positions "
+                              "then 2 single steps", data={"ks": ks, "vs": vs, "steps": steps})
+        case.call("KVCache", n_layers, let="cache")
+        case.record("len0", {"attr": ["cache", "length"]})
+        for s in range(len(steps)):
+            for layer in range(n_layers):
+                case.let(f"k{s}{layer}", case.tensor(ks[layer][s]))
+                case.call({"attr": ["cache", "update"]}, {"ref": f"k{s}{layer}"}, case.tensor(vs[layer][s]), layer,
+                          record=f"out{s}{layer}")
+            case.record(f"len{s + 1}", {"attr": ["cache", "length"]})
+        case.record("positions", {"attr": ["cache", "positions"]})
+        case.record("k00_after", {"ref": "k00"})
+        cases.append(case)
+        # the SPEC's form: one layer, update(k, v)
+        k1 = [rng.standard_normal((1, 2, t, 6)).astype(np.float32) for t in (3, 1)]
+        v1 = [rng.standard_normal((1, 2, t, 6)).astype(np.float32) for t in (3, 1)]
+        case = Case("single", "KVCache() and update(k, v) without layer_idx, (B, H, Dh) = (1, 2, 6)",
+                    data={"ks": [k1], "vs": [v1], "steps": [3, 1]})
+        case.call("KVCache", let="cache")
+        for s in range(2):
+            case.call({"attr": ["cache", "update"]}, case.tensor(k1[s]), case.tensor(v1[s]), record=f"out{s}0")
+            case.record(f"len{s + 1}", {"attr": ["cache", "length"]})
+        cases.append(case)
+        return cases
+
+    def judge(self, result: Result):
+        for case in result.cases.values():
+            d = case.data
+            n_layers = len(d["ks"])
+            error = result.error(case.id) or ""
+            if "Sizes of tensors must match" in error:
+                raise Fail(f"your update raised an exception ({case.desc}):\n    {error.splitlines()[-1]}\n"
+                           "New positions are appended on the sequence axis: dim 2 of (B, H, S, Dh), where the "
+                           "other sizes always match.")
+            if case.id == "layers":
+                length = result.get(case.id, "len0", what="the length of a new cache", kind="any")
+                if int(length) != 0:
+                    raise Fail(f"a new cache should have length 0, got {int(length)} ({case.desc}).")
+            total = 0
+            for s, t in enumerate(d["steps"]):
+                total += t
+                for layer in range(n_layers):
+                    name = f"out{s}{layer}"
+                    meta = result.meta(case.id, name)
+                    if meta.get("type") not in ("tuple", "list") or meta.get("len") != 2:
+                        raise Fail(f"update should return a pair (k_all, v_all), got {meta.get('type')} "
+                                   f"({case.desc}).")
+                    B, Hh, _, Dh = d["ks"][layer][0].shape
+                    for i, (what, parts) in enumerate((("keys", d["ks"]), ("values", d["vs"]))):
+                        got = result.get(case.id, f"{name}/{i}", what=f"the {what} returned by update", kind="tensor",
+                                         dtype="float")
+                        want = np.concatenate(parts[layer][: s + 1], axis=2)  # (B, H, S, Dh)
+                        if got.shape != want.shape:
+                            hint = ("along the wrong axis: new positions go on the sequence axis, dim 2 of "
+                                    "(B, H, S, Dh)" if got.size == want.size else
+                                    "with the wrong number of positions: return everything cached for this layer, "
+                                    "old positions first")
+                            raise Fail(f"update returned {what} of shape {got.shape}, expected (B, H, S, Dh) = "
+                                       f"{want.shape} after {total} positions ({case.desc}): appended {hint}.")
+                        expect_close(got, want, f"the {what} of layer {layer} after {total} positions", case.desc,
+                                     rtol=0, atol=0,
+                                     hint="Each layer keeps its own entries (index them with layer_idx); new "
+                                          "positions are appended after the old ones, nothing is changed.")
+                length = result.get(case.id, f"len{s + 1}", what="cache.length", kind="any")
+                if int(length) != total:
+                    raise Fail(f"cache.length is {int(length)} after {total} cached positions ({case.desc}): it counts "
+                               "positions (dim 2 of layer 0's keys), not calls to update.")
+            if case.id == "layers":
+                positions = result.get(case.id, "positions", what="cache.positions", kind="tensor", dtype="int")
+                if positions.tolist() != list(range(total)):
+                    raise Fail(f"cache.positions should be the absolute positions 0 .. {total - 1} ({case.desc}).")
+                after = result.get(case.id, "k00_after", what="k after update", kind="tensor")
+                if not np.array_equal(after, d["ks"][0][0]):
+                    raise Fail("update modified the caller's k in place: build new tensors with torch.cat.")
+
+
+# -- cached_causal_mask ------------------------------------------------------------------------------------------------
+@exercise(LESSON, "cached_causal_mask")
+class CachedCausalMask(Exercise):
+    def cases(self, rng):
+        p = int(rng.integers(3, 7))
+        specs = [(np.arange(p, p + 3), p + 3, "3 new queries after a cache"),
+                 (np.array([int(rng.integers(4, 9))]), None, "one new query, the usual cached step"),
+                 (np.arange(5), 5, "no cache: T == S"),
+                 (np.array([1, 3, 4]), 6, "queries at scattered positions, more keys than the last query")]
+        cases = []
+        for i, (q_pos, k_len, what) in enumerate(specs):
+            k_len = int(q_pos[-1]) + 1 if k_len is None else k_len
+            desc = f"T={len(q_pos)} queries, S={k_len} keys, {what}"
+            case = Case(f"c{i}", desc, data={"q": q_pos, "k_len": k_len})
+            case.let("q", case.tensor(q_pos.astype(np.int64)))
+            case.call("cached_causal_mask", {"ref": "q"}, k_len, record="out")
+            case.record("q_after", {"ref": "q"})
+            cases.append(case)
+        return cases
+
+    def judge(self, result: Result):
+        for case in result.cases.values():
+            q_pos, k_len = case.data["q"], case.data["k_len"]
+            got = result.get(case.id, "out", what="cached_causal_mask(...)", kind="tensor", dtype="bool",
+                             shape=(len(q_pos), k_len))
+            want = ref.cached_causal_mask(torch.from_numpy(q_pos), k_len).numpy()
+            top_left = np.tril(np.ones((len(q_pos), k_len), dtype=bool))
+            hint = ("Key k is allowed for a query at absolute position p when k <= p (itself included)."
+                    if not np.array_equal(got, top_left) else
+                    "Your triangle starts at the top-left corner, as is_causal=True does: with a cache the queries "
+                    "are the last positions, so compare key positions with the queries' absolute positions.")
+            expect_close(got, want, "cached_causal_mask(q_positions, k_len)", case.desc, hint=hint)
+            after = result.get(case.id, "q_after", what="q_positions after the call", kind="tensor")
+            if not np.array_equal(after, q_pos):
+                raise Fail("cached_causal_mask modified the caller's q_positions in place.")
+
+
+# -- decode_step -------------------------------------------------------------------------------------------------------
+@exercise(LESSON, "decode_step", points=2)
+class DecodeStep(Exercise):
+    """Logits of a prefill and of single steps against the full decoder (both norm placements, padded memory,
+    B = 1 without a prefill); the cache grows by the new positions."""
+
+    depends_on = ("KVCache", "cached_causal_mask")  # the steps use the notebook's cache and mask
+
+    def cases(self, rng):
+        cases = []
+        for norm_first, B, prefill, T in ((True, 3, 3, 7), (False, 2, 2, 6), (bool(rng.integers(2)), 1, 1, 4)):
+            model, state = _random_model(rng, norm_first)
+            src, is_real = _source(rng, B, 6)
+            tgt = np.concatenate([np.full((B, 1), BOS), rng.integers(3, V, size=(B, T - 1))], axis=1)  # (B, T)
+            use_mask = B > 1
+            with torch.no_grad():
+                memory = model.encode(_tensor(src), _tensor(is_real) if use_mask else None)
+                memory_kv = [layer.cross_attn.project_memory(memory) for layer in model.decoder.layers]
+            name = "pre-LN" if norm_first else "post-LN"
+            desc = (f"{name}, B={B}, S=6 {'padded sources' if use_mask else 'no src_is_real'}, "
+                    f"a prefill of {prefill} token(s) then single steps up to position {T - 1}")
+            case = Case(f"{name}_{B}", desc, data={"model": model, "src": src, "is_real": is_real if use_mask else None,
+                                                   "tgt": tgt, "prefill": prefill})
+            _build(case, state, norm_first)
+            case.let("mkv", {"list": [{"tuple": [case.tensor(k), case.tensor(v)]} for k, v in memory_kv]})
+            case.call("KVCache", LAYERS, let="cache")
+            mask = case.tensor(is_real) if use_mask else None
+            starts = [0] + list(range(prefill, T))
+            ends = [prefill] + list(range(prefill + 1, T + 1))
+            for i, (a, b) in enumerate(zip(starts, ends, strict=True)):
+                case.call("decode_step", {"ref": "m"}, case.tensor(tgt[:, a:b]), {"ref": "mkv"}, {"ref": "cache"}, a,
+                          src_is_real=mask, let=f"r{i}")
+                case.record(f"logits{i}", {"index": [f"r{i}", 0]})
+                case.let("cache", {"index": [f"r{i}", 1]})  # the returned cache goes into the next step
+            case.record("length", {"attr": ["cache", "length"]})
+            case.data["steps"] = list(zip(starts, ends, strict=True))
+            cases.append(case)
+        return cases
+
+    def judge(self, result: Result):
+        for case in result.cases.values():
+            _raise_with_dependencies(result, case, "KVCache and cached_causal_mask")
+            d = case.data
+            B = d["tgt"].shape[0]
+            with torch.no_grad():
+                memory = d["model"].encode(_tensor(d["src"]), _tensor(d["is_real"]))
+                full = d["model"].decode(_tensor(d["tgt"]), memory, src_is_real=_tensor(d["is_real"])).numpy()
+            for i, (a, b) in enumerate(d["steps"]):
+                got = result.get(case.id, f"logits{i}", what="decode_step's logits", kind="tensor", dtype="float",
+                                 shape=(B, V))
+                if i == 0:
+                    hint = (f"These are the logits of position {b - 1} after a prefill of positions {a}..{b - 1}: the "
+                            "new tokens attend causally among themselves (cached_causal_mask), every layer uses its "
+                            "own wiring (norm_first), the stack ends with model.decoder.norm and model.out_proj, and "
+                            "only the last new position's logits are returned.")
+                else:
+                    hint = (f"The prefill was right but the single step at position {a} is not: its positional "
+                            f"encoding is row {a} of the table (not row 0), its query must see every cached key "
+                            "(a mask aligned to absolute positions), and the cache must hold every earlier position "
+                            "of every layer.")
+                expect_close(got, full[:, b - 1], f"decode_step's logits at position {b - 1} (vs the full decoder)",
+                             case.desc, rtol=1e-4, atol=1e-4, hint=hint)
+            length = result.get(case.id, "length", what="the cache's length after the last step", kind="any")
+            if int(length) != d["tgt"].shape[1]:
+                raise Fail(f"after positions 0..{d['tgt'].shape[1] - 1} the returned cache holds {int(length)} "
+                           f"positions ({case.desc}): update the cache in every layer and return it.")
+
+
+# -- greedy_decode_cached ----------------------------------------------------------------------------------------------
+@exercise(LESSON, "greedy_decode_cached", points=2)
+class GreedyDecodeCached(Exercise):
+    """Token for token the reference greedy_decode on a model with loaded weights (both norm placements, several
+    EOS ids so that rows stop at different steps, max_len 1, an EOS that never comes, B = 1, pad_id != 0); the
+    memory's keys projected once per layer; the caller's source unchanged."""
+
+    depends_on = ("KVCache", "cached_causal_mask", "decode_step")  # built from them
+
+    def cases(self, rng):
+        cases = []
+        for norm_first, B, pad_id in ((True, 4, int(rng.integers(3, 9))), (False, 3, 0), (bool(rng.integers(2)), 1,
+                                                                                          int(rng.integers(3, 9)))):
+            model, state = _random_model(rng, norm_first)
+            src, is_real = _source(rng, B, 7)
+            mask = is_real if B > 1 else None
+            endless = ref_gen.greedy_decode(model, _tensor(src), 10, BOS, -1, src_is_real=_tensor(mask))
+            # EOS ids taken from the tokens generated at steps 1..4: rows stop at different steps
+            candidates = sorted(set(endless[:, 1:5].flatten().tolist()))
+            eos_ids = [int(rng.choice(candidates)), 1]  # and BOS's id, which this model never emits: no stop
+            name = "pre-LN" if norm_first else "post-LN"
+            for eos_id in eos_ids:
+                for max_len in ((1, 10) if eos_id != 1 else (6,)):
+                    want = ref_gen.greedy_decode(model, _tensor(src), max_len, BOS, eos_id, src_is_real=_tensor(mask),
+                                                 pad_id=pad_id).numpy()
+                    situation = "an EOS id never generated" if eos_id == 1 else "rows ending at different steps"
+                    desc = (f"{name}, B={B}, S=7, {'padded sources' if mask is not None else 'no src_is_real'}, "
+                            f"max_len={max_len}, pad_id={pad_id}, {situation}")
+                    case = Case(f"{name}_{B}_{eos_id}_{max_len}", desc,
+                                data={"want": want, "src": src, "B": B, "max_len": max_len, "eos_id": eos_id,
+                                      "pad_id": pad_id})
+                    _build(case, state, norm_first)
+                    case.let("layers", {"attr": ["m", "decoder", "layers"]})
+                    for i in range(LAYERS):
+                        case.let(f"l{i}", {"index": ["layers", i]})
+                        case.let(f"count{i}", {"new": COUNTER})
+                        case.call({"attr": [f"l{i}", "cross_attn", "k_proj", "register_forward_hook"]},
+                                  {"ref": f"count{i}"})
+                    case.let("src", case.tensor(src))
+                    case.call("greedy_decode_cached", {"ref": "m"}, {"ref": "src"}, max_len, BOS, eos_id,
+                              src_is_real=None if mask is None else case.tensor(mask), pad_id=pad_id, record="out")
+                    for i in range(LAYERS):
+                        case.record(f"calls{i}", {"attr": [f"count{i}", "calls"]})
+                    case.record("src_after", {"ref": "src"})
+                    cases.append(case)
+        return cases
+
+    def judge(self, result: Result):
+        for case in result.cases.values():
+            _raise_with_dependencies(result, case, "KVCache, cached_causal_mask and decode_step")
+            d = case.data
+            want = d["want"]
+            got = result.get(case.id, "out", what="greedy_decode_cached(...)", kind="tensor", dtype="int")
+            if got.ndim != 2 or got.shape[0] != d["B"]:
+                raise Fail(f"greedy_decode_cached should return (B, L) ids with B = {d['B']}, got shape "
+                           f"{tuple(got.shape)} ({case.desc}).")
+            for b, row in enumerate(got.tolist()):
+                if d["eos_id"] in row and any(t != d["pad_id"] for t in row[row.index(d["eos_id"]) + 1:]):
+                    raise Fail(f"row {b} of greedy_decode_cached's output goes on after its EOS ({case.desc}): a "
+                               "finished row gets pad_id at every later step, as in greedy_decode.")
+            if got.shape != want.shape or not np.array_equal(got, want):
+                if got.shape[1] == want.shape[1] + 1 and got.shape[1] > 0 and (got[:, 0] == BOS).all():
+                    hint = "Your output starts with BOS: return the generated tokens only."
+                elif got.shape[1] > want.shape[1]:
+                    hint = ("Your output is longer than greedy_decode's: stop when every row has emitted EOS, and "
+                            "give finished rows pad_id.")
+                else:
+                    hint = ("Each step feeds only the newest token, at position = the number of tokens fed so far "
+                            "(BOS at 0); take the argmax of the returned logits; finished rows get pad_id.")
+                raise Fail(f"greedy_decode_cached does not give greedy_decode's tokens ({case.desc}). {hint}")
+            for i in range(LAYERS):
+                calls = int(result.get(case.id, f"calls{i}", what="the number of memory projections", kind="any"))
+                if calls > 1:
+                    raise Fail(f"layer {i}'s cross_attn.k_proj ran {calls} times in one generation ({case.desc}): "
+                               "project the memory once per layer before the loop (cross_attn.project_memory) and "
+                               "pass the result to every step as memory_kv.")
+            after = result.get(case.id, "src_after", what="src_ids after the call", kind="tensor")
+            if not np.array_equal(after, d["src"]):
+                raise Fail(f"greedy_decode_cached modified the caller's src_ids in place ({case.desc}).")

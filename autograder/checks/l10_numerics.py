@@ -1,0 +1,336 @@
+"""Hidden checks of lesson 10-numerics (PyTorch): a fill value, a softmax and an attention that stay finite.
+
+Expected values come from PyTorch in float64: ``torch.softmax`` over the allowed keys (fully masked rows set to
+zeros, the course's convention) and ``F.scaled_dot_product_attention``, whose boolean mask has our polarity and
+which returns zeros for a query with no allowed key. Inputs are rounded to the case's dtype first, so only the
+student's arithmetic is judged, within that dtype's rounding. Autocast cases run the student's call inside
+``torch.autocast("cpu", ...)`` (the harvest's ``autocast`` step option), where ``q @ kᵀ`` is half precision
+although ``q`` is float32: the trap of a fill value taken from the inputs' dtype.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+
+from autograder.checks.framework import Case, Exercise, Fail, Result, exercise, expect_close
+
+LESSON = "10-numerics"
+DTYPES = ("float16", "bfloat16", "float32", "float64")
+# Largest error allowed against float64, per dtype: weights (at most 1) and outputs (|v| about 1). float64 inputs
+# get float32's tolerance: working in float32 throughout is fine for this lesson.
+WEIGHT_ATOL = {"float64": 1e-5, "float32": 1e-5, "float16": 3e-3, "bfloat16": 2e-2}
+OUT_ATOL = {"float64": 2e-5, "float32": 2e-5, "float16": 2e-2, "bfloat16": 1.2e-1}
+
+
+def _torch_dtype(name: str) -> torch.dtype:
+    return getattr(torch, name)
+
+
+def _round(x: np.ndarray, dtype: str) -> np.ndarray:
+    """``x`` as the kernel will see it in ``dtype``, back in float64 (the grader's working precision)."""
+    return torch.from_numpy(np.asarray(x, np.float64)).to(_torch_dtype(dtype)).double().numpy()
+
+
+def _allowed(rng: np.random.Generator, shape: tuple, n_dead: int) -> np.ndarray:
+    """A random mask of ``shape`` (..., T, S): every row has a key except ``n_dead`` fully masked rows."""
+    allowed = rng.random(shape) < 0.6
+    allowed[..., int(rng.integers(shape[-1]))] = True  # one key column always allowed ...
+    rows = allowed.reshape(-1, shape[-1])
+    for row in rng.choice(rows.shape[0], size=n_dead, replace=False):
+        rows[row] = False  # ... except in these rows, where nothing is
+    return rows.reshape(shape)
+
+
+def _scaled_rows(rng: np.random.Generator, shape: tuple, scales) -> np.ndarray:
+    """Standard normal values whose query rows (axis -2) are on very different scales."""
+    row_scale = np.resize(np.asarray(scales, np.float64), shape[-2])[:, None]  # (T, 1)
+    return rng.standard_normal(shape) * row_scale
+
+
+def _softmax64(scores: np.ndarray, allowed: np.ndarray | None) -> np.ndarray:
+    """PyTorch's softmax in float64 over the allowed keys; a row with no allowed key is zeros."""
+    s = torch.from_numpy(np.asarray(scores, np.float64))
+    if allowed is None:
+        return s.softmax(-1).numpy()
+    mask = torch.from_numpy(np.broadcast_to(allowed, s.shape).copy())
+    return s.masked_fill(~mask, -math.inf).softmax(-1).nan_to_num(0.0).numpy()
+
+
+def _is_uniform(w: np.ndarray) -> bool:
+    return bool(np.allclose(w, 1.0 / w.shape[-1], atol=1e-2))
+
+
+def _judge_weights(got: np.ndarray, scores: np.ndarray, allowed: np.ndarray | None, dtype: str, what: str,
+                   desc: str, hint: str) -> None:
+    """Finite, blocked keys exactly 0, fully masked rows zeros, then values against float64."""
+    if np.isnan(got).any():
+        raise Fail(f"{what} contains NaN ({desc}). A fully blocked row filled with -inf gives "
+                   "-inf - (-inf) = NaN, and -1e9 becomes -inf in float16: fill with the most negative finite "
+                   "number of the dtype you fill (mask_fill_value), then zero the blocked weights.")
+    if not np.isfinite(got).all():
+        raise Fail(f"{what} contains inf ({desc}): huge scores overflowed. Softmax in float32, after "
+                   "replacing (not adding to) the blocked scores.")
+    want = _softmax64(scores, allowed)
+    if allowed is not None:
+        mask = np.broadcast_to(allowed, got.shape)
+        dead = ~mask.any(-1)  # (..., T)
+        if dead.any() and np.abs(got[dead]).max() > 0:
+            uniform = _is_uniform(got[dead])
+            raise Fail(f"{what}: a query row with no allowed key must be all zeros, but yours "
+                       f"{'is a uniform average over the blocked keys' if uniform else 'is not'} ({desc}). "
+                       "A finite fill alone gives every blocked key the same weight; set the blocked weights "
+                       "to 0 after the softmax.")
+        if np.abs(got[~mask]).max(initial=0.0) > 0:
+            raise Fail(f"{what}: a blocked key got a nonzero weight ({desc}). Apply the mask with True = "
+                       "\"this query may attend to this key\", and make the blocked weights exactly 0.")
+    expect_close(got, want, what, desc, rtol=0, atol=WEIGHT_ATOL[dtype], hint=hint)
+
+
+def _raise_overflow(result: Result, case: Case) -> None:
+    """A fill PyTorch refused: say which idea it is before the generic exception message."""
+    error = result.error(case.id) or ""
+    if "without overflow" in error:
+        raise Fail(f"your code raised an exception on a case with {case.desc}:\n    {error.splitlines()[-1]}\n"
+                   "The fill value does not exist in the dtype of the tensor being filled (-1e9 in float16, or "
+                   "float32's minimum in bfloat16/float16: inside autocast the scores are half precision even "
+                   "when q is float32). Take the fill from the dtype of the tensor you fill.")
+
+
+# -- mask_fill_value -----------------------------------------------------------------------------------------------
+@exercise(LESSON, "mask_fill_value")
+class MaskFillValue(Exercise):
+    def cases(self, rng):
+        cases = []
+        for i, name in enumerate(rng.permutation(DTYPES)):
+            case = Case(f"c{i}", f"dtype torch.{name}", data={"dtype": str(name)})
+            case.call("mask_fill_value", {"torch_dtype": str(name)}, record="out")
+            cases.append(case)
+        return cases
+
+    def judge(self, result: Result):
+        # float16 first: its range is where most wrong fills fail, and its message teaches the most
+        for case in sorted(result.cases.values(), key=lambda c: DTYPES.index(c.data["dtype"])):
+            name = case.data["dtype"]
+            info = torch.finfo(_torch_dtype(name))
+            got = result.get(case.id, "out", what=f"mask_fill_value(torch.{name})", finite=False)
+            if got.size != 1:
+                raise Fail(f"mask_fill_value(torch.{name}) should return one number, got shape {got.shape}.")
+            value = float(got.reshape(-1)[0])
+            if math.isnan(value) or value == -math.inf:
+                raise Fail(f"mask_fill_value(torch.{name}) returned {value}: a row whose keys are all blocked "
+                           "becomes -inf - (-inf) = NaN. The fill must be finite.")
+            as_dtype = torch.tensor(value, dtype=torch.float64).to(_torch_dtype(name))
+            if not bool(torch.isfinite(as_dtype)):
+                raise Fail(f"mask_fill_value(torch.{name}) returned a number that {name} cannot hold: it becomes "
+                           f"-inf in {name} (float16 ends at ±65504, bfloat16 just below float32's range). "
+                           "Take the value from the dtype you are given.")
+            if value >= 0:
+                raise Fail(f"mask_fill_value(torch.{name}) is not negative: blocked keys need the most negative "
+                           "score, so that exp() makes their weight 0.")
+            if as_dtype.item() != info.min:
+                raise Fail(f"mask_fill_value(torch.{name}) is finite but not {name}'s most negative finite "
+                           "number: torch.finfo knows it for every dtype.")
+
+
+# -- robust_masked_softmax -----------------------------------------------------------------------------------------
+@exercise(LESSON, "robust_masked_softmax")
+class RobustMaskedSoftmax(Exercise):
+    """Per dtype against float64 softmax; fully masked rows; broadcast masks; None; huge scores; input unchanged."""
+
+    depends_on = ("mask_fill_value",)  # the reference fills with it
+
+    def cases(self, rng):
+        specs = [
+            # (id, scores shape, mask shape or None, dtype, situation)
+            ("f32", (2, 3, 5, 7), (2, 1, 5, 7), "float32", "fully masked rows, rows of very different scale"),
+            ("f16", (2, 2, 4, 6), (4, 6), "float16", "a (T, S) mask broadcast over B and H, a fully masked row"),
+            ("bf16", (3, 1, 3, 5), (3, 1, 3, 5), "bfloat16", "H=1, fully masked rows"),
+            ("f64", (1, 4, 6), None, "float64", "B=1, allowed=None"),
+            ("huge16", (2, 6), (2, 6), "float16", "huge scores (±16376) and a fully masked row"),
+            ("hugebf", (2, 6), (2, 6), "bfloat16", "huge scores (±8.5e37) and a fully masked row"),
+        ]
+        cases = []
+        for case_id, shape, mask_shape, dtype, what in specs:
+            if case_id.startswith("huge"):
+                big = torch.finfo(_torch_dtype(dtype)).max / 4
+                scores = rng.choice([-big, -big / 2, 0.0, big / 2, big], size=shape)
+            else:
+                scores = _scaled_rows(rng, shape, rng.permutation([0.01, 1.0, 8.0, 30.0, 0.3, 3.0]))
+            scores = _round(scores, dtype)
+            allowed = None if mask_shape is None else _allowed(rng, mask_shape, n_dead=1 if len(mask_shape) < 4
+                                                               else 2)
+            desc = f"scores {shape} in {dtype}, " + (f"allowed {mask_shape}, " if mask_shape else "") + what
+            case = Case(case_id, desc, data={"scores": scores, "allowed": allowed, "dtype": dtype})
+            case.let("scores", case.tensor(scores.astype(np.float32) if dtype != "float64" else scores,
+                                           dtype=dtype))
+            mask_arg = None if allowed is None else case.tensor(allowed)
+            case.call("robust_masked_softmax", {"ref": "scores"}, mask_arg, record="out")
+            case.record("scores_after", {"ref": "scores"})
+            cases.append(case)
+        return cases
+
+    def judge(self, result: Result):
+        for case in result.cases.values():
+            scores, allowed, dtype = case.data["scores"], case.data["allowed"], case.data["dtype"]
+            what = "robust_masked_softmax(scores, allowed)"
+            _raise_overflow(result, case)
+            got = result.get(case.id, "out", what=what, kind="tensor", dtype="float", shape=scores.shape,
+                             finite=False)
+            declared = result.meta(case.id, "out").get("dtype")
+            if declared != f"torch.{dtype}":
+                raise Fail(f"{what} returned {declared} for {dtype} scores ({case.desc}): return the scores' "
+                           "dtype (compute in float32 if you like, then .to(scores.dtype)), so that a half "
+                           "precision model stays in half precision.")
+            _judge_weights(got.astype(np.float64), scores, allowed, dtype, what, case.desc,
+                           hint="Expected the softmax over the allowed keys of the last axis (computed in float32 "
+                                "for half precision scores), returned in the scores' dtype.")
+            after = result.get(case.id, "scores_after", what="scores after the call", kind="tensor", finite=False)
+            if not np.array_equal(after.astype(np.float64), scores):
+                raise Fail(f"robust_masked_softmax changed the caller's scores in place ({case.desc}): use "
+                           "masked_fill (a new tensor), not masked_fill_ or item assignment.")
+
+
+# -- robust_attention ------------------------------------------------------------------------------------------------
+def _attention_inputs(rng, B, H, T, S, Dh, scale):
+    q = _scaled_rows(rng, (B, H, T, Dh), rng.permutation([0.1, 1.0, 2.0, 0.4, 1.5])) * scale
+    k = rng.standard_normal((B, H, S, Dh)) * scale
+    v = rng.standard_normal((B, H, S, Dh))
+    return q, k, v
+
+
+def _sdpa64(q, k, v, allowed) -> np.ndarray:
+    mask = None if allowed is None else torch.from_numpy(allowed)
+    return F.scaled_dot_product_attention(
+        *(torch.from_numpy(np.asarray(x, np.float64)) for x in (q, k, v)), attn_mask=mask
+    ).numpy()
+
+
+@exercise(LESSON, "robust_attention", points=2)
+class RobustAttention(Exercise):
+    """Against float64 F.scaled_dot_product_attention in four dtypes and under autocast; the float16 overflow of an
+    unscaled q @ kᵀ; zeros for fully masked rows; finite float16 gradients; the caller's inputs unchanged."""
+
+    depends_on = ("mask_fill_value", "robust_masked_softmax")  # the reference calls both
+    forbidden = ("F.scaled_dot_product_attention",)  # the answer we compare with
+
+    def cases(self, rng):
+        cases = []
+        specs = [
+            # (id, dtype, autocast, (B, H, T, S, Dh), mask shape, q/k scale, situation)
+            ("f32", "float32", None, (2, 3, 4, 6, 8), "B1TS", 1.0, "fully masked rows"),
+            ("bf16", "bfloat16", None, (1, 2, 5, 3, 4), "TS", 1.0, "B=1, T > S, a fully masked row"),
+            ("f64", "float64", None, (2, 1, 3, 5, 6), None, 1.0, "H=1, allowed=None"),
+            ("ac_bf16", "float32", "bfloat16", (2, 2, 3, 7, 8), "B1TS", 1.0,
+             "float32 inputs under torch.autocast('cpu', dtype=torch.bfloat16)"),
+            ("ac_f16", "float32", "float16", (3, 2, 4, 5, 8), "B1TS", 1.0,
+             "float32 inputs under torch.autocast('cpu', dtype=torch.float16)"),
+        ]
+        for case_id, dtype, autocast, (B, H, T, S, Dh), mask_kind, scale, what in specs:
+            q, k, v = _attention_inputs(rng, B, H, T, S, Dh, scale)
+            allowed = {None: None, "TS": _allowed(rng, (T, S), 1), "B1TS": _allowed(rng, (B, 1, T, S), 2)}[mask_kind]
+            cases.append(self._case(case_id, dtype, autocast, q, k, v, allowed, f"(B, H, T, S, Dh) = "
+                                    f"{(B, H, T, S, Dh)} in {dtype}, {what}"))
+        # float16, entries of q and k ±40 with Dh = 64: q·k reaches 102400 > 65504 unless q is scaled first
+        B, H, T, S, Dh = 2, 2, 3, 5, 64
+        q = rng.choice([-40.0, 40.0], size=(B, H, T, Dh))
+        k = rng.choice([-40.0, 40.0], size=(B, H, S, Dh))
+        k[..., 0, :] = q[..., 0, :]  # key 0 aligned with query 0: their product is the largest possible
+        v = rng.standard_normal((B, H, S, Dh))
+        allowed = _allowed(rng, (T, S), 1)
+        allowed[0] = True  # query 0 sees every key, the aligned one included
+        cases.append(self._case("overflow16", "float16", None, q, k, v, allowed,
+                                f"(B, H, T, S, Dh) = {(B, H, T, S, Dh)} in float16, q and k entries ±40"))
+        # float16 with gradients: backward through the fully masked rows
+        B, H, T, S, Dh = 2, 2, 4, 5, 8
+        q, k, v = _attention_inputs(rng, B, H, T, S, Dh, 1.0)
+        allowed = _allowed(rng, (B, 1, T, S), 2)
+        grad_w = rng.standard_normal((B, H, T, Dh))
+        cases.append(self._case("grad16", "float16", None, q, k, v, allowed,
+                                f"(B, H, T, S, Dh) = {(B, H, T, S, Dh)} in float16, backward pass", grad_w=grad_w))
+        return cases
+
+    @staticmethod
+    def _case(case_id, dtype, autocast, q, k, v, allowed, desc, grad_w=None) -> Case:
+        q, k, v = (_round(x, dtype) for x in (q, k, v))
+        case = Case(case_id, desc, data={"q": q, "k": k, "v": v, "allowed": allowed, "dtype": dtype,
+                                         "autocast": autocast, "grad": grad_w is not None})
+        for name, x in (("q", q), ("k", k), ("v", v)):
+            case.let(name, case.tensor(x, dtype=dtype, requires_grad=grad_w is not None))
+        mask = None if allowed is None else case.tensor(allowed)
+        case.call("robust_attention", {"ref": "q"}, {"ref": "k"}, {"ref": "v"}, mask, let="res")
+        if autocast:
+            case.steps[-1]["autocast"] = autocast  # the call runs inside torch.autocast("cpu", dtype=...)
+        case.record("out", {"ref": "res"})
+        if grad_w is not None:
+            case.let("out0", {"index": ["res", 0]})
+            case.backward("out0", grad_w)
+            for name in ("q", "k", "v"):
+                case.record(f"grad_{name}", {"grad": name})
+        else:
+            for name in ("q", "k", "v"):
+                case.record(f"{name}_after", {"ref": name})
+        return case
+
+    def judge(self, result: Result):
+        for case in result.cases.values():
+            d = case.data
+            q, k, v, allowed, dtype = d["q"], d["k"], d["v"], d["allowed"], d["dtype"]
+            T, S, Dv = q.shape[-2], k.shape[-2], v.shape[-1]
+            lead = np.broadcast_shapes(q.shape[:-2], k.shape[:-2])
+            _raise_overflow(result, case)
+            error = result.error(case.id)
+            if error is not None:
+                raise Fail(f"your code raised an exception on a case with {case.desc}:\n    {error.splitlines()[-1]}\n"
+                           "robust_attention runs your robust_masked_softmax (and mask_fill_value): if one of their "
+                           "checks fails, fix it first.")
+            meta = result.meta(case.id, "out")
+            if meta.get("type") not in ("tuple", "list") or meta.get("len") != 2:
+                raise Fail(f"robust_attention should return a pair (out, weights), got {meta.get('type')} "
+                           f"({case.desc}).")
+            out = result.get(case.id, "out/0", what="out", kind="tensor", dtype="float", shape=(*lead, T, Dv),
+                             finite=False)
+            weights = result.get(case.id, "out/1", what="weights", kind="tensor", dtype="float",
+                                 shape=(*lead, T, S), finite=False)
+            if not d["autocast"]:
+                for name in ("out/0", "out/1"):
+                    declared = result.meta(case.id, name).get("dtype")
+                    if declared != f"torch.{dtype}":
+                        raise Fail(f"robust_attention returned {'out' if name == 'out/0' else 'weights'} as "
+                                   f"{declared} for {dtype} inputs ({case.desc}): keep the inputs' dtype.")
+            if not np.isfinite(out).all() or not np.isfinite(weights).all():
+                hint = ("q @ kᵀ overflowed float16 (65504) before the division by √Dh: scale q first"
+                        if case.id == "overflow16" else
+                        "inside autocast the scores are half precision although q is float32: take the fill "
+                        "from the scores' dtype, or work on a float32 copy" if d["autocast"] else
+                        "a fully blocked row filled with -inf gives NaN: use robust_masked_softmax")
+                raise Fail(f"robust_attention returned NaN or inf ({case.desc}): {hint}.")
+            work = "bfloat16" if d["autocast"] == "bfloat16" else "float16" if d["autocast"] else dtype
+            scores = (q / math.sqrt(q.shape[-1])) @ np.swapaxes(k, -1, -2)  # (..., T, S) float64
+            _judge_weights(weights.astype(np.float64), scores, allowed, work, "robust_attention's weights",
+                           case.desc, hint="Expected robust_masked_softmax((q / √Dh) @ kᵀ, allowed): the scores "
+                                           "are divided by the square root of the head width Dh = q.shape[-1].")
+            if allowed is not None:
+                dead = ~np.broadcast_to(allowed, weights.shape).any(-1)  # (..., T)
+                if dead.any() and np.abs(out[dead]).max() > 0:
+                    raise Fail(f"robust_attention: a query with no allowed key must output zeros ({case.desc}).")
+            expect_close(out, _sdpa64(q, k, v, allowed), "robust_attention's out (vs PyTorch's "
+                         "F.scaled_dot_product_attention)", case.desc, rtol=0, atol=OUT_ATOL[work],
+                         hint="scores = (q / √Dh) @ kᵀ over the last two axes, weights = "
+                              "robust_masked_softmax(scores, allowed), out = weights @ v.")
+            if d["grad"]:
+                for name in ("q", "k", "v"):
+                    grad = result.get(case.id, f"grad_{name}", what=f"the gradient of {name}", kind="tensor",
+                                      finite=False)
+                    if not np.isfinite(grad).all():
+                        raise Fail(f"the float16 gradient of {name} holds NaN or inf ({case.desc}): a -inf (or an "
+                                   "overflow) inside the softmax poisons the backward pass even when the output "
+                                   "was zeroed afterwards. Use a finite fill.")
+            else:
+                for name in ("q", "k", "v"):
+                    after = result.get(case.id, f"{name}_after", what=f"{name} after the call", kind="tensor")
+                    if not np.array_equal(after.astype(np.float64), d[name]):
+                        raise Fail(f"robust_attention changed the caller's {name} in place ({case.desc}).")

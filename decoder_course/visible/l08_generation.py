@@ -1,0 +1,284 @@
+"""Visible checks of lesson 08-generation: greedy decoding, the sampling filters, sampling and beam search.
+
+The models are the scripted stand-ins of :mod:`decoder_course.testing`, whose answers are known without a
+network: a hand-written probability tree where greedy decoding and beam search disagree, and pseudo-random logits
+fixed by (source, prefix). The properties checked need no reference answer: a batch gives each row what the row
+gives alone, rows stop at their own EOS and pad after it, a seeded generator reproduces its draws, filtered
+tokens are never drawn, and the worked examples of the lesson.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+from decoder_course.checks import (
+    CheckFailed,
+    check,
+    expect_close,
+    expect_dtype,
+    expect_inputs_unchanged,
+    expect_shape,
+    expect_type,
+)
+from decoder_course.conventions import BOS, EOS
+from decoder_course.testing import HashedLogitsModel, ScriptedModel, sequence_log_prob
+
+# Greedy takes 3 (0.5) then 5 (0.4): 0.20. The most likely sequence is 4 (0.4) then 5 (0.9): 0.36.
+TREE = {
+    3: (0.5, {5: (0.4, None), 6: (0.3, None), 7: (0.3, None)}),
+    4: (0.4, {5: (0.9, None), 6: (0.1, None)}),
+    EOS: (0.1, None),
+}
+FIRST_STEP = {3: 0.4, 4: 0.3, 5: 0.2, 6: 0.1}  # first-token probabilities, then EOS
+
+
+def _padded_source(lengths, S=6, V=12, seed=0, pad_id=0):
+    """Source ids (B, S) with real tokens in 3..V-1 and pad_id after each row's length, and its is_real."""
+    g = torch.Generator().manual_seed(seed)
+    src = torch.randint(3, V, (len(lengths), S), generator=g)
+    is_real = torch.arange(S)[None, :] < torch.tensor(lengths)[:, None]  # (B, S)
+    return src.masked_fill(~is_real, pad_id), is_real
+
+
+def _expect_ids(out, B: int, max_len: int, what: str) -> None:
+    expect_type(out, torch.Tensor, what)
+    expect_dtype(out, "integer", what)
+    if out.dim() != 2 or out.shape[0] != B:
+        raise CheckFailed(f"{what} should have shape (B, L) = ({B}, L), got {tuple(out.shape)}")
+    if out.shape[1] > max_len:
+        raise CheckFailed(f"{what} has {out.shape[1]} tokens per row, more than max_len = {max_len}: max_len "
+                          "counts generated tokens, EOS included, and BOS is not part of the output")
+
+
+def _expect_eos_padding(out, eos_id: int, pad_id: int, max_len: int, what: str) -> list[int]:
+    """Each row: no padding before its first EOS, only pad_id after it; L is the longest row. Returns lengths."""
+    lengths = []
+    for b, row in enumerate(out.tolist()):
+        if row and row[0] == BOS and BOS not in (eos_id, pad_id):
+            raise CheckFailed(f"row {b} of {what} starts with BOS ({BOS}): return the generated tokens only, "
+                              "without the BOS you started from")
+        end = row.index(eos_id) + 1 if eos_id in row else len(row)
+        if eos_id not in row and len(row) < max_len:
+            raise CheckFailed(f"row {b} of {what} has no EOS but stops after {len(row)} < max_len = {max_len} "
+                              f"tokens: {row}")
+        after = row[end:]
+        if any(t != pad_id for t in after):
+            raise CheckFailed(f"row {b} of {what} goes on after its EOS: {row}. Once a row has emitted EOS it is "
+                              f"finished: every later position must be pad_id = {pad_id}")
+        if pad_id in row[:end] and pad_id != eos_id:
+            raise CheckFailed(f"row {b} of {what} holds pad_id = {pad_id} before its end: {row}")
+        lengths.append(end)
+    if lengths and max(lengths) != out.shape[1]:
+        raise CheckFailed(f"{what} has L = {out.shape[1]} columns but its longest row ends after {max(lengths)} "
+                          "tokens: stop the loop as soon as every row has finished (L is the longest row)")
+    return lengths
+
+
+def _rows_alone(decode, src, is_real, out, what: str) -> None:
+    """Each row of a batched decode equals the same decode run on that row alone, without its padding."""
+    for b in range(src.shape[0]):
+        n = int(is_real[b].sum())
+        alone = decode(src[b : b + 1, :n])
+        got = out[b, : alone.shape[1]].tolist()
+        if got != alone[0].tolist():
+            raise CheckFailed(f"row {b} of the batch differs from the same source decoded alone: batch {got}, "
+                              f"alone {alone[0].tolist()}. Rows must not mix (one finished mask entry per row), "
+                              "and src_is_real must reach encode and decode")
+
+
+def check_greedy_decode(greedy_decode) -> None:
+    """The tree's greedy path, a padded batch row by row, EOS and padding, max_len, a pad id that is not 0."""
+    tree = ScriptedModel.from_tree(TREE, vocab_size=10)
+    with check("greedy_decode on the lesson's tree gives 3, 5, EOS for every row"):
+        src = torch.zeros(3, 4, dtype=torch.long)
+        out = expect_inputs_unchanged(greedy_decode, tree, src, 10, BOS, EOS)
+        _expect_ids(out, 3, 10, "greedy_decode(tree_model, ...)")
+        expect_close(out, torch.tensor([[3, 5, EOS]] * 3), "greedy_decode(tree_model, ...)",
+                     hint="at each step take the argmax of the LAST position's logits, append it, and stop once "
+                          "every row has emitted EOS")
+    with check("a padded batch: each row as if alone, stopping at its own EOS, pad_id = 7 after it"):
+        pad_id = 7
+        model = HashedLogitsModel(12, seed=3, eos_bias=0.6, pad_id=pad_id)
+        src, is_real = _padded_source([2, 6, 4, 5, 3], seed=1, pad_id=pad_id)
+        out = expect_inputs_unchanged(greedy_decode, model, src, 9, BOS, EOS, src_is_real=is_real, pad_id=pad_id)
+        _expect_ids(out, 5, 9, "greedy_decode(...)")
+        lengths = _expect_eos_padding(out, EOS, pad_id, 9, "greedy_decode(...)")
+        if len(set(lengths)) < 2:
+            raise CheckFailed(f"every row stopped after {lengths[0]} tokens; on this batch they should not")
+        _rows_alone(lambda s: greedy_decode(model, s, 9, BOS, EOS, pad_id=pad_id), src, is_real, out,
+                    "greedy_decode")
+    with check("max_len is respected when no row ever emits EOS, and max_len = 0 gives (B, 0)"):
+        model = HashedLogitsModel(12, seed=0, eos_bias=-50.0)  # EOS never wins
+        src, is_real = _padded_source([3, 5])
+        expect_shape(greedy_decode(model, src, 4, BOS, EOS, src_is_real=is_real), (2, 4), "greedy_decode(...)")
+        expect_shape(greedy_decode(model, src, 0, BOS, EOS, src_is_real=is_real), (2, 0),
+                     "greedy_decode(..., max_len=0)")
+
+
+def check_top_k_filter(top_k_filter) -> None:
+    """Worked examples (ties kept), k beyond V, any leading shape, dtype, the caller's logits untouched."""
+    inf = -math.inf
+    with check("top_k_filter([1, 5, 3, 2], k=2) keeps 5 and 3"):
+        got = expect_inputs_unchanged(top_k_filter, torch.tensor([[1.0, 5.0, 3.0, 2.0]]), 2)
+        expect_type(got, torch.Tensor, "top_k_filter(logits, 2)")
+        expect_close(got, torch.tensor([[inf, 5.0, 3.0, inf]]), "top_k_filter(logits, 2)",
+                     hint="the k largest logits keep their values, every other logit becomes -inf")
+    with check("ties with the k-th largest are kept: [4, 3, 3, 1] with k=2 keeps 4, 3, 3"):
+        got = top_k_filter(torch.tensor([[4.0, 3.0, 3.0, 1.0]]), 2)
+        expect_close(got, torch.tensor([[4.0, 3.0, 3.0, inf]]), "top_k_filter([4, 3, 3, 1], 2)",
+                     hint="compare every logit with the k-th largest value of its row: keep logits >= it")
+    with check("k larger than V keeps everything; (B, T, V) logits; float16 stays float16"):
+        logits = torch.randn(2, 3, 5, generator=torch.Generator().manual_seed(0))
+        expect_close(top_k_filter(logits, 50), logits, "top_k_filter(logits, 50) with V = 5",
+                     hint="k >= V keeps every token: clamp k to V")
+        got = top_k_filter(logits, 2)
+        expect_shape(got, (2, 3, 5), "top_k_filter on (B, T, V) logits", names="B, T, V")
+        kept = torch.isfinite(got).sum(-1)
+        if not bool((kept == 2).all()):
+            raise CheckFailed(f"each row should keep 2 tokens, kept {kept.tolist()}: filter along the last axis")
+        expect_dtype(top_k_filter(logits.half(), 2), torch.float16, "top_k_filter of float16 logits")
+
+
+def check_top_p_filter(top_p_filter) -> None:
+    """The worked example, tokens out of order, p = 0 and p = 1, any leading shape, dtype, input untouched."""
+    probs = torch.tensor([[0.4, 0.3, 0.2, 0.1]])
+    with check("probabilities [0.4, 0.3, 0.2, 0.1]: p = 0.6 keeps two tokens, p = 0.75 three"):
+        got = expect_inputs_unchanged(top_p_filter, probs.log(), 0.6)
+        expect_type(got, torch.Tensor, "top_p_filter(logits, 0.6)")
+        expect_close(torch.isfinite(got), torch.tensor([[True, True, False, False]]), "tokens kept with p = 0.6",
+                     hint="keep the fewest most likely tokens whose probabilities add up to at least p")
+        expect_close(got[:, :2], probs.log()[:, :2], "the kept logits", hint="kept logits keep their values")
+        expect_close(torch.isfinite(top_p_filter(probs.log(), 0.75)), torch.tensor([[True, True, True, False]]),
+                     "tokens kept with p = 0.75", hint="0.4 + 0.3 = 0.7 < 0.75, so the third token is needed")
+    with check("tokens in any order: [0.1, 0.4, 0.2, 0.3] with p = 0.6 keeps 0.4 and 0.3"):
+        got = top_p_filter(torch.tensor([[0.1, 0.4, 0.2, 0.3]]).log(), 0.6)
+        expect_close(torch.isfinite(got), torch.tensor([[False, True, False, True]]), "tokens kept",
+                     hint="sort by probability, decide in sorted order, then scatter the decision back to the "
+                          "vocabulary order")
+    with check("p = 1 keeps every token, p = 0 keeps only the most likely one"):
+        logits = torch.randn(4, 9, generator=torch.Generator().manual_seed(1)) * 3
+        expect_close(top_p_filter(logits, 1.0), logits, "top_p_filter(logits, 1.0)",
+                     hint="with p = 1 nothing may be dropped (a float32 cumulative sum can reach 1.0 early: "
+                          "sum from the unlikely end, or compare with a margin)")
+        only = torch.isfinite(top_p_filter(logits, 0.0))
+        expect_close(only, logits == logits.max(-1, keepdim=True).values, "tokens kept with p = 0",
+                     hint="the most likely token is always kept")
+    with check("(B, T, V) logits keep their shape; float16 stays float16"):
+        logits = torch.randn(2, 3, 6, generator=torch.Generator().manual_seed(2))
+        expect_shape(top_p_filter(logits, 0.9), (2, 3, 6), "top_p_filter on (B, T, V)", names="B, T, V")
+        expect_dtype(top_p_filter(logits.half(), 0.9), torch.float16, "top_p_filter of float16 logits")
+
+
+def check_apply_repetition_penalty(apply_repetition_penalty) -> None:
+    """The worked example (CTRL: divide positive, multiply negative, once per token), penalty 1, input untouched."""
+    logits = torch.tensor([[2.0, -1.0, 0.5, 3.0, -4.0], [1.0, 1.0, -2.0, 0.0, 6.0]])
+    prev = torch.tensor([[0, 1, 1, 4], [4, 2, 2, 2]])
+    with check("the worked example with penalty 2 (a repeated token is penalised once)"):
+        got = expect_inputs_unchanged(apply_repetition_penalty, logits, prev, 2.0)
+        expect_type(got, torch.Tensor, "apply_repetition_penalty(...)")
+        expect_shape(got, (2, 5), "apply_repetition_penalty(...)", names="B, V")
+        want = torch.tensor([[1.0, -2.0, 0.5, 3.0, -8.0], [1.0, 1.0, -4.0, 0.0, 3.0]])
+        expect_close(got, want, "apply_repetition_penalty(logits, prev_ids, 2.0)",
+                     hint="positive logits of seen tokens are divided by the penalty, negative ones multiplied "
+                          "(dividing would raise them); each row uses its own prev_ids; twice seen = once "
+                          "penalised")
+    with check("penalty 1.0 changes nothing"):
+        expect_close(apply_repetition_penalty(logits, prev, 1.0), logits, "apply_repetition_penalty(..., 1.0)")
+
+
+def _first_model() -> ScriptedModel:
+    return ScriptedModel.from_tree({t: (p, None) for t, p in FIRST_STEP.items()}, vocab_size=8, floor=1e-9)
+
+
+def check_sample(sample) -> None:
+    """Reproducible with a generator, never outside top-k/top-p, temperature 0 is greedy, the penalty, EOS."""
+    first = _first_model()
+    many = torch.zeros(600, 1, dtype=torch.long)
+    with check("the same generator seed gives the same samples; another seed gives others"):
+        model = HashedLogitsModel(12, seed=2, eos_bias=0.3, scale=0.5)
+        src, is_real = _padded_source([3, 6, 2, 5] * 4, seed=4)
+
+        def run(seed):
+            return sample(model, src, 10, BOS, EOS, generator=torch.Generator().manual_seed(seed),
+                          src_is_real=is_real)
+
+        out = run(7)
+        _expect_ids(out, 16, 10, "sample(...)")
+        _expect_eos_padding(out, EOS, 0, 10, "sample(...)")
+        torch.manual_seed(123)  # a different global state: the generator alone must decide
+        if not torch.equal(run(7), out):
+            raise CheckFailed("two calls with generator seed 7 gave different samples: pass the generator to "
+                              "torch.multinomial (generator=generator) instead of using the global random state")
+        if torch.equal(run(8), out):
+            raise CheckFailed("generator seeds 7 and 8 gave identical samples: is the token drawn at random?")
+    with check("top_k=2 and top_p=0.6 only ever draw tokens 3 and 4 (probabilities 0.4, 0.3, 0.2, 0.1)"):
+        for setting in ({"top_k": 2}, {"top_p": 0.6}, {"top_k": 3, "top_p": 0.5, "temperature": 2.0}):
+            drawn = sample(first, many, 1, BOS, EOS, generator=torch.Generator().manual_seed(0), **setting)
+            seen = sorted(set(drawn[:, 0].tolist()))
+            if not set(seen) <= {3, 4}:
+                raise CheckFailed(f"with {setting} the tokens drawn were {seen}: a filtered token (logit -inf) "
+                                  "must never be drawn. Filter after dividing by the temperature, top-k then top-p")
+            if set(seen) != {3, 4}:
+                raise CheckFailed(f"with {setting} only {seen} was drawn in 600 draws: is it sampling?")
+    with check("temperature 0 is greedy: the lesson's tree gives 3, 5, EOS"):
+        tree = ScriptedModel.from_tree(TREE, vocab_size=10)
+        out = sample(tree, torch.zeros(2, 3, dtype=torch.long), 6, BOS, EOS, temperature=0)
+        expect_close(out, torch.tensor([[3, 5, EOS]] * 2), "sample(..., temperature=0)",
+                     hint="temperature == 0 means: take the argmax (do not divide by zero)")
+    with check("temperature 0.5 sharpens: token 3 is drawn about 53% of the time"):
+        drawn = sample(first, torch.zeros(3000, 1, dtype=torch.long), 1, BOS, EOS, temperature=0.5,
+                       generator=torch.Generator().manual_seed(3))
+        freq = (drawn[:, 0] == 3).float().mean().item()
+        if abs(freq - 0.16 / 0.30) > 0.04:
+            raise CheckFailed(f"token 3 was drawn {freq:.1%} of the time; softmax(logits / 0.5) gives it "
+                              f"{0.16 / 0.30:.1%}. Divide the logits by the temperature (not multiply)")
+    with check("repetition penalty 2 with temperature 0 on a looping model: 3, 4, 3, 3"):
+        loop = [-9.0, -9.0, -9.0, 1.0, 0.9, -9.0]
+        model = ScriptedModel(6, table={(): loop}, default_logits=loop)
+        out = sample(model, torch.zeros(2, 2, dtype=torch.long), 4, BOS, EOS, temperature=0,
+                     repetition_penalty=2.0)
+        expect_close(out, torch.tensor([[3, 4, 3, 3]] * 2), "sample(..., temperature=0, repetition_penalty=2)",
+                     hint="apply the penalty first, with the tokens generated so far (without BOS), then choose")
+
+
+def check_beam_search(beam_search) -> None:
+    """The tree (beam finds 0.36 where greedy finds 0.20), beam 1 is greedy, a padded batch row by row."""
+    tree = ScriptedModel.from_tree(TREE, vocab_size=10)
+    with check("beam_size=2 on the lesson's tree finds 4, 5, EOS (0.36), which greedy misses"):
+        src = torch.zeros(2, 3, dtype=torch.long)
+        out = expect_inputs_unchanged(beam_search, tree, src, 6, BOS, EOS, beam_size=2, length_penalty=0.0)
+        _expect_ids(out, 2, 6, "beam_search(tree_model, ...)")
+        if out.tolist() == [[3, 5, EOS]] * 2:
+            raise CheckFailed("beam search returned the greedy answer 3, 5, EOS (0.20). Keep the 2 best "
+                              "*sequences* by total log-probability, and start with only beam 0 alive (the "
+                              "others at -inf), or both beams hold the same sequence")
+        expect_close(out, torch.tensor([[4, 5, EOS]] * 2), "beam_search(tree_model, ..., beam_size=2)")
+        p = sequence_log_prob(tree, src, out).exp()
+        expect_close(p, torch.full((2,), 0.36), "the probability of the beam's answer", atol=1e-3)
+    with check("beam_size=1 follows the greedy path"):
+        out = beam_search(tree, torch.zeros(1, 3, dtype=torch.long), 6, BOS, EOS, beam_size=1)
+        expect_close(out, torch.tensor([[3, 5, EOS]]), "beam_search(..., beam_size=1)")
+    with check("a padded batch (pad_id = 7): each row as if alone, stopping at its EOS, padded after it"):
+        pad_id = 7
+        model = HashedLogitsModel(12, seed=8, eos_bias=0.7, pad_id=pad_id)
+        src, is_real = _padded_source([2, 6, 4, 5, 3], seed=7, pad_id=pad_id)
+        out = expect_inputs_unchanged(beam_search, model, src, 10, BOS, EOS, beam_size=3, length_penalty=0.6,
+                                      src_is_real=is_real, pad_id=pad_id)
+        _expect_ids(out, 5, 10, "beam_search(...)")
+        _expect_eos_padding(out, EOS, pad_id, 10, "beam_search(...)")
+        _rows_alone(lambda s: beam_search(model, s, 10, BOS, EOS, beam_size=3, length_penalty=0.6, pad_id=pad_id),
+                    src, is_real, out, "beam_search")
+    with check("the length penalty matters: length_penalty=2 returns longer outputs than 0 here"):
+        model = HashedLogitsModel(10, seed=11, eos_bias=1.0)
+        src, is_real = _padded_source([3, 5, 4, 6, 2, 5], V=10, seed=9)
+        short = beam_search(model, src, 8, BOS, EOS, beam_size=4, length_penalty=0.0, src_is_real=is_real)
+        long = beam_search(model, src, 8, BOS, EOS, beam_size=4, length_penalty=2.0, src_is_real=is_real)
+        n_short = _expect_eos_padding(short, EOS, 0, 8, "beam_search(..., length_penalty=0)")
+        n_long = _expect_eos_padding(long, EOS, 0, 8, "beam_search(..., length_penalty=2)")
+        if sum(n_long) <= sum(n_short):
+            raise CheckFailed(f"lengths with length_penalty=0: {n_short}, with 2: {n_long}; on this batch the "
+                              "penalty should lengthen some row. Pick each row's winner by "
+                              "log_prob / ((5 + len) / 6) ** length_penalty, which favours longer sequences as the "
+                              "penalty grows")

@@ -1,0 +1,185 @@
+"""Visible checks of lesson 09-kv-cache: the cache object, the aligned causal mask, one cached decoding step, and
+greedy decoding with the cache.
+
+The oracle is always the uncached computation the lesson starts from: the full decoder (``model.decode``) for the
+logits of a cached step, the given ``greedy_decode`` for the tokens, and a slice of the full ``(S, S)`` causal mask
+for the cached mask. :class:`CallCounter` counts calls of a module through a forward hook, to see that the memory
+is projected once per layer, not once per step.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from decoder_course.checks import (
+    CheckFailed,
+    check,
+    expect_close,
+    expect_dtype,
+    expect_inputs_unchanged,
+    expect_shape,
+    expect_type,
+)
+from decoder_course.conventions import BOS
+
+
+class CallCounter:
+    """A forward hook that counts the calls of the module it is registered on.
+
+    Example::
+
+        counter = CallCounter()
+        handle = layer.cross_attn.k_proj.register_forward_hook(counter)
+        ...  # run something
+        handle.remove()
+        counter.calls  # how many times k_proj ran
+    """
+
+    def __init__(self) -> None:
+        self.calls = 0
+
+    def __call__(self, module, inputs, output) -> None:
+        self.calls += 1
+
+
+def check_kv_cache(KVCache) -> None:
+    """Appending along the sequence axis, per layer; length and positions; SPEC's per-layer update(k, v)."""
+    g = torch.Generator().manual_seed(0)
+    B, H, Dh = 2, 3, 4
+    with check("a new cache is empty: length 0, no positions"):
+        cache = KVCache(n_layers=2)
+        if cache.length != 0:
+            raise CheckFailed(f"a new cache has length {cache.length}, expected 0")
+        expect_shape(cache.positions, (0,), "positions of an empty cache")
+    with check("update(k, v, layer_idx) appends along the sequence axis and returns everything cached"):
+        ks = [torch.randn(B, H, t, Dh, generator=g) for t in (3, 1, 1)]  # a prefill of 3, then one per step
+        vs = [torch.randn(B, H, t, Dh, generator=g) for t in (3, 1, 1)]
+        for step, (k, v) in enumerate(zip(ks, vs, strict=True)):
+            out = expect_inputs_unchanged(cache.update, k, v, 0)
+            expect_type(out, tuple, "cache.update(k, v, 0)")
+            k_all, v_all = out
+            n = 3 + step
+            expect_shape(k_all, (B, H, n, Dh), f"keys after {step + 1} update(s)", names="B, H, S, Dh")
+            expect_close(k_all, torch.cat(ks[: step + 1], dim=2), "the cached keys",
+                         hint="new positions go after the old ones on the sequence axis: dim 2 of (B, H, S, Dh)")
+            expect_close(v_all, torch.cat(vs[: step + 1], dim=2), "the cached values")
+            cache.update(k * 10, v * 10, layer_idx=1)  # layer 1 gets its own entries
+        if cache.length != 5:
+            raise CheckFailed(f"after a prefill of 3 and two steps, length should be 5, got {cache.length}: it counts "
+                              "cached positions, not calls")
+        expect_close(cache.positions, torch.arange(5), "cache.positions",
+                     hint="the absolute positions held: 0 .. length - 1")
+    with check("each layer has its own keys and values"):
+        k_all, _ = cache.update(torch.zeros(B, H, 1, Dh), torch.zeros(B, H, 1, Dh), layer_idx=1)
+        expect_shape(k_all, (B, H, 6, Dh), "layer 1's keys", names="B, H, S, Dh")
+        expect_close(k_all[:, :, :5], torch.cat(ks, dim=2) * 10, "layer 1's cached keys",
+                     hint="keep one list entry per layer and index it with layer_idx")
+    with check("KVCache() with update(k, v): one layer, SPEC's form"):
+        single = KVCache()
+        k_all, v_all = single.update(ks[0], vs[0])
+        expect_shape(k_all, (B, H, 3, Dh), "keys of KVCache().update(k, v)", names="B, H, S, Dh")
+
+
+def check_cached_causal_mask(cached_causal_mask) -> None:
+    """The lesson's example, the rows of the full causal mask, one query at the end, T == S."""
+    with check("queries at positions 2, 3 over 4 keys"):
+        got = cached_causal_mask(torch.tensor([2, 3]), 4)
+        expect_type(got, torch.Tensor, "cached_causal_mask(...)")
+        expect_dtype(got, "bool", "cached_causal_mask(...)")
+        expect_shape(got, (2, 4), "cached_causal_mask(...)", names="T, S")
+        want = torch.tensor([[True, True, True, False], [True, True, True, True]])
+        if torch.equal(got, torch.ones(2, 4, dtype=torch.bool).tril()):
+            raise CheckFailed("your triangle starts in the top-left corner, as is_causal=True does: query 0 of "
+                              "this call is at absolute position 2, so it sees keys 0, 1 and 2")
+        expect_close(got, want, "cached_causal_mask(torch.tensor([2, 3]), 4)",
+                     hint="key k is allowed for a query at absolute position p when k <= p")
+    with check("queries 4..6 over 7 keys are the last 3 rows of the full (7, 7) causal mask"):
+        full = torch.ones(7, 7, dtype=torch.bool).tril()  # (S, S)
+        expect_close(cached_causal_mask(torch.arange(4, 7), 7), full[4:], "cached_causal_mask(arange(4, 7), 7)")
+        expect_close(cached_causal_mask(torch.arange(7), 7), full, "cached_causal_mask(arange(7), 7)",
+                     hint="with no cache (T == S) it is the usual causal mask")
+        expect_close(cached_causal_mask(torch.tensor([6]), 7), torch.ones(1, 7, dtype=torch.bool),
+                     "one new query at the last position", hint="the newest token sees every cached key")
+
+
+def _small_model(Seq2SeqTransformer, norm_first: bool, seed: int = 0, V: int = 20):
+    """An untrained model whose greedy outputs still vary (sharpened output layer; PAD and BOS never chosen)."""
+    torch.manual_seed(seed)
+    model = Seq2SeqTransformer(V, V, 32, 4, 64, 2, dropout=0.1, tie_weights=False, norm_first=norm_first).eval()
+    with torch.no_grad():
+        model.out_proj.weight.mul_(3.0)
+        model.out_proj.bias[:2] -= 100.0
+    return model
+
+
+def _source(B: int = 3, S: int = 6, V: int = 20, seed: int = 1):
+    g = torch.Generator().manual_seed(seed)
+    lengths = torch.tensor([S, 3, 5, 2, 4, 6][:B])
+    is_real = torch.arange(S)[None, :] < lengths[:, None]  # (B, S)
+    return torch.randint(3, V, (B, S), generator=g).masked_fill(~is_real, 0), is_real
+
+
+def check_decode_step(decode_step, KVCache, Seq2SeqTransformer) -> None:
+    """Cached logits equal the full decoder's at every step: a prefill of 3 tokens, then one at a time."""
+    for norm_first in (True, False):
+        name = "pre-LN" if norm_first else "post-LN"
+        with check(f"{name}: a prefill of 3 tokens then 4 single steps give the full decoder's logits"):
+            model = _small_model(Seq2SeqTransformer, norm_first)
+            src, is_real = _source()
+            g = torch.Generator().manual_seed(2)
+            tgt = torch.cat([torch.full((3, 1), BOS), torch.randint(3, 20, (3, 6), generator=g)], dim=1)  # (B, 7)
+            with torch.no_grad():
+                memory = model.encode(src, is_real)
+                full = model.decode(tgt, memory, src_is_real=is_real)  # (B, 7, V): every position at once
+                kv = [layer.cross_attn.project_memory(memory) for layer in model.decoder.layers]
+            cache = KVCache(len(model.decoder.layers))
+            out = decode_step(model, tgt[:, :3], kv, cache, 0, src_is_real=is_real)
+            expect_type(out, tuple, "decode_step(...)")
+            logits, cache = out
+            expect_shape(logits, (3, 20), "decode_step's logits", names="B, V")
+            expect_close(logits, full[:, 2], "the logits after the prefill (position 2)", atol=1e-4,
+                         hint="the new tokens attend causally among themselves too: pass cached_causal_mask(...) "
+                              "to the self-attention; and only the last new position's logits are returned")
+            for t in range(3, 7):
+                logits, cache = decode_step(model, tgt[:, t : t + 1], kv, cache, t, src_is_real=is_real)
+                expect_close(logits, full[:, t], f"the logits of the single step at position {t}", atol=1e-4,
+                             hint="the new token's positional encoding is row `position` of the table (not row 0), "
+                                  "its query sees every cached key (mask aligned to absolute positions), and the "
+                                  "residual/norm wiring follows the layer's norm_first")
+            if cache.length != 7:
+                raise CheckFailed(f"after 7 positions the cache holds {cache.length}: update it in every layer")
+
+
+def check_greedy_decode_cached(greedy_decode_cached, greedy_decode, Seq2SeqTransformer) -> None:
+    """Exactly greedy_decode's tokens (several EOS ids and lengths, both norms), and the memory projected once."""
+    for norm_first in (True, False):
+        name = "pre-LN" if norm_first else "post-LN"
+        with check(f"{name}: the same tokens as greedy_decode for several EOS ids and max_len"):
+            model = _small_model(Seq2SeqTransformer, norm_first, seed=1)
+            src, is_real = _source(B=4, seed=2)
+            endless = greedy_decode(model, src, 8, BOS, eos_id=-1, src_is_real=is_real)
+            for eos_id in sorted(set(endless[:, 1:5].flatten().tolist()))[:2]:
+                for max_len in (1, 8):
+                    want = greedy_decode(model, src, max_len, BOS, eos_id, src_is_real=is_real)
+                    got = expect_inputs_unchanged(greedy_decode_cached, model, src, max_len, BOS, eos_id,
+                                                  src_is_real=is_real)
+                    expect_type(got, torch.Tensor, "greedy_decode_cached(...)")
+                    expect_close(got, want, f"greedy_decode_cached with eos_id={eos_id}, max_len={max_len}",
+                                 hint="feed only the newest token each step, at position = tokens generated so "
+                                      "far; finished rows get pad_id; stop when every row has finished")
+    with check("the memory's keys and values are projected once per layer, not once per step"):
+        model = _small_model(Seq2SeqTransformer, True, seed=2)
+        src, is_real = _source(B=2, seed=3)
+        counters = [CallCounter() for _ in model.decoder.layers]
+        hooks = [layer.cross_attn.k_proj.register_forward_hook(c)
+                 for layer, c in zip(model.decoder.layers, counters, strict=True)]
+        try:
+            out = greedy_decode_cached(model, src, 9, BOS, eos_id=-1, src_is_real=is_real)
+        finally:
+            for hook in hooks:
+                hook.remove()
+        expect_shape(out, (2, 9), "greedy_decode_cached(..., max_len=9) with an EOS that never comes")
+        calls = [c.calls for c in counters]
+        if max(calls) > 1:
+            raise CheckFailed(f"cross_attn.k_proj ran {calls} times per layer for 9 steps: project the memory once "
+                              "per layer before the loop (layer.cross_attn.project_memory) and pass memory_kv")
