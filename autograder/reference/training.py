@@ -3,8 +3,9 @@
 Teacher forcing: the decoder reads the target shifted right by one (BOS first) and predicts the target itself,
 all positions in parallel; the causal mask keeps position t from reading the token it must predict. The loss
 ignores padding, and a generated sequence counts as correct only when it matches its target up to and
-including EOS. ``train`` and ``evaluate_exact_match`` are given; ``PeekingSeq2SeqTransformer`` is the ablation
-that trains without the causal mask: its teacher-forced loss collapses, yet it cannot generate.
+including EOS. ``greedy_generate`` (the simplest generation loop; lesson 08 writes the real decoders),
+``evaluate_exact_match`` and ``train`` are given; ``PeekingSeq2SeqTransformer`` is the ablation that trains
+without the causal mask: its teacher-forced loss collapses, yet it cannot generate.
 """
 
 import time
@@ -13,12 +14,11 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from autograder.reference.generation import greedy_decode
 from autograder.reference.model import Seq2SeqTransformer
 from decoder_course.conventions import BOS, EOS, PAD
 
 EXERCISES = ("shift_right", "sequence_loss", "exact_match")
-GIVEN = ("train", "evaluate_exact_match", "PeekingSeq2SeqTransformer")
+GIVEN = ("greedy_generate", "evaluate_exact_match", "train", "PeekingSeq2SeqTransformer")
 
 
 def shift_right(tgt_ids: torch.Tensor, bos_id: int) -> torch.Tensor:
@@ -111,6 +111,28 @@ class PeekingSeq2SeqTransformer(Seq2SeqTransformer):
 
 
 @torch.no_grad()
+def greedy_generate(
+    model: nn.Module, src_ids: torch.Tensor, max_len: int, bos_id: int, src_is_real: torch.Tensor | None = None
+) -> torch.Tensor:
+    """The simplest generation: append the most likely next token, ``max_len`` times, to every sequence.
+
+    Enough to score exact match, which ignores whatever follows the target's EOS. It never stops early and
+    keeps writing after EOS; lesson 08's decoders stop each sequence at its own EOS and pad after it, and add
+    sampling and beam search.
+
+    Shape:
+        src_ids (B, S), src_is_real (B, S) bool or None -> ids (B, max_len), without BOS
+    """
+    memory = model.encode(src_ids, src_is_real)  # (B, S, D): the source is encoded once
+    tgt = torch.full((src_ids.shape[0], 1), bos_id, dtype=torch.long, device=src_ids.device)  # (B, 1)
+    for _ in range(max_len):
+        logits = model.decode(tgt, memory, src_is_real=src_is_real)  # (B, t, V)
+        next_id = logits[:, -1].argmax(-1)  # (B,): only the last position predicts a new token
+        tgt = torch.cat([tgt, next_id[:, None]], dim=1)  # (B, t + 1)
+    return tgt[:, 1:]  # (B, max_len): BOS was given, not generated
+
+
+@torch.no_grad()
 def evaluate_exact_match(
     model: nn.Module, pairs, task, max_len: int | None = None, batch_size: int = 500
 ) -> float:
@@ -130,7 +152,7 @@ def evaluate_exact_match(
         chunk = pairs[start : start + batch_size]
         batch = task.make_batch(chunk)
         src_ids, src_is_real = batch["src_ids"], batch["src_is_real"]  # (B, S) each
-        pred = greedy_decode(model, src_ids, max_len, BOS, EOS, src_is_real=src_is_real, pad_id=PAD)  # (B, L)
+        pred = greedy_generate(model, src_ids, max_len, BOS, src_is_real=src_is_real)  # (B, max_len)
         n_correct += exact_match(pred, batch["tgt_ids"], PAD, EOS) * len(chunk)
     model.train(was_training)
     return n_correct / max(len(pairs), 1)
@@ -156,13 +178,14 @@ def train(
 ) -> dict:
     """Train ``model`` on ``task`` with teacher forcing; watch the loss and held-out exact match as it learns.
 
-    Stops after ``steps`` optimiser steps or ``seconds`` of wall time (whichever comes first; one is needed),
+    Stops after ``steps`` optimiser steps or ``seconds`` of training time (held-out evaluation and drawing the
+    curves excluded; whichever comes first, one is needed),
     or as soon as held-out exact match reaches ``target_exact_match``. AdamW; the learning rate warms up
     linearly to ``lr`` over ``warmup_steps``, then decays as 1/sqrt(step) (the paper's schedule); gradients
     are clipped to norm ``grad_clip``. Every ``eval_every`` steps (and at the end) greedy decoding is scored
     on ``eval_pairs`` held-out pairs. Shows a tqdm progress bar (``progress``) and live curves (``live``, via
-    ``decoder_course.plots.LiveCurves`` when it is available). The training time, evaluation excluded, is
-    printed at the end; the model is left in eval mode.
+    ``decoder_course.plots.LiveCurves`` when it is available). The training time is printed at the end; the
+    model is left in eval mode.
 
     Shape:
         batches from ``task.batches``: src (B, S), tgt (B, T) -> history ``{name: (steps, values)}`` with
@@ -223,7 +246,9 @@ def train(
         record("loss", step, loss.item())
         record("token_accuracy", step, accuracy)
         if curves is not None:
-            curves.update(step, loss=loss.item(), token_accuracy=accuracy)
+            paused = time.perf_counter()
+            curves.update(step, loss=loss.item(), token_accuracy=accuracy)  # redraws about once a second
+            started += time.perf_counter() - paused  # drawing is not training: pause the clock
         bar.update(1)
         bar.set_postfix(loss=f"{loss.item():.3f}", acc=f"{accuracy:.3f}")
         if step % eval_every == 0:

@@ -1,0 +1,635 @@
+"""Hidden checks of lesson 06-model (PyTorch): positional encodings, the decoder stack, the whole model.
+
+Each item is graded apart from the others where the contract allows it:
+
+- ``PositionalEncoding`` gets its table loaded into the buffer ``pe`` (a state dict), so its ``forward`` is judged
+  apart from ``sinusoidal_table``; its default table may be the reference's or the student's own table.
+- ``Decoder`` is built from the notebook's given ``DecoderLayer`` and compared with PyTorch's own
+  ``nn.TransformerDecoder`` carrying the same weights.
+- ``Seq2SeqTransformer`` loads a whole state dict (the positional table included) and is compared with the same
+  computation done by PyTorch's own modules (``nn.TransformerEncoderLayer``, ``nn.TransformerDecoder``). It calls
+  the student's ``PositionalEncoding`` and ``Decoder``, as the contract says, so a wrong one may cost it too
+  (``depends_on``).
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import torch
+from torch import nn
+
+from autograder.checks.framework import Case, Exercise, Fail, Result, exercise, expect_close
+from autograder.checks.l05_decoder_layer import _inputs, _layer_state, _lengths, _torch_layer
+from autograder.reference import model as ref
+
+LESSON = "06-model"
+
+
+# -- the paper's table, written out ---------------------------------------------------------------------------
+def _paper_table(max_len: int, D: int, *, swap: bool = False, per_feature: bool = False,
+                 halves: bool = False, start: int = 0) -> np.ndarray:
+    """PE[pos, 2i] = sin(pos / 10000^(2i/D)), PE[pos, 2i+1] = cos(...), float64; the flags make known mistakes."""
+    pos = np.arange(start, start + max_len, dtype=np.float64)[:, None]  # (max_len, 1)
+    if per_feature:
+        # mistake: one frequency per feature, 10000^(j/D), instead of one per pair
+        angle = pos / 10000.0 ** (np.arange(D) / D)  # (max_len, D)
+        return np.where(np.arange(D) % 2 == 0, np.sin(angle), np.cos(angle))
+    angle = pos / 10000.0 ** (np.arange(0, D, 2) / D)  # (max_len, D/2)
+    first, second = (np.cos(angle), np.sin(angle)) if swap else (np.sin(angle), np.cos(angle))
+    if halves:
+        return np.concatenate([first, second], axis=1)  # mistake: [sin..., cos...] instead of interleaved
+    table = np.zeros((max_len, D))
+    table[:, 0::2], table[:, 1::2] = first, second
+    return table
+
+
+def _diagnose(got: np.ndarray, candidates: dict[str, np.ndarray], atol: float = 1e-4) -> str:
+    """Name the mistake whose output the student's matches, if any (never a value)."""
+    for mistake, want in candidates.items():
+        if got.shape == want.shape and np.allclose(got, want, rtol=1e-4, atol=atol):
+            return f"Your output matches {mistake}."
+    return ""
+
+
+# -- sinusoidal_table ------------------------------------------------------------------------------------------
+@exercise(LESSON, "sinusoidal_table", points=1)
+class SinusoidalTable(Exercise):
+    """Against the paper's formula in float64, for several lengths and widths (D even), max_len = 1 included."""
+
+    def cases(self, rng):
+        sizes = [(int(rng.integers(40, 90)), 24), (9, 6), (1, 10), (int(rng.integers(200, 300)), 8)]
+        cases = []
+        for i, (max_len, D) in enumerate(sizes):
+            case = Case(f"c{i}", f"max_len={max_len}, D={D}", data={"max_len": max_len, "D": D})
+            case.call("sinusoidal_table", max_len, D, record="out")
+            cases.append(case)
+        return cases
+
+    def judge(self, result: Result):
+        for case in result.cases.values():
+            max_len, D = case.data["max_len"], case.data["D"]
+            got = result.get(case.id, "out", what="sinusoidal_table(max_len, D)", kind="tensor", dtype="float",
+                             shape=(max_len, D))
+            hint = _diagnose(got, {
+                "sines and cosines swapped (sin belongs on the even features 0, 2, 4, ...)":
+                    _paper_table(max_len, D, swap=True),
+                "one frequency per feature, 10000^(j/D); the paper has one per pair, 10000^(2i/D), shared by "
+                "features 2i and 2i+1": _paper_table(max_len, D, per_feature=True),
+                "all sines first, then all cosines; the paper interleaves them (sin on 0::2, cos on 1::2)":
+                    _paper_table(max_len, D, halves=True),
+                "positions counted from 1; the first row is position 0": _paper_table(max_len, D, start=1),
+            }) or ("Feature 2i of position pos is sin(pos / 10000^(2i/D)) and feature 2i+1 is cos of the same "
+                   "angle.")
+            # float32 angles of positions in the hundreds are accurate to ~1e-5: a loose, fair tolerance
+            expect_close(got, _paper_table(max_len, D), "sinusoidal_table(max_len, D)", case.desc, hint=hint,
+                         rtol=0.0, atol=2e-4)
+
+
+# -- PositionalEncoding ----------------------------------------------------------------------------------------
+def _state_error(result: Result, case_id: str, what: str, names: str) -> None:
+    """Turn a failed strict ``load_state_dict`` into a message about the contract's names."""
+    error = result.error(case_id)
+    if error is not None and "state_dict" in error:
+        lines = [line.strip() for line in error.splitlines() if "key" in line.lower()]
+        detail = " ".join(lines)[:300] or error.splitlines()[-1][:300]
+        raise Fail(f"{what} could not load weights by the contract's names ({names}): {detail}")
+
+
+@exercise(LESSON, "PositionalEncoding", points=2)
+class PositionalEncodingCheck(Exercise):
+    """Table in a buffer ``pe`` (saved in the state dict, converted by .double(), not trained); forward adds
+    ``pe[:T]`` to every sequence (T < max_len and T = max_len, B = 1 and B > 1); dropout after the addition in
+    training mode only; the input unchanged."""
+
+    def cases(self, rng):
+        cases = []
+        D, max_len = 12, int(rng.integers(15, 25))
+        case = Case("default", f"PositionalEncoding({D}, max_len={max_len})", data={"D": D, "max_len": max_len})
+        case.call("PositionalEncoding", D, max_len=max_len, dropout=0.1, let="m")
+        case.record("pe", {"attr": ["m", "pe", "data"]})  # .data: the values, whether buffer or (wrongly) Parameter
+        case.record("pe_requires_grad", {"attr": ["m", "pe", "requires_grad"]})
+        case.method("m", "double")
+        case.record("pe_double", {"attr": ["m", "pe", "data"]})
+        cases.append(case)
+        own = Case("own", f"sinusoidal_table({max_len}, {D})")
+        own.call("sinusoidal_table", max_len, D, record="table")
+        cases.append(own)
+
+        # a random table loaded into pe: forward is judged apart from sinusoidal_table
+        table = rng.normal(0.0, 1.0, (max_len, D)).astype(np.float32)
+        for case_id, B, T in (("load", 3, int(rng.integers(4, max_len - 2))), ("full", 2, max_len), ("b1", 1, 1)):
+            x = _inputs(rng, B, T, 1, D)[0]
+            desc = f"B={B}, T={T}, D={D}, max_len={max_len}, dropout=0.1, eval mode, a table loaded into pe"
+            case = Case(case_id, desc, data={"x": x, "table": table})
+            case.call("PositionalEncoding", D, max_len=max_len, dropout=0.1, let="m")
+            case.load_state("m", {"pe": table})
+            case.eval("m")
+            case.let("x", case.tensor(x))
+            case.method("m", "forward", {"ref": "x"}, record="out")
+            case.record("x_after", {"ref": "x"})
+            cases.append(case)
+
+        B, T, p = 4, max_len - 1, 0.5
+        x = rng.standard_normal((B, T, D)).astype(np.float32)
+        case = Case("train", f"B={B}, T={T}, D={D}, dropout={p}, training mode", data={"x": x, "table": table, "p": p})
+        case.call("PositionalEncoding", D, max_len=max_len, dropout=p, let="m")
+        case.load_state("m", {"pe": table})
+        case.steps.append({"train": "m"})
+        case.seed(int(rng.integers(2**31)))
+        case.method("m", "forward", case.tensor(x), record="out")
+        cases.append(case)
+        return cases
+
+    def judge(self, result: Result):
+        for case_id in ("load", "full", "b1", "train"):
+            _state_error(result, case_id, "PositionalEncoding",
+                         "its table is a buffer named `pe`, saved in state_dict: self.register_buffer('pe', table)")
+            error = result.error(case_id) or ""
+            if "must match the size" in error or "broadcast" in error:
+                raise Fail(f"adding the table failed on a case with {result.cases[case_id].desc}:\n    "
+                           f"{error.splitlines()[-1]}\nx is (B, T, D): take the first T = x.shape[1] rows of pe, "
+                           "pe[:T] (T, D), which broadcasts over the batch.")
+        self._judge_default(result)
+        for case_id in ("load", "full", "b1"):
+            case = result.cases[case_id]
+            x, table = case.data["x"], case.data["table"]
+            got = result.get(case_id, "out", what="PositionalEncoding's output", kind="tensor", dtype="float",
+                             shape=x.shape)
+            T = x.shape[1]
+            hint = _diagnose(got, {"x alone: pe was not added": x}, atol=1e-5) or (
+                "Expected x + pe[:T] with T = x.shape[1]; in eval mode dropout does nothing.")
+            expect_close(got, x + table[:T], "PositionalEncoding's output", case.desc, hint=hint,
+                         rtol=1e-5, atol=1e-5)
+            after = result.get(case_id, "x_after", what="x after the call", kind="tensor")
+            if not np.array_equal(after, x):
+                raise Fail("PositionalEncoding changed its input x in place: write `x + self.pe[:T]`, not "
+                           "`x += ...`.")
+        self._judge_train(result)
+
+    @staticmethod
+    def _judge_default(result: Result) -> None:
+        case = result.cases["default"]
+        D, max_len = case.data["D"], case.data["max_len"]
+        pe = result.get("default", "pe", what="the buffer pe", kind="tensor", dtype="float", shape=(max_len, D))
+        own_table = None
+        if result.error("own") is None:
+            meta = result.meta("own", "table")
+            if meta.get("type") == "torch.Tensor" and tuple(meta.get("shape", ())) == (max_len, D):
+                own_table = result.get("own", "table", what="sinusoidal_table", kind="tensor", finite=False)
+        matches_paper = np.allclose(pe, _paper_table(max_len, D), rtol=0.0, atol=2e-4)
+        matches_own = own_table is not None and np.allclose(pe, own_table, rtol=0.0, atol=1e-6, equal_nan=True)
+        if not (matches_paper or matches_own):
+            raise Fail(f"the buffer pe of {case.desc} is not the sinusoidal table: build it with "
+                       "sinusoidal_table(max_len, d_model) in __init__.")
+        if bool(result.get("default", "pe_requires_grad", what="pe.requires_grad")):
+            raise Fail("pe requires a gradient, so it would be trained: the table is fixed. Store it with "
+                       "self.register_buffer('pe', table), not as an nn.Parameter.")
+        meta = result.meta("default", "pe_double")
+        if meta.get("dtype") != "torch.float64":
+            raise Fail("after module.double() the table pe is still "
+                       f"{meta.get('dtype', meta.get('type'))}: a plain attribute is not converted or moved with "
+                       "the module. Register it with self.register_buffer('pe', table).")
+
+    @staticmethod
+    def _judge_train(result: Result) -> None:
+        case = result.cases["train"]
+        x, table, p = case.data["x"], case.data["table"], case.data["p"]
+        got = result.get("train", "out", what="PositionalEncoding's output in training mode", kind="tensor",
+                         dtype="float", shape=x.shape).astype(np.float64)
+        kept_value = (x + table[: x.shape[1]]).astype(np.float64) / (1.0 - p)  # (B, T, D)
+        scale = 1e-4 * (1.0 + np.abs(kept_value))
+        dropped = np.abs(got) <= scale
+        fits = dropped | (np.abs(got - kept_value) <= scale)
+        if not fits.all():
+            raise Fail(f"in training mode ({case.desc}) each output entry should be 0 (dropped) or "
+                       "(x + pe) / (1 - p) (kept): apply dropout to the sum, after adding pe, not to x alone.")
+        if not dropped.any() or dropped.all():
+            raise Fail(f"in training mode with dropout={p} ({case.desc}) "
+                       f"{'nothing' if not dropped.any() else 'everything'} was dropped: create "
+                       "nn.Dropout(dropout) in __init__ and apply it in forward.")
+
+
+# -- Decoder ---------------------------------------------------------------------------------------------------
+def _stack_state(rng: np.random.Generator, D: int, F: int, N: int, norm_first: bool) -> dict[str, np.ndarray]:
+    """A random state dict of the contract's Decoder: layers.{i}.<DecoderLayer names> and, for pre-LN, norm.*."""
+    state = {}
+    for i in range(N):
+        state.update({f"layers.{i}.{key}": value for key, value in _layer_state(rng, D, F).items()})
+    if norm_first:
+        state["norm.weight"] = (1.0 + rng.normal(0.0, 0.3, D)).astype(np.float32)
+        state["norm.bias"] = rng.normal(0.0, 0.3, D).astype(np.float32)
+    return state
+
+
+def _torch_stack(state: dict, D: int, H: int, F: int, N: int, norm_first: bool) -> nn.TransformerDecoder:
+    """PyTorch's own nn.TransformerDecoder (float64, eval) carrying the weights of a contract state dict."""
+    layers = []
+    for i in range(N):
+        prefix = f"layers.{i}."
+        layer_state = {key[len(prefix):]: value for key, value in state.items() if key.startswith(prefix)}
+        layers.append(_torch_layer(layer_state, D, H, F, norm_first))
+    theirs = nn.TransformerDecoder(layers[0], num_layers=N, norm=nn.LayerNorm(D) if norm_first else None)
+    theirs.layers = nn.ModuleList(layers)  # each layer its own weights
+    if norm_first:
+        theirs.norm.load_state_dict({k: torch.from_numpy(state[f"norm.{k}"].astype(np.float64))
+                                     for k in ("weight", "bias")})
+    return theirs.double().eval()
+
+
+def _blocked(allowed: np.ndarray | None) -> torch.Tensor | None:
+    """Our polarity (True = may attend) to PyTorch's (True = blocked): the one place it is inverted."""
+    return None if allowed is None else ~torch.from_numpy(np.asarray(allowed, bool))
+
+
+def _stack_expected(data: dict) -> np.ndarray:
+    theirs = _torch_stack(data["state"], data["D"], data["H"], data["F"], data["N"], data["norm_first"])
+    with torch.no_grad():
+        out = theirs(
+            torch.from_numpy(data["x"].astype(np.float64)),
+            torch.from_numpy(data["memory"].astype(np.float64)),
+            tgt_mask=_blocked(data["causal"]),
+            tgt_key_padding_mask=_blocked(data["tgt_is_real"]),
+            memory_key_padding_mask=_blocked(data["mem_is_real"]),
+        )
+    return out.numpy()
+
+
+def _stack_load_error(result: Result, case_id: str) -> None:
+    """A strict load that failed says which part of the stack's structure is wrong."""
+    error = result.error(case_id)
+    if error is None or "state_dict" not in error:
+        return
+    norm_first = result.cases[case_id].data["norm_first"]
+    if '"norm.weight"' in error:  # the final norm's own key, not a layer's norm1..3
+        if norm_first and "Unexpected" in error:
+            raise Fail("the pre-LN stack has no final LayerNorm named `norm`: pre-LN layers never normalise the "
+                       "residual stream itself, so the stack ends with self.norm = nn.LayerNorm(d_model).")
+        if not norm_first and "Missing" in error:
+            raise Fail("the post-LN stack has a final LayerNorm: post-LN layers already end with one (norm3), "
+                       "so self.norm should be nn.Identity() when norm_first is False.")
+    N = result.cases[case_id].data["N"]
+    raise Fail(f"the Decoder could not load weights by the contract's names: keep `layers` (an nn.ModuleList "
+               f"of n_layers = {N} DecoderLayer objects, named layers.0 ... layers.{N - 1}) and `norm`. "
+               f"PyTorch says: {error.splitlines()[-1][:300]}")
+
+
+@exercise(LESSON, "Decoder", points=2)
+class DecoderCheck(Exercise):
+    """Against nn.TransformerDecoder with copied weights (eval; pre-LN with its final norm and post-LN without;
+    causal + target and memory padding; T != S; B = 1, one layer), leakage of the future and of memory padding
+    through the whole stack, dropout reaching the layers, inputs unchanged."""
+
+    # wrapping PyTorch's own stack would skip the exercise
+    forbidden = ("nn.TransformerDecoder", "nn.TransformerDecoderLayer")
+
+    def cases(self, rng):
+        cases = []
+        B, T, S, D, H, F, N = 2, 5, 7, 16, 4, 24, 3  # T != S != H, Dh = 4; 3 layers with distinct weights
+        causal = np.tril(np.ones((T, T), dtype=bool))  # (T, T)
+        mem_is_real, tgt_is_real = _lengths(rng, B, S), _lengths(rng, B, T)
+        x, memory = _inputs(rng, B, T, S, D)
+        t0 = int(rng.integers(1, T - 1))
+        x_future = x.copy()
+        x_future[:, t0 + 1:] = rng.standard_normal((B, T - t0 - 1, D)).astype(np.float32) * 3.0
+        memory_pad = memory.copy()
+        memory_pad[~mem_is_real] = rng.standard_normal((int((~mem_is_real).sum()), D)).astype(np.float32) * 3.0
+        for norm_first in (True, False):
+            state = _stack_state(rng, D, F, N, norm_first)
+            name = "pre" if norm_first else "post"
+            tgt = tgt_is_real if norm_first else None  # pre-LN: target padding too, (B, 1, T, T)
+            self_allowed = causal if tgt is None else causal[None, None] & tgt[:, None, None, :]
+            cross_allowed = np.repeat(mem_is_real[:, None, None, :], T, axis=2)  # (B, 1, T, S)
+            data = {"state": state, "D": D, "H": H, "F": F, "N": N, "norm_first": norm_first, "causal": causal,
+                    "tgt_is_real": tgt, "mem_is_real": mem_is_real, "t0": t0}
+            variants = [("", x, memory)]
+            if not norm_first:
+                variants += [("_future", x_future, memory), ("_pad", x, memory_pad)]
+            for suffix, xs, ms in variants:
+                label = {"": "", "_future": ", positions after a query changed",
+                         "_pad": ", padded memory positions changed"}[suffix]
+                desc = (f"B={B}, T={T}, S={S}, D={D}, H={H}, F={F}, n_layers={N}, {name}-LN, causal + "
+                        f"{'target and ' if tgt is not None else ''}memory padding{label}")
+                case = Case(name + suffix, desc, data={**data, "x": xs, "memory": ms})
+                case.call("Decoder", D, H, F, N, dropout=0.1, norm_first=norm_first, let="dec")
+                case.load_state("dec", state)
+                case.eval("dec")
+                case.let("x", case.tensor(xs))
+                case.let("memory", case.tensor(ms))
+                case.method("dec", "forward", {"ref": "x"}, {"ref": "memory"}, case.tensor(self_allowed),
+                            case.tensor(cross_allowed), record="out")
+                if not suffix:
+                    case.record("x_after", {"ref": "x"})
+                    case.record("memory_after", {"ref": "memory"})
+                cases.append(case)
+
+        # B = 1, one layer, T != S, no masks, another width and head count
+        B1, T1, S1, D1, H1, F1, N1 = 1, 3, 6, 12, 2, 20, 1
+        norm_first = bool(rng.integers(2))
+        state = _stack_state(rng, D1, F1, N1, norm_first)
+        x1, memory1 = _inputs(rng, B1, T1, S1, D1)
+        case = Case("b1", f"B=1, T={T1}, S={S1}, D={D1}, H={H1}, F={F1}, n_layers=1, "
+                          f"{'pre' if norm_first else 'post'}-LN, no masks",
+                    data={"state": state, "D": D1, "H": H1, "F": F1, "N": N1, "norm_first": norm_first, "x": x1,
+                          "memory": memory1, "causal": None, "tgt_is_real": None, "mem_is_real": None})
+        case.call("Decoder", D1, H1, F1, N1, dropout=0.1, norm_first=norm_first, let="dec")
+        case.load_state("dec", state)
+        case.eval("dec")
+        case.method("dec", "forward", case.tensor(x1), case.tensor(memory1), record="out")
+        cases.append(case)
+
+        # dropout: active in training mode, off in eval mode
+        case = Case("train", f"B={B}, T={T}, S={S}, n_layers=2, dropout=0.5, training mode then eval mode")
+        case.call("Decoder", D, H, F, 2, dropout=0.5, let="dec")
+        case.steps.append({"train": "dec"})
+        case.seed(int(rng.integers(2**31)))
+        case.method("dec", "forward", case.tensor(x), case.tensor(memory), record="out_train")
+        case.eval("dec")
+        case.method("dec", "forward", case.tensor(x), case.tensor(memory), record="out_eval")
+        case.method("dec", "forward", case.tensor(x), case.tensor(memory), record="out_eval2")
+        cases.append(case)
+        return cases
+
+    def judge(self, result: Result):
+        for case_id in ("pre", "post", "b1"):
+            _stack_load_error(result, case_id)
+        outs = {}
+        for case_id in ("pre", "post", "post_future", "post_pad", "b1"):
+            case = result.cases[case_id]
+            outs[case_id] = result.get(case_id, "out", what="Decoder's output", kind="tensor", dtype="float",
+                                       shape=case.data["x"].shape)
+        post = result.cases["post"]
+        t0 = post.data["t0"]
+        if not np.allclose(outs["post_future"][:, : t0 + 1], outs["post"][:, : t0 + 1], rtol=1e-5, atol=1e-5):
+            raise Fail(f"positions <= {t0} changed when only later positions of x changed ({post.desc}): the "
+                       "future leaks. Pass self_allowed to every layer.")
+        if not np.allclose(outs["post_pad"], outs["post"], rtol=1e-5, atol=1e-5):
+            raise Fail(f"the output changed when only padded memory positions changed ({post.desc}): pass "
+                       "cross_allowed to every layer.")
+        for case_id in ("pre", "post", "b1"):
+            case = result.cases[case_id]
+            d = case.data
+            want = _stack_expected(d)
+            last = f"layers.{d['N'] - 1}."
+            shared = {key: d["state"][last + key.split(".", 2)[2]] if key.startswith("layers.") else value
+                      for key, value in d["state"].items()}  # every layer holding the last layer's weights
+            hint = _diagnose(outs[case_id], {
+                "the first layer only: each layer must read the previous layer's output (x = layer(x, ...))":
+                    _stack_expected({**d, "N": 1}),
+                "one layer object used n_layers times (its weights are those loaded last): build n_layers "
+                "separate DecoderLayer objects, e.g. with a list comprehension":
+                    _stack_expected({**d, "state": shared}),
+            }) or (f"Expected the {d['N']} layers in order (layers.0 first), each on the previous one's output "
+                   "with the same memory and masks, then the final norm (pre-LN only).")
+            expect_close(outs[case_id], want, "Decoder's output (vs nn.TransformerDecoder with the same weights)",
+                         case.desc, hint=hint, rtol=1e-4, atol=1e-4)
+        for name, key in (("x_after", "x"), ("memory_after", "memory")):
+            after = result.get("pre", name, what=f"{key} after the call", kind="tensor")
+            if not np.array_equal(after, result.cases["pre"].data[key]):
+                raise Fail(f"Decoder changed its input `{key}` in place: use `x = layer(x, ...)`.")
+        train = result.cases["train"]
+        a = result.get("train", "out_eval", what="Decoder's output in eval mode", kind="tensor")
+        b = result.get("train", "out_eval2", what="Decoder's output in eval mode", kind="tensor")
+        t = result.get("train", "out_train", what="Decoder's output in training mode", kind="tensor")
+        if not np.array_equal(a, b):
+            raise Fail(f"two eval-mode calls gave different outputs ({train.desc}): is dropout used outside "
+                       "nn.Dropout modules?")
+        if a.shape == t.shape and np.allclose(a, t):
+            raise Fail(f"with dropout=0.5 the training-mode output equals the eval-mode output ({train.desc}): "
+                       "pass dropout to every DecoderLayer.")
+
+
+# -- Seq2SeqTransformer ----------------------------------------------------------------------------------------
+def _model_state(rng: np.random.Generator, cfg: dict) -> dict[str, np.ndarray]:
+    """A random state dict with the contract's names, made by the reference model (names only) and rng."""
+    torch.manual_seed(int(rng.integers(2**31)))
+    model = ref.Seq2SeqTransformer(cfg["V_src"], cfg["V_tgt"], cfg["D"], cfg["H"], cfg["F"], cfg["N"],
+                                   dropout=0.1, tie_weights=cfg["tie"], norm_first=cfg["norm_first"],
+                                   max_len=cfg["max_len"], scale_embedding=cfg["scale"])
+    state = {}
+    for key, value in model.state_dict().items():
+        if key == "pos_encoding.pe":
+            state[key] = _paper_table(cfg["max_len"], cfg["D"]).astype(np.float32)
+        elif key.endswith("norm1.weight") or key.endswith("norm2.weight") or key.endswith("norm3.weight") \
+                or key.endswith("norm.weight"):
+            state[key] = (1.0 + rng.normal(0.0, 0.3, value.shape)).astype(np.float32)  # not the identity
+        elif key in ("out_proj.weight",) and cfg["tie"]:
+            continue  # the tied matrix is tgt_embed.weight, set below
+        elif value.dim() == 2 and "embed" not in key:
+            state[key] = rng.normal(0.0, 1.0 / math.sqrt(value.shape[1]), value.shape).astype(np.float32)
+        elif value.dim() == 2:
+            state[key] = rng.normal(0.0, 1.0, value.shape).astype(np.float32)  # nn.Embedding's N(0, 1)
+        else:
+            state[key] = rng.normal(0.0, 0.2, value.shape).astype(np.float32)
+    if cfg["tie"]:
+        state["out_proj.weight"] = state["tgt_embed.weight"]  # one matrix: both names load the same values
+    return state
+
+
+def _torch_logits(state: dict, cfg: dict, src_ids, tgt_ids, src_is_real, tgt_is_real, *,
+                  scale: bool | None = None, use_tgt_mask: bool = True) -> np.ndarray:
+    """The model's logits computed with PyTorch's own modules (float64) from a contract state dict."""
+    D, H, F, N, norm_first = cfg["D"], cfg["H"], cfg["F"], cfg["N"], cfg["norm_first"]
+    scale = cfg["scale"] if scale is None else scale
+    w = {key: torch.from_numpy(np.asarray(value, np.float64)) for key, value in state.items()}
+    factor = math.sqrt(D) if scale else 1.0
+    pe = w["pos_encoding.pe"]
+    src = torch.from_numpy(src_ids).long()
+    tgt = torch.from_numpy(tgt_ids).long()
+    S, T = src.shape[1], tgt.shape[1]
+    enc_layers = []
+    for i in range(N):
+        layer = nn.TransformerEncoderLayer(D, H, F, dropout=0.0, batch_first=True, norm_first=norm_first)
+        prefix = f"encoder.layers.{i}."
+        layer.load_state_dict({k[len(prefix):]: v.float() for k, v in w.items() if k.startswith(prefix)})
+        enc_layers.append(layer.double().eval())
+    dec_state = {k[len("decoder."):]: v.numpy() for k, v in w.items() if k.startswith("decoder.")}
+    decoder = _torch_stack(dec_state, D, H, F, N, norm_first)
+    # PyTorch's masks mean True = BLOCKED: our is_real masks are inverted here, at the boundary
+    src_pad = None if src_is_real is None else ~torch.from_numpy(src_is_real)
+    tgt_pad = None if (tgt_is_real is None or not use_tgt_mask) else ~torch.from_numpy(tgt_is_real)
+    with torch.no_grad():
+        x = w["src_embed.weight"][src] * factor + pe[:S]  # (B, S, D)
+        for layer in enc_layers:
+            x = layer(x, src_key_padding_mask=src_pad)
+        if norm_first:
+            x = nn.functional.layer_norm(x, (D,), w["encoder.norm.weight"], w["encoder.norm.bias"])
+        y = w["tgt_embed.weight"][tgt] * factor + pe[:T]  # (B, T, D)
+        causal = torch.ones(T, T, dtype=torch.bool).tril()
+        y = decoder(y, x, tgt_mask=~causal, tgt_key_padding_mask=tgt_pad, memory_key_padding_mask=src_pad)
+        logits = y @ w["out_proj.weight"].T + w["out_proj.bias"]  # (B, T, V)
+    return logits.numpy()
+
+
+def _token_ids(rng: np.random.Generator, B: int, n: int, V: int, is_real: np.ndarray | None) -> np.ndarray:
+    """Ids in 3 .. V-1 (0, 1, 2 are PAD, BOS, EOS), PAD where not real."""
+    ids = rng.integers(3, V, size=(B, n))
+    return ids if is_real is None else np.where(is_real, ids, 0)
+
+
+def _right_padded(rng: np.random.Generator, B: int, n: int, min_pads: int) -> np.ndarray:
+    """is_real (B, n): one row full, one row with at least ``min_pads`` pads at the end, position 0 real."""
+    lengths = rng.integers(1, n + 1, size=B)
+    lengths[0] = n
+    lengths[1] = int(rng.integers(1, n - min_pads + 1))
+    return np.arange(n)[None, :] < lengths[:, None]
+
+
+@exercise(LESSON, "Seq2SeqTransformer", points=2)
+class Seq2SeqTransformerCheck(Exercise):
+    """Logits against PyTorch's own encoder and decoder modules with the same weights (pre-LN tied with both
+    padding masks; post-LN untied with sqrt(D) scaling, B = 1, T > S, no masks); the future and source padding
+    do not leak; tied weights share one storage, untied ones do not; dropout reaches the model; inputs
+    unchanged."""
+
+    # the model is built from the lesson's own pieces, not from PyTorch's
+    forbidden = ("nn.Transformer", "nn.TransformerDecoder", "nn.TransformerDecoderLayer")
+    # it calls the student's PositionalEncoding and Decoder, as the contract says
+    depends_on = ("PositionalEncoding", "Decoder")
+
+    def _build(self, case: Case, cfg: dict, state: dict | None, dropout: float = 0.1) -> None:
+        case.call("Seq2SeqTransformer", cfg["V_src"], cfg["V_tgt"], cfg["D"], cfg["H"], cfg["F"], cfg["N"],
+                  dropout=dropout, tie_weights=cfg["tie"], norm_first=cfg["norm_first"], max_len=cfg["max_len"],
+                  scale_embedding=cfg["scale"], let="m")
+        if state is not None:
+            case.load_state("m", state)
+        case.eval("m")
+
+    def _forward(self, case: Case, src, tgt, src_is_real, tgt_is_real, record: str = "out") -> None:
+        args = [case.tensor(src), case.tensor(tgt)]
+        kwargs = {"src_is_real": None if src_is_real is None else case.tensor(src_is_real),
+                  "tgt_is_real": None if tgt_is_real is None else case.tensor(tgt_is_real)}
+        case.method("m", "forward", *args, record=record, **kwargs)
+
+    def cases(self, rng):
+        cases = []
+        pre = {"V_src": 11, "V_tgt": 13, "D": 16, "H": 4, "F": 24, "N": 2, "norm_first": True, "tie": True,
+               "scale": False, "max_len": 32}
+        B, S, T = 3, 7, 5
+        state = _model_state(rng, pre)
+        src_is_real, tgt_is_real = _right_padded(rng, B, S, 2), _right_padded(rng, B, T, 2)
+        src, tgt = _token_ids(rng, B, S, pre["V_src"], src_is_real), _token_ids(rng, B, T, pre["V_tgt"], tgt_is_real)
+        tgt_full = _token_ids(rng, B, T, pre["V_tgt"], None)
+        t0 = int(rng.integers(0, T - 1))
+        tgt_future = tgt_full.copy()
+        tgt_future[:, t0 + 1:] = (tgt_full[:, t0 + 1:] - 3 + rng.integers(1, pre["V_tgt"] - 3, (B, T - t0 - 1))) \
+            % (pre["V_tgt"] - 3) + 3  # other ids at positions > t0
+        src_pad = np.where(src_is_real, src, rng.integers(3, pre["V_src"], (B, S)))  # new ids under the pads
+        sizes = f"B={B}, S={S}, T={T}, src_vocab=11, tgt_vocab=13, D=16, H=4, F=24, n_layers=2, pre-LN, tied"
+        specs = [
+            ("pre", src, tgt, src_is_real, tgt_is_real, "source and target padding"),
+            ("pre_srcpad", src_pad, tgt, src_is_real, tgt_is_real, "source and target padding, padded source ids "
+                                                                   "changed"),
+            ("pre_causal", src, tgt_full, src_is_real, None, "source padding, tgt_is_real=None"),
+            ("pre_future", src, tgt_future, src_is_real, None, "source padding, tgt_is_real=None, target ids after "
+                                                               "a position changed"),
+        ]
+        for case_id, s, t, s_real, t_real, what in specs:
+            case = Case(case_id, f"{sizes}, {what}",
+                        data={"cfg": pre, "state": state, "src": s, "tgt": t, "src_is_real": s_real,
+                              "tgt_is_real": t_real, "t0": t0})
+            self._build(case, pre, state)
+            if case_id == "pre":
+                case.let("src", case.tensor(s))
+                case.let("tgt", case.tensor(t))
+                case.method("m", "forward", {"ref": "src"}, {"ref": "tgt"}, src_is_real=case.tensor(s_real),
+                            tgt_is_real=case.tensor(t_real), record="out")
+                case.record("src_after", {"ref": "src"})
+                case.record("tgt_after", {"ref": "tgt"})
+                case.call({"attr": ["m", "out_proj", "weight", "data_ptr"]}, record="ptr_out")
+                case.call({"attr": ["m", "tgt_embed", "weight", "data_ptr"]}, record="ptr_embed")
+            else:
+                self._forward(case, s, t, s_real, t_real)
+            cases.append(case)
+
+        # post-LN, untied, sqrt(D) scaling, B = 1, T > S, no masks at all
+        post = {"V_src": 9, "V_tgt": 7, "D": 12, "H": 3, "F": 20, "N": 1, "norm_first": False, "tie": False,
+                "scale": True, "max_len": 16}
+        state = _model_state(rng, post)
+        src1, tgt1 = _token_ids(rng, 1, 4, post["V_src"], None), _token_ids(rng, 1, 6, post["V_tgt"], None)
+        case = Case("post", "B=1, S=4, T=6, src_vocab=9, tgt_vocab=7, D=12, H=3, F=20, n_layers=1, post-LN, "
+                            "untied, scale_embedding=True, no masks",
+                    data={"cfg": post, "state": state, "src": src1, "tgt": tgt1, "src_is_real": None,
+                          "tgt_is_real": None})
+        self._build(case, post, state)
+        self._forward(case, src1, tgt1, None, None)
+        case.call({"attr": ["m", "out_proj", "weight", "data_ptr"]}, record="ptr_out")
+        case.call({"attr": ["m", "tgt_embed", "weight", "data_ptr"]}, record="ptr_embed")
+        cases.append(case)
+
+        # dropout: training mode differs from eval mode
+        case = Case("train", f"{sizes}, dropout=0.5, training mode then eval mode")
+        self._build(case, pre, None, dropout=0.5)
+        case.steps.append({"train": "m"})
+        case.seed(int(rng.integers(2**31)))
+        self._forward(case, src, tgt, src_is_real, tgt_is_real, record="out_train")
+        case.eval("m")
+        self._forward(case, src, tgt, src_is_real, tgt_is_real, record="out_eval")
+        cases.append(case)
+        return cases
+
+    def judge(self, result: Result):
+        for case_id in ("pre", "post"):
+            error = result.error(case_id)
+            if error is not None and "state_dict" in error:
+                raise Fail("the model could not load weights by the contract's names (src_embed, tgt_embed, "
+                           "pos_encoding, encoder, decoder, out_proj; the table is the buffer pos_encoding.pe): "
+                           f"{error.splitlines()[-1][:300]}")
+        outs = {}
+        for case_id in ("pre", "pre_srcpad", "pre_causal", "pre_future", "post"):
+            case = result.cases[case_id]
+            V = case.data["cfg"]["V_tgt"]
+            outs[case_id] = result.get(case_id, "out", what="the logits", kind="tensor", dtype="float",
+                                       shape=case.data["tgt"].shape + (V,))
+        # leakage first: it names the idea that broke more precisely than a value mismatch
+        pre = result.cases["pre_future"]
+        t0 = pre.data["t0"]
+        if not np.allclose(outs["pre_future"][:, : t0 + 1], outs["pre_causal"][:, : t0 + 1], rtol=1e-5,
+                           atol=1e-5):
+            raise Fail(f"the logits at positions <= {t0} changed when only target tokens after position {t0} "
+                       f"changed ({pre.desc}): the future leaks. decode must give the decoder a causal "
+                       "self-attention mask, also when tgt_is_real is None.")
+        if not np.allclose(outs["pre_srcpad"], outs["pre"], rtol=1e-5, atol=1e-5):
+            raise Fail(f"the logits changed when only padded source tokens changed "
+                       f"({result.cases['pre_srcpad'].desc}): build cross_allowed from src_is_real, (B, 1, 1, S), "
+                       "and pass it to the decoder (the encoder gets src_is_real too).")
+        for case_id in ("pre", "pre_causal", "post"):
+            case = result.cases[case_id]
+            d = case.data
+            args = (d["state"], d["cfg"], d["src"], d["tgt"], d["src_is_real"], d["tgt_is_real"])
+            want = _torch_logits(*args)
+            candidates = {
+                ("embeddings multiplied by sqrt(D) although scale_embedding is False (the default follows "
+                 "this course, not the paper)" if not d["cfg"]["scale"] else
+                 "embeddings not multiplied by sqrt(D) although scale_embedding=True"):
+                    _torch_logits(*args, scale=not d["cfg"]["scale"]),
+            }
+            if d["tgt_is_real"] is not None:
+                candidates["a decoder that ignores tgt_is_real: padded target keys must be blocked too "
+                           "(causal & tgt_is_real on the key axis)"] = _torch_logits(*args, use_tgt_mask=False)
+            hint = _diagnose(outs[case_id], candidates) or (
+                "Expected out_proj(decoder(tgt_embed(tgt) * embed_scale + positions, memory, causal & target "
+                "padding, source padding)), with memory = encoder(src_embed(src) * embed_scale + positions, "
+                "src_is_real).")
+            expect_close(outs[case_id], want, "the model's logits (vs PyTorch's own modules with the same weights)",
+                         case.desc, hint=hint, rtol=1e-4, atol=1e-4)
+        for name, key in (("src_after", "src"), ("tgt_after", "tgt")):
+            after = result.get("pre", name, what=f"{key}_ids after the call", kind="tensor")
+            if not np.array_equal(after, result.cases["pre"].data[key]):
+                raise Fail(f"the model changed its input {key}_ids in place.")
+        for case_id, tied in (("pre", True), ("post", False)):
+            same = int(result.get(case_id, "ptr_out", what="out_proj.weight.data_ptr()")) == int(
+                result.get(case_id, "ptr_embed", what="tgt_embed.weight.data_ptr()"))
+            if tied and not same:
+                raise Fail("with tie_weights=True, out_proj.weight and tgt_embed.weight are separate tensors: tie "
+                           "them by assigning the parameter, self.out_proj.weight = self.tgt_embed.weight.")
+            if not tied and same:
+                raise Fail("with tie_weights=False, out_proj.weight and tgt_embed.weight share their storage: tie "
+                           "only when tie_weights is True.")
+        train = result.cases["train"]
+        a = result.get("train", "out_eval", what="the logits in eval mode", kind="tensor")
+        t = result.get("train", "out_train", what="the logits in training mode", kind="tensor")
+        if a.shape == t.shape and np.allclose(a, t):
+            raise Fail(f"with dropout=0.5 the training-mode logits equal the eval-mode logits ({train.desc}): "
+                       "pass dropout to the positional encoding, the encoder and the decoder.")

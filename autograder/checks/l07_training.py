@@ -1,0 +1,308 @@
+"""Hidden checks of lesson 07-training (PyTorch): teacher forcing, the padding-aware loss, exact match.
+
+None of them trains a model: each exercise is a small function judged on seeded random inputs. The loss is
+compared with PyTorch's own ``F.cross_entropy`` (value and gradient); exact match with a plain Python loop written
+here from the definition; ``shift_right`` with its definition.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+
+from autograder.checks.framework import Case, Exercise, Fail, Result, exercise, expect_close
+
+LESSON = "07-training"
+
+
+def _expect_scalar(got, want: float, what: str, desc: str, hint: str, rtol: float, atol: float) -> None:
+    """A scalar must agree with the expected one; the message never gives the expected value or the gap."""
+    value = float(np.asarray(got, dtype=np.float64))
+    if not abs(value - want) <= atol + rtol * abs(want):
+        raise Fail(f"{what} differs from the expected value on a case with {desc}. {hint}".rstrip())
+
+
+# -- shift_right -----------------------------------------------------------------------------------------------
+def _targets(rng: np.random.Generator, B: int, T: int, pad_id: int, eos_id: int = 2) -> np.ndarray:
+    """Target ids (B, T): tokens 3.., then EOS, then padding; one row without padding."""
+    ids = rng.integers(3, 40, size=(B, T))
+    ids[ids == pad_id] = pad_id + 1
+    lengths = rng.integers(1, T + 1, size=B)
+    lengths[0] = T
+    for b, n in enumerate(lengths):
+        if n < T:
+            ids[b, n - 1] = eos_id
+            ids[b, n:] = pad_id
+    return ids
+
+
+@exercise(LESSON, "shift_right", points=1)
+class ShiftRight(Exercise):
+    """BOS first, the last token dropped; shape and dtype kept (int64 and int32); bos_id honoured; B = 1, T = 1;
+    the input unchanged."""
+
+    def cases(self, rng):
+        specs = [(3, 6, "int64", int(rng.integers(1, 3))), (2, 5, "int32", int(rng.integers(41, 60))),
+                 (1, 1, "int64", 1), (4, int(rng.integers(8, 13)), "int64", int(rng.integers(3, 9)))]
+        cases = []
+        for i, (B, T, dtype, bos_id) in enumerate(specs):
+            ids = _targets(rng, B, T, pad_id=int(rng.integers(0, 3))).astype(dtype)
+            case = Case(f"c{i}", f"B={B}, T={T}, {dtype} ids, bos_id={bos_id}",
+                        data={"ids": ids, "bos_id": bos_id, "dtype": dtype})
+            case.let("tgt", case.tensor(ids))
+            case.call("shift_right", {"ref": "tgt"}, bos_id, record="out")
+            case.record("tgt_after", {"ref": "tgt"})
+            cases.append(case)
+        return cases
+
+    def judge(self, result: Result):
+        for case in result.cases.values():
+            ids, bos_id = case.data["ids"], case.data["bos_id"]
+            B, T = ids.shape
+            meta = result.meta(case.id, "out")
+            if meta.get("type") == "torch.Tensor" and list(meta.get("shape", [])) == [B, T + 1]:
+                raise Fail(f"shift_right returned (B, T + 1) = {(B, T + 1)} on a case with {case.desc}: the "
+                           "decoder input keeps the target's length T. Put BOS first and drop the target's last "
+                           "token.")
+            got = result.get(case.id, "out", what="shift_right(tgt_ids, bos_id)", kind="tensor",
+                             dtype=f"torch.{case.data['dtype']}", shape=(B, T))
+            want = np.concatenate([np.full((B, 1), bos_id, dtype=ids.dtype), ids[:, :-1]], axis=1)
+            left = np.concatenate([ids[:, 1:], np.full((B, 1), bos_id, dtype=ids.dtype)], axis=1)
+            hint = ("Your output is shifted left (the target without its first token, BOS last): the decoder "
+                    "input is shifted right, BOS first." if np.array_equal(got, left) and T > 1 else
+                    "Position 0 holds bos_id and position t holds token t - 1 of the target.")
+            expect_close(got, want, "shift_right(tgt_ids, bos_id)", case.desc, hint=hint)
+            after = result.get(case.id, "tgt_after", what="tgt_ids after the call", kind="tensor")
+            if not np.array_equal(after, ids):
+                raise Fail(f"shift_right changed its input tgt_ids in place ({case.desc}): build a new tensor "
+                           "(torch.cat of a BOS column and tgt_ids[:, :-1]).")
+
+
+# -- sequence_loss ---------------------------------------------------------------------------------------------
+def _loss_inputs(rng: np.random.Generator, B: int, T: int, V: int, pad_id: int, scales: list[float],
+                 dtype=np.float32) -> tuple[np.ndarray, np.ndarray]:
+    """Logits (B, T, V), each batch row on its own scale, and targets avoiding pad_id, padded per row."""
+    logits = rng.standard_normal((B, T, V)) * np.asarray(scales, dtype=np.float64)[:, None, None]
+    targets = rng.integers(0, V, size=(B, T))
+    targets[targets == pad_id] = (pad_id + 1) % V
+    lengths = rng.integers(1, T + 1, size=B)
+    lengths[0] = T
+    lengths[-1] = max(1, T - 3)  # at least one row with real padding
+    for b, n in enumerate(lengths):
+        targets[b, n:] = pad_id
+    return logits.astype(dtype), targets
+
+
+def _torch_loss(logits: np.ndarray, targets: np.ndarray, pad_id: int, eps: float,
+                grad: bool = False) -> tuple[float, np.ndarray | None]:
+    """PyTorch's own F.cross_entropy in float64: the value, and optionally d loss / d logits."""
+    x = torch.from_numpy(logits.astype(np.float64)).requires_grad_(grad)
+    y = torch.from_numpy(targets).long()
+    loss = F.cross_entropy(x.reshape(-1, x.shape[-1]), y.reshape(-1), ignore_index=pad_id, label_smoothing=eps)
+    if not grad:
+        return loss.item(), None
+    loss.backward()
+    return loss.item(), x.grad.numpy()
+
+
+def _loss_mistakes(logits: np.ndarray, targets: np.ndarray, pad_id: int, eps: float) -> dict[str, float]:
+    """The values of known wrong losses on these inputs, to name a mistake (never shown as numbers)."""
+    x = torch.from_numpy(logits.astype(np.float64))
+    y = torch.from_numpy(targets).long()
+    V = x.shape[-1]
+    log_p = x.log_softmax(-1)
+    is_real = y != pad_id
+    nll = -log_p.gather(-1, y.clamp(0, V - 1)[..., None]).squeeze(-1)
+    smooth = -log_p.mean(-1)
+    per_token = (1 - eps) * nll + eps * smooth
+    other = -(log_p.sum(-1) + nll) / (V - 1)  # eps / (V - 1) on each wrong token, 1 - eps on the right one
+    mistakes = {
+        "the mean over all B × T positions: padded positions count as zeros and dilute the loss; divide by the "
+        "number of real tokens": float((per_token * is_real).sum() / is_real.numel()),
+        "a loss that counts padded positions as targets: ignore every position whose target is pad_id":
+            float(per_token.mean()),
+    }
+    if eps > 0:
+        mistakes["label smoothing spread over the V - 1 wrong tokens; PyTorch (and this course) spread eps over "
+                 "all V tokens, the right one included"] = float(((1 - eps) * nll + eps * other)[is_real].mean())
+        mistakes["the loss without label smoothing: use the label_smoothing argument"] = float(nll[is_real].mean())
+    return mistakes
+
+
+@exercise(LESSON, "sequence_loss", points=2)
+class SequenceLoss(Exercise):
+    """Against F.cross_entropy(..., ignore_index=pad_id, label_smoothing=eps) in value and gradient, pad_id != 0,
+    rows of very different scale, huge logits finite, an all-padding batch gives 0, inputs unchanged."""
+
+    # the exercise is to write the loss from log_softmax; PyTorch's is what it is compared with
+    forbidden = ("F.cross_entropy", "nn.CrossEntropyLoss", "F.nll_loss", "nn.NLLLoss")
+
+    def cases(self, rng):
+        cases = []
+        V = int(rng.integers(9, 14))
+        specs = [
+            ("c0", 3, 6, V, int(rng.integers(3, 6)), 0.0, [0.3, 3.0, 10.0]),
+            ("c1", 4, 5, V, int(rng.integers(3, 6)), 0.1, [1.0, 0.1, 5.0, 2.0]),
+            ("c2", 2, 7, 7, 4, round(float(rng.uniform(0.2, 0.4)), 3), [2.0, 0.5]),
+            ("huge", 2, 4, V, 3, 0.0, [1e4, 3.0]),
+            ("b1", 1, 3, 5, 1, 0.1, [2.0]),
+        ]
+        for case_id, B, T, V_, pad_id, eps, scales in specs:
+            logits, targets = _loss_inputs(rng, B, T, V_, pad_id, scales)
+            desc = f"B={B}, T={T}, V={V_}, pad_id={pad_id}, label_smoothing={eps}"
+            if case_id == "huge":
+                desc += ", logits of size up to 1e4"
+            case = Case(case_id, desc, data={"logits": logits, "targets": targets, "pad_id": pad_id, "eps": eps})
+            case.let("logits", case.tensor(logits, requires_grad=case_id == "c1"))
+            case.let("targets", case.tensor(targets))
+            case.call("sequence_loss", {"ref": "logits"}, {"ref": "targets"}, pad_id, label_smoothing=eps,
+                      let="loss", record="out")
+            if case_id == "c1":
+                case.backward("loss", np.array(1.0, dtype=np.float32))
+                case.record("grad", {"grad": "logits"})
+            case.record("logits_after", {"ref": "logits"})
+            case.record("targets_after", {"ref": "targets"})
+            cases.append(case)
+        # nothing but padding: 0, not the NaN of 0 / 0
+        logits = rng.standard_normal((2, 3, 6)).astype(np.float32)
+        case = Case("empty", "B=2, T=3, V=6, pad_id=5, every target is padding", data={})
+        case.call("sequence_loss", case.tensor(logits), case.tensor(np.full((2, 3), 5)), 5, record="out")
+        cases.append(case)
+        return cases
+
+    def judge(self, result: Result):
+        for case_id, case in result.cases.items():
+            if case_id == "empty":
+                continue
+            d = case.data
+            got = result.get(case_id, "out", what="sequence_loss(...)", kind="tensor", dtype="float", shape=(),
+                             finite=False)
+            if not np.isfinite(got).all():
+                raise Fail(f"sequence_loss is not finite on a case with {case.desc}: log(softmax(x)) is log(0) = "
+                           "-inf when softmax underflows; compute x.log_softmax(-1) directly.")
+            want, _ = _torch_loss(d["logits"], d["targets"], d["pad_id"], d["eps"])
+            hint = ""
+            for mistake, value in _loss_mistakes(d["logits"], d["targets"], d["pad_id"], d["eps"]).items():
+                if abs(float(got) - value) <= 1e-4 * (1 + abs(value)) and abs(value - want) > 1e-3:
+                    hint = f"Your loss matches {mistake}."
+                    break
+            _expect_scalar(got, want, "sequence_loss(...) (vs F.cross_entropy)", case.desc,
+                           hint=hint or "Expected the mean over real tokens of (1 - eps) * (-log p[target]) + "
+                                        "eps * mean over all V tokens of (-log p).", rtol=1e-4, atol=1e-5)
+            for name, key in (("logits_after", "logits"), ("targets_after", "targets")):
+                after = result.get(case_id, name, what=f"{key} after the call", kind="tensor", finite=False)
+                if not np.array_equal(after, d[key]):
+                    raise Fail(f"sequence_loss changed its input `{key}` in place ({case.desc}).")
+        case = result.cases["c1"]
+        d = case.data
+        _, want_grad = _torch_loss(d["logits"], d["targets"], d["pad_id"], d["eps"], grad=True)
+        meta = result.meta("c1", "grad")
+        if meta.get("type") == "None":
+            raise Fail("no gradient reached the logits: compute the loss with torch operations only (no .item(), "
+                       ".detach(), .numpy() or torch.tensor(...) of a value).")
+        got_grad = result.get("c1", "grad", what="the gradient of sequence_loss", kind="tensor",
+                              shape=d["logits"].shape)
+        expect_close(got_grad, want_grad, "d sequence_loss / d logits (vs F.cross_entropy's)", case.desc,
+                     hint="the value is right; the gradient is not: is something detached?", rtol=1e-4, atol=1e-6)
+        got = result.get("empty", "out", what="sequence_loss(...)", kind="tensor", dtype="float", shape=(),
+                         finite=False)
+        if not np.isfinite(got).all() or abs(float(got)) > 1e-12:
+            raise Fail(f"on a batch with no real token ({result.cases['empty'].desc}) sequence_loss should be 0, "
+                       f"not {'NaN' if np.isnan(got).any() else 'non-zero'}: divide by max(number of real tokens, "
+                       "1).")
+
+
+# -- exact_match -----------------------------------------------------------------------------------------------
+def _exact_match_by_hand(pred: np.ndarray, target: np.ndarray, pad_id: int, eos_id: int) -> float:
+    """The definition, one row at a time: equal at every position up to and including the target's first EOS
+    (everywhere when it has none), the shorter side padded with pad_id."""
+    L = max(pred.shape[1], target.shape[1])
+    right = 0
+    for p_row, t_row in zip(pred.tolist(), target.tolist(), strict=True):
+        p_row = p_row + [pad_id] * (L - len(p_row))
+        t_row = t_row + [pad_id] * (L - len(t_row))
+        end = t_row.index(eos_id) + 1 if eos_id in t_row else L
+        right += p_row[:end] == t_row[:end]
+    return right / len(target)
+
+
+def _match_case(rng: np.random.Generator, B: int, L_tgt: int, L_pred: int, pad_id: int, eos_id: int):
+    """Targets with EOS and padding (one without EOS) and predictions made from them with typical errors."""
+    target = rng.integers(5, 30, size=(B, L_tgt))
+    lengths = rng.integers(1, L_tgt, size=B)
+    for b, n in enumerate(lengths):
+        target[b, n] = eos_id
+        target[b, n + 1:] = pad_id
+    target[0] = rng.integers(5, 30, size=L_tgt)  # a target without EOS
+    pred = np.full((B, L_pred), pad_id)
+    width = min(L_tgt, L_pred)
+    pred[:, :width] = target[:, :width]
+    kinds = ["right", "junk_after_eos", "no_eos", "early_eos", "wrong_token", "right"]
+    for b in range(B):
+        kind = kinds[int(rng.integers(len(kinds)))] if b >= len(kinds) else kinds[b]
+        end = int(np.argmax(target[b] == eos_id)) if (target[b] == eos_id).any() else None
+        if kind == "junk_after_eos" and end is not None and end + 1 < L_pred:
+            pred[b, end + 1:] = rng.integers(5, 30, size=L_pred - end - 1)
+        elif kind == "no_eos" and end is not None and end < L_pred:
+            pred[b, end] = 7
+        elif kind == "early_eos" and end is not None and 1 <= end <= L_pred:
+            pred[b, end - 1] = eos_id
+        elif kind == "wrong_token":
+            pred[b, 0] = pred[b, 0] + 1
+    return pred, target
+
+
+@exercise(LESSON, "exact_match", points=1)
+class ExactMatch(Exercise):
+    """Against the definition on batches with every kind of error (junk after EOS, missing EOS, early EOS, a
+    wrong token, a target without EOS), predictions longer and shorter than the targets, pad_id != 0, B = 1;
+    a number in [0, 1]; inputs unchanged."""
+
+    def cases(self, rng):
+        cases = []
+        specs = [("c0", 6, 7, 9), ("c1", 8, 8, 5), ("c2", 12, 6, 6), ("b1", 1, 4, 6)]
+        for case_id, B, L_tgt, L_pred in specs:
+            pad_id, eos_id = int(rng.integers(30, 40)), int(rng.integers(2, 5))
+            pred, target = _match_case(rng, B, L_tgt, L_pred, pad_id, eos_id)
+            desc = f"B={B}, predictions of length {L_pred}, targets of length {L_tgt}, pad_id={pad_id}, eos_id={eos_id}"
+            case = Case(case_id, desc, data={"pred": pred, "target": target, "pad_id": pad_id, "eos_id": eos_id})
+            case.let("pred", case.tensor(pred))
+            case.let("target", case.tensor(target))
+            case.call("exact_match", {"ref": "pred"}, {"ref": "target"}, pad_id, eos_id, record="out")
+            case.record("pred_after", {"ref": "pred"})
+            case.record("target_after", {"ref": "target"})
+            cases.append(case)
+        return cases
+
+    def judge(self, result: Result):
+        for case_id, case in result.cases.items():
+            d = case.data
+            got = result.get(case_id, "out", what="exact_match(...)", kind="any", dtype="float", shape=())
+            want = _exact_match_by_hand(d["pred"], d["target"], d["pad_id"], d["eos_id"])
+            pred, target = d["pred"], d["target"]
+            L = max(pred.shape[1], target.shape[1])
+            padded_pred = np.pad(pred, ((0, 0), (0, L - pred.shape[1])), constant_values=d["pad_id"])
+            padded_tgt = np.pad(target, ((0, 0), (0, L - target.shape[1])), constant_values=d["pad_id"])
+            mistakes = {
+                "a comparison of the whole padded length: whatever follows the target's EOS must be ignored":
+                    float((padded_pred == padded_tgt).all(axis=1).mean()),
+                "token accuracy: exact match counts whole sequences, right or wrong":
+                    float((padded_pred == padded_tgt).mean()),
+            }
+            from_eos = np.cumsum(padded_tgt == d["eos_id"], axis=1) > 0
+            mistakes["a comparison of the tokens before the target's EOS only: the prediction must also stop, "
+                     "with EOS at the same position"] = float(((padded_pred == padded_tgt) | from_eos).all(1).mean())
+            is_eos = (padded_tgt == d["eos_id"]).astype(int)
+            after_eos = (np.cumsum(is_eos, axis=1) - is_eos) > 0
+            mistakes["token accuracy (positions after EOS counted as right): exact match counts whole sequences"] \
+                = float(((padded_pred == padded_tgt) | after_eos).mean())
+            hint = next((f"Your value matches {m}." for m, v in mistakes.items()
+                         if abs(float(got) - v) < 1e-6 and abs(v - want) > 1e-6), "") or (
+                "A sequence is right when it equals its target at every position up to and including the "
+                "target's first EOS (the prediction must stop there too); pad the shorter tensor with pad_id.")
+            _expect_scalar(got, want, "exact_match(...)", case.desc, hint=hint, rtol=0, atol=1e-6)
+            for name, key in (("pred_after", "pred"), ("target_after", "target")):
+                after = result.get(case_id, name, what=f"{key} after the call", kind="tensor")
+                if not np.array_equal(after, d[key]):
+                    raise Fail(f"exact_match changed its input `{key}_ids` in place ({case.desc}).")

@@ -1,0 +1,366 @@
+"""Visible checks of lesson 06-model: positional encodings, the decoder stack and the whole encoder-decoder model.
+
+The stack and the model are compared with PyTorch's own ``nn.TransformerDecoder`` carrying the student's own
+weights (an independent implementation, not an answer key); the rest are properties any correct answer has: a
+worked example of the table, the table is a buffer, the future and padding do not leak, tied weights share
+one storage.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from decoder_course.checks import (
+    CheckFailed,
+    causal_leakage_probe,
+    check,
+    expect_close,
+    expect_dtype,
+    expect_finite,
+    expect_inputs_unchanged,
+    expect_shape,
+    expect_type,
+    padding_leakage_probe,
+)
+from decoder_course.visible.l05_decoder_layer import _contract_state, _randomized
+
+
+# -- sinusoidal_table ----------------------------------------------------------------------------------------
+def check_sinusoidal_table(sinusoidal_table) -> None:
+    """The worked example D = 4, shape and dtype, and the sine/cosine pairs of a larger table."""
+    with check("sinusoidal_table(3, 4) matches the worked example"):
+        got = sinusoidal_table(3, 4)
+        expect_type(got, torch.Tensor, "sinusoidal_table(3, 4)")
+        expect_shape(got, (3, 4), "sinusoidal_table(3, 4)", names="max_len, D")
+        expect_dtype(got, torch.float32, "sinusoidal_table(3, 4)")
+        want = torch.tensor(
+            [
+                [0.0, 1.0, 0.0, 1.0],  # position 0: sin 0 = 0, cos 0 = 1 in every pair
+                [math.sin(1), math.cos(1), math.sin(0.01), math.cos(0.01)],  # frequencies 1 and 1/100
+                [math.sin(2), math.cos(2), math.sin(0.02), math.cos(0.02)],
+            ]
+        )
+        expect_close(
+            got,
+            want,
+            "sinusoidal_table(3, 4)",
+            atol=1e-5,
+            hint="feature 2i is sin(pos / 10000^(2i/D)) and feature 2i+1 the cos of the same angle: "
+            "sines on the even features, cosines on the odd ones, one frequency per pair",
+        )
+    with check("sinusoidal_table(50, 16): shape, and each pair is a sine and a cosine of one angle"):
+        table = sinusoidal_table(50, 16)
+        expect_shape(table, (50, 16), "sinusoidal_table(50, 16)", names="max_len, D")
+        expect_finite(table, "sinusoidal_table(50, 16)")
+        sin, cos = table[:, 0::2].double(), table[:, 1::2].double()  # (max_len, D/2) each
+        expect_close(
+            sin**2 + cos**2,
+            torch.ones(50, 8, dtype=torch.float64),
+            "sin² + cos² of each feature pair",
+            atol=1e-5,
+            hint="features 2i and 2i+1 must use the same angle (one frequency per pair, not per feature)",
+        )
+        # pair i turns by 1 / 10000^(2i/D) radians per position: read it back from positions 0 and 1
+        step = torch.atan2(sin[1], cos[1])  # (D/2,)
+        want = torch.exp(torch.arange(0, 16, 2, dtype=torch.float64) * (-math.log(10000.0) / 16))
+        expect_close(
+            step,
+            want,
+            "the angle per position of each pair",
+            atol=1e-5,
+            hint="pair i's frequency is 1 / 10000^(2i/D): the exponent counts features in steps of 2 "
+            "(0, 2, 4, ...) and is divided by D",
+        )
+
+
+# -- PositionalEncoding --------------------------------------------------------------------------------------
+def check_positional_encoding(PositionalEncoding, sinusoidal_table=None) -> None:
+    """The table is a buffer ``pe`` (your ``sinusoidal_table``'s, when given), forward adds its first T rows, the
+    input is untouched, dropout trains."""
+    D, max_len = 8, 20
+    with check("PositionalEncoding(8, max_len=20) keeps its table in a buffer named pe"):
+        module = PositionalEncoding(D, max_len=max_len)
+        buffers = dict(module.named_buffers())
+        if "pe" not in buffers:
+            raise CheckFailed(
+                "no buffer named `pe`: store the table with self.register_buffer('pe', table), so that it "
+                "moves with .to(device) and is saved in state_dict() (but is not trained)"
+            )
+        if any(p is buffers["pe"] for p in module.parameters()) or list(module.parameters()):
+            raise CheckFailed("the module has parameters: the sinusoidal table is fixed, not trained")
+        expect_shape(buffers["pe"], (max_len, D), "pe", names="max_len, D")
+        if sinusoidal_table is not None:
+            # judged against your own table: a slip in sinusoidal_table is that exercise's, not this one's
+            expect_close(buffers["pe"], sinusoidal_table(max_len, D), "pe", atol=1e-6,
+                         hint="build pe with sinusoidal_table(max_len, d_model)")
+        else:
+            expect_close(buffers["pe"][0], torch.tensor([0.0, 1.0] * (D // 2)), "pe[0], position 0", atol=1e-6,
+                         hint="position 0 is sin 0 = 0 and cos 0 = 1 in every pair: build pe with sinusoidal_table")
+        if module.double().pe.dtype != torch.float64:
+            raise CheckFailed("module.double() did not convert pe: register it as a buffer")
+    with check("forward adds pe[:T] to every sequence of the batch (T < max_len) and leaves x alone"):
+        module = PositionalEncoding(D, max_len=max_len, dropout=0.1).eval()
+        x = torch.randn(2, 5, D)  # (B, T, D) with T = 5 < max_len
+        with torch.no_grad():
+            out = expect_inputs_unchanged(module, x)
+        expect_type(out, torch.Tensor, "PositionalEncoding's output")
+        expect_shape(out, (2, 5, D), "PositionalEncoding's output", names="B, T, D")
+        expect_close(
+            out,
+            x + module.pe[:5],
+            "PositionalEncoding(x) in eval mode",
+            atol=1e-6,
+            hint="add the first T rows of the table, pe[:T] of shape (T, D), which broadcasts over the "
+            "batch; T is x.shape[1], not x.shape[0]",
+        )
+    with check("dropout acts after the addition, in training mode only"):
+        module = PositionalEncoding(D, max_len=max_len, dropout=0.5)
+        x = torch.randn(3, 6, D)
+        with torch.no_grad():
+            module.train()
+            out = module(x)
+        kept = out != 0
+        if kept.all():
+            raise CheckFailed("with dropout=0.5 nothing was dropped in training mode: apply nn.Dropout")
+        expect_close(
+            out[kept],
+            ((x + module.pe[:6]) / 0.5)[kept],
+            "the entries dropout kept",
+            atol=1e-5,
+            hint="dropout((x + pe[:T])): the kept entries are (x + pe) / (1 - p), the dropped ones 0. "
+            "Dropping x before adding pe leaves pe where x was dropped",
+        )
+
+
+# -- Decoder -------------------------------------------------------------------------------------------------
+def _torch_decoder(D: int, H: int, F_: int, N: int, norm_first: bool, seed: int) -> nn.TransformerDecoder:
+    """PyTorch's decoder stack with random, distinct weights in every layer, in eval mode."""
+    torch.manual_seed(seed)
+    layer = nn.TransformerDecoderLayer(D, H, F_, dropout=0.1, batch_first=True, norm_first=norm_first)
+    theirs = nn.TransformerDecoder(layer, num_layers=N, norm=nn.LayerNorm(D) if norm_first else None)
+    return _randomized(theirs, seed).eval()
+
+
+def _stack_state(theirs: nn.TransformerDecoder) -> dict[str, torch.Tensor]:
+    """PyTorch's stack's weights under the course's names: layers.{i}.<DecoderLayer names>, norm.*."""
+    state = {}
+    for i, layer in enumerate(theirs.layers):
+        state.update({f"layers.{i}.{key}": value for key, value in _contract_state(layer).items()})
+    if theirs.norm is not None:
+        state["norm.weight"] = theirs.norm.weight.detach().clone()
+        state["norm.bias"] = theirs.norm.bias.detach().clone()
+    return state
+
+
+def _load(module: nn.Module, state: dict, what: str, names: str) -> None:
+    try:
+        module.load_state_dict(state, strict=True)
+    except RuntimeError as exc:
+        detail = " ".join(str(exc).split())[:400]
+        raise CheckFailed(f"{what}'s parameters do not have the contract's names ({names}): {detail}") from None
+
+
+def _masks(B: int, T: int, S: int, tgt_lengths: list[int], src_lengths: list[int]):
+    """Our masks (True = may attend) and PyTorch's keyword masks (True = blocked) for the same batch."""
+    tgt_is_real = torch.arange(T)[None, :] < torch.tensor(tgt_lengths)[:, None]  # (B, T)
+    src_is_real = torch.arange(S)[None, :] < torch.tensor(src_lengths)[:, None]  # (B, S)
+    causal = torch.ones(T, T, dtype=torch.bool).tril()  # (T, T)
+    self_allowed = causal & tgt_is_real[:, None, None, :]  # (B, 1, T, T)
+    cross_allowed = src_is_real[:, None, None, :]  # (B, 1, 1, S)
+    # PyTorch's masks mean True = BLOCKED: invert at this boundary only
+    blocked = {"tgt_mask": ~causal, "tgt_key_padding_mask": ~tgt_is_real, "memory_key_padding_mask": ~src_is_real}
+    return tgt_is_real, src_is_real, self_allowed, cross_allowed, blocked
+
+
+def check_decoder(Decoder) -> None:
+    """Structure, leakage, agreement with nn.TransformerDecoder (both LN placements), dropout."""
+    D, H, F_, N, B, T, S = 16, 4, 24, 3, 2, 5, 7
+    stacks = {}
+    for norm_first in (True, False):
+        kind = "pre-LN" if norm_first else "post-LN"
+        with check(f"{kind}: Decoder(16, 4, 24, n_layers=3) has 3 separate layers and the right final norm"):
+            stack = Decoder(D, H, F_, N, dropout=0.1, norm_first=norm_first)
+            layers = getattr(stack, "layers", None)
+            expect_type(layers, nn.ModuleList, "decoder.layers")
+            if len(layers) != N:
+                raise CheckFailed(f"decoder.layers holds {len(layers)} layers, expected n_layers = {N}")
+            if len({id(layer) for layer in layers}) != N:
+                raise CheckFailed(
+                    "the same layer object appears several times in decoder.layers: build n_layers separate "
+                    "DecoderLayer objects (a list comprehension), not [layer] * n_layers"
+                )
+            norm = getattr(stack, "norm", None)
+            if norm_first and not isinstance(norm, nn.LayerNorm):
+                raise CheckFailed(
+                    f"decoder.norm is {type(norm).__name__}: a pre-LN stack ends with nn.LayerNorm(d_model), "
+                    "since nothing normalises the residual stream after the last layer"
+                )
+            if not norm_first and (norm is None or list(norm.parameters())):
+                raise CheckFailed(
+                    "a post-LN stack already ends with a LayerNorm (the last layer's norm3): decoder.norm "
+                    "should be nn.Identity(), with no parameters"
+                )
+            stacks[norm_first] = stack
+    with check("the future and memory padding do not leak through the stack"):
+        stack = stacks[True].eval()
+        _, src_is_real, _, cross_allowed, _ = _masks(B, T, S, [T, T], [5, S])
+        causal = torch.ones(T, T, dtype=torch.bool).tril()
+        x, memory = torch.randn(B, T, D), torch.randn(B, S, D)
+        causal_leakage_probe(lambda q: stack(q, memory, causal, cross_allowed), x, what="Decoder's output",
+                             atol=1e-5)
+        padding_leakage_probe(lambda m: stack(x, m, causal, cross_allowed), memory, src_is_real,
+                              what="Decoder's output (pass cross_allowed to every layer)", atol=1e-5)
+    for norm_first in (True, False):
+        kind = "pre-LN" if norm_first else "post-LN"
+        with check(
+            f"{kind}: equals nn.TransformerDecoder(num_layers=3) with the same weights (eval, causal + target "
+            "and memory padding, T != S)"
+        ):
+            stack = stacks[norm_first]
+            theirs = _torch_decoder(D, H, F_, N, norm_first, seed=11 + norm_first)
+            _load(stack, _stack_state(theirs), "your Decoder", "layers.0..N-1.<DecoderLayer names>, norm")
+            stack.eval()
+            x, memory = torch.randn(B, T, D), torch.randn(B, S, D)
+            _, _, self_allowed, cross_allowed, blocked = _masks(B, T, S, [T, 3], [5, S])
+            with torch.no_grad():
+                got = expect_inputs_unchanged(stack, x, memory, self_allowed, cross_allowed)
+                want = theirs(x, memory, **blocked)
+            expect_type(got, torch.Tensor, "Decoder's output")
+            expect_shape(got, (B, T, D), "Decoder's output", names="B, T, D")
+            expect_finite(got, "Decoder's output")
+            expect_close(
+                got,
+                want,
+                "Decoder's output",
+                rtol=1e-4,
+                atol=1e-5,
+                hint="run the layers in order, each on the previous layer's output, all with the same memory "
+                "and masks; then decoder.norm (a LayerNorm for pre-LN, nothing for post-LN)",
+            )
+    with check("dropout reaches the layers: active in training mode only"):
+        stack = Decoder(D, H, F_, 2, dropout=0.5)
+        x, memory = torch.randn(B, T, D), torch.randn(B, S, D)
+        with torch.no_grad():
+            a = stack.eval()(x, memory)
+            b = stack.train()(x, memory)
+        if torch.allclose(a, b):
+            raise CheckFailed("with dropout=0.5 training and eval outputs are equal: pass dropout to the layers")
+
+
+# -- Seq2SeqTransformer --------------------------------------------------------------------------------------
+SUBMODULES = {
+    "src_embed": nn.Embedding,
+    "tgt_embed": nn.Embedding,
+    "pos_encoding": nn.Module,
+    "encoder": nn.Module,
+    "decoder": nn.Module,
+    "out_proj": nn.Linear,
+}
+
+
+def _torch_logits(model: nn.Module, src_ids, tgt_ids, src_is_real, tgt_is_real) -> torch.Tensor:
+    """The model's computation redone with PyTorch's own nn.TransformerDecoder, from the model's weights."""
+    D = model.tgt_embed.weight.shape[1]
+    n_layers = len(model.decoder.layers)
+    norm_first = isinstance(model.decoder.norm, nn.LayerNorm)
+    H = model.decoder.layers[0].self_attn.n_heads
+    F_ = model.decoder.layers[0].feed_forward.linear1.out_features
+    theirs = nn.TransformerDecoder(
+        nn.TransformerDecoderLayer(D, H, F_, dropout=0.0, batch_first=True, norm_first=norm_first),
+        num_layers=n_layers,
+        norm=nn.LayerNorm(D) if norm_first else None,
+    ).eval()
+    with torch.no_grad():
+        for mine, their_layer in zip(model.decoder.layers, theirs.layers, strict=True):
+            for ours_name, torch_name in (("self_attn", "self_attn"), ("cross_attn", "multihead_attn")):
+                ours, mha = getattr(mine, ours_name), getattr(their_layer, torch_name)
+                mha.in_proj_weight.copy_(torch.cat([ours.q_proj.weight, ours.k_proj.weight, ours.v_proj.weight]))
+                mha.in_proj_bias.copy_(torch.cat([ours.q_proj.bias, ours.k_proj.bias, ours.v_proj.bias]))
+                mha.out_proj.load_state_dict(ours.out_proj.state_dict())
+            their_layer.linear1.load_state_dict(mine.feed_forward.linear1.state_dict())
+            their_layer.linear2.load_state_dict(mine.feed_forward.linear2.state_dict())
+            for i in (1, 2, 3):
+                getattr(their_layer, f"norm{i}").load_state_dict(getattr(mine, f"norm{i}").state_dict())
+        if norm_first:
+            theirs.norm.load_state_dict(model.decoder.norm.state_dict())
+        pe = model.pos_encoding.pe  # (max_len, D): the model's own table
+        S, T = src_ids.shape[1], tgt_ids.shape[1]
+        memory = model.encoder(model.src_embed(src_ids) + pe[:S], src_is_real)  # (B, S, D)
+        y = model.tgt_embed(tgt_ids) + pe[:T]  # (B, T, D)
+        causal = torch.ones(T, T, dtype=torch.bool).tril()
+        # PyTorch's masks mean True = BLOCKED: invert at this boundary only
+        y = theirs(y, memory, tgt_mask=~causal, tgt_key_padding_mask=~tgt_is_real,
+                   memory_key_padding_mask=~src_is_real)
+        return F.linear(y, model.out_proj.weight, model.out_proj.bias)  # (B, T, V)
+
+
+def check_seq2seq_transformer(Seq2SeqTransformer) -> None:
+    """Submodules, logits shape, agreement with nn.TransformerDecoder, leakage, encode/decode, weight tying."""
+    V_src, V_tgt, D, H, F_, N, B, S, T = 11, 13, 16, 4, 32, 2, 2, 7, 5
+    torch.manual_seed(0)
+    with check("Seq2SeqTransformer(11, 13, 16, 4, 32, 2) has the contract's submodules"):
+        model = Seq2SeqTransformer(V_src, V_tgt, D, H, F_, N, dropout=0.1, tie_weights=False)
+        for name, kind in SUBMODULES.items():
+            expect_type(getattr(model, name, None), kind, f"model.{name}")
+        if model.src_embed.weight.shape != (V_src, D) or model.tgt_embed.weight.shape != (V_tgt, D):
+            raise CheckFailed(
+                f"the embeddings should be (src_vocab, D) = {(V_src, D)} and (tgt_vocab, D) = {(V_tgt, D)}, got "
+                f"{tuple(model.src_embed.weight.shape)} and {tuple(model.tgt_embed.weight.shape)}"
+            )
+        if (model.out_proj.in_features, model.out_proj.out_features) != (D, V_tgt):
+            raise CheckFailed(f"out_proj should map D = {D} to tgt_vocab = {V_tgt} scores")
+        if model.out_proj.weight is model.tgt_embed.weight:
+            raise CheckFailed("with tie_weights=False, out_proj.weight must not be tgt_embed.weight")
+    with check("with tie_weights=True, out_proj.weight IS tgt_embed.weight (one parameter, one storage)"):
+        tied = Seq2SeqTransformer(V_src, V_tgt, D, H, F_, N, tie_weights=True)
+        if tied.out_proj.weight is not tied.tgt_embed.weight:
+            raise CheckFailed(
+                "out_proj.weight is a separate tensor: tie by assigning the parameter itself, "
+                "self.out_proj.weight = self.tgt_embed.weight (copying the values is not tying)"
+            )
+        saved = sum(p.numel() for p in model.parameters()) - sum(p.numel() for p in tied.parameters())
+        if saved != V_tgt * D:
+            raise CheckFailed(f"tying should save V × D = {V_tgt * D} parameters, it saved {saved}")
+
+    src_is_real = torch.arange(S)[None, :] < torch.tensor([[5], [S]])  # (B, S): 2 pads in sequence 0
+    tgt_is_real = torch.arange(T)[None, :] < torch.tensor([[T], [3]])  # (B, T): 2 pads in sequence 1
+    src_ids = torch.randint(3, V_src, (B, S)).masked_fill(~src_is_real, 0)  # (B, S)
+    tgt_ids = torch.randint(3, V_tgt, (B, T)).masked_fill(~tgt_is_real, 0)  # (B, T)
+    with check("the future and source padding do not leak into the logits"):
+        torch.manual_seed(1)
+        model = Seq2SeqTransformer(V_src, V_tgt, D, H, F_, N, dropout=0.1).eval()
+        full = torch.ones(B, T, dtype=torch.bool)
+        causal_leakage_probe(lambda t: model(src_ids, t, src_is_real, full), tgt_ids.masked_fill(~tgt_is_real, 4),
+                             what="the logits (decode needs a causal self-attention mask)", atol=1e-5)
+        padding_leakage_probe(lambda s: model(s, tgt_ids, src_is_real, tgt_is_real), src_ids, src_is_real,
+                              what="the logits (cross-attention needs src_is_real as its mask)", atol=1e-5)
+    for norm_first in (True, False):
+        kind = "pre-LN" if norm_first else "post-LN"
+        with check(f"{kind}: logits (B, T, tgt_vocab) equal the same computation with nn.TransformerDecoder"):
+            torch.manual_seed(1)
+            model = Seq2SeqTransformer(V_src, V_tgt, D, H, F_, N, dropout=0.1, norm_first=norm_first).eval()
+            with torch.no_grad():
+                got = expect_inputs_unchanged(model, src_ids, tgt_ids, src_is_real, tgt_is_real)
+            expect_type(got, torch.Tensor, "the logits tensor")
+            expect_shape(got, (B, T, V_tgt), "the logits tensor", names="B, T, V")
+            expect_finite(got, "the logits tensor")
+            want = _torch_logits(model, src_ids, tgt_ids, src_is_real, tgt_is_real)
+            expect_close(
+                got,
+                want,
+                "the logits tensor",
+                rtol=1e-4,
+                atol=1e-4,
+                hint="embed (no sqrt(D) scaling by default), add pos_encoding, encode with src_is_real; the "
+                "decoder gets the causal mask combined with tgt_is_real on the keys, and src_is_real as the "
+                "cross-attention mask; then out_proj",
+            )
+    with check("decode(tgt, encode(src)) equals forward(src, tgt)"):
+        with torch.no_grad():
+            memory = model.encode(src_ids, src_is_real)
+            expect_shape(memory, (B, S, D), "encode(src_ids, src_is_real)", names="B, S, D")
+            expect_close(model.decode(tgt_ids, memory, src_is_real, tgt_is_real), got, "decode(...)", atol=1e-5)

@@ -1,0 +1,146 @@
+"""Visible checks of lesson 07-training: teacher forcing, the padding-aware loss, exact match.
+
+The loss is compared with PyTorch's own ``F.cross_entropy`` (an independent implementation, not an answer key);
+the rest are worked examples and properties any correct answer has: padding never changes the loss, huge logits
+stay finite, inputs are left unchanged.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+from decoder_course.checks import (
+    CheckFailed,
+    check,
+    expect_close,
+    expect_dtype,
+    expect_finite,
+    expect_inputs_unchanged,
+    expect_shape,
+    expect_type,
+)
+
+
+# -- shift_right ---------------------------------------------------------------------------------------------
+def check_shift_right(shift_right) -> None:
+    """The worked example, dtype and shape kept, the input unchanged, one-token targets."""
+    with check("shift_right on the worked example: BOS first, the last token dropped"):
+        tgt = torch.tensor([[10, 4, 7, 3, 6, 2], [5, 8, 2, 0, 0, 0]])  # (B, T): targets, EOS = 2, PAD = 0
+        got = expect_inputs_unchanged(shift_right, tgt, 1)
+        expect_type(got, torch.Tensor, "shift_right(tgt_ids, 1)")
+        expect_shape(got, (2, 6), "shift_right(tgt_ids, 1)", names="B, T")
+        expect_close(
+            got,
+            torch.tensor([[1, 10, 4, 7, 3, 6], [1, 5, 8, 2, 0, 0]]),
+            "shift_right(tgt_ids, bos_id=1)",
+            hint="position t of the decoder input holds token t - 1 of the target, and position 0 holds BOS; "
+            "the target's last token is dropped, so the length stays T",
+        )
+    with check("shift_right keeps the dtype, uses the bos_id it is given, and works for T = 1"):
+        tgt = torch.tensor([[3, 4, 5]], dtype=torch.int32)
+        got = shift_right(tgt, 7)
+        expect_dtype(got, torch.int32, "shift_right of an int32 tensor")
+        expect_close(got, torch.tensor([[7, 3, 4]], dtype=torch.int32), "shift_right(tgt_ids, bos_id=7)")
+        expect_close(shift_right(torch.tensor([[9], [8]]), 1), torch.tensor([[1], [1]]), "shift_right with T = 1")
+
+
+# -- sequence_loss -------------------------------------------------------------------------------------------
+def _batch(seed: int, B: int = 3, T: int = 6, V: int = 11, pad_id: int = 3, scale: float = 3.0):
+    """Random logits (B, T, V) and targets (B, T) avoiding pad_id, then padded by different amounts per row."""
+    g = torch.Generator().manual_seed(seed)
+    logits = torch.randn(B, T, V, generator=g, dtype=torch.float64) * scale
+    targets = torch.randint(0, V, (B, T), generator=g)
+    targets[targets == pad_id] = (pad_id + 1) % V
+    targets[0, 4:] = pad_id  # two pads
+    targets[1, 1:] = pad_id  # one real token
+    return logits, targets
+
+
+def _reference(logits, targets, pad_id, eps):
+    """PyTorch's own loss: the same mean over non-pad tokens, with the same label smoothing."""
+    V = logits.shape[-1]
+    return F.cross_entropy(logits.reshape(-1, V), targets.reshape(-1), ignore_index=pad_id, label_smoothing=eps)
+
+
+def check_sequence_loss(sequence_loss) -> None:
+    """Equals F.cross_entropy (pad_id 3, with and without label smoothing), with its gradient; padding ignored;
+    huge logits finite; a batch of padding gives 0."""
+    for eps in (0.0, 0.1):
+        with check(f"sequence_loss equals F.cross_entropy(..., ignore_index=pad_id, label_smoothing={eps})"):
+            logits, targets = _batch(0)
+            logits.requires_grad_(True)
+            got = expect_inputs_unchanged(sequence_loss, logits, targets, 3, label_smoothing=eps)
+            expect_type(got, torch.Tensor, "sequence_loss(...)")
+            expect_shape(got, (), "sequence_loss(...)")
+            want = _reference(logits, targets, 3, eps)
+            expect_close(
+                got,
+                want,
+                "sequence_loss(...)",
+                rtol=1e-6,
+                atol=1e-8,
+                hint="the mean over real tokens of -log_softmax(logits)[target]; with label smoothing eps, "
+                "(1 - eps) times that plus eps times the mean over all V tokens of -log_softmax",
+            )
+            (grad,) = torch.autograd.grad(got, logits)
+            (want_grad,) = torch.autograd.grad(want, logits)
+            expect_close(grad, want_grad, "the gradient of sequence_loss", rtol=1e-6, atol=1e-8,
+                         hint="the value is right but the gradient is not: avoid .item(), .detach() or NumPy")
+    with check("padded positions change nothing, and pad_id is the argument (not 0)"):
+        logits, targets = _batch(1)
+        noisy = logits.clone()
+        noisy[targets == 3] = torch.randn(int((targets == 3).sum()), logits.shape[-1], dtype=torch.float64) * 50
+        expect_close(
+            sequence_loss(noisy, targets, 3),
+            sequence_loss(logits, targets, 3),
+            "the loss after changing the logits at padded positions",
+            atol=1e-10,
+            hint="positions whose target is pad_id must not count at all, in the sum or in the count",
+        )
+    with check("huge logits give a finite loss (log_softmax, not log(softmax))"):
+        logits, targets = _batch(2, scale=1e4)
+        logits = logits.float()
+        got = sequence_loss(logits, targets, 3)
+        expect_finite(got, "sequence_loss on logits of size 1e4",
+                      hint="log(softmax(x)) is log(0) = -inf when softmax underflows: use x.log_softmax(-1)")
+        expect_close(got, _reference(logits.double(), targets, 3, 0.0), "sequence_loss on huge logits", rtol=1e-4)
+    with check("a batch with no real token gives 0, not NaN"):
+        got = sequence_loss(torch.randn(2, 3, 5), torch.full((2, 3), 4), 4)
+        expect_finite(got, "sequence_loss of an all-padding batch",
+                      hint="0 real tokens: divide by max(count, 1)")
+        expect_close(got, torch.tensor(0.0), "sequence_loss of an all-padding batch")
+
+
+# -- exact_match ---------------------------------------------------------------------------------------------
+def check_exact_match(exact_match) -> None:
+    """The worked example, different lengths, a target without EOS, and a Python float in [0, 1]."""
+    pad, eos = 0, 2
+    with check("exact_match on the worked example: 2 of 4 predictions are right"):
+        target = torch.tensor([[5, 6, 2, 0]] * 4)  # (B, L_tgt)
+        pred = torch.tensor([[5, 6, 2, 0, 0], [5, 6, 2, 9, 9], [5, 6, 9, 0, 0], [5, 2, 0, 0, 0]])  # (B, L_pred)
+        got = expect_inputs_unchanged(exact_match, pred, target, pad, eos)
+        if isinstance(got, torch.Tensor) and got.dim() == 0:
+            got = got.item()
+        expect_type(got, float, "exact_match(...)")
+        if abs(got - 0.5) > 1e-9:
+            per_row = []
+            for row in range(4):
+                value = exact_match(pred[row:row + 1], target[row:row + 1], pad, eos)
+                per_row.append(float(value))
+            raise CheckFailed(
+                f"expected 0.5, got {got}. Row by row your function gives {per_row} for: a longer prediction "
+                "padded after EOS (right), junk after EOS (right: ignored), no EOS where the target ends "
+                "(wrong), stopping too early (wrong)"
+            )
+    with check("a shorter prediction is padded; a target without EOS must be matched everywhere"):
+        cases = [
+            ([[5, 6]], [[5, 6, 2]], 0.0, "the prediction ends before the target's EOS: wrong"),
+            ([[5, 6, 2]], [[5, 6, 2, 0, 0]], 1.0, "equal up to EOS, then padding: right"),
+            ([[4, 4, 4, 9]], [[4, 4, 4, 4]], 0.0, "a target without EOS: every position counts"),
+            ([[7, 2], [7, 7]], [[7, 2], [7, 2]], 0.5, "two rows: one right, one missing its EOS"),
+        ]
+        for pred, target, want, why in cases:
+            got = float(exact_match(torch.tensor(pred), torch.tensor(target), pad, eos))
+            if abs(got - want) > 1e-9:
+                raise CheckFailed(f"exact_match(pred={pred}, target={target}) gave {got}, expected {want}: {why}")
