@@ -116,7 +116,7 @@ scores = np.array([[1.0, 2.0, 3.0], [1.0, 2.0, 3.0], [1.0, 2.0, 3.0]])  # (T, S)
 allowed = np.array([[True, True, True],
                     [True, False, True],
                     [False, False, False]])  # (T, S): query 2 may attend to nothing
-plot_mask(allowed, title="allowed: query 2 has no key");
+_ = plot_mask(allowed, title="allowed: query 2 has no key")
 try:
     with np.errstate(invalid="ignore"):  # -inf - (-inf) is NaN: NumPy would warn
         print("blocked scores set to -inf:\n", softmax(np.where(allowed, scores, -np.inf)).round(3))
@@ -157,7 +157,7 @@ visible.check_masked_softmax(masked_softmax)
 
 # %%
 try:
-    plot_attention(masked_softmax(scores, allowed), title="masked_softmax(scores, allowed)");
+    plot_attention(masked_softmax(scores, allowed), title="masked_softmax(scores, allowed)")
 except NotImplementedError:
     print("Write masked_softmax above to see its weights.")
 

@@ -32,7 +32,6 @@ import math
 import time
 
 import numpy as np
-
 import torch
 from einops import rearrange
 from torch import nn
