@@ -1,34 +1,146 @@
 """nbgrader preprocessors that put the trusted verdicts into nbgrader's own pipeline.
 
 ``TrustedExecute`` replaces nbgrader's ``Execute`` in ``Autograde.autograde_preprocessors`` (see
-``autograder/nbgrader_config.py``): it writes the hidden cases, runs the notebook (a crashed or killed kernel ends
-the run, not the grading), judges outside the kernel, and writes each verdict into its graded cell, where
-``SaveAutoGrades`` reads it.
+:func:`autograder.pipeline.nbgrader_config`): it writes the hidden cases, runs the notebook in a bubblewrap sandbox
+(:mod:`autograder.sandbox`; a crashed, killed or hung kernel ends the run, not the grading), judges outside the
+kernel, and writes each verdict into its graded cell, where ``SaveAutoGrades`` reads it.
+``RestoreGradingMetadata`` runs first among nbgrader's sanitizing steps: the grading metadata of a submission is
+the instructor's, whatever the student's copy says. What happened to a notebook, in words, is logged on the
+``autograder.grading`` logger and kept in :data:`NOTES` for the grade CSV.
 """
 
 from __future__ import annotations
 
+import dataclasses
+import logging
 import os
 import shutil
 import tempfile
 from pathlib import Path
 
+from nbclient.exceptions import CellTimeoutError, DeadKernelError
 from nbformat import NotebookNode
+from nbgrader.api import Gradebook
 from nbgrader.preprocessors import Execute, NbGraderPreprocessor
-from traitlets import Unicode
+from traitlets import Bool, Dict, Enum, Unicode
 
-from autograder import verdicts
+from autograder import sandbox, verdicts
 from decoder_course.harvest import ENV_VAR
 
 HIDDEN_BEGIN, HIDDEN_END = "### BEGIN HIDDEN TESTS", "### END HIDDEN TESTS"
 
+log = logging.getLogger("autograder.grading")
+# (lesson, student) -> what happened while grading that notebook, in words; the pipeline takes them per outcome.
+NOTES: dict[tuple[str, str], list[str]] = {}
+
+
+def note(lesson: str, student: str, text: str, level: int = logging.WARNING) -> None:
+    """Say what happened to one notebook: in the log, and (warnings) in the notes the grade CSV shows."""
+    log.log(level, "%s/%s: %s", student, lesson, text)
+    if level >= logging.WARNING:
+        NOTES.setdefault((lesson, student), []).append(text)
+
+
+def strip_hidden(source: str) -> str:
+    """A test cell's source without its hidden part (what the release and the feedback show)."""
+    kept, hidden = [], False
+    for line in source.splitlines():
+        if HIDDEN_BEGIN in line:
+            hidden = True
+        elif HIDDEN_END in line:
+            hidden = False
+        elif not hidden:
+            kept.append(line)
+    return "\n".join(kept).strip()
+
+
+class RestoreGradingMetadata(NbGraderPreprocessor):
+    """The instructor's grading metadata for every cell, whatever the submitted copy says.
+
+    nbgrader alone aborts the whole notebook when a graded cell was made ungraded, a cell carries a forged
+    ``grade_id``, or a solution cell was marked graded. Here: known cells get the gradebook's metadata back,
+    cells with an unknown or a duplicated id become plain cells, and a test cell whose metadata was deleted is
+    recognised by its source. A deleted test cell is put back by ``OverwriteCells`` (its first line commented
+    out, the rest the instructor's code), so it is graded as usual.
+    """
+
+    def preprocess(self, nb: NotebookNode, resources: dict):
+        info = resources["nbgrader"]
+        lesson, student = info["assignment"], info.get("student", "?")
+        with Gradebook(info["db_url"]) as gb:
+            source = gb.find_notebook(info["notebook"], lesson)
+            truth = {}
+            for cell in source.source_cells:
+                truth[cell.name] = {"grade": False, "solution": False, "task": False, "locked": cell.locked,
+                                    "schema_version": 3, "grade_id": cell.name, "cell_type": cell.cell_type,
+                                    "source": cell.source}
+            for cell in source.grade_cells:
+                truth[cell.name].update(grade=True, points=float(cell.max_score))
+            for cell in source.solution_cells:
+                truth[cell.name]["solution"] = True
+            for cell in source.task_cells:
+                truth[cell.name].update(task=True, points=float(cell.max_score))
+        present = {c.metadata.get("nbgrader", {}).get("grade_id") for c in nb.cells}
+        # A locked cell whose metadata was deleted is known by its visible source.
+        by_source = {strip_hidden(t["source"]): name for name, t in truth.items()
+                     if t["locked"] and name not in present and strip_hidden(t["source"])}
+        last = {}
+        for index, cell in enumerate(nb.cells):
+            grade_id = cell.get("metadata", {}).get("nbgrader", {}).get("grade_id")
+            if grade_id in truth:
+                last[grade_id] = index
+        for index, cell in enumerate(nb.cells):
+            meta = cell.setdefault("metadata", NotebookNode())
+            if "nbgrader" not in meta:
+                name = by_source.pop(strip_hidden(cell.get("source", "")), None) if cell.cell_type == "code" else None
+                if name is None:
+                    continue
+                note(lesson, student, f"cell {index} is the test cell `{name}` with its grading metadata deleted: "
+                                      "restored")
+                last[name] = index
+                meta["nbgrader"] = NotebookNode({k: v for k, v in truth[name].items()
+                                                 if k not in ("cell_type", "source")})
+                continue
+            else:
+                grade_id = meta["nbgrader"].get("grade_id")
+                flags = meta["nbgrader"]
+                if grade_id is None and not any(flags.get(k) for k in ("grade", "solution", "locked", "task")):
+                    continue  # plain cell with empty grading metadata
+            if grade_id not in truth:
+                note(lesson, student, f"cell {index} has grading metadata for an unknown cell id {grade_id!r}: "
+                                      "it is graded as an ordinary cell")
+                del meta["nbgrader"]
+                continue
+            if last[grade_id] != index:
+                note(lesson, student, f"cell {index} duplicates `{grade_id}`: only its last copy is graded")
+                del meta["nbgrader"]
+                continue
+            want = {k: v for k, v in truth[grade_id].items() if k not in ("cell_type", "source")}
+            got = {k: meta["nbgrader"].get(k) for k in want}
+            if got != want:
+                changed = sorted(k for k in want if got[k] != want[k])
+                note(lesson, student, f"the grading metadata of `{grade_id}` was edited ({', '.join(changed)}): "
+                                      "restored")
+            meta["nbgrader"] = NotebookNode(want)
+        for name in sorted(set(truth) - set(last)):
+            if truth[name]["grade"]:
+                note(lesson, student, f"the test cell `{name}` was deleted: nbgrader puts the instructor's copy "
+                                      "back, and it is graded")
+        return nb, resources
+
 
 class TrustedExecute(Execute):
-    """Execute the submission, then replace in-kernel test outcomes by verdicts made here."""
+    """Execute the submission in a sandbox, then replace in-kernel test outcomes by verdicts made here."""
 
     secret_file = Unicode(
         "", help="File holding the course's grading secret (the seed of hidden cases); made on first use."
     ).tag(config=True)
+    sandbox = Bool(True, help="Run the kernel in a bubblewrap sandbox. False only with --no-sandbox (unsafe).").tag(
+        config=True)
+    limits = Dict({}, help="Fields of autograder.sandbox.Limits; missing ones keep their defaults.").tag(config=True)
+    # The kernel is killed, not asked to stop: a hostile kernel may ignore a polite request.
+    shutdown_kernel = Enum(["graceful", "immediate"], default_value="immediate").tag(config=True)
+    _box: sandbox.Sandbox | None = None
 
     def _secret(self) -> bytes:
         path = Path(self.secret_file or os.environ.get("DECODER_COURSE_SECRET_FILE", ".grading/secret"))
@@ -38,28 +150,147 @@ class TrustedExecute(Execute):
             path.chmod(0o600)
         return path.read_bytes()
 
+    # -- the kernel ----------------------------------------------------------------------------------------------
+    def create_kernel_manager(self):
+        if self._box is None:
+            return super().create_kernel_manager()
+        self.km = sandbox.SandboxedKernelManager(self._box, config=self.config)
+        return self.km
+
+    def preprocess_cell(self, cell, resources, index):
+        """Run one cell. A graded test cell's hidden cases, and what it hands in, are in the kernel's view only
+        while it runs: no other cell can read the hidden inputs, or the outputs computed from them."""
+        self._cell = index
+        item = cell.get("metadata", {}).get("nbgrader", {}).get("grade_id")
+        staged = [p for p in self._staged.glob("*") if p.stem == item] if item and cell.cell_type == "code" else []
+        for path in staged:
+            shutil.copyfile(path, self._cases / path.name)
+            (self._cases / path.name).chmod(0o444)
+        try:
+            return super().preprocess_cell(cell, resources, index)
+        finally:
+            for path in staged:
+                (self._cases / path.name).unlink(missing_ok=True)
+                handed_in = self._outputs / path.name  # renamed as it is: a link stays a link, and is refused
+                if os.path.lexists(handed_in):
+                    os.replace(handed_in, self._collected / path.name)
+
+    async def _async_handle_timeout(self, timeout, cell=None):
+        self._note(f"{self._cell_name(self._cell)} ran past the {timeout} s cell limit: interrupted")
+        return await super()._async_handle_timeout(timeout, cell)
+
+    def output(self, outs, msg, display_id, cell_index):
+        """Keep at most ``output_bytes`` of outputs per notebook; say once that the rest was dropped."""
+        size = _content_size(msg.get("content", {}))
+        if size > self._output_left:
+            if not self._output_dropped:
+                self._note(f"{self._cell_name(cell_index)} printed past the "
+                           f"{self._limits.output_bytes / 2**20:g} MB output limit: further output dropped")
+                outs.append(NotebookNode(output_type="stream", name="stdout",
+                                         text="\n[output limit reached: the rest of this notebook's output was "
+                                              "dropped]\n"))
+            self._output_dropped += size
+            return None
+        self._output_left -= size
+        return super().output(outs, msg, display_id, cell_index)
+
+    # -- one notebook --------------------------------------------------------------------------------------------
     def preprocess(self, nb: NotebookNode, resources: dict):
         info = resources["nbgrader"]
-        lesson, student = info["assignment"], info["student"]
-        scratch = Path(tempfile.mkdtemp(prefix=f"harvest-{student}-"))
-        plan = verdicts.prepare(nb, lesson, student, self._secret(), scratch)
+        self._lesson, self._student = info["assignment"], info["student"]
+        self._nb = nb
+        self._limits = sandbox.Limits(**self.limits)
+        self._cell = -1
+        self._output_left, self._output_dropped = self._limits.output_bytes, 0
+        scratch = Path(tempfile.mkdtemp(prefix="grade-"))
+        self._box = sandbox.Sandbox(scratch, self._limits) if self.sandbox else None
+        try:
+            if self._box is not None:
+                self._box.prepare()
+                harvest = self._box.harvest
+            else:
+                harvest = scratch / "harvest"
+            plan = verdicts.prepare(nb, self._lesson, self._student, self._secret(), harvest)
+            # The cases wait outside the kernel's view, and the outputs are taken out of it, by preprocess_cell.
+            self._cases, self._staged = harvest / "cases", scratch / "staged"
+            self._outputs, self._collected = harvest / "outputs", scratch / "collected" / "outputs"
+            shutil.move(self._cases, self._staged)
+            self._cases.mkdir()
+            self._collected.mkdir(parents=True)
+            for private in (self._staged, self._collected.parent):
+                private.chmod(0o700)
+            if self._box is not None:
+                self._box.seal()
+            nb, resources = self._run(nb, resources, harvest)
+            judged = dataclasses.replace(plan, scratch=self._collected.parent)
+            decided = verdicts.decide(judged, max_bytes=self._limits.scratch_bytes)
+            verdicts.apply(nb, decided)
+            for item, verdict in decided.items():
+                summary = "passed" if verdict.passed else "failed: " + verdict.message.splitlines()[0][:160]
+                self._note(f"{item}: {summary}", logging.INFO)
+        finally:
+            shutil.rmtree(scratch, ignore_errors=True)
+            self._box = None
+        return nb, resources
+
+    def _run(self, nb: NotebookNode, resources: dict, harvest: Path):
+        """Run the notebook; whatever stops it early is noted, never raised: what was harvested still counts."""
         previous = os.environ.get(ENV_VAR)
-        os.environ[ENV_VAR] = str(scratch)
+        if self._box is None:
+            os.environ[ENV_VAR] = str(harvest)  # unsandboxed: the kernel inherits this process's environment
+        stopped = ""
         try:
             nb, resources = super().preprocess(nb, resources)
-        except Exception as exc:  # dead kernel, timeout: what ran before still counts, the rest scores 0
-            self.log.warning("Execution of %s for %s stopped early: %s", lesson, student, exc)
+        except CellTimeoutError:
+            stopped = (f"{self._cell_name(self._cell)} did not stop within {self._limits.interrupt_grace} s of "
+                       "being interrupted: the kernel was stopped; later cells did not run")
+        except DeadKernelError:
+            stopped = f"the kernel died during {self._cell_name(self._cell)}; later cells did not run"
+        except Exception as exc:  # a kernel that never started, a broken message: report it, grade what we have
+            stopped = (f"execution stopped early in {self._cell_name(self._cell)}: {type(exc).__name__}: "
+                       f"{str(exc)[:300]}")
         finally:
+            if self._box is not None:
+                self._box.kill()
             if previous is None:
                 os.environ.pop(ENV_VAR, None)
             else:
                 os.environ[ENV_VAR] = previous
-        decided = verdicts.decide(plan)
-        verdicts.apply(nb, decided)
-        for item, verdict in decided.items():
-            self.log.info("%s/%s/%s: %s", lesson, student, item, "passed" if verdict.passed else "failed")
-        shutil.rmtree(scratch, ignore_errors=True)
-        return nb, resources
+        if self._box is not None:  # the cause first (a limit, a crash), then its consequence
+            for event in self._box.events:
+                self._note(event)
+            ended = self._box.exit_description()
+            if ended:
+                tail = self._box.log_tail()
+                self._note(ended + (f" (last message: {tail[:200]})" if tail else ""))
+        if stopped:
+            self._note(stopped)
+        for index, cell in enumerate(self._nb.cells):  # the instructor's log says which cell raised what
+            for out in cell.get("outputs", []):
+                if out.get("output_type") == "error":
+                    self._note(f"{self._cell_name(index)} raised {out.get('ename')}: "
+                               f"{str(out.get('evalue', ''))[:120]}", logging.INFO)
+        return self._nb, resources
+
+    def _note(self, text: str, level: int = logging.WARNING) -> None:
+        note(self._lesson, self._student, text, level)
+
+    def _cell_name(self, index: int) -> str:
+        if index < 0:
+            return "kernel start-up"
+        cell = self._nb.cells[index]
+        grade_id = cell.get("metadata", {}).get("nbgrader", {}).get("grade_id")
+        return f"cell {index}" + (f" (`{grade_id}`)" if grade_id else "")
+
+
+def _content_size(content: dict) -> int:
+    """Rough size in characters of one output message's content."""
+    size = len(str(content.get("text", "")))
+    for value in (content.get("data") or {}).values():
+        size += len(str(value))
+    for line in content.get("traceback") or []:
+        size += len(str(line))
+    return size
 
 
 class StripHiddenTests(NbGraderPreprocessor):
@@ -67,13 +298,8 @@ class StripHiddenTests(NbGraderPreprocessor):
 
     def preprocess_cell(self, cell, resources, index):
         if cell.cell_type == "code" and HIDDEN_BEGIN in cell.source:
-            kept, hidden = [], False
-            for line in cell.source.splitlines():
-                if HIDDEN_BEGIN in line:
-                    hidden = True
-                elif HIDDEN_END in line:
-                    hidden = False
-                elif not hidden:
-                    kept.append(line)
-            cell.source = "\n".join(kept).rstrip()
+            cell.source = strip_hidden(cell.source)
         return cell, resources
+
+
+__all__ = ["NOTES", "RestoreGradingMetadata", "StripHiddenTests", "TrustedExecute", "note", "strip_hidden"]

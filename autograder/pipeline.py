@@ -3,6 +3,10 @@
 Everything the pipeline writes goes into a work folder (default ``.grading/``, never committed): nbgrader's
 ``submitted/``, ``autograded/`` and ``feedback/`` trees, the gradebook (SQLite by default, any SQLAlchemy URL with
 ``--db-url``), the grading secret, the grade CSV and a log. The instructor's submissions folder is only read.
+
+Every student's kernel runs in a bubblewrap sandbox (:mod:`autograder.sandbox`) under :class:`Limits`; grading
+refuses to start without one unless ``sandbox=False`` (``--no-sandbox``) says so. A submission is checked before
+nbgrader sees it (size, JSON, notebook structure): a bad one is reported with a message and the run goes on.
 """
 
 from __future__ import annotations
@@ -17,9 +21,10 @@ import sys
 import tempfile
 import time
 import zipfile
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
+import nbformat
 from nbconvert.preprocessors import ClearMetadataPreprocessor
 from nbgrader.api import Gradebook, MissingEntry
 from nbgrader.apps import NbGraderAPI
@@ -27,14 +32,22 @@ from nbgrader.coursedir import CourseDirectory
 from nbgrader.preprocessors import (
     AssignLatePenalties,
     CheckCellMetadata,
+    ClearOutput,
+    DeduplicateIds,
     IgnorePattern,
     LimitOutput,
+    OverwriteCells,
+    OverwriteKernelspec,
     SaveAutoGrades,
 )
 from traitlets.config import Config
 
-from autograder import notebooks
-from autograder.nbgrader_plugins import StripHiddenTests, TrustedExecute
+from autograder import nbgrader_plugins, notebooks
+from autograder.nbgrader_plugins import RestoreGradingMetadata, StripHiddenTests, TrustedExecute
+from autograder.sandbox import Limits, SandboxUnavailable, check_available
+
+__all__ = ["CANARY", "Limits", "Outcome", "SandboxUnavailable", "api", "collect_submissions", "grade", "grade_one",
+           "nbgrader_config", "release", "score_table"]
 
 ROOT = notebooks.ROOT
 LESSONS_DIR = ROOT / "lessons"
@@ -52,8 +65,9 @@ if _BIN not in os.environ.get("PATH", "").split(os.pathsep):
 
 
 def nbgrader_config(work: Path, db_url: str | None = None, release_dir: Path | None = None,
-                    verbose: bool = False) -> Config:
+                    verbose: bool = False, sandbox: bool = True, limits: Limits | None = None) -> Config:
     """nbgrader's configuration for this course, with our trusted execution in place of ``Execute``."""
+    limits = limits or Limits()
     c = Config()
     c.CourseDirectory.root = str(ROOT)
     c.CourseDirectory.course_id = COURSE_ID
@@ -66,16 +80,23 @@ def nbgrader_config(work: Path, db_url: str | None = None, release_dir: Path | N
     c.CourseDirectory.ignore = [".ipynb_checkpoints", "*.pyc", "__pycache__", "*.py"]
     c.Application.log_level = "INFO" if verbose else "WARN"
     c.ClearSolutions.code_stub = {"python": "# YOUR CODE HERE\nraise NotImplementedError()"}
+    # The instructor's grading metadata first: an edited, forged or duplicated cell must not abort the notebook.
+    c.Autograde.sanitize_preprocessors = [
+        ClearOutput, RestoreGradingMetadata, DeduplicateIds, OverwriteKernelspec, OverwriteCells, CheckCellMetadata,
+    ]
     c.Autograde.autograde_preprocessors = [
         TrustedExecute, IgnorePattern, ClearMetadataPreprocessor, LimitOutput, SaveAutoGrades,
         AssignLatePenalties, CheckCellMetadata,
     ]
     c.Autograde.create_student = True
-    # A deleted or renamed graded cell comes back (commented out) and scores 0: the rest still grades.
+    # A deleted test cell comes back (the instructor's copy, its first line a comment) and is graded as usual.
     c.OverwriteCells.add_missing_cells = True
     (work / "exchange").mkdir(parents=True, exist_ok=True)
     c.Exchange.root = str(work / "exchange")  # unused by this pipeline; keeps nbgrader off /usr/local/share
-    c.TrustedExecute.timeout = 120
+    c.TrustedExecute.timeout = limits.cell_timeout
+    c.TrustedExecute.iopub_timeout = limits.interrupt_grace
+    c.TrustedExecute.sandbox = sandbox
+    c.TrustedExecute.limits = asdict(limits)
     c.TrustedExecute.secret_file = str(work / "secret")
     c.GenerateFeedback.preprocessors = [
         "nbgrader.preprocessors.GetGrades", StripHiddenTests, "nbconvert.preprocessors.CSSHTMLHeaderPreprocessor",
@@ -84,8 +105,8 @@ def nbgrader_config(work: Path, db_url: str | None = None, release_dir: Path | N
 
 
 def api(work: Path, db_url: str | None = None, release_dir: Path | None = None,
-        verbose: bool = False) -> NbGraderAPI:
-    config = nbgrader_config(work, db_url, release_dir, verbose)
+        verbose: bool = False, sandbox: bool = True, limits: Limits | None = None) -> NbGraderAPI:
+    config = nbgrader_config(work, db_url, release_dir, verbose, sandbox, limits)
     coursedir = CourseDirectory(config=config)
     return NbGraderAPI(coursedir=coursedir, config=config)
 
@@ -149,6 +170,8 @@ def collect_submissions(source: Path, lessons: list[str], scratch: Path) -> Coll
         rel = path.relative_to(source).parts
         if len(rel) >= 3:
             student, lesson = rel[-3], rel[-2]
+            if lesson not in lessons:  # a renamed lesson folder: the lesson id may still be in the file name
+                lesson = next((lid for lid in lessons if lid in path.name), lesson)
         else:
             lesson = next((lid for lid in lessons if lid in path.name), "")
             student = path.name.split("_", 1)[0] if "_" in path.name else ""
@@ -163,6 +186,13 @@ def collect_submissions(source: Path, lessons: list[str], scratch: Path) -> Coll
             out.problems.append(f"{path}: a second notebook for {student}/{lesson}; kept {previous.name}")
             continue
         out.found[student][lesson] = path
+    for folder in sorted(p for p in source.iterdir() if p.is_dir() and STUDENT_ID.match(p.name)):
+        if folder.name not in out.found and not any(folder.rglob("*.ipynb")):
+            out.problems.append(f"{folder}: no notebook in this student's folder")
+    for student, found in sorted(out.found.items()):
+        missing = [lesson for lesson in lessons if lesson not in found]
+        if missing:
+            out.problems.append(f"{student}: no notebook for {', '.join(missing)} (nothing to grade there)")
     return out
 
 
@@ -176,15 +206,52 @@ class Outcome:
     ok: bool = True
     message: str = ""
     seconds: float = 0.0
+    notes: list[str] = field(default_factory=list)  # what happened while grading it (timeouts, kills, repairs)
 
 
-def _place(work: Path, student: str, lesson: str, notebook: Path) -> None:
-    """Copy a notebook into nbgrader's submitted tree under the name nbgrader expects."""
+class BadSubmission(Exception):
+    """A submitted file that cannot be graded; the message says why and what to do."""
+
+
+def read_submission(notebook: Path, max_bytes: int) -> nbformat.NotebookNode:
+    """Read a submitted notebook, refusing what nbgrader would choke on, with a message a student understands."""
+    try:
+        size = notebook.stat().st_size
+    except OSError as exc:
+        raise BadSubmission(f"the notebook cannot be read ({exc.strerror})") from exc
+    if size > max_bytes:
+        raise BadSubmission(
+            f"the notebook is {size / 2**20:.1f} MB, over the {max_bytes / 2**20:.0f} MB limit: clear its outputs "
+            "(Kernel > Restart Kernel and Clear Outputs), save, and submit again")
+    raw = notebook.read_bytes()
+    try:
+        data = json.loads(raw.decode("utf-8"))
+    except UnicodeDecodeError as exc:
+        raise BadSubmission("the file is not a notebook: it is not UTF-8 text") from exc
+    except json.JSONDecodeError as exc:
+        raise BadSubmission(
+            f"the file is not a notebook: invalid JSON at line {exc.lineno}, column {exc.colno} ({exc.msg}); it "
+            "was probably cut off or edited outside Jupyter") from exc
+    if not isinstance(data, dict) or "cells" not in data:
+        raise BadSubmission("the file is JSON but not a notebook (it has no cells)")
+    try:
+        nb = nbformat.reads(raw.decode("utf-8"), as_version=4)
+        nbformat.validate(nb)
+    except Exception as exc:
+        first = str(exc).strip().splitlines()[0][:200] if str(exc).strip() else type(exc).__name__
+        raise BadSubmission(f"the notebook's structure is invalid ({first}); open it in Jupyter, save it, "
+                            "and submit again") from exc
+    return nb
+
+
+def _place(work: Path, student: str, lesson: str, notebook: Path, max_bytes: int | None = None) -> None:
+    """Check a notebook, then write it into nbgrader's submitted tree under the name nbgrader expects."""
+    nb = read_submission(notebook, max_bytes or Limits().notebook_bytes)
     dest = work / "submitted" / student / lesson
     if dest.exists():
         shutil.rmtree(dest)
     dest.mkdir(parents=True)
-    shutil.copyfile(notebook, dest / f"{lesson}.ipynb")
+    nbformat.write(nb, dest / f"{lesson}.ipynb")
 
 
 def _score(work: Path, db_url: str | None, lesson: str, student: str) -> tuple[float, float]:
@@ -197,7 +264,9 @@ def grade_one(grader: NbGraderAPI, work: Path, db_url: str | None, student: str,
               notebook: Path) -> Outcome:
     """Autograde one notebook and write its feedback; a failure is reported, never raised."""
     started = time.perf_counter()
+    nbgrader_plugins.NOTES.pop((lesson, student), None)
     outcome = _grade_one(grader, work, db_url, student, lesson, notebook)
+    outcome.notes = nbgrader_plugins.NOTES.pop((lesson, student), [])
     outcome.seconds = time.perf_counter() - started
     return outcome
 
@@ -205,13 +274,17 @@ def grade_one(grader: NbGraderAPI, work: Path, db_url: str | None, student: str,
 def _grade_one(grader: NbGraderAPI, work: Path, db_url: str | None, student: str, lesson: str,
                notebook: Path) -> Outcome:
     try:
-        _place(work, student, lesson, notebook)
+        max_bytes = grader.config.TrustedExecute.limits.get("notebook_bytes")
+        _place(work, student, lesson, notebook, max_bytes)
         result = grader.autograde(lesson, student, force=True, create=True)
         if not result["success"]:
             return Outcome(student, lesson, 0.0, 0.0, ok=False, message=_last_error(result["log"]))
         grader.generate_feedback(lesson, student, force=True)
         score, max_score = _score(work, db_url, lesson, student)
         return Outcome(student, lesson, score, max_score)
+    except BadSubmission as exc:
+        log.warning("%s %s: not graded: %s", student, lesson, exc)
+        return Outcome(student, lesson, 0.0, 0.0, ok=False, message=str(exc))
     except MissingEntry as exc:
         return Outcome(student, lesson, 0.0, 0.0, ok=False, message=f"gradebook entry missing: {exc}")
     except Exception as exc:  # one notebook's trouble is reported and the run goes on
@@ -236,13 +309,22 @@ def run_canary(grader: NbGraderAPI, work: Path, db_url: str | None, lesson: str)
 
 
 def grade(submissions: Path, work: Path, lessons: list[str] | None = None, db_url: str | None = None,
-          verbose: bool = False) -> list[Outcome]:
-    """Canary first, then every student, then feedback and the grade CSV."""
+          verbose: bool = False, sandbox: bool = True, limits: Limits | None = None) -> list[Outcome]:
+    """Canary first, then every student, then feedback and the grade CSV.
+
+    Each kernel runs in a sandbox under ``limits``; without bubblewrap this raises :class:`SandboxUnavailable`
+    unless ``sandbox=False`` (unsafe: student code then runs with the grader's rights).
+    """
     quiet_nbgrader(verbose)
+    if sandbox:
+        check_available()
+    else:
+        log.warning("grading WITHOUT a sandbox (--no-sandbox): student code can read the solutions and the "
+                    "gradebook, and harm this machine")
     work.mkdir(parents=True, exist_ok=True)
     lessons = lessons or notebooks.lessons()
     notebooks.build_all()
-    grader = api(work, db_url, verbose=verbose)
+    grader = api(work, db_url, verbose=verbose, sandbox=sandbox, limits=limits)
     for lesson in lessons:
         result = grader.generate_assignment(lesson, force=True, create=True)
         if not result["success"]:
@@ -273,7 +355,7 @@ def write_csv(path: Path, outcomes: list[Outcome]) -> None:
             if o.student == CANARY:
                 continue
             writer.writerow([o.student, o.lesson, o.score, o.max_score, "ok" if o.ok else "needs attention",
-                             o.message])
+                             "; ".join(filter(None, [o.message, *o.notes]))])
 
 
 def score_table(outcomes: list[Outcome]) -> str:

@@ -15,7 +15,9 @@ The case language (JSON) is small on purpose:
 
 ``{"id": "c0", "steps": [step, ...]}`` where a step is one of
 
-- ``{"call": VALUE, "args": [VALUE...], "kwargs": {name: VALUE}, "let": name?, "record": name?}``
+- ``{"call": VALUE, "args": [VALUE...], "kwargs": {name: VALUE}, "let": name?, "record": name?,
+  "autocast": dtype?}``   with ``"autocast": "bfloat16"`` (or ``"float16"``) the call runs inside
+  ``torch.autocast("cpu", dtype=...)``, as mixed-precision code does
 - ``{"load_state": name, "state": {param: VALUE}}``   load a state dict (strict) into a bound module
 - ``{"eval": name}`` / ``{"train": name}``            switch a bound module's mode
 - ``{"seed": int}``                                   ``torch.manual_seed``
@@ -32,7 +34,9 @@ and a VALUE is a JSON literal or one of ``{"array": key}``, ``{"tensor": key, "r
 
 from __future__ import annotations
 
+import contextlib
 import importlib
+import io
 import json
 import os
 import time
@@ -44,6 +48,8 @@ import numpy as np
 
 ENV_VAR = "DECODER_COURSE_HARVEST"
 MAX_ERROR_CHARS = 2000
+MAX_OUTPUT_BYTES = 32 << 20  # what one exercise may hand back; more is reported as an error, never written
+MAX_VALUES = 10_000  # arrays and descriptions recorded per case
 
 
 _VALUE_KINDS = (
@@ -132,7 +138,13 @@ class _Runner:
     def step(self, step: dict) -> None:
         if "call" in step:
             fn = self.value(step["call"])
-            result = fn(*self.value(step.get("args", [])), **self._kwargs(step.get("kwargs", {})))
+            args, kwargs = self.value(step.get("args", [])), self._kwargs(step.get("kwargs", {}))
+            if step.get("autocast"):
+                torch = _torch()
+                with torch.autocast("cpu", dtype=getattr(torch, step["autocast"])):
+                    result = fn(*args, **kwargs)
+            else:
+                result = fn(*args, **kwargs)
             if step.get("let"):
                 self.bound[step["let"]] = result
             if step.get("record"):
@@ -161,6 +173,8 @@ class _Runner:
     # -- recording ----------------------------------------------------------------------------------------------
     def record(self, name: str, value: Any) -> None:
         """Flatten ``value`` into plain arrays; anything else is described, never pickled."""
+        if len(self.meta) >= MAX_VALUES:
+            raise _CaseError(f"your code returned more than {MAX_VALUES} values")
         kind = type(value)
         if kind is np.ndarray:
             self._leaf(name, np.array(value, copy=True), "numpy.ndarray", str(value.dtype))
@@ -196,6 +210,22 @@ class _Runner:
         self.meta[name] = {"type": type_name, "dtype": dtype, "shape": list(array.shape)}
 
 
+@contextlib.contextmanager
+def _unseen():
+    """Whatever the student's code prints or displays on hidden cases is dropped: it would show hidden inputs."""
+    try:
+        from IPython import get_ipython
+        from IPython.utils.capture import capture_output
+    except ImportError:
+        get_ipython = None
+    if get_ipython is not None and get_ipython() is not None:
+        with capture_output(stdout=True, stderr=True, display=True):
+            yield
+    else:
+        with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()):
+            yield
+
+
 def collect(item: str, namespace: dict) -> None:
     """Run the grader's cases for ``item`` on the objects in ``namespace``; a no-op outside grading."""
     folder = os.environ.get(ENV_VAR)
@@ -215,8 +245,9 @@ def collect(item: str, namespace: dict) -> None:
         started = time.perf_counter()
         entry: dict[str, Any] = {}
         try:
-            for step in case["steps"]:
-                runner.step(step)
+            with _unseen():
+                for step in case["steps"]:
+                    runner.step(step)
         except NotImplementedError:
             entry["error"] = "NotImplementedError: the exercise is not written yet"
         except Exception as exc:  # the student's exception is data for the verdict, never a crash here
@@ -228,6 +259,12 @@ def collect(item: str, namespace: dict) -> None:
         for name, array in runner.leaves.items():
             leaves[f"{case['id']}/{name}"] = array
 
+    total = sum(array.nbytes for array in leaves.values())
+    if total > MAX_OUTPUT_BYTES:  # too large to hand in: say so instead of filling the grading folder
+        for entry in report["cases"].values():
+            entry["error"] = (f"ValueError: your code returned {total / 2**20:.0f} MB of values, more than the "
+                              f"{MAX_OUTPUT_BYTES / 2**20:.0f} MB that can be handed in for grading")
+        leaves = {}
     out_dir = Path(folder) / "outputs"
     out_dir.mkdir(parents=True, exist_ok=True)
     # npz keys may not contain "/" portably: store an index instead.

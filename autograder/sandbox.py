@@ -1,0 +1,484 @@
+"""The student's kernel runs inside a bubblewrap sandbox: what it may see, write and use, and how it is stopped.
+
+One :class:`Sandbox` per graded notebook. :class:`SandboxedKernelManager` is jupyter_client's kernel manager with
+one change: the kernel command is wrapped in ``bwrap`` (see :meth:`Sandbox.command`). nbclient, nbgrader and the
+kernel itself are unchanged; ``TrustedExecute`` builds the sandbox and hands its kernel manager to nbclient.
+
+Inside the sandbox
+    - no network (``--unshare-net``): the kernel's ZMQ channels use the ``ipc`` transport, socket files in the
+      notebook's scratch folder, bound at the same path inside and out;
+    - its own pid, IPC and UTS namespaces, a new session; ``/proc`` shows only the sandbox;
+    - read-only: ``/usr`` (and the ``/bin``, ``/lib`` links), a few files of ``/etc``, the Python installation,
+      the virtual environment and the companion package ``decoder_course``. Nothing else of the host exists:
+      not ``autograder/``, ``solutions/``, the work folder (gradebook, secret, other students' notebooks) nor
+      the instructor's submissions;
+    - writable: ``/home/student`` (cwd and ``$HOME``), ``/tmp`` and ``/dev/shm``, each a size-capped tmpfs that
+      dies with the sandbox (a planted IPython startup file never reaches the next student), and the harvest
+      folder's ``outputs/`` (``cases/`` is read-only);
+    - a clean environment (``--clearenv``): no secret, no path of the grading process.
+
+Limits
+    The kernel's first process (:data:`_LAUNCHER`) sets rlimits, then, when grading runs as root, drops to an
+    unprivileged uid of its own (``uid`` below) so that ``RLIMIT_NPROC`` applies (root is exempt from it): CPU
+    seconds, address space, processes, file size, no core dumps. nbclient's per-cell timeout interrupts a cell;
+    a watchdog thread kills the whole sandbox past the notebook's deadline or when the scratch folder outgrows
+    its cap. Killing the outer ``bwrap`` (``--die-with-parent``) tears down the pid namespace, which kills every
+    process in it, however it was forked; :meth:`Sandbox.kill` then checks that nothing survived.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+from jupyter_client.kernelspec import KernelSpec
+from jupyter_client.manager import AsyncKernelManager
+from traitlets import Any
+
+import decoder_course
+
+UNAVAILABLE = "bubblewrap is not available: install it, or pass --no-sandbox to grade without one (unsafe)"
+HOME = "/home/student"  # the kernel's cwd and $HOME inside the sandbox
+HARVEST = "/harvest"  # the harvest folder inside the sandbox ($DECODER_COURSE_HARVEST)
+# Environment variables passed from the grading process to the kernel: rendering and thread settings only.
+PASS_ENV = ("LANG", "LC_ALL", "TZ", "MPLBACKEND", "OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS",
+            "NBGRADER_EXECUTION")
+ETC_FILES = ("ld.so.cache", "ld.so.conf", "ld.so.conf.d", "localtime", "nsswitch.conf", "passwd", "group",
+             "fonts", "mime.types", "matplotlibrc")
+UID_BASE = 10_000_000  # sandbox uids (root only): UID_BASE + pid % 1_000_000, owned by no account
+
+
+@dataclass(frozen=True)
+class Limits:
+    """What one notebook may use. The defaults suit every lesson on a 2-core CPU; tests set tighter ones."""
+
+    cell_timeout: int = 120  # s per cell (nbclient), then the cell is interrupted
+    interrupt_grace: int = 4  # s for an interrupted cell to stop before the sandbox is killed
+    deadline: float = 900.0  # s for the whole notebook from kernel start, then the sandbox is killed
+    cpu_seconds: int = 1200  # RLIMIT_CPU of each sandbox process
+    memory_bytes: int = 6 << 30  # RLIMIT_AS (address space) of each sandbox process
+    processes: int = 256  # RLIMIT_NPROC: processes and threads of the sandbox together
+    file_bytes: int = 128 << 20  # RLIMIT_FSIZE: largest file a sandbox process may write
+    tmpfs_bytes: int = 256 << 20  # size of each tmpfs: /home/student, /tmp, /dev/shm
+    scratch_bytes: int = 256 << 20  # writable host folders (harvest outputs, kernel sockets, log), watched
+    output_bytes: int = 16 << 20  # notebook outputs kept by nbclient; more is dropped with a note
+    notebook_bytes: int = 16 << 20  # submitted notebooks larger than this are refused before grading
+
+
+class SandboxUnavailable(RuntimeError):
+    """bubblewrap is missing or cannot create namespaces here."""
+
+
+def bwrap() -> str | None:
+    return shutil.which("bwrap")
+
+
+def sandbox_uid() -> int:
+    """The uid the kernel runs as: this process's own unless it is root, then one owned by no account."""
+    return UID_BASE + os.getpid() % 1_000_000 if os.geteuid() == 0 else os.geteuid()
+
+
+@functools.lru_cache(maxsize=1)
+def _probe() -> str:
+    """'' when a sandbox can start here, else why not (cached: asked once per process)."""
+    exe = bwrap()
+    if exe is None:
+        return "the `bwrap` command was not found"
+    with tempfile.TemporaryDirectory(prefix="sandbox-probe-") as tmp:
+        box = Sandbox(Path(tmp), Limits())
+        try:
+            box.prepare()
+            done = subprocess.run(box.command([sys.executable, "-c", "pass"]), env=box.outer_env(),
+                                  cwd=tmp, capture_output=True, text=True, timeout=60)
+        except (OSError, subprocess.SubprocessError) as exc:
+            return f"{type(exc).__name__}: {exc}"
+    if done.returncode != 0:
+        return (done.stderr or done.stdout or f"exit status {done.returncode}").strip()[-500:]
+    return ""
+
+
+def check_available() -> None:
+    """Raise :class:`SandboxUnavailable` with a clear message unless a sandbox can start on this machine."""
+    why = _probe()
+    if why:
+        raise SandboxUnavailable(f"{UNAVAILABLE}. ({why})")
+
+
+# The sandbox's first process: rlimits, then (as root) an unprivileged uid, then exec the kernel.
+# argv: -c CODE LIMITS_JSON KERNEL_ARGV...
+_LAUNCHER = r"""
+import ctypes, json, os, resource, sys
+cfg = json.loads(sys.argv[1])
+for name, value in cfg["rlimits"].items():
+    resource.setrlimit(getattr(resource, name), (value, value + (5 if name == "RLIMIT_CPU" else 0)))
+if os.getuid() == 0:
+    uid = cfg["uid"]
+    os.setgroups([])
+    os.setresgid(uid, uid, uid)
+    os.setresuid(uid, uid, uid)
+ctypes.CDLL(None, use_errno=True).prctl(38, 1, 0, 0, 0)  # PR_SET_NO_NEW_PRIVS: no setuid binary helps
+os.umask(0o077)
+os.execv(sys.argv[2], sys.argv[2:])
+"""
+
+
+@dataclass
+class Sandbox:
+    """One notebook's sandbox: its scratch folder, its command line, its watchdog and its end."""
+
+    scratch: Path  # host folder, removed by the caller
+    limits: Limits
+    uid: int = field(default_factory=sandbox_uid)
+    events: list[str] = field(default_factory=list)  # what happened, in words, for the log and the instructor
+    process: subprocess.Popen | None = None
+    pid_ns: str = ""
+    _stop: threading.Event = field(default_factory=threading.Event)
+    _watchdog: threading.Thread | None = None
+    _started: float = 0.0
+    _noted_others: bool = False
+
+    @property
+    def root_mode(self) -> bool:
+        return os.geteuid() == 0
+
+    @property
+    def harvest(self) -> Path:
+        """The host side of the harvest folder: ``cases/`` (read-only inside) and ``outputs/``."""
+        return self.scratch / "harvest"
+
+    @property
+    def kernel_dir(self) -> Path:
+        """Connection file and ZMQ ipc sockets, bound at the same path inside."""
+        return self.scratch / "kernel"
+
+    @property
+    def log_path(self) -> Path:
+        return self.scratch / "kernel.log"
+
+    # -- folders ---------------------------------------------------------------------------------------------
+    def prepare(self) -> None:
+        """Make the scratch folders; call before writing the cases."""
+        self.scratch.mkdir(parents=True, exist_ok=True)
+        self.scratch.chmod(0o711)  # the sandbox uid may traverse it, not list it
+        for folder in (self.kernel_dir, self.harvest / "cases", self.harvest / "outputs"):
+            folder.mkdir(parents=True, exist_ok=True)
+
+    def seal(self) -> None:
+        """After the cases are written: the sandbox uid owns what it may write, and only that."""
+        for path in (self.harvest, self.harvest / "cases"):
+            path.chmod(0o755)
+        for path in (self.harvest / "cases").iterdir():
+            path.chmod(0o444)
+        for path in (self.kernel_dir, self.harvest / "outputs"):
+            path.chmod(0o700)
+            if self.root_mode:
+                os.chown(path, self.uid, self.uid)
+
+    def give(self, path: Path | str) -> None:
+        """Let the sandbox uid read a file the grading process wrote (the connection file)."""
+        if self.root_mode:
+            os.chown(path, self.uid, self.uid)
+
+    # -- the command -----------------------------------------------------------------------------------------
+    def read_only_paths(self) -> list[str]:
+        """Host folders the kernel may read: the Python installation, the virtualenv, the companion package."""
+        paths = {sys.base_prefix, sys.prefix, str(Path(decoder_course.__file__).resolve().parent),
+                 str(Path(sys.executable).resolve().parent.parent)}
+        kept = []
+        for path in sorted(paths):
+            if path.startswith("/usr/") or path == "/usr":
+                continue
+            if any(path.startswith(other + "/") for other in paths if other != path):
+                continue  # inside another bound folder
+            kept.append(path)
+        private = Path(__file__).resolve().parent  # autograder/: references, checks, this file
+        for path in kept:
+            if private == Path(path) or Path(path) in private.parents:
+                raise SandboxUnavailable(f"the sandbox would expose {private} through {path}; install the course "
+                                         "package (decoder_course) outside the repository's root")
+        return kept
+
+    def command(self, kernel_argv: list[str]) -> list[str]:
+        """The bwrap command line that runs ``kernel_argv`` inside this sandbox."""
+        lim = self.limits
+        args = [bwrap() or "bwrap", "--unshare-pid", "--unshare-net", "--unshare-ipc", "--unshare-uts",
+                "--unshare-cgroup-try", "--hostname", "sandbox", "--die-with-parent", "--new-session",
+                "--clearenv"]
+        if not self.root_mode:  # as root, the launcher keeps the capabilities to drop to the sandbox uid
+            args += ["--unshare-user", "--cap-drop", "ALL"]
+        args += ["--ro-bind", "/usr", "/usr"]
+        for top in ("/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32"):
+            if os.path.islink(top):
+                args += ["--symlink", os.readlink(top), top]
+            elif os.path.isdir(top):
+                args += ["--ro-bind", top, top]
+        for name in ETC_FILES:
+            args += ["--ro-bind-try", f"/etc/{name}", f"/etc/{name}"]
+        # The private filesystems first: a bound folder below /tmp or /home must not be hidden by them.
+        size = str(lim.tmpfs_bytes)
+        args += ["--proc", "/proc", "--dev", "/dev",
+                 "--perms", "1777", "--size", size, "--tmpfs", "/dev/shm",
+                 "--perms", "1777", "--size", size, "--tmpfs", "/tmp",
+                 "--perms", "0755", "--dir", "/home",
+                 "--perms", "0777", "--size", size, "--tmpfs", HOME]
+        made: set[str] = {"/", "/usr", "/etc", "/proc", "/dev", "/dev/shm", "/tmp", "/home", HOME}
+        for path in self.read_only_paths():
+            args += self._parents(path, made) + ["--ro-bind", path, path]
+        kernel = str(self.kernel_dir)
+        args += self._parents(kernel, made) + ["--bind", kernel, kernel]
+        args += ["--perms", "0755", "--dir", HARVEST,
+                 "--ro-bind", str(self.harvest / "cases"), f"{HARVEST}/cases",
+                 "--bind", str(self.harvest / "outputs"), f"{HARVEST}/outputs",
+                 "--remount-ro", "/", "--chdir", HOME]
+        for name, value in self.inner_env().items():
+            args += ["--setenv", name, value]
+        rlimits = {"RLIMIT_CPU": lim.cpu_seconds, "RLIMIT_AS": lim.memory_bytes, "RLIMIT_NPROC": lim.processes,
+                   "RLIMIT_FSIZE": lim.file_bytes, "RLIMIT_CORE": 0}
+        launcher = json.dumps({"rlimits": rlimits, "uid": self.uid})
+        return args + ["--", sys.executable, "-s", "-c", _LAUNCHER, launcher] + list(kernel_argv)
+
+    @staticmethod
+    def _parents(path: str, made: set[str]) -> list[str]:
+        """Create a bound path's missing parents, world-traversable (bwrap would copy e.g. /root's 0700)."""
+        args = []
+        parts = Path(path).parts
+        for depth in range(2, len(parts)):
+            parent = str(Path(*parts[:depth]))
+            if parent not in made:
+                made.add(parent)
+                args += ["--perms", "0755", "--dir", parent]
+        return args
+
+    def inner_env(self) -> dict[str, str]:
+        env = {name: os.environ[name] for name in PASS_ENV if name in os.environ}
+        env.update({
+            "HOME": HOME, "USER": "student", "PATH": f"{Path(sys.executable).parent}:/usr/bin:/bin",
+            "DECODER_COURSE_HARVEST": HARVEST, "MPLCONFIGDIR": f"{HOME}/.config/matplotlib",
+            "PYTHONNOUSERSITE": "1", "PYDEVD_DISABLE_FILE_VALIDATION": "1",
+        })
+        env.setdefault("LANG", "C.UTF-8")
+        return env
+
+    @staticmethod
+    def outer_env() -> dict[str, str]:
+        """The environment of ``bwrap`` itself (the kernel's is set inside): nothing of the grader's."""
+        return {"PATH": "/usr/bin:/bin", "LANG": "C.UTF-8"}
+
+    # -- running ---------------------------------------------------------------------------------------------
+    def started(self, process: subprocess.Popen) -> None:
+        """Called once the outer bwrap runs: start the watchdog."""
+        self.process = process
+        self._started = time.monotonic()
+        self._watchdog = threading.Thread(target=self._watch, name="sandbox-watchdog", daemon=True)
+        self._watchdog.start()
+
+    def join(self, timeout: float | None = None) -> None:
+        """Wait for the watchdog (and a kill it started) to finish."""
+        if self._watchdog is not None:
+            self._watchdog.join(timeout)
+
+    def _watch(self) -> None:
+        lim = self.limits
+        while not self._stop.wait(0.2):
+            if self.process is None or self.process.poll() is not None:
+                return
+            if not self.pid_ns:
+                self.pid_ns = self._find_pid_ns()
+            if time.monotonic() - self._started > lim.deadline:
+                self._kill_for(f"the notebook ran past its {lim.deadline:g} s deadline: the sandbox was stopped")
+                return
+            used = self.scratch_usage()
+            if used > lim.scratch_bytes:
+                self._kill_for(f"the notebook wrote {used / 2**20:.0f} MB into its scratch folder (cap "
+                               f"{lim.scratch_bytes / 2**20:.0f} MB): the sandbox was stopped")
+                return
+
+    def _kill_for(self, why: str) -> None:
+        self.events.append(why)
+        self.kill()
+
+    def scratch_usage(self) -> int:
+        """Bytes in the host folders the sandbox may write (not following links)."""
+        total = 0
+        for folder in (self.kernel_dir, self.harvest / "outputs"):
+            for root, dirs, files in os.walk(folder):
+                for name in files + dirs:
+                    try:
+                        total += os.lstat(os.path.join(root, name)).st_size
+                    except OSError:
+                        pass
+        try:
+            total += self.log_path.stat().st_size
+        except OSError:
+            pass
+        return total
+
+    def _find_pid_ns(self) -> str:
+        """The sandbox's pid namespace, read from a child of the outer bwrap (to find survivors later)."""
+        assert self.process is not None
+        for pid in _pids():
+            if _ppid(pid) == self.process.pid:
+                try:
+                    return os.readlink(f"/proc/{pid}/ns/pid")
+                except OSError:
+                    return ""
+        return ""
+
+    def survivors(self) -> list[int]:
+        """Processes still running from this sandbox: in its pid namespace, or (as root) of its uid."""
+        mine = []
+        for pid in _pids():
+            if _state(pid) in ("Z", "X", ""):
+                continue  # dead, waiting to be reaped by the host's init: nothing runs
+            try:
+                if self.root_mode and os.stat(f"/proc/{pid}").st_uid == self.uid:
+                    mine.append(pid)
+                elif self.pid_ns and os.readlink(f"/proc/{pid}/ns/pid") == self.pid_ns:
+                    mine.append(pid)
+            except OSError:
+                continue
+        return mine
+
+    def kill(self) -> None:
+        """Stop everything in the sandbox: kill the outer bwrap (which tears down the pid namespace), then
+        whatever is left."""
+        self._stop.set()
+        self.note_others()
+        if self.process is not None and self.process.poll() is None:
+            try:
+                self.process.kill()
+                self.process.wait(timeout=10)
+            except (OSError, subprocess.TimeoutExpired):
+                pass
+        deadline = time.monotonic() + 5
+        while (left := self.survivors()) and time.monotonic() < deadline:
+            for pid in left:
+                try:
+                    os.kill(pid, signal.SIGKILL)
+                except OSError:
+                    pass
+            time.sleep(0.05)
+        if self.survivors():
+            self.events.append(f"processes of the sandbox survived the kill: {self.survivors()}")
+
+    def note_others(self) -> None:
+        """Say (once) how many processes besides the kernel were running when the notebook ended."""
+        others = self._others()
+        if others and not self._noted_others:
+            self._noted_others = True
+            self.events.append(f"{len(others)} other processes were still running when the notebook ended "
+                               "(forked by the notebook): all were killed")
+
+    def _others(self) -> list[int]:
+        """Processes of the sandbox other than its init and the kernel (the init's first child)."""
+        if self.process is None or self.process.poll() is not None:
+            return []
+        init = [pid for pid in _pids() if _ppid(pid) == self.process.pid]
+        running = set(self.survivors()) - set(init)
+        children = sorted((int(_stat_fields(pid)[19]), pid) for pid in running
+                          if init and _ppid(pid) == init[0] and len(_stat_fields(pid)) > 19)
+        kernel = children[0][1] if children else -1
+        return sorted(pid for pid in running if pid != kernel)
+
+    def exit_description(self) -> str:
+        """How the kernel ended, in words ('' while it runs or after a normal shutdown)."""
+        if self.process is None or self.process.returncode is None:
+            return ""
+        code = self.process.returncode
+        if code < 0:  # the outer bwrap was killed by the grader
+            return ""
+        if code > 128:
+            try:
+                name = signal.Signals(code - 128).name
+            except ValueError:
+                name = f"signal {code - 128}"
+            why = {"SIGSEGV": "a crash (segmentation fault)", "SIGKILL": "SIGKILL",
+                   "SIGXCPU": "the CPU time limit", "SIGXFSZ": "the file size limit",
+                   "SIGABRT": "an abort"}.get(name, name)
+            return f"the kernel was killed by {why} ({name})"
+        return f"the kernel exited with status {code}"
+
+    def log_tail(self, chars: int = 2000) -> str:
+        """The last meaningful line the kernel wrote on its own stderr (a crash message), or ''."""
+        try:
+            with open(self.log_path, "rb") as handle:
+                handle.seek(max(0, self.log_path.stat().st_size - chars))
+                lines = handle.read().decode("utf-8", "replace").splitlines()
+        except OSError:
+            return ""
+        lines = [line.strip() for line in lines if line.strip() and not line.startswith("Fontconfig")]
+        return lines[-1] if lines else ""
+
+    def describe(self) -> dict:
+        return {"uid": self.uid, "limits": asdict(self.limits), "read_only": self.read_only_paths()}
+
+
+def _pids() -> list[int]:
+    return [int(name) for name in os.listdir("/proc") if name.isdigit()]
+
+
+def _stat_fields(pid: int) -> list[str]:
+    """Fields of /proc/PID/stat after the command name: state, ppid, ..."""
+    try:
+        with open(f"/proc/{pid}/stat") as handle:
+            return handle.read().rsplit(")", 1)[1].split()
+    except (OSError, IndexError):
+        return []
+
+
+def _state(pid: int) -> str:
+    fields = _stat_fields(pid)
+    return fields[0] if fields else ""
+
+
+def _ppid(pid: int) -> int:
+    fields = _stat_fields(pid)
+    return int(fields[1]) if len(fields) > 1 else -1
+
+
+class SandboxedKernelManager(AsyncKernelManager):
+    """jupyter_client's kernel manager, launching the kernel inside a :class:`Sandbox` over ipc sockets."""
+
+    box = Any(help="the Sandbox of this notebook")
+
+    def __init__(self, box: Sandbox, **kwargs):
+        super().__init__(**kwargs)
+        self.box = box
+        self.transport = "ipc"
+        self.ip = str(box.kernel_dir / "k")  # ipc endpoints are <ip>-<port>
+        self.connection_file = str(box.kernel_dir / "kernel.json")
+        # Always this environment's Python kernel, whatever the notebook's metadata names; interrupt by message
+        # (the kernel signals itself), since the sandbox's own processes must never receive a SIGINT.
+        self._kernel_spec = KernelSpec(
+            argv=[sys.executable, "-Xfrozen_modules=off", "-m", "ipykernel_launcher", "-f", "{connection_file}"],
+            display_name="Python 3 (sandboxed)", language="python", interrupt_mode="message", metadata={})
+
+    async def shutdown_kernel(self, now: bool = False, restart: bool = False) -> None:
+        self.box.note_others()  # before the kill: what else was still running in the sandbox
+        await super().shutdown_kernel(now=now, restart=restart)
+
+    def write_connection_file(self, **kwargs) -> None:
+        super().write_connection_file(**kwargs)
+        self.box.give(self.connection_file)
+
+    def format_kernel_cmd(self, extra_arguments: list[str] | None = None) -> list[str]:
+        return self.box.command(super().format_kernel_cmd(extra_arguments))
+
+    async def _async_launch_kernel(self, kernel_cmd: list[str], **kw) -> None:
+        kw["env"] = self.box.outer_env()
+        kw["cwd"] = str(self.box.scratch)
+        kw["stdout"] = subprocess.DEVNULL
+        with open(self.box.log_path, "ab") as log:  # the kernel's own stderr (crash messages), size-capped
+            kw["stderr"] = log
+            await super()._async_launch_kernel(kernel_cmd, **kw)
+        self.box.started(self.provisioner.process)

@@ -1,0 +1,134 @@
+"""What grading one notebook costs with our trusted verdicts and sandbox, next to plain `nbgrader autograde`.
+
+    .venv/bin/python bench/grading_overhead.py [--lesson 01-masks] [--repeats 5]
+
+The same submission (the lesson's reference solutions typed into the release) is autograded by
+
+- **plain nbgrader**: nbgrader 0.9.6's defaults (``Execute``: the notebook, hidden cells included, runs in an
+  ordinary kernel; our hidden cells only collect, which does nothing outside a grading run);
+- **trusted, no sandbox**: our pipeline with ``--no-sandbox`` (cases written, outputs harvested, verdicts made
+  outside the kernel, metadata restored);
+- **trusted + sandbox**: our pipeline as it grades (the kernel in bubblewrap);
+
+each in its own work folder, side by side: every round runs the three in a rotated order, and the table gives
+medians (and the spread) over the rounds. Feedback is timed apart. Prints a markdown table.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+os.environ.setdefault("OMP_NUM_THREADS", "1")
+os.environ.setdefault("MPLBACKEND", "Agg")
+
+import nbformat  # noqa: E402
+from nbgrader.api import Gradebook  # noqa: E402
+from nbgrader.apps import NbGraderAPI  # noqa: E402
+from nbgrader.coursedir import CourseDirectory  # noqa: E402
+
+from autograder import notebooks, pipeline, samples, sandbox  # noqa: E402
+
+STUDENT = "bench"
+
+
+def plain_api(work: Path) -> NbGraderAPI:
+    """nbgrader with its default autograde steps; only the folders are ours."""
+    config = pipeline.nbgrader_config(work)
+    del config.Autograde["autograde_preprocessors"], config.Autograde["sanitize_preprocessors"]
+    del config["TrustedExecute"]
+    config.GenerateFeedback.preprocessors = ["nbgrader.preprocessors.GetGrades",
+                                             "nbconvert.preprocessors.CSSHTMLHeaderPreprocessor"]
+    return NbGraderAPI(coursedir=CourseDirectory(config=config), config=config)
+
+
+def setup(work: Path, grader: NbGraderAPI, lesson: str, submission) -> None:
+    result = grader.generate_assignment(lesson, force=True, create=True)
+    assert result["success"], result["log"]
+    path = work / "submitted" / STUDENT / lesson / f"{lesson}.ipynb"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    nbformat.write(submission, path)
+
+
+def timed(fn) -> float:
+    started = time.perf_counter()
+    result = fn()
+    assert result is None or result.get("success", True), result.get("log", "")[-2000:]
+    return time.perf_counter() - started
+
+
+def startup(repeats: int) -> tuple[float, float]:
+    """Median seconds to run `python -c pass` directly and inside the sandbox."""
+    with tempfile.TemporaryDirectory(prefix="bench-") as tmp:
+        box = sandbox.Sandbox(Path(tmp) / "box", sandbox.Limits())
+        box.prepare()
+        box.seal()
+        plain, boxed = [], []
+        for _ in range(repeats):
+            plain.append(timed(lambda: subprocess.run([sys.executable, "-c", "pass"], check=True) and None))
+            boxed.append(timed(lambda: subprocess.run(box.command([sys.executable, "-c", "pass"]),
+                                                      env=box.outer_env(), cwd=box.scratch, check=True) and None))
+    return statistics.median(plain), statistics.median(boxed)
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--lesson", default="01-masks")
+    parser.add_argument("--repeats", type=int, default=5)
+    args = parser.parse_args(argv)
+    logging.disable(logging.WARNING)
+    pipeline.quiet_nbgrader(False)
+    notebooks.build_all()
+    submission = samples.perfect(args.lesson)
+    with tempfile.TemporaryDirectory(prefix="bench-grading-") as tmp:
+        work = {"plain nbgrader autograde": Path(tmp) / "plain",
+                "trusted verdicts, no sandbox": Path(tmp) / "trusted",
+                "trusted verdicts + sandbox": Path(tmp) / "sandboxed"}
+        names = list(work)
+        variants = {names[0]: plain_api(work[names[0]]), names[1]: pipeline.api(work[names[1]], sandbox=False),
+                    names[2]: pipeline.api(work[names[2]], sandbox=True)}
+        for name, grader in variants.items():
+            setup(work[name], grader, args.lesson, submission)
+        grade: dict[str, list[float]] = {name: [] for name in names}
+        feedback: dict[str, list[float]] = {name: [] for name in names}
+        for round_ in range(args.repeats + 1):  # round 0 warms caches and is not counted
+            order = names[round_ % 3:] + names[:round_ % 3]
+            for name in order:
+                grader = variants[name]
+                g = timed(lambda grader=grader: grader.autograde(args.lesson, STUDENT, force=True, create=True))
+                f = timed(lambda grader=grader: grader.generate_feedback(args.lesson, STUDENT, force=True))
+                if round_:
+                    grade[name].append(g)
+                    feedback[name].append(f)
+        scores = {}
+        for name, grader in variants.items():
+            with Gradebook(grader.coursedir.db_url, pipeline.COURSE_ID) as gb:
+                sub = gb.find_submission(args.lesson, STUDENT)
+                scores[name] = f"{sub.score:g}/{sub.max_score:g}"
+    plain_start, boxed_start = startup(max(5, args.repeats))
+    base = statistics.median(grade[names[0]])
+    print(f"### Grading one `{args.lesson}` notebook ({args.repeats} rounds, medians; "
+          f"{os.cpu_count()} CPUs, load {os.getloadavg()[0]:.1f})\n")
+    print("| variant | autograde (s) | spread (s) | overhead vs plain | feedback (s) | score |")
+    print("|---|---|---|---|---|---|")
+    for name in names:
+        med = statistics.median(grade[name])
+        spread = f"{min(grade[name]):.2f}–{max(grade[name]):.2f}"
+        over = "—" if name == names[0] else f"{med - base:+.2f} s ({(med / base - 1) * 100:+.0f} %)"
+        print(f"| {name} | {med:.2f} | {spread} | {over} | {statistics.median(feedback[name]):.2f} | "
+              f"{scores[name]} |")
+    print(f"\nSandbox start-up alone: `python -c pass` {plain_start * 1000:.0f} ms directly, "
+          f"{boxed_start * 1000:.0f} ms inside bubblewrap ({(boxed_start - plain_start) * 1000:+.0f} ms).")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,10 @@
+"""Sleep for an hour: interrupted at the cell timeout; the notebook goes on.
+
+target: padding_mask
+zero: padding_mask
+full: causal_mask, combine_masks, mask_to_bias
+log: ran past the [0-9]+ s cell limit: interrupted
+"""
+import time
+
+time.sleep(3600)
