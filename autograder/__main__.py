@@ -15,7 +15,7 @@ import sys
 import time
 from pathlib import Path
 
-from autograder import notebooks, pipeline, samples
+from autograder import notebooks, parallel, pipeline, samples
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -37,6 +37,8 @@ def main(argv: list[str] | None = None) -> int:
         p.add_argument("--no-sandbox", action="store_true",
                        help="run student code without the bubblewrap sandbox (unsafe: it can read the solutions, "
                             "the gradebook and other students' work)")
+        p.add_argument("--workers", type=int, default=parallel.default_workers(),
+                       help="notebooks graded at once, one process each (default: one per core)")
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO if getattr(args, "verbose", False) else logging.WARNING,
                         format="%(levelname)s %(name)s: %(message)s")
@@ -65,7 +67,7 @@ def main(argv: list[str] | None = None) -> int:
             return 2
     try:
         outcomes = pipeline.grade(submissions, args.work, args.lessons, args.db_url, args.verbose,
-                                  sandbox=not args.no_sandbox)
+                                  sandbox=not args.no_sandbox, workers=args.workers, progress=True)
     except pipeline.SandboxUnavailable as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
@@ -76,6 +78,7 @@ def main(argv: list[str] | None = None) -> int:
     print(f"\ngraded {len(outcomes) - len(set(o.lesson for o in outcomes))} notebooks "
           f"(+ canaries) in {time.perf_counter() - started:.0f} s; "
           f"grades: {args.work / 'grades.csv'}; feedback: {args.work / 'feedback'}")
+    print(parallel.summary(outcomes))
     return 1 if bad else 0
 
 
