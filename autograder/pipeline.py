@@ -27,7 +27,6 @@ from pathlib import Path
 
 import nbformat
 from nbconvert.preprocessors import ClearMetadataPreprocessor
-from sqlalchemy.exc import SAWarning
 from nbgrader.api import Gradebook, MissingEntry
 from nbgrader.apps import NbGraderAPI
 from nbgrader.coursedir import CourseDirectory
@@ -42,6 +41,7 @@ from nbgrader.preprocessors import (
     OverwriteKernelspec,
     SaveAutoGrades,
 )
+from sqlalchemy.exc import SAWarning
 from traitlets.config import Config
 
 from autograder import nbgrader_plugins, notebooks
