@@ -222,6 +222,9 @@ class Sandbox:
                 args += ["--symlink", os.readlink(top), top]
             elif os.path.isdir(top):
                 args += ["--ro-bind", top, top]
+        # /etc made explicitly with 0755: a parent bwrap creates on its own is not searchable by the sandbox uid,
+        # and then fontconfig, passwd and ld.so.cache are invisible (matplotlib printed a fontconfig error).
+        args += ["--perms", "0755", "--dir", "/etc"]
         for name in ETC_FILES:
             args += ["--ro-bind-try", f"/etc/{name}", f"/etc/{name}"]
         # The private filesystems first: a bound folder below /tmp or /home must not be hidden by them.

@@ -618,3 +618,11 @@ def test_an_item_printing_its_hidden_inputs_still_passes_and_shows_none(run):
     assert "token_ids:" in printed, "the visible check's calls should still print"
     for value in _hidden_values(run, "x-print-hidden-inputs"):
         assert value not in printed
+
+
+def test_the_sandbox_uid_can_read_what_plotting_needs(tmp_path):
+    """/etc entries the kernel needs are readable by the sandbox uid: no fontconfig error in students' cells."""
+    code = ("import os, subprocess; print(os.access('/etc/fonts/fonts.conf', os.R_OK), os.access('/etc/passwd', "
+            "os.R_OK)); print(repr(subprocess.run(['fc-list'], capture_output=True, text=True).stderr))")
+    result = _run_boxed(tmp_path, code)
+    assert result.stdout.splitlines() == ["True True", "''"], result.stdout + result.stderr
