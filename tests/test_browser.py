@@ -16,6 +16,7 @@ import socket
 import subprocess
 import sys
 import time
+import urllib.error
 import urllib.request
 from pathlib import Path
 
@@ -104,8 +105,17 @@ class Lab:
             return json.load(response)
 
     def saved(self, relpath: str) -> dict:
-        """The notebook as saved on the server (the contents API's JSON model)."""
-        return self.api(f"contents/{relpath}?content=1")["content"]
+        """The notebook as saved on the server (the contents API's JSON model).
+
+        A read that races the server's own write answers 400 ("Unreadable Notebook"): try again briefly.
+        """
+        for attempt in range(25):
+            try:
+                return self.api(f"contents/{relpath}?content=1")["content"]
+            except urllib.error.HTTPError as error:
+                if error.code != 400 or attempt == 24:
+                    raise
+                time.sleep(0.2)
 
     def close(self) -> None:
         self.process.terminate()  # the server shuts its kernels down on SIGTERM
@@ -184,10 +194,11 @@ def _menu(page, menu: str, item: str) -> None:
 
 def _save(lab, page, relpath: str) -> dict:
     """File > Save Notebook in the browser, then the notebook as the server has it (outputs included)."""
-    before = lab.api(f"contents/{relpath}")["last_modified"]
+    # content=0: the file's metadata only; reading the content while the server writes it answers 400
+    before = lab.api(f"contents/{relpath}?content=0")["last_modified"]
     _menu(page, "File", "Save Notebook")  # (Ctrl+S goes nowhere while focus sits on the load spinner)
     deadline = time.monotonic() + 20
-    while lab.api(f"contents/{relpath}")["last_modified"] == before:
+    while lab.api(f"contents/{relpath}?content=0")["last_modified"] == before:
         if time.monotonic() > deadline:
             SHOTS.mkdir(parents=True, exist_ok=True)
             page.screenshot(path=str(SHOTS / "failed-save.png"))
