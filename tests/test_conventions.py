@@ -37,8 +37,9 @@ SPEC_EXERCISES = {
     "greedy_decode", "sample", "beam_search",
     "KVCache", "decode_step", "greedy_decode_cached",
 }  # fmt: skip
-# Names the table mentions that are not exercises: methods of every module, PyTorch's modules, einops.
-NOT_EXERCISES = {"forward", "update", "nn", "F", "torch", "finfo", "rearrange", "einops"}
+# Names the table mentions that are not exercises: methods of every module (a tokenizer's encode/decode, which the
+# toy vocabularies of decoder_course.data also have), PyTorch's modules, einops.
+NOT_EXERCISES = {"forward", "update", "encode", "decode", "nn", "F", "torch", "finfo", "rearrange", "einops"}
 
 
 def _spec_table_names() -> set[str]:
