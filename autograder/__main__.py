@@ -16,6 +16,7 @@ import time
 from pathlib import Path
 
 from autograder import notebooks, parallel, pipeline, samples
+from autograder.text import shown
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -73,12 +74,12 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     print(pipeline.score_table(outcomes))
     bad = [o for o in outcomes if not o.ok]
-    for o in bad:
-        print(f"needs attention: {o.student}/{o.lesson}: {o.message}")
+    for o in bad:  # every part escaped: student, lesson and message may come from a student's files or kernel
+        print(f"needs attention: {shown(o.student)}/{shown(o.lesson)}: {shown(o.message)}")
     print(f"\ngraded {len(outcomes) - len(set(o.lesson for o in outcomes))} notebooks "
           f"(+ canaries) in {time.perf_counter() - started:.0f} s; "
           f"grades: {args.work / 'grades.csv'}; feedback: {args.work / 'feedback'}")
-    print(parallel.summary(outcomes))
+    print(pipeline.summary(outcomes))
     return 1 if bad else 0
 
 

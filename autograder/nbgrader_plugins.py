@@ -25,6 +25,7 @@ from nbgrader.preprocessors import Execute, NbGraderPreprocessor
 from traitlets import Bool, Dict, Enum, Unicode
 
 from autograder import sandbox, verdicts
+from autograder.text import shown
 from decoder_course.harvest import ENV_VAR
 
 HIDDEN_BEGIN, HIDDEN_END = "### BEGIN HIDDEN TESTS", "### END HIDDEN TESTS"
@@ -35,7 +36,9 @@ NOTES: dict[tuple[str, str], list[str]] = {}
 
 
 def note(lesson: str, student: str, text: str, level: int = logging.WARNING) -> None:
-    """Say what happened to one notebook: in the log, and (warnings) in the notes the grade CSV shows."""
+    """Say what happened to one notebook: in the log, and (warnings) in the notes the grade CSV shows. The text
+    may quote the kernel (its stderr, an exception message): it is escaped here, once, for every place it goes."""
+    text = shown(text)
     log.log(level, "%s/%s: %s", student, lesson, text)
     if level >= logging.WARNING:
         NOTES.setdefault((lesson, student), []).append(text)

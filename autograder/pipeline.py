@@ -15,17 +15,13 @@ import csv
 import json
 import logging
 import os
-import re
-import shutil
 import sys
 import tempfile
 import time
 import warnings
-import zipfile
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-import nbformat
 from nbconvert.preprocessors import ClearMetadataPreprocessor
 from nbgrader.api import Gradebook, MissingEntry
 from nbgrader.apps import NbGraderAPI
@@ -44,18 +40,20 @@ from nbgrader.preprocessors import (
 from sqlalchemy.exc import SAWarning
 from traitlets.config import Config
 
-from autograder import nbgrader_plugins, notebooks
+from autograder import intake, nbgrader_plugins, notebooks, parallel
+from autograder.intake import STUDENT_ID, BadSubmission, Collected, collect_submissions, read_submission
 from autograder.nbgrader_plugins import RestoreGradingMetadata, StripHiddenTests, TrustedExecute
 from autograder.sandbox import Limits, SandboxUnavailable, check_available
+from autograder.text import csv_cell, shown
 
-__all__ = ["CANARY", "Limits", "Outcome", "SandboxUnavailable", "api", "collect_submissions", "grade", "grade_one",
-           "nbgrader_config", "release", "score_table"]
+__all__ = ["CANARY", "STUDENT_ID", "BadSubmission", "Collected", "Limits", "Outcome", "SandboxUnavailable", "api",
+           "collect_submissions", "grade", "grade_many", "grade_one", "nbgrader_config", "prepare",
+           "read_submission", "release", "score_table", "summary"]
 
 ROOT = notebooks.ROOT
 LESSONS_DIR = ROOT / "lessons"
 COURSE_ID = "decoder-course"
 CANARY = "canary"
-STUDENT_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
 
 log = logging.getLogger("autograder")
 
@@ -71,7 +69,8 @@ if _BIN not in os.environ.get("PATH", "").split(os.pathsep):
 
 
 def nbgrader_config(work: Path, db_url: str | None = None, release_dir: Path | None = None,
-                    verbose: bool = False, sandbox: bool = True, limits: Limits | None = None) -> Config:
+                    verbose: bool = False, sandbox: bool = True, limits: Limits | None = None,
+                    secret_file: Path | None = None) -> Config:
     """nbgrader's configuration for this course, with our trusted execution in place of ``Execute``."""
     limits = limits or Limits()
     c = Config()
@@ -103,7 +102,7 @@ def nbgrader_config(work: Path, db_url: str | None = None, release_dir: Path | N
     c.TrustedExecute.iopub_timeout = limits.interrupt_grace
     c.TrustedExecute.sandbox = sandbox
     c.TrustedExecute.limits = asdict(limits)
-    c.TrustedExecute.secret_file = str(work / "secret")
+    c.TrustedExecute.secret_file = str(secret_file or work / "secret")
     c.GenerateFeedback.preprocessors = [
         "nbgrader.preprocessors.GetGrades", StripHiddenTests, "nbconvert.preprocessors.CSSHTMLHeaderPreprocessor",
     ]
@@ -111,8 +110,9 @@ def nbgrader_config(work: Path, db_url: str | None = None, release_dir: Path | N
 
 
 def api(work: Path, db_url: str | None = None, release_dir: Path | None = None,
-        verbose: bool = False, sandbox: bool = True, limits: Limits | None = None) -> NbGraderAPI:
-    config = nbgrader_config(work, db_url, release_dir, verbose, sandbox, limits)
+        verbose: bool = False, sandbox: bool = True, limits: Limits | None = None,
+        secret_file: Path | None = None) -> NbGraderAPI:
+    config = nbgrader_config(work, db_url, release_dir, verbose, sandbox, limits, secret_file)
     coursedir = CourseDirectory(config=config)
     return NbGraderAPI(coursedir=coursedir, config=config)
 
@@ -139,69 +139,6 @@ def release(lessons: list[str] | None = None, out: Path = LESSONS_DIR, work: Pat
     return lessons
 
 
-# -- collecting submissions --------------------------------------------------------------------------------------
-@dataclass
-class Collected:
-    """Submissions found, and what could not be taken (with why)."""
-
-    found: dict[str, dict[str, Path]] = field(default_factory=dict)  # student -> lesson -> notebook path
-    problems: list[str] = field(default_factory=list)
-
-
-def collect_submissions(source: Path, lessons: list[str], scratch: Path) -> Collected:
-    """Read an nbgrader-layout folder (``student/lesson/*.ipynb``) or an LMS zip export.
-
-    In a zip, entries may be ``student/lesson/name.ipynb`` or flat ``student_anything_<lesson>.ipynb`` (the lesson
-    id must appear in the file name).
-    """
-    out = Collected()
-    if source.is_file() and zipfile.is_zipfile(source):
-        unpacked = scratch / "unzipped"
-        with zipfile.ZipFile(source) as archive:
-            for info in archive.infolist():
-                name = Path(info.filename)
-                if info.is_dir() or name.is_absolute() or ".." in name.parts or name.suffix != ".ipynb":
-                    continue
-                target = unpacked / name
-                target.parent.mkdir(parents=True, exist_ok=True)
-                with archive.open(info) as src, open(target, "wb") as dst:
-                    shutil.copyfileobj(src, dst)
-        source = unpacked
-    if not source.is_dir():
-        out.problems.append(f"{source}: not a folder or a zip file")
-        return out
-    for path in sorted(source.rglob("*.ipynb")):
-        if ".ipynb_checkpoints" in path.parts:
-            continue
-        rel = path.relative_to(source).parts
-        if len(rel) >= 3:
-            student, lesson = rel[-3], rel[-2]
-            if lesson not in lessons:  # a renamed lesson folder: the lesson id may still be in the file name
-                lesson = next((lid for lid in lessons if lid in path.name), lesson)
-        else:
-            lesson = next((lid for lid in lessons if lid in path.name), "")
-            student = path.name.split("_", 1)[0] if "_" in path.name else ""
-        if lesson not in lessons:
-            out.problems.append(f"{path}: no known lesson in its path; expected one of {', '.join(lessons)}")
-            continue
-        if not STUDENT_ID.match(student) or student == CANARY:
-            out.problems.append(f"{path}: student id {student!r} is not usable (letters, digits, . _ -)")
-            continue
-        previous = out.found.setdefault(student, {}).get(lesson)
-        if previous is not None:
-            out.problems.append(f"{path}: a second notebook for {student}/{lesson}; kept {previous.name}")
-            continue
-        out.found[student][lesson] = path
-    for folder in sorted(p for p in source.iterdir() if p.is_dir() and STUDENT_ID.match(p.name)):
-        if folder.name not in out.found and not any(folder.rglob("*.ipynb")):
-            out.problems.append(f"{folder}: no notebook in this student's folder")
-    for student, found in sorted(out.found.items()):
-        missing = [lesson for lesson in lessons if lesson not in found]
-        if missing:
-            out.problems.append(f"{student}: no notebook for {', '.join(missing)} (nothing to grade there)")
-    return out
-
-
 # -- grading -----------------------------------------------------------------------------------------------------
 @dataclass
 class Outcome:
@@ -215,64 +152,21 @@ class Outcome:
     notes: list[str] = field(default_factory=list)  # what happened while grading it (timeouts, kills, repairs)
 
 
-class BadSubmission(Exception):
-    """A submitted file that cannot be graded; the message says why and what to do."""
-
-
-def read_submission(notebook: Path, max_bytes: int) -> nbformat.NotebookNode:
-    """Read a submitted notebook, refusing what nbgrader would choke on, with a message a student understands."""
-    try:
-        size = notebook.stat().st_size
-    except OSError as exc:
-        raise BadSubmission(f"the notebook cannot be read ({exc.strerror})") from exc
-    if size > max_bytes:
-        raise BadSubmission(
-            f"the notebook is {size / 2**20:.1f} MB, over the {max_bytes / 2**20:.0f} MB limit: clear its outputs "
-            "(Kernel > Restart Kernel and Clear Outputs), save, and submit again")
-    raw = notebook.read_bytes()
-    try:
-        data = json.loads(raw.decode("utf-8"))
-    except UnicodeDecodeError as exc:
-        raise BadSubmission("the file is not a notebook: it is not UTF-8 text") from exc
-    except json.JSONDecodeError as exc:
-        raise BadSubmission(
-            f"the file is not a notebook: invalid JSON at line {exc.lineno}, column {exc.colno} ({exc.msg}); it "
-            "was probably cut off or edited outside Jupyter") from exc
-    if not isinstance(data, dict) or "cells" not in data:
-        raise BadSubmission("the file is JSON but not a notebook (it has no cells)")
-    try:
-        nb = nbformat.reads(raw.decode("utf-8"), as_version=4)
-        nbformat.validate(nb)
-    except Exception as exc:
-        first = str(exc).strip().splitlines()[0][:200] if str(exc).strip() else type(exc).__name__
-        raise BadSubmission(f"the notebook's structure is invalid ({first}); open it in Jupyter, save it, "
-                            "and submit again") from exc
-    return nb
-
-
-def _place(work: Path, student: str, lesson: str, notebook: Path, max_bytes: int | None = None) -> None:
-    """Check a notebook, then write it into nbgrader's submitted tree under the name nbgrader expects."""
-    nb = read_submission(notebook, max_bytes or Limits().notebook_bytes)
-    dest = work / "submitted" / student / lesson
-    if dest.exists():
-        shutil.rmtree(dest)
-    dest.mkdir(parents=True)
-    nbformat.write(nb, dest / f"{lesson}.ipynb")
-
-
-def _score(work: Path, db_url: str | None, lesson: str, student: str) -> tuple[float, float]:
-    with Gradebook(db_url or f"sqlite:///{work / 'gradebook.db'}", COURSE_ID) as gb:
+def _score(db_url: str, lesson: str, student: str) -> tuple[float, float]:
+    with Gradebook(db_url, COURSE_ID) as gb:
         submission = gb.find_submission(lesson, student)
         return float(submission.score), float(submission.max_score)
 
 
 def grade_one(grader: NbGraderAPI, work: Path, db_url: str | None, student: str, lesson: str,
               notebook: Path) -> Outcome:
-    """Autograde one notebook and write its feedback; a failure is reported, never raised."""
+    """Check one notebook (:func:`autograder.intake.place`), autograde it and write its feedback; a failure is
+    reported, never raised. Every text that came from the kernel is escaped (:func:`autograder.text.shown`)."""
     started = time.perf_counter()
     nbgrader_plugins.NOTES.pop((lesson, student), None)
     outcome = _grade_one(grader, work, db_url, student, lesson, notebook)
-    outcome.notes = nbgrader_plugins.NOTES.pop((lesson, student), [])
+    outcome.notes = [shown(text) for text in nbgrader_plugins.NOTES.pop((lesson, student), [])]
+    outcome.message = shown(outcome.message)
     outcome.seconds = time.perf_counter() - started
     return outcome
 
@@ -280,16 +174,16 @@ def grade_one(grader: NbGraderAPI, work: Path, db_url: str | None, student: str,
 def _grade_one(grader: NbGraderAPI, work: Path, db_url: str | None, student: str, lesson: str,
                notebook: Path) -> Outcome:
     try:
-        max_bytes = grader.config.TrustedExecute.limits.get("notebook_bytes")
-        _place(work, student, lesson, notebook, max_bytes)
+        max_bytes = grader.config.TrustedExecute.limits.get("notebook_bytes") or Limits().notebook_bytes
+        intake.place(work / "submitted", student, lesson, notebook, max_bytes)
         result = grader.autograde(lesson, student, force=True, create=True)
         if not result["success"]:
             return Outcome(student, lesson, 0.0, 0.0, ok=False, message=_last_error(result["log"]))
         grader.generate_feedback(lesson, student, force=True)
-        score, max_score = _score(work, db_url, lesson, student)
+        score, max_score = _score(grader.coursedir.db_url, lesson, student)
         return Outcome(student, lesson, score, max_score)
     except BadSubmission as exc:
-        log.warning("%s %s: not graded: %s", student, lesson, exc)
+        log.warning("%s %s: not graded: %s", student, lesson, shown(exc))
         return Outcome(student, lesson, 0.0, 0.0, ok=False, message=str(exc))
     except MissingEntry as exc:
         return Outcome(student, lesson, 0.0, 0.0, ok=False, message=f"gradebook entry missing: {exc}")
@@ -303,25 +197,39 @@ def _last_error(text: str) -> str:
     return (errors or lines or ["unknown error"])[-1][:500]
 
 
-def run_canary(grader: NbGraderAPI, work: Path, db_url: str | None, lesson: str) -> Outcome:
-    """Grade the solution notebook as a student: anything short of full marks stops the pipeline."""
-    outcome = grade_one(grader, work, db_url, CANARY, lesson, notebooks.solution_path(lesson))
+# -- the canary --------------------------------------------------------------------------------------------------
+def canary_work(work: Path) -> Path:
+    """The canary's own nbgrader tree and SQLite gradebook: it is graded like a student, but never one of the
+    class (not in the class gradebook, so not in ``nbgrader export``, formgrader's averages or grades.csv)."""
+    return work / "canary"
+
+
+def canary_api(work: Path, verbose: bool = False, sandbox: bool = True, limits: Limits | None = None) -> NbGraderAPI:
+    return api(canary_work(work), None, verbose=verbose, sandbox=sandbox, limits=limits, secret_file=work / "secret")
+
+
+def run_canary(grader: NbGraderAPI, work: Path, lesson: str) -> Outcome:
+    """Grade the solution notebook as a student (in the canary's tree): anything short of full marks stops."""
+    outcome = grade_one(grader, canary_work(work), None, CANARY, lesson, notebooks.solution_path(lesson))
     if not outcome.ok or outcome.score != outcome.max_score or outcome.max_score == 0:
         raise SystemExit(
             f"canary failed for {lesson}: the reference solutions scored {outcome.score}/{outcome.max_score}"
             f"{' (' + outcome.message + ')' if outcome.message else ''}. Fix the checks before grading students."
         )
+    (canary_work(work) / f"{lesson}.passed").write_text(f"{outcome.score:g}/{outcome.max_score:g}\n")
     return outcome
 
 
-def grade(submissions: Path, work: Path, lessons: list[str] | None = None, db_url: str | None = None,
-          verbose: bool = False, sandbox: bool = True, limits: Limits | None = None, workers: int = 1,
-          progress: bool = False) -> list[Outcome]:
-    """Canary first, then every student (``workers`` at a time, see :mod:`autograder.parallel`), feedback, CSV.
+def canary_passed(work: Path, lesson: str) -> bool:
+    return (canary_work(work) / f"{lesson}.passed").exists()
 
-    Each kernel runs in a sandbox under ``limits``; without bubblewrap this raises :class:`SandboxUnavailable`
-    unless ``sandbox=False`` (unsafe: student code then runs with the grader's rights).
-    """
+
+def prepare(work: Path, lessons: list[str], db_url: str | None = None, verbose: bool = False, sandbox: bool = True,
+            limits: Limits | None = None) -> tuple[NbGraderAPI, list[Outcome]]:
+    """What happens once before any student: the assignments in both gradebooks, then each lesson's canary.
+
+    Raises ``SystemExit`` when a canary fails, :class:`SandboxUnavailable` without a sandbox (unless
+    ``sandbox=False``)."""
     quiet_nbgrader(verbose)
     if sandbox:
         check_available()
@@ -329,23 +237,35 @@ def grade(submissions: Path, work: Path, lessons: list[str] | None = None, db_ur
         log.warning("grading WITHOUT a sandbox (--no-sandbox): student code can read the solutions and the "
                     "gradebook, and harm this machine")
     work.mkdir(parents=True, exist_ok=True)
-    lessons = lessons or notebooks.lessons()
     notebooks.build_all()
     grader = api(work, db_url, verbose=verbose, sandbox=sandbox, limits=limits)
+    canary = canary_api(work, verbose=verbose, sandbox=sandbox, limits=limits)
     for lesson in lessons:
-        result = grader.generate_assignment(lesson, force=True, create=True)
-        if not result["success"]:
-            raise SystemExit(f"generate_assignment failed for {lesson}:\n{result['log']}")
+        for each in (grader, canary):
+            result = each.generate_assignment(lesson, force=True, create=True)
+            if not result["success"]:
+                raise SystemExit(f"generate_assignment failed for {lesson}:\n{shown(result['log'], True)}")
+    return grader, [run_canary(canary, work, lesson) for lesson in lessons]
+
+
+def grade(submissions: Path, work: Path, lessons: list[str] | None = None, db_url: str | None = None,
+          verbose: bool = False, sandbox: bool = True, limits: Limits | None = None, workers: int = 1,
+          progress: bool = False) -> list[Outcome]:
+    """Canary first, then every student (``workers`` at a time), feedback, CSV: the one way into grading.
+
+    Each kernel runs in a sandbox under ``limits``; without bubblewrap this raises :class:`SandboxUnavailable`
+    unless ``sandbox=False`` (unsafe: student code then runs with the grader's rights).
+    """
+    lessons = lessons or notebooks.lessons()
+    limits = limits or Limits()
+    grader, outcomes = prepare(work, lessons, db_url, verbose, sandbox, limits)
     with tempfile.TemporaryDirectory(prefix="collect-") as tmp:
-        collected = collect_submissions(submissions, lessons, Path(tmp))
+        collected = intake.collect_submissions(submissions, lessons, Path(tmp), limits.notebook_bytes)
         for problem in collected.problems:
             log.warning("skipped: %s", problem)
-        outcomes = [run_canary(grader, work, db_url, lesson) for lesson in lessons]
         jobs = [(student, lesson, collected.found[student][lesson])
                 for student in sorted(collected.found) for lesson in lessons if lesson in collected.found[student]]
         if workers > 1:
-            from autograder.parallel import grade_many  # processes: TrustedExecute's state is per process
-
             outcomes += grade_many(jobs, work, db_url, workers, progress, verbose=verbose, sandbox=sandbox,
                                    limits=limits)
         else:
@@ -353,20 +273,101 @@ def grade(submissions: Path, work: Path, lessons: list[str] | None = None, db_ur
                 outcome = grade_one(grader, work, db_url, student, lesson, notebook)
                 log.info("%s %s: %s/%s", student, lesson, outcome.score, outcome.max_score)
                 outcomes.append(outcome)
+    for student, refused in sorted(collected.refused.items()):
+        for lesson, why in sorted(refused.items()):
+            outcomes.append(Outcome(student, lesson, 0.0, 0.0, ok=False, message=shown(why)))
     write_csv(work / "grades.csv", outcomes)
-    (work / "problems.json").write_text(json.dumps(collected.problems, indent=2))
+    (work / "problems.json").write_text(json.dumps([shown(p) for p in collected.problems], indent=2))
     return outcomes
 
 
+# -- many notebooks at once --------------------------------------------------------------------------------------
+_GRADER = None  # a pool worker's NbGraderAPI, built once by _init_worker
+_SETTINGS: dict = {}
+
+
+def _init_worker(work: str, db_url: str, verbose: bool, sandbox: bool, limits: dict, threads: int) -> None:
+    global _GRADER
+    # workers share the cores: each kernel (it inherits this) and this process's own checks get their share
+    os.environ.setdefault("OMP_NUM_THREADS", str(threads))
+    if "torch" in sys.modules:
+        sys.modules["torch"].set_num_threads(int(os.environ["OMP_NUM_THREADS"]))
+    logging.basicConfig(level=logging.INFO if verbose else logging.WARNING,
+                        format="%(levelname)s %(name)s: %(message)s")
+    quiet_nbgrader(verbose)
+    _SETTINGS.update(work=Path(work), db_url=db_url)
+    _GRADER = api(Path(work), db_url, verbose=verbose, sandbox=sandbox, limits=Limits(**limits))
+
+
+def _grade_job(job: parallel.Job) -> Outcome:
+    student, lesson, notebook = job
+    return grade_one(_GRADER, _SETTINGS["work"], _SETTINGS["db_url"], student, lesson, Path(notebook))
+
+
+def _failed(job: parallel.Job, why: str) -> Outcome:
+    return Outcome(job[0], job[1], 0.0, 0.0, ok=False, message=why)
+
+
+def grade_many(jobs, work: Path, db_url: str | None = None, workers: int | None = None, progress: bool = True, *,
+               verbose: bool = False, sandbox: bool = True, limits: Limits | None = None) -> list[Outcome]:
+    """Grade ``(student, lesson, notebook)`` jobs in ``workers`` processes (:func:`autograder.parallel.run_pool`);
+    outcomes in the order of ``jobs``, scores those of sequential grading (each job runs :func:`grade_one`).
+
+    The assignments and canaries must be there already (:func:`prepare`); every student's gradebook row is made
+    here, once, before the pool starts (two workers creating the same new student collide on its key).
+    """
+    jobs = [(student, lesson, Path(notebook)) for student, lesson, notebook in jobs]
+    if not jobs:
+        return []
+    db_url = parallel.gradebook_url(work, db_url)
+    if not (work / "secret").exists():
+        raise RuntimeError(f"no grading secret in {work}: grade the canaries first (autograder.pipeline.prepare)")
+    for lesson in sorted({lesson for _, lesson, _ in jobs}):
+        if not canary_passed(work, lesson):
+            raise RuntimeError(f"lesson {lesson} has no passed canary in {canary_work(work)}: run "
+                               "autograder.pipeline.prepare first")
+    with Gradebook(db_url, COURSE_ID) as gb:
+        for student in sorted({student for student, _, _ in jobs}):
+            gb.update_or_create_student(student)
+    workers = max(1, min(workers or parallel.default_workers(), len(jobs)))
+    threads = max(1, parallel.default_workers() // workers)
+    init_args = (str(work), db_url, verbose, sandbox, asdict(limits or Limits()), threads)
+    return parallel.run_pool(jobs, _grade_job, _failed, workers, _init_worker, init_args, progress=progress,
+                             status=summary)
+
+
+def summary(outcomes) -> str:
+    """'graded N, needs attention N, failed N' over students' notebooks (canaries are not counted).
+
+    Each notebook counts once: *graded* got a score with nothing to report; *needs attention* got a score but
+    something happened (a cell timed out, the kernel died, grading metadata was repaired: see its notes);
+    *failed* got no score (an unreadable file, an nbgrader error; grades.csv marks it "needs attention").
+    """
+    graded = attention = failed = 0
+    for o in outcomes:
+        if o.student == CANARY:
+            continue
+        if not o.ok:
+            failed += 1
+        elif o.notes:
+            attention += 1
+        else:
+            graded += 1
+    return f"graded {graded}, needs attention {attention}, failed {failed}"
+
+
+# -- reports -----------------------------------------------------------------------------------------------------
 def write_csv(path: Path, outcomes: list[Outcome]) -> None:
+    """One row per student's notebook (never the canary); every text escaped, never read as a formula."""
     with open(path, "w", newline="") as handle:
         writer = csv.writer(handle)
         writer.writerow(["student", "lesson", "score", "max_score", "status", "message"])
         for o in outcomes:
             if o.student == CANARY:
                 continue
-            writer.writerow([o.student, o.lesson, o.score, o.max_score, "ok" if o.ok else "needs attention",
-                             "; ".join(filter(None, [o.message, *o.notes]))])
+            writer.writerow([csv_cell(o.student), csv_cell(o.lesson), o.score, o.max_score,
+                             "ok" if o.ok else "needs attention",
+                             csv_cell("; ".join(filter(None, [o.message, *o.notes])))])
 
 
 def score_table(outcomes: list[Outcome]) -> str:
@@ -380,5 +381,5 @@ def score_table(outcomes: list[Outcome]) -> str:
         for lesson in lessons:
             o = cell.get((student, lesson))
             row.append("" if o is None else (f"{o.score:g}/{o.max_score:g}" if o.ok else "needs attention"))
-        lines.append(f"| {student} | " + " | ".join(row) + " |")
+        lines.append(f"| {shown(student)} | " + " | ".join(row) + " |")
     return "\n".join(lines)

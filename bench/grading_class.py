@@ -54,7 +54,7 @@ def run(quick: bool = False, students: int | None = None, workers: int = 2) -> s
         root = Path(tmp)
         jobs = make_class(root / "incoming", n_students, lessons)
         started = time.perf_counter()
-        parallel.prepare(root / "base", lessons, sandbox=sandbox)
+        pipeline.prepare(root / "base", lessons, sandbox=sandbox)
         prepare_s = time.perf_counter() - started
 
         def fresh(name):
@@ -70,7 +70,7 @@ def run(quick: bool = False, students: int | None = None, workers: int = 2) -> s
 
         work = fresh("parallel")
         started = time.perf_counter()
-        in_parallel = parallel.grade_many(jobs, work, None, workers, progress=False, sandbox=sandbox)
+        in_parallel = pipeline.grade_many(jobs, work, None, workers, progress=False, sandbox=sandbox)
         parallel_s = time.perf_counter() - started
     same = [(o.score, o.max_score, o.ok) for o in sequential] == [(o.score, o.max_score, o.ok) for o in in_parallel]
     n = len(jobs)

@@ -511,9 +511,14 @@ def _renderings(array: np.ndarray) -> set[str]:
     return {form for form in forms if len(form) >= 12}
 
 
+def _tree(run, student: str) -> Path:
+    """The nbgrader tree a student's notebook was graded in (the canary has its own)."""
+    return pipeline.canary_work(run["work"]) if student == pipeline.CANARY else run["work"]
+
+
 def _hidden_values(run, student: str) -> set[str]:
     """Hidden inputs and reference values of ``student``'s grading, recomputed from the secret."""
-    path = run["work"] / "autograded" / student / LESSON / f"{LESSON}.ipynb"
+    path = _tree(run, student) / "autograded" / student / LESSON / f"{LESSON}.ipynb"
     nb = nbformat.read(path, as_version=4)
     for cell in nb.cells:  # undo the verdicts: the digest is of the code that ran
         cell.pop("outputs", None)
@@ -571,11 +576,12 @@ def _own_code(run, student: str) -> str:
 
 def test_feedback_and_release_hide_solutions_hidden_tests_and_hidden_values(run):
     solution, hidden_code = _solution_lines(LESSON), _hidden_test_lines()
-    feedback = sorted((run["work"] / "feedback").glob(f"*/{LESSON}/*.html"))
+    feedback = sorted([*(run["work"] / "feedback").glob(f"*/{LESSON}/*.html"),
+                       *(pipeline.canary_work(run["work"]) / "feedback").glob(f"*/{LESSON}/*.html")])
     assert {p.parts[-3] for p in feedback} == {o.student for o in run["outcomes"] if o.ok}
     assert solution and hidden_code
     # The scan can fail: the canary's feedback shows its own code, which is the solution.
-    canary = _text(run["work"] / "feedback" / pipeline.CANARY / LESSON / f"{LESSON}.html")
+    canary = _text(pipeline.canary_work(run["work"]) / "feedback" / pipeline.CANARY / LESSON / f"{LESSON}.html")
     assert all(line in canary for line in solution)
     for path in feedback:
         text, student = _text(path), path.parts[-3]

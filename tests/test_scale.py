@@ -43,7 +43,7 @@ def prepared(tmp_path_factory):
             path.parent.mkdir(parents=True)
             nbformat.write(MAKERS[(i + j) % len(MAKERS)](lesson), path)
             jobs.append((student, lesson, path))
-    canaries = parallel.prepare(root / "base", LESSONS)
+    _, canaries = pipeline.prepare(root / "base", LESSONS)
     return {"root": root, "jobs": jobs, "canaries": canaries}
 
 
@@ -64,7 +64,7 @@ def sequential(prepared):
 @pytest.fixture(scope="module")
 def in_parallel(prepared):
     work = _copy_of_base(prepared, "parallel")
-    outcomes = parallel.grade_many(prepared["jobs"], work, None, workers=2, progress=False)
+    outcomes = pipeline.grade_many(prepared["jobs"], work, None, workers=2, progress=False)
     return {"work": work, "outcomes": outcomes, "url": f"sqlite:///{work / 'gradebook.db'}"}
 
 
@@ -100,24 +100,25 @@ def test_parallel_grading_gives_the_same_scores_as_sequential(prepared, sequenti
     want, got = item_scores(sequential["url"]), item_scores(in_parallel["url"])
     assert len(want) > len(STUDENTS) * len(LESSONS)
     assert got == want
-    assert parallel.summary(in_parallel["outcomes"]) == f"graded {len(prepared['jobs'])}, needs attention 0, failed 0"
+    assert pipeline.summary(in_parallel["outcomes"]) == f"graded {len(prepared['jobs'])}, needs attention 0, failed 0"
 
 
 def test_parallel_gradebook_has_exactly_one_row_per_student_submission_and_item(prepared, in_parallel):
     work = in_parallel["work"]
     with Gradebook(in_parallel["url"], pipeline.COURSE_ID) as gb:
-        assert sorted(s.id for s in gb.students) == sorted([*STUDENTS, CANARY])
+        # the canary is graded in its own tree: never a student of the class
+        assert sorted(s.id for s in gb.students) == sorted(STUDENTS)
         n_items = 0
         for lesson in LESSONS:
             items = len(gb.find_notebook(lesson, lesson).grade_cells)
             submissions = gb.find_assignment(lesson).submissions
-            assert sorted(s.student.id for s in submissions) == sorted([*STUDENTS, CANARY])
+            assert sorted(s.student.id for s in submissions) == sorted(STUDENTS)
             for submission in submissions:
                 (notebook,) = submission.notebooks
                 assert len(notebook.grades) == items, f"{submission.student.id}/{lesson}"
             n_items += items
-        assert gb.db.query(SubmittedAssignment).count() == len(LESSONS) * (len(STUDENTS) + 1)
-        assert gb.db.query(Grade).count() == n_items * (len(STUDENTS) + 1)
+        assert gb.db.query(SubmittedAssignment).count() == len(LESSONS) * len(STUDENTS)
+        assert gb.db.query(Grade).count() == n_items * len(STUDENTS)
     for student, lesson, _ in prepared["jobs"]:
         assert (work / "autograded" / student / lesson / f"{lesson}.ipynb").exists()
         assert (work / "feedback" / student / lesson / f"{lesson}.html").exists()
@@ -130,12 +131,12 @@ def test_students_exist_before_the_workers_start_and_a_bad_file_fails_alone(prep
     broken = prepared["root"] / "broken.ipynb"
     broken.write_text('{"cells": [')
     jobs = [("zoe", LESSONS[0], broken), ("yan", LESSONS[1], broken)]
-    outcomes = parallel.grade_many(jobs, work, None, workers=2, progress=False)
+    outcomes = pipeline.grade_many(jobs, work, None, workers=2, progress=False)
     assert [(o.student, o.lesson, o.ok) for o in outcomes] == [("zoe", LESSONS[0], False), ("yan", LESSONS[1], False)]
     assert all("not a notebook" in o.message for o in outcomes), [o.message for o in outcomes]
-    assert parallel.summary(outcomes) == "graded 0, needs attention 0, failed 2"
+    assert pipeline.summary(outcomes) == "graded 0, needs attention 0, failed 2"
     with Gradebook(f"sqlite:///{work / 'gradebook.db'}", pipeline.COURSE_ID) as gb:
-        assert sorted(s.id for s in gb.students) == sorted(["zoe", "yan", CANARY])
+        assert sorted(s.id for s in gb.students) == sorted(["zoe", "yan"])
 
 
 # -- PostgreSQL ---------------------------------------------------------------------------------------------------
@@ -158,21 +159,21 @@ def test_postgresql_gradebook_gives_the_same_scores_as_sqlite(prepared, sequenti
     work = prepared["root"] / "postgres"
     work.mkdir()
     shutil.copy(prepared["root"] / "base" / "secret", work / "secret")  # the same hidden cases as the SQLite runs
-    (canary,) = parallel.prepare(work, [lesson], db_url=postgres_url)
+    _, (canary,) = pipeline.prepare(work, [lesson], db_url=postgres_url)
     assert canary.ok and canary.score == canary.max_score > 0
     jobs = [job for job in prepared["jobs"] if job[0] in PG_STUDENTS and job[1] == lesson]
-    outcomes = parallel.grade_many(jobs, work, postgres_url, workers=2, progress=False)
+    outcomes = pipeline.grade_many(jobs, work, postgres_url, workers=2, progress=False)
     assert all(o.ok for o in outcomes), [o.message for o in outcomes]
     assert not (work / "gradebook.db").exists(), "a SQLite gradebook was written instead of PostgreSQL"
 
     got = item_scores(postgres_url)
     want = {key: score for key, score in item_scores(sequential["url"]).items()
-            if key[1] == lesson and key[0] in [*PG_STUDENTS, CANARY]}
+            if key[1] == lesson and key[0] in PG_STUDENTS}
     assert got == want
     assert {score for (student, _, _), score in got.items() if student != CANARY} != {0.0}
     with Gradebook(postgres_url, pipeline.COURSE_ID) as gb:
         assert gb.engine.dialect.name == "postgresql"
-        assert sorted(s.id for s in gb.students) == sorted([*PG_STUDENTS, CANARY])
+        assert sorted(s.id for s in gb.students) == sorted(PG_STUDENTS)
 
 
 # -- the SQLite gradebook under concurrent writers ----------------------------------------------------------------
@@ -222,11 +223,11 @@ def test_gradebook_url_adds_a_timeout_to_sqlite_only(tmp_path):
 
 def test_grade_many_refuses_to_start_before_the_canary(tmp_path):
     with pytest.raises(RuntimeError, match="canar"):
-        parallel.grade_many([("ada", "01-masks", tmp_path / "x.ipynb")], tmp_path, workers=2, progress=False)
+        pipeline.grade_many([("ada", "01-masks", tmp_path / "x.ipynb")], tmp_path, workers=2, progress=False)
 
 
 def test_summary_counts_each_notebook_once():
     outcomes = [Outcome(CANARY, "l", 4, 4), Outcome("a", "l", 4, 4), Outcome("b", "l", 0, 4),
                 Outcome("c", "l", 2, 4, notes=["cell 3 ran past the 120 s cell limit"]),
                 Outcome("d", "l", 0, 0, ok=False, message="not a notebook")]
-    assert parallel.summary(outcomes) == "graded 2, needs attention 1, failed 1"
+    assert pipeline.summary(outcomes) == "graded 2, needs attention 1, failed 1"
