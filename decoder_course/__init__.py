@@ -28,9 +28,14 @@ Modules
     Masks as grids, attention heatmaps, live training curves, positional encodings, speed-ups.
 :mod:`~decoder_course.checks`
     The building blocks of visible checks: ``check(title)``, ``expect_*`` helpers and leakage probes.
+:mod:`~decoder_course.devices`
+    ``device()``: cuda, else mps, else cpu (``DECODER_COURSE_DEVICE`` overrides); a clock that synchronises.
+
+Importing the package, its data and its NumPy checks never imports torch: lessons 00–02 run without it.
 """
 
 from decoder_course.conventions import BOS, DIMENSIONS, EOS, PAD, SPECIAL_TOKENS
+from decoder_course.devices import device
 
-__all__ = ["BOS", "DIMENSIONS", "EOS", "PAD", "SPECIAL_TOKENS"]
+__all__ = ["BOS", "DIMENSIONS", "EOS", "PAD", "SPECIAL_TOKENS", "device"]
 __version__ = "0.1.0"

@@ -27,15 +27,18 @@ from :mod:`decoder_course.conventions`).
 from __future__ import annotations
 
 import datetime
+import sys
 import zlib
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
-import torch
 
 from decoder_course.conventions import BOS, EOS, PAD
+
+if TYPE_CHECKING:
+    import torch
 
 __all__ = [
     "DATE_FORMATS",
@@ -142,7 +145,7 @@ class Vocab:
         Shape:
             ids: (L,) list, NumPy array or tensor → str.
         """
-        if isinstance(ids, torch.Tensor):
+        if _is_tensor(ids):
             ids = ids.detach().cpu().reshape(-1).tolist()
         elif isinstance(ids, np.ndarray):
             ids = ids.reshape(-1).tolist()
@@ -164,7 +167,7 @@ class Vocab:
         Shape:
             ids: (B, L) → list of B strings.
         """
-        if isinstance(ids, torch.Tensor):
+        if _is_tensor(ids):
             ids = ids.detach().cpu().numpy()
         return [self.decode(row) for row in np.asarray(ids)]
 
@@ -172,6 +175,11 @@ class Vocab:
 # ------------------------------------------------------------------------------------------------------------
 # Held-out split and batches
 # ------------------------------------------------------------------------------------------------------------
+
+
+def _is_tensor(x: Any) -> bool:
+    torch = sys.modules.get("torch")  # a tensor can only exist if torch was imported
+    return torch is not None and isinstance(x, torch.Tensor)
 
 
 def split_of(key: str, holdout: float = 0.1) -> str:
@@ -197,6 +205,8 @@ def make_batch(
     Shape:
         src_ids, src_is_real: (B, S); tgt_ids, tgt_is_real: (B, T), with T counting the EOS.
     """
+    import torch  # here, not at the top: lessons 00–02 use the vocabularies without torch
+
     if len(pairs) == 0:
         raise ValueError("make_batch needs at least one pair")
     src_seqs = [src_vocab.encode(src) for src, _ in pairs]
@@ -205,7 +215,7 @@ def make_batch(
     src_ids, src_is_real = _pad(src_seqs, src_pad_to, "source")  # (B, S) each
     tgt_ids, tgt_is_real = _pad(tgt_seqs, tgt_pad_to, "target (with its EOS)")  # (B, T) each
     return {
-        "src_ids": torch.from_numpy(src_ids),
+        "src_ids": torch.from_numpy(src_ids),  # (B, S) on the CPU: lessons move batches to their device
         "src_is_real": torch.from_numpy(src_is_real),
         "tgt_ids": torch.from_numpy(tgt_ids),
         "tgt_is_real": torch.from_numpy(tgt_is_real),

@@ -17,7 +17,8 @@ The case language (JSON) is small on purpose:
 
 - ``{"call": VALUE, "args": [VALUE...], "kwargs": {name: VALUE}, "let": name?, "record": name?,
   "autocast": dtype?}``   with ``"autocast": "bfloat16"`` (or ``"float16"``) the call runs inside
-  ``torch.autocast("cpu", dtype=...)``, as mixed-precision code does
+  ``torch.autocast(device_type, dtype=...)`` for the device of the call's tensors (cpu when none), as
+  mixed-precision code does
 - ``{"load_state": name, "state": {param: VALUE}}``   load a state dict (strict) into a bound module
 - ``{"eval": name}`` / ``{"train": name}``            switch a bound module's mode
 - ``{"seed": int}``                                   ``torch.manual_seed``
@@ -66,6 +67,12 @@ def _torch():
     import torch  # imported lazily: the NumPy lessons never pay for it
 
     return torch
+
+
+def _device_type(values) -> str:
+    """The device type of the first tensor among ``values`` (what autocast must cover), else "cpu"."""
+    torch = _torch()
+    return next((v.device.type for v in values if isinstance(v, torch.Tensor)), "cpu")
 
 
 class _Runner:
@@ -141,7 +148,7 @@ class _Runner:
             args, kwargs = self.value(step.get("args", [])), self._kwargs(step.get("kwargs", {}))
             if step.get("autocast"):
                 torch = _torch()
-                with torch.autocast("cpu", dtype=getattr(torch, step["autocast"])):
+                with torch.autocast(_device_type([*args, *kwargs.values()]), dtype=getattr(torch, step["autocast"])):
                     result = fn(*args, **kwargs)
             else:
                 result = fn(*args, **kwargs)

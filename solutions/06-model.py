@@ -38,10 +38,13 @@ import torch
 from einops import rearrange
 from torch import nn
 
+import decoder_course
 from decoder_course import PAD
 from decoder_course.plots import plot_positional_encoding
 
 torch.manual_seed(0);  # every random tensor below is the same on every run
+# the full model of section 7 runs here: cuda if there is a GPU, else mps, else cpu (DECODER_COURSE_DEVICE)
+device = decoder_course.device()
 
 # %% [markdown]
 # ## Building blocks from earlier lessons
@@ -280,12 +283,14 @@ visible.check_seq2seq_transformer(Seq2SeqTransformer)
 
 # %%
 V, D, H, d_ff, N = 1000, 512, 8, 2048, 4
-model = Seq2SeqTransformer(V, V, D, H, d_ff, N, dropout=0.1, tie_weights=True, norm_first=True).eval()
+model = Seq2SeqTransformer(V, V, D, H, d_ff, N, dropout=0.1, tie_weights=True, norm_first=True).to(device).eval()
 
 src_is_real = torch.arange(7) < torch.tensor([[5], [6]])  # (B, S) = (2, 7): 5 and 6 real tokens
 tgt_is_real = torch.arange(5) < torch.tensor([[3], [4]])  # (B, T) = (2, 5): 3 and 4 real tokens
 src_ids = torch.randint(3, V, (2, 7)).masked_fill(~src_is_real, PAD)  # (B, S)
 tgt_ids = torch.randint(3, V, (2, 5)).masked_fill(~tgt_is_real, PAD)  # (B, T)
+# the inputs go where the model is (made on the CPU first, so the random ids are the same on every device)
+src_is_real, tgt_is_real, src_ids, tgt_ids = (t.to(device) for t in (src_is_real, tgt_is_real, src_ids, tgt_ids))
 with torch.no_grad():
     logits = model(src_ids, tgt_ids, src_is_real, tgt_is_real)
 
@@ -296,10 +301,10 @@ print("out_proj.weight is tgt_embed.weight:", model.out_proj.weight is model.tgt
 assert logits.shape == (2, 5, 1000)
 
 with torch.no_grad():
-    other_src = torch.where(src_is_real, src_ids, torch.randint(3, V, src_ids.shape))  # new ids under the pads
+    other_src = torch.where(src_is_real, src_ids, torch.randint(3, V, src_ids.shape, device=device))  # new pads
     logits_src = model(other_src, tgt_ids, src_is_real, tgt_is_real)
     other_tgt = tgt_ids.clone()
-    other_tgt[:, 2:] = torch.randint(3, V, (2, 3))  # new target tokens at positions 2, 3, 4
+    other_tgt[:, 2:] = torch.randint(3, V, (2, 3), device=device)  # new target tokens at positions 2, 3, 4
     logits_tgt = model(src_ids, other_tgt, src_is_real)  # no target padding here: only the causal mask
     base = model(src_ids, tgt_ids, src_is_real)
 print(f"padded source changed:   max |Δ logits|          = {(logits_src - logits).abs().max().item():.1e}")

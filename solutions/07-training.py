@@ -29,11 +29,15 @@ import torch.nn.functional as F
 from einops import rearrange
 from torch import nn
 
+import decoder_course
 from decoder_course import BOS, EOS, PAD
 from decoder_course.data import get_task
 from decoder_course.plots import plot_curves
 
 torch.manual_seed(0);  # every random tensor below is the same on every run
+# cuda if there is a GPU, else mps (Apple), else cpu; the environment variable DECODER_COURSE_DEVICE overrides it
+device = decoder_course.device()
+print("device:", device)
 
 # %% [markdown]
 # **Training time, and grading.** Run as it is, this notebook trains for up to 60 seconds (the main run) plus
@@ -243,10 +247,10 @@ visible.check_exact_match(exact_match)
 # %%
 V = len(task.tgt_vocab)
 config = dict(src_vocab=V, tgt_vocab=V, d_model=64, n_heads=4, d_ff=256, n_layers=2, dropout=0.0)
-probe = task.make_batch(task.make_pairs(256, rng=7))
+probe = {name: t.to(device) for name, t in task.make_batch(task.make_pairs(256, rng=7)).items()}  # on the device
 for tie in (True, False):
     torch.manual_seed(0)
-    fresh = Seq2SeqTransformer(**config, tie_weights=tie).eval()
+    fresh = Seq2SeqTransformer(**config, tie_weights=tie).to(device).eval()
     with torch.no_grad():
         logits = fresh(probe["src_ids"], shift_right(probe["tgt_ids"], BOS), probe["src_is_real"])
     loss = F.cross_entropy(logits.transpose(1, 2), probe["tgt_ids"], ignore_index=PAD)
@@ -262,10 +266,10 @@ for tie in (True, False):
 
 # %%
 torch.manual_seed(0)
-model = Seq2SeqTransformer(**config, tie_weights=False)
-print(f"{sum(p.numel() for p in model.parameters()):,} parameters")
+model = Seq2SeqTransformer(**config, tie_weights=False).to(device)
+print(f"{sum(p.numel() for p in model.parameters()):,} parameters on {device}")
 started = time.perf_counter()
-history = train(model, task, **budget(seconds=60), eval_every=50, target_exact_match=0.99)
+history = train(model, task, **budget(seconds=60), eval_every=50, target_exact_match=0.99, device=device)
 wall = time.perf_counter() - started
 
 final_steps, final_em = history["exact_match"][0][-1], history["exact_match"][1][-1]
@@ -280,7 +284,7 @@ print(f"≥ 99 % reached at step {reached}" if reached else "99 % not reached wi
 
 # %%
 test_pairs = task.make_pairs(6, rng=99, split="test")
-test_batch = task.make_batch(test_pairs)
+test_batch = {name: t.to(device) for name, t in task.make_batch(test_pairs).items()}
 model.eval()
 pred = greedy_generate(model, test_batch["src_ids"], task.max_tgt_len + 1, BOS, test_batch["src_is_real"])
 for (src, tgt), text in zip(test_pairs, task.tgt_vocab.decode_batch(pred)):
@@ -299,8 +303,8 @@ for (src, tgt), text in zip(test_pairs, task.tgt_vocab.decode_batch(pred)):
 
 # %%
 torch.manual_seed(0)
-peeking = PeekingSeq2SeqTransformer(**config, tie_weights=False)
-peek_history = train(peeking, task, **budget(steps=150), eval_every=150, live=False)
+peeking = PeekingSeq2SeqTransformer(**config, tie_weights=False).to(device)
+peek_history = train(peeking, task, **budget(steps=150), eval_every=150, live=False, device=device)
 
 
 n = peek_history["loss"][0][-1]
@@ -335,8 +339,8 @@ class BlindSeq2SeqTransformer(Seq2SeqTransformer):
 
 
 torch.manual_seed(0)
-blind = BlindSeq2SeqTransformer(**config, tie_weights=False)
-blind_history = train(blind, task, **budget(steps=100), eval_every=100, live=False)
+blind = BlindSeq2SeqTransformer(**config, tie_weights=False).to(device)
+blind_history = train(blind, task, **budget(steps=100), eval_every=100, live=False, device=device)
 n = blind_history["loss"][0][-1]
 print(f"without cross-attention, after {n} steps: loss {last_mean(blind_history, 'loss'):.3f} (ln 10 = "
       f"{math.log(10):.3f}: a uniform guess among the digits), held-out exact match "
@@ -359,8 +363,8 @@ print(f"with cross-attention, at step {n}:        loss {value_at(history, 'loss'
 
 # %%
 torch.manual_seed(0)
-scaled = Seq2SeqTransformer(**config, tie_weights=False, scale_embedding=True)
-scaled_history = train(scaled, task, **budget(steps=150), eval_every=150, live=False)
+scaled = Seq2SeqTransformer(**config, tie_weights=False, scale_embedding=True).to(device)
+scaled_history = train(scaled, task, **budget(steps=150), eval_every=150, live=False, device=device)
 n = min(scaled_history["loss"][0][-1], history["loss"][0][-1])
 print(f"after {n} steps      loss   held-out exact match")
 for name, h in (("unscaled (main run)", history), ("scaled by √D", scaled_history)):
@@ -387,8 +391,8 @@ if RUN_DATES and not GRADING:
     print(dates.description)
     torch.manual_seed(0)
     date_model = Seq2SeqTransformer(len(dates.src_vocab), len(dates.tgt_vocab), 64, 4, 256, 2, dropout=0.0,
-                                    tie_weights=False)
-    date_history = train(date_model, dates, seconds=180, eval_every=100, target_exact_match=0.99)
+                                    tie_weights=False).to(device)
+    date_history = train(date_model, dates, seconds=180, eval_every=100, target_exact_match=0.99, device=device)
 else:
     print("skipped: set RUN_DATES = True to train on dates")
 

@@ -23,8 +23,13 @@ import matplotlib.pyplot as plt
 import torch
 import torch.nn.functional as F
 
+import decoder_course
+
 _ = torch.manual_seed(0)  # reproducible demos; the exercises do not depend on it
 DTYPES = (torch.float32, torch.float16, torch.bfloat16)
+# sections 5 and 7 run here: cuda if there is a GPU, else mps, else cpu (DECODER_COURSE_DEVICE overrides it)
+device = decoder_course.device()
+print("device:", device)
 
 # %% [markdown]
 # ## 1. Three number formats
@@ -236,16 +241,18 @@ from decoder_course.visible import l10_numerics as visible
 visible.check_robust_masked_softmax(robust_masked_softmax)
 
 # %% [markdown]
-# ## 5. Autocast on the CPU
+# ## 5. Autocast
 #
 # `torch.autocast` is how mixed precision is switched on: inside the `with` block, operations that profit from
 # lower precision (matrix products, `nn.Linear`, convolutions) run in `bfloat16` or `float16`, while the tensors
-# you pass in stay float32. Nothing in your code says which dtype a tensor has at a given line. Run it:
+# you pass in stay float32. Nothing in your code says which dtype a tensor has at a given line. Autocast is
+# switched on per device type: `torch.autocast(device.type, ...)` covers the tensors on `device` (`"cpu"`,
+# `"cuda"` or `"mps"`), and only those. Run it:
 
 # %%
-q = torch.randn(2, 4, 8)  # (B, T, Dh) float32
-k = torch.randn(2, 5, 8)  # (B, S, Dh) float32
-with torch.autocast("cpu", dtype=torch.bfloat16):
+q = torch.randn(2, 4, 8, device=device)  # (B, T, Dh) float32
+k = torch.randn(2, 5, 8, device=device)  # (B, S, Dh) float32
+with torch.autocast(device.type, dtype=torch.bfloat16):
     scores_ac = q @ k.transpose(-2, -1)  # (B, T, S)
     print("q:", q.dtype, "| k:", k.dtype, "| q @ kᵀ:", scores_ac.dtype)
 
@@ -254,8 +261,8 @@ with torch.autocast("cpu", dtype=torch.bfloat16):
 # scores are bfloat16, and float32's `finfo.min` (`-3.40e38`) is just beyond bfloat16's range (`-3.39e38`):
 
 # %%
-mask_ac = torch.rand(2, 4, 5) > 0.3  # (B, T, S)
-with torch.autocast("cpu", dtype=torch.bfloat16):
+mask_ac = torch.rand(2, 4, 5, device=device) > 0.3  # (B, T, S)
+with torch.autocast(device.type, dtype=torch.bfloat16):
     scores_ac = q @ k.transpose(-2, -1)  # (B, T, S) in bfloat16
     try:
         scores_ac.masked_fill(~mask_ac, torch.finfo(q.dtype).min)  # the fill of q's dtype, float32
@@ -317,11 +324,15 @@ def finfo_only(q, k, v, allowed):
 
 
 B, H, T, S, Dh = 2, 4, 6, 9, 64
-qm, km, vm = torch.randn(B, H, T, Dh) * 2, torch.randn(B, H, S, Dh) * 2, torch.randn(B, H, S, Dh)
-is_real = torch.arange(S) < torch.tensor([[S], [5]])  # (B, S): sequence 1 has 4 padded keys
+qm = torch.randn(B, H, T, Dh, device=device) * 2  # (B, H, T, Dh)
+km = torch.randn(B, H, S, Dh, device=device) * 2  # (B, H, S, Dh)
+vm = torch.randn(B, H, S, Dh, device=device)  # (B, H, S, Dh)
+is_real = torch.arange(S, device=device) < torch.tensor([[S], [5]], device=device)  # (B, S): sequence 1: 4 pads
 allowed_m = is_real[:, None, None, :].expand(B, 1, T, S).clone()  # (B, 1, T, S)
 allowed_m[1, 0, 2] = False  # query 2 of sequence 1 may see nothing
-truth = F.scaled_dot_product_attention(qm.double(), km.double(), vm.double(), attn_mask=allowed_m)
+# the float64 truth on the CPU (Apple's mps has no float64)
+truth = F.scaled_dot_product_attention(qm.cpu().double(), km.cpu().double(), vm.cpu().double(),
+                                       attn_mask=allowed_m.cpu())
 
 settings = {"float32": (torch.float32, None), "float16": (torch.float16, None), "bfloat16": (torch.bfloat16, None),
             "autocast bf16": (torch.float32, torch.bfloat16), "autocast fp16": (torch.float32, torch.float16)}
@@ -333,9 +344,9 @@ for setting, (dtype, autocast_dtype) in settings.items():
     for fn in methods.values():
         args = (qm.to(dtype), km.to(dtype), vm.to(dtype), allowed_m)
         try:
-            with torch.autocast("cpu", dtype=autocast_dtype or torch.bfloat16, enabled=autocast_dtype is not None):
+            with torch.autocast(device.type, dtype=autocast_dtype or torch.bfloat16, enabled=autocast_dtype is not None):
                 out = fn(*args)
-            err = (out.double() - truth).abs().max().item()
+            err = (out.cpu().double() - truth).abs().max().item()
             cells.append("NaN" if math.isnan(err) else f"err {err:.1e}")
         except RuntimeError as exc:
             cells.append("error" if "overflow" in str(exc) else "crash")

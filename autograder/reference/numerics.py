@@ -35,7 +35,8 @@ def naive_masked_softmax(scores: torch.Tensor, allowed: torch.Tensor, fill: floa
     Shape:
         scores: (..., T, S), allowed: bool broadcastable to scores -> weights: (..., T, S), scores' dtype
     """
-    bias = torch.zeros(allowed.shape, dtype=torch.float32).masked_fill(~allowed, fill)  # float32: holds -1e9
+    bias = torch.zeros(allowed.shape, dtype=torch.float32, device=scores.device)  # float32: holds -1e9
+    bias = bias.masked_fill(~allowed, fill)
     return (scores + bias.to(scores.dtype)).softmax(dim=-1)  # the cast rounds -1e9 to -inf in float16
 
 

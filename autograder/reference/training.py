@@ -8,8 +8,6 @@ including EOS. ``greedy_generate`` (the simplest generation loop; lesson 08 writ
 without the causal mask: its teacher-forced loss collapses, yet it cannot generate.
 """
 
-import time
-
 import torch
 import torch.nn.functional as F
 from torch import nn
@@ -139,7 +137,8 @@ def evaluate_exact_match(
     """Greedy-decode the sources of ``pairs``; return the fraction decoded exactly (up to and including EOS).
 
     ``pairs`` are (source, target) strings, e.g. ``task.make_pairs(500, rng=1, split="test")``; ``task``
-    supplies the vocabularies (``task.make_batch``). The model is evaluated in eval mode, then put back.
+    supplies the vocabularies (``task.make_batch``). Batches go to the model's device. The model is evaluated
+    in eval mode, then put back.
 
     Shape:
         pairs: N (source, target) pairs -> float in [0, 1]
@@ -147,10 +146,11 @@ def evaluate_exact_match(
     was_training = model.training
     model.eval()
     max_len = task.max_tgt_len + 1 if max_len is None else max_len  # the target plus its EOS
+    device = next(model.parameters()).device  # batches are made on the CPU: move them where the model is
     n_correct = 0.0
     for start in range(0, len(pairs), batch_size):
         chunk = pairs[start : start + batch_size]
-        batch = task.make_batch(chunk)
+        batch = {name: tensor.to(device) for name, tensor in task.make_batch(chunk).items()}
         src_ids, src_is_real = batch["src_ids"], batch["src_is_real"]  # (B, S) each
         pred = greedy_generate(model, src_ids, max_len, BOS, src_is_real=src_is_real)  # (B, max_len)
         n_correct += exact_match(pred, batch["tgt_ids"], PAD, EOS) * len(chunk)
@@ -175,6 +175,7 @@ def train(
     seed: int = 0,
     progress: bool = True,
     live: bool = True,
+    device: torch.device | str | None = None,
 ) -> dict:
     """Train ``model`` on ``task`` with teacher forcing; watch the loss and held-out exact match as it learns.
 
@@ -187,6 +188,9 @@ def train(
     ``decoder_course.plots.LiveCurves`` when it is available). The training time is printed at the end; the
     model is left in eval mode.
 
+    ``device`` (default: where the model's parameters are) is where the model and every batch go; the clock
+    synchronises it before each reading (``decoder_course.devices.timer``), so a GPU's queued work is counted.
+
     Shape:
         batches from ``task.batches``: src (B, S), tgt (B, T) -> history ``{name: (steps, values)}`` with
         ``"loss"`` and ``"token_accuracy"`` (teacher-forced, every step) and ``"exact_match"`` (held out,
@@ -195,6 +199,12 @@ def train(
     if steps is None and seconds is None:
         raise ValueError("give steps=, seconds= or both")
     from tqdm.auto import tqdm
+
+    from decoder_course.devices import timer
+
+    device = next(model.parameters()).device if device is None else torch.device(device)
+    model.to(device)
+    clock = timer(device)  # a GPU runs asynchronously: wait for its work before reading the time
 
     try:
         from decoder_course.plots import LiveCurves
@@ -227,9 +237,9 @@ def train(
 
     bar = tqdm(total=steps if steps is not None else None, disable=not progress, desc=f"train {task.name}")
     model.train()
-    step, training_time, started = 0, 0.0, time.perf_counter()
+    step, training_time, started = 0, 0.0, clock()
     while (steps is None or step < steps) and (seconds is None or training_time < seconds):
-        batch = next(batches)
+        batch = {name: tensor.to(device) for name, tensor in next(batches).items()}  # made on the CPU
         tgt = batch["tgt_ids"]  # (B, T): the target followed by EOS, then PAD
         # no tgt_is_real needed: padding sits after the real tokens, where the causal mask already hides it
         logits = model(batch["src_ids"], shift_right(tgt, BOS), src_is_real=batch["src_is_real"])  # (B, T, V)
@@ -240,22 +250,22 @@ def train(
         optimizer.step()
         schedule.step()
         step += 1
-        training_time = time.perf_counter() - started
+        training_time = clock() - started
         is_real = tgt != PAD
         accuracy = ((logits.argmax(-1) == tgt) & is_real).sum().item() / max(is_real.sum().item(), 1)
         record("loss", step, loss.item())
         record("token_accuracy", step, accuracy)
         if curves is not None:
-            paused = time.perf_counter()
+            paused = clock()
             curves.update(step, loss=loss.item(), token_accuracy=accuracy)  # redraws about once a second
-            started += time.perf_counter() - paused  # drawing is not training: pause the clock
+            started += clock() - paused  # drawing is not training: pause the clock
         bar.update(1)
         bar.set_postfix(loss=f"{loss.item():.3f}", acc=f"{accuracy:.3f}")
         if step % eval_every == 0:
             # evaluation time is not training time: pause the clock
-            paused = time.perf_counter()
+            paused = clock()
             score = evaluate(step)
-            started += time.perf_counter() - paused
+            started += clock() - paused
             bar.set_postfix(loss=f"{loss.item():.3f}", exact_match=f"{score:.3f}")
             if target_exact_match is not None and score >= target_exact_match:
                 break
