@@ -125,17 +125,32 @@ def quiet_nbgrader(verbose: bool) -> None:
 
 # -- release -----------------------------------------------------------------------------------------------------
 def release(lessons: list[str] | None = None, out: Path = LESSONS_DIR, work: Path | None = None) -> list[str]:
-    """Build the solution notebooks, then the student release with ``nbgrader generate_assignment``."""
+    """Build the solution notebooks, then the student release with ``nbgrader generate_assignment``.
+
+    nbgrader writes into a staging folder beside ``out``; only when every lesson succeeded does each staged
+    lesson replace its folder in ``out`` (a rename, on the same file system). A failure leaves ``out`` as it was.
+    """
     notebooks.build_all()
     lessons = lessons or notebooks.lessons()
-    with tempfile.TemporaryDirectory(prefix="release-") as tmp:
+    out = Path(out)
+    out.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(prefix="release-") as tmp, \
+            tempfile.TemporaryDirectory(prefix=".release-", dir=out.parent) as staging:
         work = work or Path(tmp)
         work.mkdir(parents=True, exist_ok=True)
-        grader = api(work, release_dir=out)
+        grader = api(work, release_dir=Path(staging))
         for lesson in lessons:
             result = grader.generate_assignment(lesson, force=True, create=True)
             if not result["success"]:
-                raise RuntimeError(f"generate_assignment failed for {lesson}:\n{result['log']}")
+                raise RuntimeError(f"generate_assignment failed for {lesson} ({out} is unchanged):\n{result['log']}")
+        for lesson in lessons:
+            if not (Path(staging) / lesson).is_dir():
+                raise RuntimeError(f"generate_assignment wrote no {lesson} ({out} is unchanged)")
+        for lesson in lessons:
+            target, old = out / lesson, Path(staging) / f"{lesson}.old"
+            if target.exists():
+                target.rename(old)
+            (Path(staging) / lesson).rename(target)
     return lessons
 
 
