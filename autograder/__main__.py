@@ -5,6 +5,8 @@ Commands
   release                    build, then write the student release into lessons/ (nbgrader generate_assignment)
   grade SUBMISSIONS          canary, then every student in SUBMISSIONS (nbgrader layout or LMS zip), feedback, CSV
   demo                       release, then grade three sample students (perfect, untouched, typical mistakes)
+  student-edition DIR        the tree students get (lessons/, decoder_course, README, LICENSE, pyproject.toml);
+                             --git makes it a git repository tagged v<version>, ready to push to the public repo
 """
 
 from __future__ import annotations
@@ -26,6 +28,9 @@ def main(argv: list[str] | None = None) -> int:
     sub.add_parser("build", help="build solution notebooks from their sources")
     p_release = sub.add_parser("release", help="build the student release into lessons/")
     p_release.add_argument("--lessons", nargs="*", help="lesson ids (default: all)")
+    p_edition = sub.add_parser("student-edition", help="write the student edition into a new folder")
+    p_edition.add_argument("dest", type=Path, help="a new or empty folder")
+    p_edition.add_argument("--git", action="store_true", help=f"make it a git repository tagged {notebooks.TAG}")
     for name in ("grade", "demo"):
         p = sub.add_parser(name)
         if name == "grade":
@@ -48,6 +53,15 @@ def main(argv: list[str] | None = None) -> int:
     if args.command == "build":
         stale = notebooks.build_all()
         print(f"built {len(notebooks.lessons())} solution notebooks ({len(stale)} changed)")
+        return 0
+    if args.command == "student-edition":
+        from autograder import edition
+
+        written = edition.build(args.dest, git=args.git)
+        print(f"student edition {notebooks.TAG}: {len(written)} files in {args.dest}"
+              + (f" (a git repository, tag {notebooks.TAG})" if args.git else ""))
+        print(f"publish it at https://github.com/{notebooks.REPOSITORY} with that tag: the lessons' badges and "
+              "bootstrap cells point there")
         return 0
     if args.command == "release":
         done = pipeline.release(args.lessons)

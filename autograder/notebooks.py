@@ -30,6 +30,8 @@ from pathlib import Path
 import nbformat
 from nbformat import NotebookNode
 
+from decoder_course import __version__ as _package_version
+
 ROOT = Path(__file__).resolve().parent.parent
 SOLUTIONS = ROOT / "solutions"
 
@@ -48,9 +50,12 @@ REFERENCE_MODULES = {
     "10-numerics": "numerics",
 }
 
-# Where the course lives: the Colab badge of every lesson and the bootstrap cell's install both point here.
-REPOSITORY = "decoder-course/decoder-course"  # GitHub owner/name
-BRANCH = "main"
+# Where students get the course: the public repository of the *student edition* (``./course student-edition``:
+# lessons and the companion package, never solutions, references or hidden checks). The Colab badge of every
+# lesson and the bootstrap cell's install both point there, at the tag of the package's version (``v0.1.0``),
+# never at a branch: a notebook saved in Drive keeps installing the package it was released with.
+REPOSITORY = "decoder-course/decoder-course"  # GitHub owner/name of the student edition
+TAG = f"v{_package_version}"
 # What Colab lacks of the package's dependencies (it ships torch, numpy and matplotlib): installed beside it.
 COLAB_PROVIDES = ("torch", "numpy", "matplotlib")
 COLAB_EXTRAS = ("einops>=0.7", "tqdm>=4.60")
@@ -64,7 +69,7 @@ import sys
 
 if "google.colab" in sys.modules:
     # --no-deps keeps Colab's own torch, numpy and matplotlib; the light packages it may lack come along.
-    _source = "git+https://github.com/{REPOSITORY}@{BRANCH}"
+    _source = "git+https://github.com/{REPOSITORY}@{TAG}"
     _source = os.environ.get("{SOURCE_ENV}", _source)  # only the course's own tests set it
     %pip install --quiet --no-deps "decoder-course @ {{_source}}" {" ".join(f'"{r}"' for r in COLAB_EXTRAS)}
 """
@@ -75,7 +80,7 @@ _BADGE_LINE = re.compile(r"^\[!\[Open In Colab\]\(.*\)\]\(https://colab\.researc
 def colab_url(lesson: str) -> str:
     """The address that opens the released notebook of ``lesson`` in Colab."""
     notebook = f"lessons/{lesson}/{lesson}.ipynb"
-    return f"https://colab.research.google.com/github/{REPOSITORY}/blob/{BRANCH}/{notebook}"
+    return f"https://colab.research.google.com/github/{REPOSITORY}/blob/{TAG}/{notebook}"
 
 
 def colab_badge(lesson: str) -> str:

@@ -200,7 +200,7 @@ def test_bootstrap_installs_only_what_colab_lacks():
     pip_at = next(i for i, line in enumerate(lines) if "%pip" in line)
     assert lines[pip_at - 1].startswith(f'    _source = os.environ.get("{notebooks.SOURCE_ENV}", _source)')
     assert 'if "google.colab" in sys.modules:' in lines
-    assert f"git+https://github.com/{notebooks.REPOSITORY}@{notebooks.BRANCH}" in notebooks.BOOTSTRAP
+    assert f"git+https://github.com/{notebooks.REPOSITORY}@{notebooks.TAG}" in notebooks.BOOTSTRAP
 
 
 @pytest.mark.parametrize("lesson", notebooks.lessons())
@@ -216,7 +216,7 @@ def test_every_lesson_opens_with_the_bootstrap_and_its_own_colab_badge(lesson):
         text = path.read_text()
         assert text.count("colab-badge.svg") == 1, f"{path}: one badge, under the title"
         # The badge opens this very notebook, as released in the repository.
-        assert notebooks.colab_url(lesson).endswith(f"/blob/{notebooks.BRANCH}/lessons/{lesson}/{lesson}.ipynb")
+        assert notebooks.colab_url(lesson).endswith(f"/blob/{notebooks.TAG}/lessons/{lesson}/{lesson}.ipynb")
 
 
 def test_builder_puts_the_badge_under_the_title_and_drops_a_hand_written_one():
