@@ -226,7 +226,7 @@ class TrustedExecute(Execute):
                 self._box.seal()
             nb, resources = self._run(nb, resources, harvest)
             judged = dataclasses.replace(plan, scratch=self._collected.parent)
-            decided = verdicts.decide(judged, max_bytes=self._limits.scratch_bytes)
+            decided = verdicts.decide(judged)
             verdicts.apply(nb, decided)
             for item, verdict in decided.items():
                 summary = "passed" if verdict.passed else "failed: " + verdict.message.splitlines()[0][:160]

@@ -14,7 +14,6 @@ The flow for one notebook (see docs/ARCHITECTURE.md):
 
 from __future__ import annotations
 
-import ast
 import hashlib
 import importlib
 import math
@@ -28,7 +27,9 @@ from pathlib import Path
 import numpy as np
 from nbformat import NotebookNode
 
-from autograder.checks.framework import REGISTRY, Case, Exercise, Verdict, run_judge, write_cases
+from autograder import policy
+from autograder.checks.framework import MAX_REPORT_BYTES, REGISTRY, Case, Exercise, Verdict, run_judge, write_cases
+from decoder_course import harvest
 
 LESSON_CHECK_MODULES = {
     "00-setup": "autograder.checks.l00_setup",
@@ -95,6 +96,7 @@ class Plan:
     scratch: Path
     items: dict[str, tuple[Exercise, list[Case]]]
     sources: dict[str, str] = field(default_factory=dict)  # item -> the submitted code of its solution cell(s)
+    cells: list[str] = field(default_factory=list)  # every code cell of the submission, for the policy
 
 
 def solution_sources(nb: NotebookNode) -> dict[str, str]:
@@ -114,27 +116,25 @@ def solution_sources(nb: NotebookNode) -> dict[str, str]:
 
 
 def forbidden_uses(source: str, forbidden: tuple[str, ...]) -> list[str]:
-    """Forbidden names (``"F.scaled_dot_product_attention"`` matches any ``….scaled_dot_product_attention``)
-    used in ``source``, found from its syntax tree: calls, attributes and imports alike."""
-    if not forbidden:
-        return []
-    wanted = {name.rsplit(".", 1)[-1]: name for name in forbidden}
-    try:
-        tree = ast.parse(source)
-    except SyntaxError:
-        # IPython magics or a syntax error: the kernel reports the latter; fall back to a plain text search.
-        return sorted({full for short, full in wanted.items() if re.search(rf"\b{re.escape(short)}\b", source)})
-    found = set()
-    for node in ast.walk(tree):
-        # Attribute access (F.x, torch.nn.x, tensor.x) and imports only: a bare name may be the student's own
-        # function of the same name (an exercise called `softmax` calling itself in a quick test is fine).
-        names = []
-        if isinstance(node, ast.Attribute):
-            names.append(node.attr)
-        elif isinstance(node, (ast.Import, ast.ImportFrom)):
-            names.extend(alias.name.rsplit(".", 1)[-1] for alias in node.names)
-        found.update(wanted[n] for n in names if n in wanted)
-    return sorted(found)
+    """The rules of ``forbidden`` that ``source`` breaks on its own (see :mod:`autograder.policy`)."""
+    return sorted(policy.violations([source], [source], [], forbidden))
+
+
+def policy_message(item: str, broken: dict[str, str]) -> str:
+    """What the student reads when the exercise reaches what it must be written without."""
+    uses = "; ".join(f"`{rule.rstrip('.')}` ({how})" if how else f"`{rule.rstrip('.')}`"
+                     for rule, how in broken.items())
+    libraries = [rule.rstrip(".") for rule in broken if "." not in rule.rstrip(".") and rule not in policy.DYNAMIC]
+    if any(rule in policy.DYNAMIC for rule in broken):
+        why = ("code run from a string (eval, exec, compile) hides what the exercise does from the grader: write "
+               "the code itself.")
+    elif libraries:
+        why = (f"this exercise is written without {', '.join(libraries)} (NumPy alone for a NumPy exercise), to "
+               "show that you can build it from the basic operations.")
+    else:
+        why = ("that does this exercise's work for you. The point of the exercise is to write it yourself from "
+               "the operations it is made of; PyTorch's version is what we compare against.")
+    return (f"your `{item}` reaches {uses}, in its own code or in code it calls anywhere in the notebook: {why}")
 
 
 def prepare(nb: NotebookNode, lesson: str, student: str, secret: bytes, scratch: Path) -> Plan:
@@ -150,20 +150,41 @@ def prepare(nb: NotebookNode, lesson: str, student: str, secret: bytes, scratch:
             write_cases(scratch / "cases", item, cases)
             items[item] = (ex, cases)
     (scratch / "outputs").mkdir(parents=True, exist_ok=True)
-    return Plan(lesson, scratch, items, solution_sources(nb))
+    cells = [cell.source for cell in nb.cells if cell.cell_type == "code"]
+    return Plan(lesson, scratch, items, solution_sources(nb), cells)
 
 
-MAX_OUTPUT_BYTES = 256 << 20  # the most the grader reads of one exercise's outputs
+# What the grader reads of one exercise's outputs, at most: the kernel side refuses to hand in more than
+# harvest.MAX_OUTPUT_BYTES of arrays; headers and the report get room of their own. Every file is judged by its
+# size (and the npz by its zip directory) before a byte of it is parsed, so a forged file costs no memory.
+MAX_OUTPUT_BYTES = harvest.MAX_OUTPUT_BYTES + (16 << 20)  # the .npz: arrays plus their headers
+MAX_LEAVES = 50_000  # arrays in one .npz
+
+
+def _zip_entries(path: Path) -> int | None:
+    """How many entries a zip's end-of-central-directory record declares (None if there is none, or zip64)."""
+    with open(path, "rb") as handle:
+        handle.seek(0, os.SEEK_END)
+        size = handle.tell()
+        handle.seek(max(0, size - (1 << 16) - 22))
+        tail = handle.read()
+    at = tail.rfind(b"PK\x05\x06")
+    if at < 0 or len(tail) < at + 22:
+        return None
+    entries = int.from_bytes(tail[at + 10: at + 12], "little")
+    return None if entries == 0xFFFF else entries
 
 
 def unreadable_outputs(folder: Path, item: str, max_bytes: int = MAX_OUTPUT_BYTES) -> str | None:
-    """Why the kernel's files for ``item`` must not be read (a link, a FIFO, too large, an array whose header
-    claims more than its bytes, a compressed or object array), or None when they are plain harvest files.
+    """Why the kernel's files for ``item`` must not be read (a link, a FIFO, too large, too many arrays, an array
+    whose header claims more than its bytes, a compressed or object array), or None when they are plain harvest
+    files.
 
     The kernel wrote them and may have forged them: read nothing before these checks (the kernel is dead by now,
     so nothing changes between the check and the read).
     """
-    for suffix in (".json", ".npz"):
+    limits = {".json": min(max_bytes, MAX_REPORT_BYTES), ".npz": min(max_bytes, MAX_OUTPUT_BYTES)}
+    for suffix, limit in limits.items():
         path = folder / f"{item}{suffix}"
         try:
             info = os.lstat(path)
@@ -171,16 +192,19 @@ def unreadable_outputs(folder: Path, item: str, max_bytes: int = MAX_OUTPUT_BYTE
             continue  # Result says the cell was not reached
         if not stat.S_ISREG(info.st_mode) or info.st_nlink != 1:
             return f"{path.name} is not a plain file"
-        if info.st_size > max_bytes:
-            return f"{path.name} is {info.st_size / 2**20:.0f} MB, over the {max_bytes / 2**20:.0f} MB limit"
+        if info.st_size > limit:
+            return f"{path.name} is {info.st_size / 2**20:.0f} MB, over the {limit / 2**20:.0f} MB limit"
     npz = folder / f"{item}.npz"
     if not npz.exists():
         return None
+    entries = _zip_entries(npz)
+    if entries is None or entries > MAX_LEAVES:
+        return f"{npz.name} is not a plain .npz file of at most {MAX_LEAVES} arrays"
     try:
         with zipfile.ZipFile(npz) as archive:
             members = archive.infolist()
-            if sum(m.file_size for m in members) > max_bytes:
-                return f"{npz.name} holds more than {max_bytes / 2**20:.0f} MB"
+            if len(members) != entries or sum(m.file_size for m in members) > limits[".npz"]:
+                return f"{npz.name} holds more than {limits['.npz'] / 2**20:.0f} MB"
             for member in members:
                 if member.compress_type != zipfile.ZIP_STORED:
                     return f"{npz.name} is compressed"
@@ -200,13 +224,11 @@ def decide(plan: Plan, max_bytes: int = MAX_OUTPUT_BYTES) -> dict[str, Verdict]:
     """Judge every planned exercise: first the static policy on its submitted source, then its outputs."""
     decided = {}
     for item, (ex, cases) in plan.items.items():
-        used = forbidden_uses(plan.sources.get(item, ""), tuple(getattr(ex, "forbidden", ())))
+        own = plan.sources.get(item, "")
+        broken = policy.violations(plan.cells or [own], [own], [item], tuple(getattr(ex, "forbidden", ())))
         unreadable = unreadable_outputs(plan.scratch / "outputs", item, max_bytes)
-        if used:
-            decided[item] = Verdict(False, (
-                f"your `{item}` uses {', '.join(f'`{u}`' for u in used)}, which does this exercise's work for "
-                "you. The point of the exercise is to write it yourself from the operations it is made of; "
-                "PyTorch's version is what we compare against."))
+        if broken:
+            decided[item] = Verdict(False, policy_message(item, broken))
         elif unreadable:
             decided[item] = Verdict(False, (
                 f"the grader refused to read what your notebook handed in for `{item}` ({unreadable}): it was not "

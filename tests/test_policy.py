@@ -52,3 +52,76 @@ def test_policy_verdict_comes_before_values(tmp_path, monkeypatch):
     cell.source = "def attention(q, k, v):\n    return q @ k.T @ v"
     plan.sources = verdicts.solution_sources(nb)
     assert verdicts.decide(plan)["attention"].passed
+
+
+# -- every form of reaching a forbidden name (issue 10, hole 7) --------------------------------------------------
+SDPA = ("F.scaled_dot_product_attention",)
+ANSWER = "def robust_attention(q, k, v, allowed=None):\n    return {call}\n"
+
+
+def _reached(cells, answer, rules=SDPA, name="robust_attention"):
+    return verdicts.policy.violations([*cells, answer], [answer], [name], rules)
+
+
+def test_an_alias_imported_in_another_cell_is_followed():
+    cells = ["from torch.nn.functional import scaled_dot_product_attention as _attend"]
+    assert "F.scaled_dot_product_attention" in _reached(cells, ANSWER.format(call="_attend(q, k, v)"))
+    # the same import used by a comparison cell only, never by the answer, is fine
+    assert _reached([*cells, "_attend(q, k, v)"], ANSWER.format(call="q")) == {}
+
+
+def test_getattr_vars_and_dict_with_constant_strings_are_found():
+    cells = ["import torch.nn.functional as Fn", "import torch"]
+    for call in ('getattr(Fn, "scaled_dot_product_attention")(q, k, v)',
+                 'vars(Fn)["scaled_dot_product_attention"](q, k, v)',
+                 'Fn.__dict__["scaled_dot_product_attention"](q, k, v)',
+                 'getattr(torch.nn.functional, "scaled_dot_" "product_attention")(q, k, v)'):
+        assert "F.scaled_dot_product_attention" in _reached(cells, ANSWER.format(call=call)), call
+
+
+def test_assigned_aliases_star_imports_and_globals_lookups_are_followed():
+    cases = [
+        (["import torch", "attend = torch.nn.functional.scaled_dot_product_attention"], "attend(q, k, v)"),
+        (["import torch.nn.functional as Fn", "G = Fn"], "G.scaled_dot_product_attention(q, k, v)"),
+        (["from torch.nn.functional import *"], "scaled_dot_product_attention(q, k, v)"),
+        (["from torch.nn.functional import scaled_dot_product_attention as _a"], 'globals()["_a"](q, k, v)'),
+        (["import torch.nn.functional as Fn", "def helper(q, k, v):\n    return Fn.scaled_dot_product_attention(q, k, v)"],
+         "helper(q, k, v)"),
+    ]
+    for cells, call in cases:
+        assert "F.scaled_dot_product_attention" in _reached(cells, ANSWER.format(call=call)), (cells, call)
+
+
+def test_a_numpy_only_exercise_may_not_reach_torch_at_all():
+    # the rule "torch." once matched nothing: any path to torch now counts, through the student's own classes too
+    layer = ("import torch\nclass DecoderLayer(torch.nn.Module):\n    def forward(self, x):\n        return x\n"
+             "layer = DecoderLayer()")
+    answer = "def numpy_decoder_layer(x, params):\n    return layer(torch.as_tensor(x)).numpy()\n"
+    assert "torch." in _reached([layer], answer, ("torch.",), "numpy_decoder_layer")
+    for call in ('importlib.import_module("torch").tanh(x)', '__import__("torch").tanh(x)',
+                 'sys.modules["torch"].tanh(x)'):
+        answer = f"import importlib, sys\ndef numpy_decoder_layer(x, params):\n    return {call}\n"
+        assert "torch." in _reached([], answer, ("torch.",), "numpy_decoder_layer"), call
+    # NumPy code whose parameter shares a name with a torch tensor of another cell is not flagged
+    answer = "import numpy as np\ndef numpy_decoder_layer(x, params):\n    return np.tanh(x @ params['W'])\n"
+    assert _reached(["import torch\nx = torch.randn(3)"], answer, ("torch.",), "numpy_decoder_layer") == {}
+
+
+def test_code_run_from_strings_cannot_hide():
+    answer = ANSWER.format(call='eval("F.scaled_" + "dot_product_attention")(q, k, v)')
+    assert "eval" in _reached(["import torch.nn.functional as F"], answer)
+    message = verdicts.policy_message("robust_attention", {"eval": "code run from a string cannot be checked"})
+    assert "eval, exec, compile" in message
+
+
+def test_the_reference_solutions_break_no_rule():
+    import nbformat as nbf
+
+    from autograder import notebooks
+    for lesson in notebooks.lessons():
+        nb = nbf.read(notebooks.solution_path(lesson), as_version=4)
+        cells = [c.source for c in nb.cells if c.cell_type == "code"]
+        sources = verdicts.solution_sources(nb)
+        for item, ex in verdicts.exercises_for(lesson).items():
+            broken = verdicts.policy.violations(cells, [sources.get(item, "")], [item], tuple(ex.forbidden))
+            assert broken == {}, f"{lesson}/{item}: the reference breaks its own policy: {broken}"
