@@ -85,8 +85,8 @@ def test_assigned_aliases_star_imports_and_globals_lookups_are_followed():
         (["import torch.nn.functional as Fn", "G = Fn"], "G.scaled_dot_product_attention(q, k, v)"),
         (["from torch.nn.functional import *"], "scaled_dot_product_attention(q, k, v)"),
         (["from torch.nn.functional import scaled_dot_product_attention as _a"], 'globals()["_a"](q, k, v)'),
-        (["import torch.nn.functional as Fn", "def helper(q, k, v):\n    return Fn.scaled_dot_product_attention(q, k, v)"],
-         "helper(q, k, v)"),
+        (["import torch.nn.functional as Fn",
+          "def helper(q, k, v):\n    return Fn.scaled_dot_product_attention(q, k, v)"], "helper(q, k, v)"),
     ]
     for cells, call in cases:
         assert "F.scaled_dot_product_attention" in _reached(cells, ANSWER.format(call=call)), (cells, call)
