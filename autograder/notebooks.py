@@ -14,12 +14,18 @@ headers understood here, beyond jupytext's plain ``# %%`` and ``# %% [markdown]`
 ``# %% given=multi_head:attention,MultiHeadAttention``
     building blocks of an earlier lesson, shown as given code: the references' source without the markers.
 
+In a markdown cell, a figure of the course is a line ``# ![what the figure shows](assets/decoder_block.png)``:
+the builder attaches the PNG to the cell (``attachment:decoder_block.png``), so it shows in JupyterLab, Colab and
+GitHub without a file beside the notebook. The text in brackets is the figure's alt text and must say what it
+shows. ``assets/draw_figures.py`` draws every figure.
+
 The built notebook (``solutions/<id>/<id>.ipynb``) is what nbgrader reads; ``tests/test_notebooks.py`` fails
 when it has drifted from its source or from the references.
 """
 
 from __future__ import annotations
 
+import base64
 import hashlib
 import importlib
 import inspect
@@ -34,6 +40,7 @@ from decoder_course import __version__ as _package_version
 
 ROOT = Path(__file__).resolve().parent.parent
 SOLUTIONS = ROOT / "solutions"
+ASSETS = ROOT / "assets"  # the course's figures, drawn by assets/draw_figures.py
 
 # Each lesson's reference module, in autograder/reference.
 REFERENCE_MODULES = {
@@ -157,6 +164,27 @@ def _markdown(lines: list[str]) -> str:
     return "\n".join(text).strip("\n")
 
 
+# A figure in a lesson's markdown: ![alt text](assets/name.png), embedded as a cell attachment.
+FIGURE = re.compile(r"!\[(?P<alt>[^\]]*)\]\(assets/(?P<name>[A-Za-z0-9_.-]+\.png)\)")
+
+
+def embed_figures(lesson: str, markdown: str) -> tuple[str, dict]:
+    """``markdown`` with each ``assets/`` figure pointing at a cell attachment, and those attachments."""
+    attachments = {}
+
+    def attach(match: re.Match) -> str:
+        alt, name = " ".join(match["alt"].split()), match["name"]  # alt text may wrap in the source
+        if not alt:
+            raise ValueError(f"{lesson}: figure {name} needs alt text that says what it shows")
+        path = ASSETS / name
+        if not path.is_file():
+            raise ValueError(f"{lesson}: figure {name} is not in assets/ (run python assets/draw_figures.py)")
+        attachments[name] = {"image/png": base64.b64encode(path.read_bytes()).decode("ascii")}
+        return f"![{alt}](attachment:{name})"
+
+    return FIGURE.sub(attach, markdown), attachments
+
+
 def _nbgrader(grade_id: str, *, solution: bool, grade: bool, points: float | None = None) -> dict:
     meta = {"grade": grade, "grade_id": grade_id, "locked": not solution, "schema_version": 3,
             "solution": solution, "task": False}
@@ -192,7 +220,11 @@ def build_notebook(lesson: str, text: str) -> NotebookNode:
             text = _markdown(lines)
             if not any(cell.cell_type == "markdown" for cell in nb.cells):
                 text = with_badge(lesson, text)  # the first markdown cell: the title, then the badge
-            nb.cells.append(nbformat.v4.new_markdown_cell(text, id=cell_id))
+            text, attachments = embed_figures(lesson, text)
+            markdown_cell = nbformat.v4.new_markdown_cell(text, id=cell_id)
+            if attachments:
+                markdown_cell.attachments = attachments
+            nb.cells.append(markdown_cell)
             continue
         cell = nbformat.v4.new_code_cell(body, id=cell_id)
         if "exercise" in options:

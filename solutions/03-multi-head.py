@@ -187,11 +187,17 @@ print("gradient finite   :", bool(torch.isfinite(q.grad).all()))
 # %% [markdown]
 # ## 4. `MultiHeadAttention`
 #
-# ```
-# query (B, T, D) ─ q_proj ─ split_heads ─┐
-# key   (B, S, D) ─ k_proj ─ split_heads ─┼─ attention per head ─ merge_heads ─ out_proj ─ out (B, T, D)
-# value (B, S, D) ─ v_proj ─ split_heads ─┘   (B, H, T, Dh)        (B, T, D)
-# ```
+# ![Multi-head attention, left to right. The query (B, T, D) and the key and value (B, S, D), each drawn as a bar
+# cut into head slices h0, h1, h2, go through their own linear map q_proj, k_proj, v_proj. split_heads turns each
+# into one card per head: (B, H, T, Dh) for the queries, (B, H, S, Dh) for keys and values. The scores q kᵀ / √Dh
+# are one T × S grid per head, (B, H, T, S); the mask allowed (B, 1, T, S) broadcasts over the heads; a masked
+# softmax over S gives the weights, each row summing to 1; weights @ v gives one (B, H, T, Dh) output per head;
+# merge_heads puts the heads back side by side as (B, T, D), and out_proj mixes them into the output
+# (B, T, D).](assets/multi_head.png)
+#
+# The shapes are the lesson: the head axis is created by `split_heads`, carried through every step as if it were
+# a second batch axis (one matrix product for all heads), and removed by `merge_heads`. The mask has a `1` where
+# the heads are, so one mask serves them all.
 #
 # Each projection is one `nn.Linear(D, D)`: head `h` reads only its own output features `h·Dh … (h+1)·Dh − 1`,
 # so one `D × D` matrix holds `H` separate `D × Dh` projections side by side and computes them in one product.

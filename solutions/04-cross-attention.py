@@ -53,6 +53,15 @@ torch.manual_seed(0);  # every random tensor below is the same on every run
 # 0 may read the last source word as well as the first. So there is no triangle. What remains is padding: a
 # batch of source sentences of different lengths is padded, and no query may attend to a pad.
 #
+# ![The two masks of a decoder layer side by side, for the target le chat dort PAD reading the source the cat is
+# asleep PAD PAD. Left, self-attention, (B, 1, T, T): queries and keys are both target positions; allowed cells
+# form the lower triangle (s ≤ t), and the key column of the target pad is blocked. Right, cross-attention,
+# (B, 1, T, S): queries are target positions, keys are memory positions; there is no triangle, every row is the
+# same, and only the two memory pad columns are blocked.](assets/attention_masks.png)
+#
+# Read the grids by rows: row `t` is what query `t` may look at. On the left the triangle keeps the future out; on
+# the right the whole source is allowed from the first target word on, and only its padding is hidden.
+#
 # Worked example, `B = 2` source sentences of `S = 4` tokens, the second with two pads, and `T = 3` target
 # positions:
 #

@@ -8,12 +8,18 @@
 # one more block, a small feed-forward network, and wraps each of the three in a **residual connection** and a
 # **LayerNorm**:
 #
-# ```
-#  x ─► masked self-attention ─► add & norm ─► cross-attention ─► add & norm ─► feed-forward ─► add & norm ─► out
-#       (queries, keys, values     (norm1)      (queries from x,    (norm2)      (each position    (norm3)
-#        all from x; causal)                     keys/values from                on its own)
-#                                                the memory)
-# ```
+# ![One decoder layer in its two forms, drawn bottom to top from x (B, T, D) to out (B, T, D). Both have three
+# sublayers in the same order: masked self-attention (queries, keys and values all from x, causal), then
+# cross-attention (queries from x, keys and values from the memory (B, S, D), which enters from the side), then the
+# feed-forward network. Each sublayer is followed by its dropout (dropout1 to dropout3) and a residual addition
+# that adds back the sublayer's input. Left, post-LN (the 2017 paper): LayerNorm norm1, norm2, norm3 comes after
+# each addition, x = norm(x + dropout(sublayer(x))). Right, pre-LN: the LayerNorm comes first, LN → sublayer →
+# dropout → (+), x = x + dropout(sublayer(norm(x))), and the residual path skips the norm.](assets/decoder_block.png)
+#
+# Follow the residual lines on the left of each column: in both forms every sublayer only *adds a change* to what
+# came in. The two forms differ in one thing, where the LayerNorm sits (section 2): after the addition (left), so
+# the stream itself is normalised, or before the sublayer (right), so the stream is never normalised and a clean
+# path runs from the input to the output.
 #
 # Stack N of these and you have the decoder of "Attention Is All You Need" (lesson 06 does).
 #

@@ -6,13 +6,18 @@
 # Lesson 05 built one decoder layer. This lesson turns layers into a model that reads token ids and writes
 # next-token scores:
 #
-# ```
-#  src_ids (B, S) ─► src_embed ─► + positions ─► Encoder (given) ───────────────► memory (B, S, D)
-#                                                                                        │
-#  tgt_ids (B, T) ─► tgt_embed ─► + positions ─► Decoder: N × DecoderLayer ─► norm ─► out_proj ─► logits (B, T, V)
-#                                                (causal self-attention,
-#                                                 cross-attention to the memory)
-# ```
+# ![The encoder–decoder Transformer, drawn bottom to top in two columns. Left, the encoder (given): src_ids (B, S)
+# go through src_embed times √D, plus positional encoding, then N encoder layers (self-attention with only the
+# source padding mask, and feed-forward), giving the memory (B, S, D), computed once. Right, the decoder: tgt_ids
+# (B, T) go through tgt_embed times √D, plus positional encoding, then layer 1, layer 2, up to layer N, each made of
+# masked self-attention, cross-attention and feed-forward. One line carries the same memory to the keys and
+# values of the cross-attention of every decoder layer. After the last layer come a LayerNorm (pre-LN only) and
+# out_proj (which may be tied to tgt_embed), giving logits (B, T, V).](assets/encoder_decoder.png)
+#
+# The memory is the only thing the decoder receives from the source, and every decoder layer reads the same
+# memory: the encoder runs once per source sentence, however many layers and generation steps follow. The masks
+# go where the picture says: causal and target padding to each self-attention, source padding to each
+# cross-attention.
 #
 # You write four pieces:
 #

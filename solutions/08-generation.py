@@ -337,6 +337,16 @@ for penalty in (1.0, 1.2, 2.0):
 # | 2 | 3 5: 0.20, 3 6: 0.15, 3 7: 0.15, 4 5: **0.36**, 4 6: 0.04 | 4 5, 3 5 |
 # | 3 | 4 5 EOS: 0.36, 3 5 EOS: 0.20 | both finished: return the best, 4 5 EOS |
 #
+# ![Beam search with K = 2 on the tree above, drawn left to right. From BOS (p = 1.0), step 1 has three
+# candidates: 3 (p = 0.5) and 4 (p = 0.4) are kept, EOS (p = 0.1) is pruned. Step 2 has five candidates: 3 5 (0.20)
+# and 4 5 (0.36) are kept; 3 6 (0.15), 3 7 (0.15) and 4 6 (0.04) are pruned. At step 3 both beams finish with EOS:
+# 3 5 EOS (0.20), which is greedy's answer, and 4 5 EOS (0.36), which beam search returns as the best
+# score.](assets/beam_search.png)
+#
+# The point of the picture is the second row: token 4 is only the second most likely first token, and greedy
+# decoding drops it for good at step 1. A beam of 2 keeps it alive long enough for its continuation (0.9) to
+# overtake.
+#
 # Greedy is beam search with `K = 1`. Details that make or break an implementation:
 #
 # - **Batch × beams.** Lay the beams out as `B·K` rows, row `b·K + j` being beam `j` of sequence `b`; repeat the

@@ -98,6 +98,17 @@ print("max change of the first 5 positions' logits:", (long_logits[:, :5] - shor
 # which does not change at all during generation. Lesson 04's `CrossAttention.project_memory(memory)` computes
 # them; `forward(query, memory_kv=...)` reuses them. Project once per layer, before the first step.
 #
+# ![Greedy decoding with a KV cache, one layer, steps p = 0 to 3 as rows. At each step there is one new query
+# (B, H, 1, Dh). The self-attention key cache and value cache, (B, H, p+1, Dh), grow by one position per step: the
+# position computed at this step is outlined in bold at the end of the row, the earlier ones are kept from the
+# steps before. On the right, the cross-attention keys and values of the memory, (B, H, S, Dh) each, are projected
+# from the memory (B, S, D) by project_memory once, before the first step, and the same tensors are reused
+# unchanged at every later step.](assets/kv_cache.png)
+#
+# Two kinds of keys and values, two policies: the self-attention ones grow (one position appended per step, none
+# ever recomputed), the cross-attention ones are fixed (computed once from the memory). Each step's work is one
+# position's projections and one query row of attention, whatever the length so far.
+#
 # ## 2. The cache object
 #
 # Hugging Face's generation code made this pattern standard: the cache is an **explicit object** passed in and
