@@ -103,8 +103,10 @@ def nbgrader_config(work: Path, db_url: str | None = None, release_dir: Path | N
     c.TrustedExecute.sandbox = sandbox
     c.TrustedExecute.limits = asdict(limits)
     c.TrustedExecute.secret_file = str(secret_file or work / "secret")
+    # SafeFeedback last: it sanitises everything the student controls and adds the grader's report and verdicts.
     c.GenerateFeedback.preprocessors = [
         "nbgrader.preprocessors.GetGrades", StripHiddenTests, "nbconvert.preprocessors.CSSHTMLHeaderPreprocessor",
+        "autograder.feedback.SafeFeedback",
     ]
     return c
 
@@ -115,6 +117,44 @@ def api(work: Path, db_url: str | None = None, release_dir: Path | None = None,
     config = nbgrader_config(work, db_url, release_dir, verbose, sandbox, limits, secret_file)
     coursedir = CourseDirectory(config=config)
     return NbGraderAPI(coursedir=coursedir, config=config)
+
+
+WORK = ROOT / ".grading"  # ./course grade's default work folder, and the one nbgrader_config.py points at
+
+
+def tools_config(c: Config, work: Path | None = None) -> Config:
+    """Configure nbgrader's own tools (the CLI, formgrader, the exchange) for this course: the repository's
+    ``nbgrader_config.py`` calls this.
+
+    They work on the tree and gradebook that ``./course grade`` uses (``.grading/``, or ``$DECODER_COURSE_WORK``;
+    the gradebook ``$GRADEBOOK_URL`` when set), hand out ``lessons/`` (``release_assignment``), and never grade
+    without the course's trusted execution and sandbox: ``nbgrader autograde`` and formgrader's Autograde button
+    run :class:`~autograder.nbgrader_plugins.TrustedExecute` exactly as ``./course grade`` does (same secret, so the
+    same hidden cases and the same scores), feedback goes through the same sanitiser, and a notebook over the size
+    limit stops the run with a message naming ``./course grade`` before a byte of it is parsed. The canary is not
+    in this gradebook (it has its own tree), so it is never a student in ``export`` or formgrader's averages.
+    """
+    work = Path(os.environ.get("DECODER_COURSE_WORK") or work or WORK)
+    course = nbgrader_config(work, os.environ.get("GRADEBOOK_URL") or None, release_dir=LESSONS_DIR)
+    exchange = c.Exchange.root if "root" in c.Exchange else None  # a hub's system-wide config names it
+    c.merge(course)
+    c.CourseDirectory.release_directory = "lessons"
+    c.Exchange.root = os.environ.get("NBGRADER_EXCHANGE_ROOT") or exchange or "/srv/nbgrader/exchange"
+    c.Autograde.pre_convert_hook = refuse_oversized
+    return c
+
+
+def refuse_oversized(assignment: str, student: str, notebooks: list[str]) -> None:
+    """nbgrader's pre-convert hook: stop before nbgrader reads a notebook ``./course grade`` would refuse.
+
+    nbgrader ignores ordinary exceptions from a hook, so this exits: the run stops and says why."""
+    limit = Limits().notebook_bytes
+    for path in notebooks:
+        size = os.path.getsize(path)
+        if size > limit:
+            raise SystemExit(f"{shown(path)} is {size / 2**20:.1f} MB, over the {limit / 2**20:.0f} MB limit: nbgrader "
+                             "would read all of it. Grade with ./course grade, which refuses it (the student is told "
+                             "why) and grades every other notebook.")
 
 
 def quiet_nbgrader(verbose: bool) -> None:
