@@ -32,6 +32,7 @@ CODE_AREAS = {
     "autograder/checks": (["autograder/checks"], []),
     "autograder/mutants": (["autograder/mutants"], []),
     "tests": (["tests"], []),
+    "assets": (["assets"], []),
 }
 NOTEBOOK_DIRS = ("solutions", "lessons")
 
@@ -175,6 +176,7 @@ def test_pre_commit_rebuilds_the_notebooks_from_their_sources():
     repo, hook = _hooks()["course-release"]
     assert repo["repo"] == "local" and hook["entry"] == "./course release" and hook["pass_filenames"] is False
     pattern = re.compile(hook["files"])
-    for changed in ("solutions/01-masks.py", "autograder/reference/masks.py", "autograder/notebooks.py"):
+    for changed in ("solutions/01-masks.py", "autograder/reference/masks.py", "autograder/notebooks.py",
+                    "assets/decoder_block.png"):
         assert pattern.search(changed), changed
     assert (ROOT / "course").stat().st_mode & 0o111, "./course must be executable"
