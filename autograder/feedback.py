@@ -1,0 +1,418 @@
+"""Feedback HTML that is inert and unforgeable: the last preprocessor of nbgrader's ``GenerateFeedback``.
+
+The feedback page is opened by the instructor (and, through ``release_feedback``, by the student), so nothing a
+student controls may run or style anything in it, and nothing a student prints may pass for the grader's verdict.
+:class:`SafeFeedback` runs after ``GetGrades`` and ``StripHiddenTests`` (see :func:`autograder.pipeline
+.nbgrader_config`) and does two things:
+
+1. **Sanitise every student-controlled part** of the autograded notebook with ``nh3`` (the Ammonia sanitiser):
+
+   - outputs: ``text/plain``, ``image/png``, ``image/jpeg`` (valid base64 only) and ``text/latex`` (the template
+     escapes it) are kept; ``text/html`` is sanitised; ``text/markdown`` is rendered, then sanitised, as HTML;
+     ``image/svg+xml`` is shown as an ``<img>`` of a ``data:`` URL (an SVG loaded as an image runs no script and
+     loads nothing); every other type (``application/javascript``, widget views, anything with ``javascript`` in
+     its name, PDF, …) is dropped and replaced by a one-line note. Output metadata is rebuilt (numeric image width
+     and height only): the template writes it unquoted into ``<img>`` tags, and ``isolated`` would make an iframe;
+   - markdown cells: nbconvert's markdown rendering passes raw HTML through, so each cell is rendered here with
+     nbconvert's own renderer, sanitised, and put back as one HTML block the template's renderer leaves unchanged
+     (checked for every cell; a cell that would not survive is shown as escaped text instead);
+   - raw cells: sanitised the same way (nbconvert writes ``text/html`` raw cells as they are);
+   - cell and notebook metadata: only the (instructor-restored) ``nbgrader`` metadata is kept, so tags cannot add
+     CSS classes (``hidden``) to a cell and ``widgets`` state cannot load widget JavaScript.
+
+   Cell sources need nothing: the template highlights them with Pygments, which escapes them.
+   The sanitised HTML keeps structure (headings, lists, tables, code, links, ``data:`` images) and loses every
+   script, event handler, ``style`` tag and attribute, ``class`` (but a few harmless ones), ``id``/``name``
+   (which could hijack the page's anchors), ``javascript:``/``data:`` links, remote images (no tracking pixel),
+   iframes, forms, objects, embeds, SVG and MathML.
+
+2. **Write the grader's verdicts where student content cannot reach or imitate them**:
+
+   - a report at the top of the page (item, points, passed/failed, the verdict's message) made from the
+     gradebook's scores (``GetGrades``) and the verdict outputs that :func:`autograder.verdicts.apply` wrote
+     into each graded cell, never from student text;
+   - in each graded cell, that verdict output is replaced by a box headed "Grader's verdict".
+
+   Both are coloured, bordered boxes made with inline styles, which no student content can have (every student
+   ``style`` is removed, every student text escaped), and both carry a **seal**: a random code drawn when the page
+   is made, after the notebook ran, so no notebook can print it. The report says so. A student output that
+   mentions hidden checks or the grader's verdict is shown in a grey dashed frame labelled as the notebook's own
+   output.
+"""
+
+from __future__ import annotations
+
+import base64
+import html
+import re
+import secrets
+import unicodedata
+
+import nh3
+from nbconvert.filters.markdown_mistune import IPythonRenderer, MarkdownWithMath
+from nbformat import NotebookNode
+from nbgrader.preprocessors import NbGraderPreprocessor
+from pygments.token import STANDARD_TYPES
+
+__all__ = ["SafeFeedback", "imitates_verdict", "markdown_block", "sanitize_html", "sanitize_output"]
+
+# -- the sanitiser ---------------------------------------------------------------------------------------------
+TAGS = {
+    "a", "abbr", "b", "bdi", "bdo", "blockquote", "br", "caption", "cite", "code", "col", "colgroup", "dd", "del",
+    "details", "dfn", "div", "dl", "dt", "em", "figcaption", "figure", "h1", "h2", "h3", "h4", "h5", "h6", "hr", "i",
+    "img", "ins", "kbd", "li", "mark", "ol", "p", "pre", "q", "s", "samp", "small", "span", "strike", "strong",
+    "sub", "summary", "sup", "table", "tbody", "td", "tfoot", "th", "thead", "time", "tr", "tt", "u", "ul", "var",
+    "wbr",
+}
+# Removed with everything inside them (the rest of the unknown tags are removed, their text kept).
+DROPPED_WITH_CONTENT = {
+    "script", "style", "template", "noscript", "iframe", "frame", "frameset", "object", "embed", "applet", "svg",
+    "math", "textarea", "select", "title", "head", "xmp", "noembed", "noframes", "canvas", "audio", "video",
+}
+ATTRIBUTES = {
+    "a": {"href", "title"},
+    "abbr": {"title"},
+    "img": {"src", "alt", "title", "width", "height"},
+    "table": {"border"},
+    "th": {"colspan", "rowspan", "scope", "align"},
+    "td": {"colspan", "rowspan", "align"},
+    "col": {"span"},
+    "colgroup": {"span"},
+    "ol": {"start"},
+    "details": {"open"},
+    "time": {"datetime"},
+}
+# Classes that only colour text (Pygments tokens, nbconvert's heading anchors): none can hide or move anything.
+CLASSES = {
+    "span": {name for name in STANDARD_TYPES.values() if name},
+    "div": {"highlight"},
+    "a": {"anchor-link"},
+}
+_IMAGE_SRC = re.compile(r"data:image/(png|jpeg|gif|webp|svg\+xml);base64,[A-Za-z0-9+/=\s]+")
+_BASE64 = re.compile(r"[A-Za-z0-9+/=\s]+")
+_NUMBER = re.compile(r"\d{1,4}%?")
+
+
+def _attribute(tag: str, attribute: str, value: str) -> str | None:
+    """Attribute values a student may set: images only from data: URLs, links never to data:, small numbers."""
+    if attribute == "src":
+        return value if tag == "img" and _IMAGE_SRC.fullmatch(value.strip()) else None
+    if attribute == "href":
+        return None if value.strip().lower().startswith("data:") else value
+    if attribute in ("width", "height", "border", "colspan", "rowspan", "span", "start"):
+        return value if _NUMBER.fullmatch(value.strip()) else None
+    return value
+
+
+_CLEANER = nh3.Cleaner(
+    tags=TAGS, clean_content_tags=DROPPED_WITH_CONTENT, attributes=ATTRIBUTES, attribute_filter=_attribute,
+    allowed_classes=CLASSES, url_schemes={"http", "https", "mailto", "data"}, strip_comments=True,
+)
+
+
+def sanitize_html(text: str) -> str:
+    """Student HTML without anything that runs, styles, hides, navigates on its own or loads from elsewhere."""
+    return _CLEANER.clean(text)
+
+
+def _markdown(source: str, attachments: dict | None = None) -> str:
+    """Markdown to HTML exactly as the feedback template's ``markdown2html`` filter does it (raw HTML kept)."""
+    renderer = IPythonRenderer(escape=False, attachments=attachments or {}, embed_images=False, anchor_link_text="¶")
+    return MarkdownWithMath(renderer=renderer).render(source)
+
+
+def markdown_block(safe_html: str) -> str:
+    """Markdown whose rendering by the template is exactly ``<div>safe_html</div>``.
+
+    One line (newlines become ``&#10;``, the same character to an HTML parser) opening with ``<div>`` is a
+    single raw HTML block, which the markdown renderer passes through untouched. Raises ValueError when the
+    renderer would change it.
+    """
+    block = "<div>" + safe_html.replace("\r\n", "\n").replace("\r", "\n").replace("\n", "&#10;") + "</div>"
+    if _markdown(block).strip() != block:
+        raise ValueError("the markdown renderer would change this block")
+    return block
+
+
+def _escaped_block(text: str, note: str) -> str:
+    return markdown_block(f"<p><em>{html.escape(note)}</em></p><pre>{html.escape(text)}</pre>")
+
+
+def safe_markdown(source: str, attachments: dict | None = None) -> str:
+    """A markdown cell's source, rendered, sanitised and made into a block the template shows as it is."""
+    try:
+        return markdown_block(sanitize_html(_markdown(source, attachments)))
+    except Exception:  # a block the renderer would alter, a renderer error: show the source as text
+        return _escaped_block(source, "This cell's markdown could not be shown safely; here is its text:")
+
+
+# -- outputs ---------------------------------------------------------------------------------------------------
+KEPT = ("text/plain", "image/png", "image/jpeg", "text/latex")
+
+
+def _joined(value) -> str:
+    if isinstance(value, list):
+        return "".join(str(part) for part in value)
+    return value if isinstance(value, str) else str(value)
+
+
+def _image_metadata(metadata) -> NotebookNode:
+    """Numeric width and height of images only: the template writes them unquoted into ``<img>`` tags."""
+    kept = NotebookNode()
+    if not isinstance(metadata, dict):
+        return kept
+    for mime in ("image/png", "image/jpeg"):
+        given = metadata.get(mime)
+        if not isinstance(given, dict):
+            continue
+        sizes = {key: int(given[key]) for key in ("width", "height")
+                 if isinstance(given.get(key), (int, float)) and not isinstance(given.get(key), bool)
+                 and 0 < given[key] <= 10000}
+        if sizes:
+            kept[mime] = NotebookNode(sizes)
+    return kept
+
+
+def _note(text: str) -> NotebookNode:
+    return NotebookNode(output_type="stream", name="stdout", text=text)
+
+
+def sanitize_output(output) -> NotebookNode:
+    """One output rebuilt from its known fields, with only the MIME types the feedback may show."""
+    kind = output.get("output_type")
+    if kind == "stream":
+        name = output.get("name") if output.get("name") in ("stdout", "stderr") else "stdout"
+        return NotebookNode(output_type="stream", name=name, text=_joined(output.get("text", "")))
+    if kind == "error":
+        traceback = [_joined(line) for line in output.get("traceback") or []]
+        return NotebookNode(output_type="error", ename=_joined(output.get("ename", "")),
+                            evalue=_joined(output.get("evalue", "")), traceback=traceback)
+    if kind not in ("display_data", "execute_result"):
+        return _note(f"[an output of type {str(kind)[:40]!r} is not shown in the feedback]\n")
+    data = output.get("data") or {}
+    kept, dropped = NotebookNode(), []
+    for mime, value in data.items():
+        value = _joined(value)
+        if mime in KEPT:
+            if mime.startswith("image/") and not _BASE64.fullmatch(value):
+                dropped.append(mime)
+                continue
+            kept[mime] = value
+        elif mime == "text/html":
+            kept[mime] = sanitize_html(value)
+        else:
+            dropped.append(mime)
+    if "text/html" not in kept and "text/markdown" in data:
+        kept["text/html"] = sanitize_html(_markdown(_joined(data["text/markdown"])))
+        dropped.remove("text/markdown")
+    if "text/html" not in kept and "image/svg+xml" in data:
+        svg = base64.b64encode(_joined(data["image/svg+xml"]).encode("utf-8", "replace")).decode("ascii")
+        kept["text/html"] = f'<img src="data:image/svg+xml;base64,{svg}" alt="an SVG image">'
+        dropped.remove("image/svg+xml")
+    if not kept or set(kept) == {"text/plain"} and dropped:
+        shown = ", ".join(sorted({str(m)[:60] for m in dropped})) or "empty"
+        kept["text/plain"] = (kept.get("text/plain", "") + "\n" if kept.get("text/plain") else "") + \
+            f"[not shown in the feedback: {shown} output]"
+    rebuilt = NotebookNode(output_type="display_data", data=kept, metadata=_image_metadata(output.get("metadata")))
+    if kind == "execute_result":
+        rebuilt.output_type = "execute_result"
+        count = output.get("execution_count")
+        rebuilt.execution_count = count if isinstance(count, int) and not isinstance(count, bool) else None
+    return rebuilt
+
+
+# -- what only the grader writes -------------------------------------------------------------------------------
+# verdicts.apply: a passed item's last output is this stream; a failed item's verdict is the only error output of
+# its cell (apply turns every error the kernel raised into text), named HiddenCheckFailed.
+PASSED = re.compile(r"✓ Hidden checks: (all \d+ hidden cases? passed)\n?")
+FAILED_NAME = "HiddenCheckFailed"
+_CONFUSABLE = str.maketrans("аеіјоорсухнкмтвԁһ", "aeijoopcyxhkmtbdh")  # Cyrillic letters that look Latin
+_VERDICT_WORDS = ("hiddencheck", "graderverdict", "gradersverdict", "graderreport", "gradersreport")
+
+
+def imitates_verdict(text: str) -> bool:
+    """Whether student text reads like a verdict: it mentions hidden checks or the grader's verdict or report
+    (case, accents, zero-width characters, Cyrillic look-alikes and punctuation ignored)."""
+    text = unicodedata.normalize("NFKD", text)
+    text = "".join(ch for ch in text if unicodedata.category(ch) not in ("Cf", "Mn")).casefold()
+    letters = re.sub(r"[^a-z]", "", text.translate(_CONFUSABLE))
+    return any(word in letters for word in _VERDICT_WORDS)
+
+
+def _output_text(output: NotebookNode) -> str:
+    if output.output_type == "stream":
+        return output.text
+    if output.output_type == "error":
+        return "\n".join(output.traceback) + f"\n{output.ename}: {output.evalue}"
+    data = output.get("data", {})
+    html_text = re.sub(r"<[^>]*>", "", data.get("text/html", ""))
+    return "\n".join([data.get("text/plain", ""), html.unescape(html_text), data.get("text/latex", "")])
+
+
+_ANSI = re.compile(r"\x1b\[[0-9;?]*[ -/]*[@-~]")
+FONT = "font-family:'Helvetica Neue',Helvetica,Arial,sans-serif"
+MONO = "font-family:Menlo,Consolas,'DejaVu Sans Mono',monospace"
+GREEN, RED, GREY, NAVY = "#1b7a34", "#b3261e", "#6b6b6b", "#1d3557"
+
+
+def _points(value) -> str:
+    try:
+        return f"{float(value):g}"
+    except (TypeError, ValueError):
+        return "?"
+
+
+class SafeFeedback(NbGraderPreprocessor):
+    """Sanitise the student's notebook, then add the grader's report and verdict boxes (see the module doc)."""
+
+    def preprocess(self, nb: NotebookNode, resources: dict):
+        seal = "-".join(secrets.token_hex(2).upper() for _ in range(2))
+        resources.setdefault("course_feedback", {})["seal"] = seal
+        self._seal = seal
+        meta = nb.get("metadata", {})
+        nb.metadata = NotebookNode({key: meta[key] for key in ("kernelspec",) if key in meta})
+        nb.metadata.language_info = NotebookNode(name="python", pygments_lexer="ipython3")
+        rows = []
+        for cell in nb.cells:
+            verdict = self._take_verdict(cell)  # first: the student's outputs are sanitised and labelled next
+            self._sanitize_cell(cell)
+            row = self._row(cell, verdict)
+            if row is not None:
+                rows.append(row)
+        nb.cells.insert(0, NotebookNode(cell_type="markdown", metadata=NotebookNode(), id="course-grader-report",
+                                        source=self._report(rows, resources)))
+        return nb, resources
+
+    # -- the student's part ----------------------------------------------------------------------------------
+    def _sanitize_cell(self, cell: NotebookNode) -> None:
+        grading = cell.get("metadata", {}).get("nbgrader")
+        keep = isinstance(grading, dict) and (grading.get("grade_id") or any(
+            grading.get(flag) for flag in ("grade", "solution", "task", "locked")))
+        cell.metadata = NotebookNode(nbgrader=grading) if keep else NotebookNode()
+        cell.source = _joined(cell.get("source", ""))
+        if cell.cell_type == "markdown":
+            cell.source = safe_markdown(cell.source, cell.pop("attachments", None))
+        elif cell.cell_type == "raw":
+            # nbconvert writes text/html and untyped raw cells into the page as they are.
+            cell.source = sanitize_html(cell.source)
+            cell.pop("attachments", None)
+        elif cell.cell_type == "code":
+            count = cell.get("execution_count")
+            cell.execution_count = count if isinstance(count, int) and not isinstance(count, bool) else None
+            cell.outputs = [self._mark(sanitize_output(out)) for out in cell.get("outputs", [])]
+
+    def _mark(self, output: NotebookNode) -> NotebookNode:
+        """A student output that reads like a verdict, framed and labelled as the notebook's own output."""
+        if not imitates_verdict(_output_text(output)):
+            return output
+        data = output.get("data", {})
+        if output.output_type in ("stream", "error"):
+            body = f'<pre style="margin:2px 0 0 0">{html.escape(_ANSI.sub("", _output_text(output)))}</pre>'
+        elif "text/html" in data:
+            body = f"<div>{data['text/html']}</div>"  # already sanitised
+        else:
+            body = f'<pre style="margin:2px 0 0 0">{html.escape(_ANSI.sub("", _output_text(output)))}</pre>'
+        label = ("Printed by the notebook's own code. This is not a grader's verdict: the grader's verdicts are "
+                 f"the boxes with the seal {self._seal}.")
+        framed = (f'<div data-course-grader="student-output" class="tex2jax_ignore" style="border:1px dashed '
+                  f'{GREY};background:#f7f7f7;padding:4px 8px;margin:2px 0">'
+                  f'<div style="{FONT};font-size:11px;color:{GREY}">{html.escape(label)}</div>{body}</div>')
+        return NotebookNode(output_type="display_data", data=NotebookNode({"text/html": framed}),
+                            metadata=NotebookNode())
+
+    # -- the grader's part -----------------------------------------------------------------------------------
+    def _take_verdict(self, cell: NotebookNode) -> tuple[bool, str] | None:
+        """The verdict that verdicts.apply wrote into a graded test cell, taken out of its outputs."""
+        grading = cell.get("metadata", {}).get("nbgrader", {})
+        if cell.cell_type != "code" or not grading.get("grade") or grading.get("solution"):
+            return None
+        outputs = cell.get("outputs", [])
+        failed = [i for i, out in enumerate(outputs)
+                  if out.get("output_type") == "error" and out.get("ename") == FAILED_NAME]
+        if failed:
+            return False, _joined(outputs.pop(failed[-1]).get("evalue", ""))
+        if outputs and outputs[-1].get("output_type") == "stream":
+            found = PASSED.fullmatch(_joined(outputs[-1].get("text", "")))
+            if found:
+                outputs.pop()
+                return True, found.group(1)
+        return None
+
+    def _row(self, cell: NotebookNode, verdict: tuple[bool, str] | None) -> dict | None:
+        """A graded cell's line of the report; a test cell also gets the grader's box as its last output."""
+        grading = cell.metadata.get("nbgrader", {})
+        if not (grading.get("grade") or grading.get("task")) or not grading.get("grade_id"):
+            return None
+        item, score, points = str(grading["grade_id"]), grading.get("score"), grading.get("points")
+        full = score is not None and points is not None and _points(score) == _points(points)
+        passed, message = verdict if verdict is not None else (None, "")
+        if passed is None:
+            passed = full
+            if cell.cell_type != "code" or grading.get("solution"):
+                message = "graded by hand"
+            else:
+                message = ("passed" if full else "no points") + \
+                    " (the hidden checks' message was not kept: this cell's output was cut)"
+        elif passed != full:
+            message += " (the score was changed by hand in the gradebook)"
+        row = {"item": item, "score": _points(score), "points": _points(points), "passed": passed,
+               "message": message}
+        if cell.cell_type == "code" and not grading.get("solution"):
+            cell.outputs.append(NotebookNode(output_type="display_data", metadata=NotebookNode(),
+                                             data=NotebookNode({"text/html": self._box(row)})))
+        return row
+
+    def _line(self, row: dict) -> str:
+        return (f"✓ Hidden checks: {row['message']}" if row["passed"]
+                else f"✗ Hidden checks for `{row['item']}`: {row['message']}")
+
+    def _box(self, row: dict) -> str:
+        colour, tint = (GREEN, "#e9f6ec") if row["passed"] else (RED, "#fdecea")
+        point_word = "point" if row["points"] == "1" else "points"
+        head = (f"Grader's verdict · {row['item']} · {row['score']} / {row['points']} {point_word} · "
+                f"seal {self._seal}")
+        return (f'<div data-course-grader="verdict" class="tex2jax_ignore" style="border:2px solid {colour};'
+                f'border-left:10px solid {colour};border-radius:4px;background:{tint};padding:6px 10px;'
+                f'margin:6px 0">'
+                f'<div style="{FONT};font-size:11px;font-weight:bold;letter-spacing:0.06em;text-transform:uppercase;'
+                f'color:{colour}">{html.escape(head)}</div>'
+                f'<div style="{MONO};font-size:13px;white-space:pre-wrap;color:#111;margin-top:3px">'
+                f'{html.escape(self._line(row))}</div></div>')
+
+    def _report(self, rows: list[dict], resources: dict) -> str:
+        info = resources.get("nbgrader", {})
+        lesson, student = str(info.get("assignment", "")), str(info.get("student", ""))
+        score, total = _points(info.get("score")), _points(info.get("max_score"))
+        cell_style = "padding:4px 8px;border:1px solid #c9d3e0;text-align:left;vertical-align:top"
+        lines = []
+        for row in rows:
+            colour = GREEN if row["passed"] else RED
+            status = "✓ passed" if row["passed"] else "✗ failed"
+            lines.append(
+                f'<tr><td style="{cell_style};{MONO}">{html.escape(row["item"])}</td>'
+                f'<td style="{cell_style};white-space:nowrap">{row["score"]} / {row["points"]}</td>'
+                f'<td style="{cell_style};color:{colour};font-weight:bold;white-space:nowrap">{status}</td>'
+                f'<td style="{cell_style};{MONO};font-size:12px;white-space:pre-wrap">'
+                f'{html.escape(self._line(row))}</td></tr>')
+        if not lines:
+            lines.append(f'<tr><td colspan="4" style="{cell_style}">This notebook has no graded cells.</td></tr>')
+        penalty = info.get("late_penalty") or 0
+        late = f" (after a late penalty of {_points(penalty)})" if penalty else ""
+        explain = (
+            "Written by the course's grader after the notebook ran, from the gradebook and the hidden checks' "
+            "verdicts. Only this report and the boxes headed “Grader's verdict … seal "
+            f"{self._seal}” come from the grader; the seal is drawn when this page is made, so no notebook can "
+            "print it. Everything else on this page is the submitted notebook and what its code printed, shown "
+            "inert (no scripts, no styles) and unable to change a score.")
+        header = "".join(f'<th style="{cell_style};background:#dde6f2">{name}</th>'
+                         for name in ("item", "points", "result", "the grader's verdict"))
+        return markdown_block(
+            f'<div data-course-grader="report" class="tex2jax_ignore" style="border:3px solid {NAVY};'
+            f'border-radius:6px;background:#f2f6fb;padding:12px 16px;margin:4px 0 18px 0;{FONT};color:#111">'
+            f'<div style="font-size:19px;font-weight:bold;color:{NAVY}">Grader\'s report · '
+            f'{html.escape(lesson)} · {html.escape(student)} · {score} / {total} points{late}</div>'
+            f'<div style="font-size:12px;font-weight:bold;color:{NAVY};letter-spacing:0.08em;margin:2px 0 6px 0">'
+            f'SEAL {self._seal}</div>'
+            f'<p style="margin:0 0 8px 0;font-size:13px">{html.escape(explain)}</p>'
+            f'<table style="border-collapse:collapse;width:100%;font-size:13px;background:white">'
+            f'<thead><tr>{header}</tr></thead><tbody>{"".join(lines)}</tbody></table></div>')
