@@ -30,9 +30,41 @@ def mutants_of(lesson: str) -> list:
 
 
 def mutant_source(obj) -> str:
-    """A wrong answer as a student would have typed it: no decorator, no lint comments."""
-    source = textwrap.dedent(inspect.getsource(obj))
+    """A wrong answer as a student would have typed it: no decorator, no lint comments.
+
+    A mutant module defines the same class name several times; ``inspect.getsource`` finds the first of them
+    (before Python 3.13), so a class is found from the line of one of its own methods instead.
+    """
+    if isinstance(obj, type):
+        lines, _ = inspect.findsource(obj)
+        first = min(fn.__code__.co_firstlineno for fn in _functions(obj)) - 1  # 0-based line of a method
+        start = next(i for i in range(first, -1, -1) if re.match(rf"class {obj.__name__}\b", lines[i]))
+        source = "".join(inspect.getblock(lines[start:]))
+    else:
+        source = inspect.getsource(obj)
+    source = textwrap.dedent(source)
     return _NOQA.sub("", _DECORATOR.sub("", source)).rstrip() + "\n"
+
+
+def _functions(cls: type) -> list:
+    found = []
+    for value in vars(cls).values():
+        value = getattr(value, "fget", None) or getattr(value, "__func__", None) or value
+        if hasattr(value, "__code__"):
+            found.append(value)
+    return found
+
+
+def notebook_namespace(lesson: str, wrong: dict | None = None) -> dict:
+    """What a notebook's kernel holds: the lesson's reference code typed into cells, then ``wrong`` answers
+    (a mutant's replacement) typed after it. Every function looks its helpers up in this one namespace, as a
+    student's do: a wrong ``softmax`` is what the student's ``masked_softmax`` calls."""
+    module = importlib.import_module(f"autograder.reference.{notebooks.REFERENCE_MODULES[lesson]}")
+    namespace: dict = {"__name__": "__main__"}
+    exec(compile(inspect.getsource(module), f"<{lesson} cells>", "exec"), namespace)  # noqa: S102 - our own code
+    for obj in (wrong or {}).values():
+        exec(compile(mutant_source(obj), f"<{lesson} wrong cell>", "exec"), namespace)  # noqa: S102
+    return namespace
 
 
 def _fill(lesson: str, choose) -> nbformat.NotebookNode:

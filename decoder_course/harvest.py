@@ -19,12 +19,16 @@ The case language (JSON) is small on purpose:
   "autocast": dtype?}``   with ``"autocast": "bfloat16"`` (or ``"float16"``) the call runs inside
   ``torch.autocast(device_type, dtype=...)`` for the device of the call's tensors (cpu when none), as
   mixed-precision code does
-- ``{"load_state": name, "state": {param: VALUE}}``   load a state dict (strict) into a bound module
+- ``{"load_state": name, "state": {param: VALUE}, "lenient": [prefix]?}``   load a state dict (strict) into a
+  bound module; keys under a ``lenient`` prefix (a submodule built by another exercise) only where it has them
 - ``{"eval": name}`` / ``{"train": name}``            switch a bound module's mode
 - ``{"seed": int}``                                   ``torch.manual_seed``
 - ``{"backward": name, "weights": VALUE}``            ``(bound * weights).sum().backward()``
 - ``{"let": name, "value": VALUE}``                   bind a value (to record it again after a call)
 - ``{"record": name, "value": VALUE}``                record any value
+- ``{"spy": [name, ...], "steps": [step, ...]}``      follow ``steps`` recording every call of those notebook
+  functions (or methods of those classes) as ``~name/i`` (``args``, ``kwargs``, ``out``, ``after``: the
+  arguments after the call)
 
 and a VALUE is a JSON literal or one of ``{"array": key}``, ``{"tensor": key, "requires_grad": bool}``,
 ``{"ref": name}``, ``{"global": name}`` (the student's object), ``{"attr": [name, attr, ...]}``,
@@ -159,7 +163,19 @@ class _Runner:
         elif "load_state" in step:
             module = self.bound[step["load_state"]]
             state = {name: self.value(spec) for name, spec in step["state"].items()}
-            module.load_state_dict(state, strict=True)
+            lenient = tuple(step.get("lenient", ()))
+            if not lenient:
+                module.load_state_dict(state, strict=True)
+            else:  # parts built by the student's other exercises: their own cells judge their names
+                own = set(module.state_dict())
+                state = {k: v for k, v in state.items() if k in own or not k.startswith(lenient)}
+                missing, unexpected = module.load_state_dict(state, strict=False)
+                missing = [k for k in missing if not k.startswith(lenient)]
+                if missing or unexpected:
+                    said = [f"Missing key(s) in state_dict: {', '.join(map(repr, missing))}." if missing else "",
+                            f"Unexpected key(s) in state_dict: {', '.join(map(repr, unexpected))}."
+                            if unexpected else ""]
+                    raise RuntimeError("Error(s) in loading state_dict: " + " ".join(filter(None, said)))
         elif "eval" in step:
             self.bound[step["eval"]].eval()
         elif "train" in step:
@@ -174,8 +190,58 @@ class _Runner:
             self.bound[step["let"]] = self.value(step["value"])
         elif "record" in step:
             self.record(step["record"], self.value(step["value"]))
+        elif "spy" in step:
+            self.spy(step["spy"], step.get("steps", []))
         else:
             raise _CaseError(f"unknown step {sorted(step)}")
+
+    def spy(self, names: list, steps: list) -> None:
+        """Follow ``steps`` with the notebook's ``names`` watched: every call of one of those functions (or of a
+        method of one of those classes) is recorded as ``~name/i`` = its arguments and what it returned.
+
+        An exercise built on the student's other exercises is then judged against *their* answers on the very
+        inputs their code handed them, so a mistake elsewhere is not paid for twice. Nothing is decided here; the
+        names are restored whatever happens.
+        """
+        saved = {name: self.namespace[name] for name in names if name in self.namespace}
+        counts: dict[str, int] = {}
+        try:
+            for name, original in saved.items():
+                self.namespace[name] = self._watched(name, original, counts)
+            for step in steps:
+                self.step(step)
+        finally:
+            self.namespace.update(saved)
+
+    def _watched(self, name: str, original: Any, counts: dict) -> Any:
+        runner = self
+
+        def watch(label, fn):
+            def watched(*args, **kwargs):
+                index = counts.get(label, 0)
+                counts[label] = index + 1
+                key = f"~{label}/{index}"
+                runner.record(f"{key}/args", list(args[1:] if label != name else args))  # copies, before the call
+                runner.record(f"{key}/kwargs", {str(k): v for k, v in kwargs.items()})
+                result = fn(*args, **kwargs)
+                runner.record(f"{key}/out", result)
+                runner.record(f"{key}/after", list(args[1:] if label != name else args))  # changed in place?
+                return result
+
+            return watched
+
+        if not isinstance(original, type):
+            return watch(name, original) if callable(original) else original
+        methods = {attr: fn for attr, fn in vars(original).items()
+                   if callable(fn) and not attr.startswith("_") and not isinstance(fn, type)}
+        if hasattr(original, "forward") and "forward" not in methods:
+            methods["forward"] = original.forward
+        wrapped: dict[str, Any] = {attr: watch(f"{name}.{attr}", fn) for attr, fn in methods.items()}
+        for attr, prop in vars(original).items():
+            if isinstance(prop, property) and prop.fget is not None and not attr.startswith("_"):
+                wrapped[attr] = property(watch(f"{name}.{attr}", prop.fget))
+        return type(original.__name__, (original,), {**wrapped, "__qualname__": original.__qualname__,
+                                                     "__module__": original.__module__})
 
     # -- recording ----------------------------------------------------------------------------------------------
     def record(self, name: str, value: Any) -> None:

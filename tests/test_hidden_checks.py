@@ -1,8 +1,10 @@
 """The hidden checks, judged in-process: the reference passes, untouched stubs fail, every mutant is caught.
 
-The namespace is the lesson's reference module (what a perfect notebook defines); a mutant rebinds one name, as a
-student's wrong cell would. Each wrong answer must lose its own item and no other, except items declared to build
-on it (``depends_on``): a student's composite code is graded as it is.
+The namespace is what a notebook's kernel holds (``samples.notebook_namespace``): the lesson's reference code
+typed into cells, every function looking its helpers up in that one namespace, as a student's do; a mutant is
+typed after it, as a student's wrong cell would be. Each wrong answer must lose its own item and no other, even
+the items whose code calls it (they are judged relative to the student's own answers,
+``autograder.checks.relative``), with a message that says what broke.
 """
 
 import importlib
@@ -18,8 +20,7 @@ LESSONS = [
 
 
 def _reference_namespace(lesson: str) -> dict:
-    module = importlib.import_module(f"autograder.reference.{notebooks.REFERENCE_MODULES[lesson]}")
-    return dict(vars(module))
+    return samples.notebook_namespace(lesson)
 
 
 def _mutants(lesson: str) -> list:
@@ -82,16 +83,50 @@ def _mutant_cases():
             yield pytest.param(lesson, index, id=f"{lesson}:{item}:{description[:40]}")
 
 
+# What a verdict may not be: a grader error, or a comparison that says how far off without saying why.
+_NOT_A_REASON = ("could not judge", "tell your instructor")
+
+
+def _names_an_idea(message: str) -> bool:
+    if any(text in message for text in _NOT_A_REASON):
+        return False
+    # a bare comparison ends with where it differs; a teaching message goes on to say why
+    tail = message.rsplit("first at index", 1)[-1]
+    return "first at index" not in message or len(tail.split("]", 1)[-1].strip(" .)")) > 0
+
+
 @pytest.mark.parametrize("lesson,index", list(_mutant_cases()))
 def test_wrong_answer_loses_its_item_and_no_other(lesson, index):
     item, description, replacement = _mutants(lesson)[index]
-    ns = _reference_namespace(lesson)
-    ns.update(replacement)
-    decided = verdicts.judge_namespace(lesson, ns)
+    decided = verdicts.judge_namespace(lesson, samples.notebook_namespace(lesson, replacement))
     assert not decided[item].passed, f"the wrong answer '{description}' passed the hidden checks of {item}"
-    registered = verdicts.exercises_for(lesson)
-    others = {
-        other: v.message for other, v in decided.items()
-        if other != item and not v.passed and item not in getattr(registered[other], "depends_on", ())
-    }
-    assert not others, f"the wrong answer to {item} also cost: {others}"
+    others = {other: v.message for other, v in decided.items() if other != item and not v.passed}
+    assert not others, f"the wrong answer to {item} ('{description}') also cost: {others}"
+    assert _names_an_idea(decided[item].message), (
+        f"the message for '{description}' does not say which idea broke: {decided[item].message}")
+
+
+def _double_faults():
+    """A wrong dependent item on top of a wrong building block: judged relative to that block, still caught."""
+    for lesson in LESSONS:
+        registered = verdicts.exercises_for(lesson)
+        mutants = _mutants(lesson)
+        for item, cls in registered.items():
+            for used in cls.uses:
+                below = next((m for m in mutants if m[0] == used), None)
+                above = [m for m in mutants if m[0] == item][:2]
+                for wrong in above if below else []:
+                    yield pytest.param(lesson, item, below, wrong, id=f"{lesson}:{item}+{used}:{wrong[1][:30]}")
+
+
+@pytest.mark.parametrize("lesson,item,below,wrong", list(_double_faults()))
+def test_wrong_answer_on_a_wrong_building_block_is_still_caught(lesson, item, below, wrong):
+    # A building block that raises leaves nothing of the item to observe (its cells ran no further): such an
+    # item is not charged for it, and cannot be caught either. Only blocks that return wrong values are paired.
+    alone = verdicts.judge_namespace(lesson, samples.notebook_namespace(lesson, below[2]), items=[below[0]])
+    if any(word in alone[below[0]].message for word in ("raised", "Error", "failed")):
+        pytest.skip(f"'{below[1]}' raises: nothing of {item} is left to observe")
+    namespace = samples.notebook_namespace(lesson, {**below[2], **wrong[2]})
+    decided = verdicts.judge_namespace(lesson, namespace, items=[item])
+    assert not decided[item].passed, (
+        f"'{wrong[1]}' passed {item} when {below[0]} was also wrong ('{below[1]}')")

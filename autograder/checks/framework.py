@@ -29,6 +29,15 @@ def exercise(lesson: str, name: str, points: float = 1.0):
     def register(cls):
         cls.lesson, cls.name, cls.points = lesson, name, points
         REGISTRY.setdefault(lesson, {})[name] = cls
+        if cls.uses:  # built on the student's other items: watch their calls (autograder.checks.relative)
+            make_cases = cls.cases
+
+            def cases(self, rng):
+                from autograder.checks import relative
+
+                return relative.watch(make_cases(self, rng), tuple(cls.uses))
+
+            cls.cases = cases
         return cls
 
     return register
@@ -82,9 +91,16 @@ class Case:
         """Call ``obj.name(*args, **kwargs)`` on an object bound earlier with ``let``."""
         self.call({"attr": [obj, name]}, *args, let=let, record=record, **kwargs)
 
-    def load_state(self, obj: str, state: dict[str, Any]) -> None:
-        """Load a state dict (strict) into a bound module: the names are part of the exercise's contract."""
-        self.steps.append({"load_state": obj, "state": {k: self.tensor(v) for k, v in state.items()}})
+    def load_state(self, obj: str, state: dict[str, Any], lenient: tuple[str, ...] = ()) -> None:
+        """Load a state dict (strict) into a bound module: the names are part of the exercise's contract.
+
+        Keys under a ``lenient`` prefix belong to a submodule built from another exercise (whose own cell checks
+        its names): they are loaded where that submodule has them.
+        """
+        step: dict[str, Any] = {"load_state": obj, "state": {k: self.tensor(v) for k, v in state.items()}}
+        if lenient:
+            step["lenient"] = list(lenient)
+        self.steps.append(step)
 
     def eval(self, obj: str) -> None:
         self.steps.append({"eval": obj})
@@ -253,6 +269,11 @@ class Exercise:
     points: float = 1.0
     # Calls that would make the exercise trivial; found in the submitted source by the static policy check.
     forbidden: tuple[str, ...] = ()
+    # Other items of the lesson the student's code may call (their functions or classes, by name), and the
+    # reference module that defines them: the verdict is made relative to the student's own answers of those
+    # (autograder.checks.relative), so that a mistake there costs only its own item.
+    uses: tuple[str, ...] = ()
+    reference: Any = None
 
     def cases(self, rng: np.random.Generator) -> list[Case]:
         raise NotImplementedError
@@ -264,7 +285,13 @@ class Exercise:
 def run_judge(ex: Exercise, folder: Path, cases: list[Case]) -> Verdict:
     """Judge one exercise from the kernel's outputs in ``folder``; any failure becomes a teaching verdict."""
     try:
-        ex.judge(Result(folder, ex.name, cases))
+        result = Result(folder, ex.name, cases)
+        if ex.uses:
+            from autograder.checks import relative
+
+            relative.judge(ex, result)
+        else:
+            ex.judge(result)
     except Fail as fail:
         return Verdict(False, str(fail))
     except Exception as exc:  # a grader bug must not look like the student's fault; say so plainly

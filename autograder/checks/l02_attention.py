@@ -154,7 +154,8 @@ class Softmax(Exercise):
 # ------------------------------------------------------------------------------------------------------------
 @exercise(LESSON, "masked_softmax")
 class MaskedSoftmax(Exercise):
-    depends_on = ("softmax",)
+    uses = ("softmax",)
+    reference = ref
 
     def cases(self, rng):
         B, H, T, S = 2, 3, 4, 5
@@ -210,7 +211,8 @@ def _attention(q, k, v, allowed, scale):
 
 @exercise(LESSON, "scaled_dot_product_attention", points=2)
 class ScaledDotProductAttention(Exercise):
-    depends_on = ("masked_softmax", "softmax")
+    uses = ("masked_softmax", "softmax")
+    reference = ref
 
     def cases(self, rng):
         cases: list[Case] = []

@@ -319,7 +319,8 @@ def _right_padded(rng, B: int, S: int, min_real: int = 1) -> np.ndarray:
 @exercise(LESSON, "MultiHeadAttention", points=2)
 class MultiHeadAttentionCheck(Exercise):
     # the lesson's MultiHeadAttention calls the student's own split_heads and merge_heads
-    depends_on = ("split_heads", "merge_heads")
+    uses = ("split_heads", "merge_heads")
+    reference = ref
     # PyTorch's own multi-head attention, or its fused kernel, would do the exercise's work
     forbidden = ("nn.MultiheadAttention", "F.scaled_dot_product_attention", "F.multi_head_attention_forward")
 

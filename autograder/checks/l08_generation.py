@@ -393,7 +393,8 @@ class Sample(Exercise):
     first-token frequencies follow softmax(logits / temperature); temperature 0 and the repetition penalty against
     the reference; per-row EOS and padding with pad_id != 0 on a padded batch with every knob set."""
 
-    depends_on = ("top_k_filter", "top_p_filter", "apply_repetition_penalty")  # sample calls all three
+    uses = ("top_k_filter", "top_p_filter", "apply_repetition_penalty")  # sample calls all three
+    reference = ref
 
     def cases(self, rng):
         cases = []

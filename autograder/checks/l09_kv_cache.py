@@ -203,7 +203,8 @@ class DecodeStep(Exercise):
     """Logits of a prefill and of single steps against the full decoder (both norm placements, padded memory,
     B = 1 without a prefill); the cache grows by the new positions."""
 
-    depends_on = ("KVCache", "cached_causal_mask")  # the steps use the notebook's cache and mask
+    uses = ("KVCache", "cached_causal_mask")  # the steps use the notebook's cache and mask
+    reference = ref
 
     def cases(self, rng):
         cases = []
@@ -272,7 +273,8 @@ class GreedyDecodeCached(Exercise):
     EOS ids so that rows stop at different steps, max_len 1, an EOS that never comes, B = 1, pad_id != 0); the
     memory's keys projected once per layer; the caller's source unchanged."""
 
-    depends_on = ("KVCache", "cached_causal_mask", "decode_step")  # built from them
+    uses = ("KVCache", "cached_causal_mask", "decode_step")  # built from them
+    reference = ref
 
     def cases(self, rng):
         cases = []

@@ -17,6 +17,7 @@ import torch
 import torch.nn.functional as F
 
 from autograder.checks.framework import Case, Exercise, Fail, Result, exercise, expect_close
+from autograder.reference import numerics as ref
 
 LESSON = "10-numerics"
 DTYPES = ("float16", "bfloat16", "float32", "float64")
@@ -141,7 +142,8 @@ class MaskFillValue(Exercise):
 class RobustMaskedSoftmax(Exercise):
     """Per dtype against float64 softmax; fully masked rows; broadcast masks; None; huge scores; input unchanged."""
 
-    depends_on = ("mask_fill_value",)  # the reference fills with it
+    uses = ("mask_fill_value",)  # the reference fills with it
+    reference = ref
 
     def cases(self, rng):
         specs = [
@@ -214,7 +216,8 @@ class RobustAttention(Exercise):
     """Against float64 F.scaled_dot_product_attention in four dtypes and under autocast; the float16 overflow of an
     unscaled q @ kᵀ; zeros for fully masked rows; finite float16 gradients; the caller's inputs unchanged."""
 
-    depends_on = ("mask_fill_value", "robust_masked_softmax")  # the reference calls both
+    uses = ("mask_fill_value", "robust_masked_softmax")  # the reference calls both
+    reference = ref
     forbidden = ("F.scaled_dot_product_attention",)  # the answer we compare with
 
     def cases(self, rng):
