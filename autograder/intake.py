@@ -84,8 +84,8 @@ def _unzip(source: Path, dest: Path, max_bytes: int, out: Collected, archive_byt
                 continue
             if name.suffix != ".ipynb" and name.name not in SIDE_FILES:
                 continue
-            mode = info.external_attr >> 16
-            if mode and not stat.S_ISREG(mode):  # a symbolic link or a device packed into the zip
+            kind = stat.S_IFMT(info.external_attr >> 16)
+            if kind and kind != stat.S_IFREG:  # a symbolic link or a device packed into the zip
                 out.problems.append(f"{shown(info.filename)}: not a plain file in the zip; skipped")
                 continue
             limit = SIDE_FILES.get(name.name, max_bytes)

@@ -632,3 +632,194 @@ def test_the_sandbox_uid_can_read_what_plotting_needs(tmp_path):
             "os.R_OK)); print(repr(subprocess.run(['fc-list'], capture_output=True, text=True).stderr))")
     result = _run_boxed(tmp_path, code)
     assert result.stdout.splitlines() == ["True True", "''"], result.stdout + result.stderr
+
+
+# -- issue 10: the paths around the sandbox ----------------------------------------------------------------------
+def _put(root: Path, rel: str, nb) -> Path:
+    path = root / rel
+    path.parent.mkdir(parents=True, exist_ok=True)
+    nbformat.write(nb, path)
+    return path
+
+
+def test_a_planted_nested_notebook_impersonates_nobody(tmp_path):
+    """Hole 1: aa plants aa/01-masks/zz/01-masks/01-masks.ipynb; zz's own notebook is graded, no phantom student."""
+    root = tmp_path / "in"
+    real = _put(root, f"zz/{LESSON}/{LESSON}.ipynb", samples.perfect(LESSON))
+    own = _put(root, f"aa/{LESSON}/{LESSON}.ipynb", samples.perfect(LESSON))
+    _put(root, f"aa/{LESSON}/zz/{LESSON}/{LESSON}.ipynb", samples.untouched(LESSON))
+    _put(root, f"aa/{LESSON}/deeper/{LESSON}/x/{LESSON}.ipynb", samples.untouched(LESSON))
+    _put(root, f"aa/{LESSON}.ipynb", samples.untouched(LESSON))  # a notebook outside a lesson folder
+    collected = pipeline.collect_submissions(root, [LESSON], tmp_path / "scratch")
+    assert collected.found == {"zz": {LESSON: real}, "aa": {LESSON: own}}, collected.found
+    assert not collected.refused
+    planted = [p for p in collected.problems if "not in the layout student/lesson/notebook.ipynb" in p]
+    assert len(planted) == 3 and any(p.startswith(f"aa/{LESSON}/zz/{LESSON}/") for p in planted), planted
+
+
+def test_ids_that_differ_only_by_case_are_refused_and_reported(tmp_path):
+    root = tmp_path / "in"
+    for student in ("Bob", "bob", "alice"):
+        _put(root, f"{student}/{LESSON}/{LESSON}.ipynb", samples.perfect(LESSON))
+    collected = pipeline.collect_submissions(root, [LESSON], tmp_path / "scratch")
+    assert set(collected.found) == {"alice"}
+    assert set(collected.refused) == {"Bob", "bob"}
+    assert all("differ only by case" in why for why in (collected.refused["Bob"][LESSON],
+                                                          collected.refused["bob"][LESSON]))
+
+
+def _disk_usage(folder: Path) -> int:
+    return sum(p.stat().st_size for p in folder.rglob("*") if p.is_file())
+
+
+def test_a_zip_bomb_is_judged_before_and_while_extracting(tmp_path):
+    """Hole 2: a 256 MB notebook of zeros packs into a few hundred kB; at most the limit (+1 byte) reaches disk."""
+    import zipfile
+
+    bomb = tmp_path / "export.zip"
+    with zipfile.ZipFile(bomb, "w", compression=zipfile.ZIP_DEFLATED, compresslevel=1) as archive:
+        archive.writestr(f"honest/{LESSON}/{LESSON}.ipynb", nbformat.writes(samples.perfect(LESSON)))
+        with archive.open(f"bomber/{LESSON}/{LESSON}.ipynb", "w", force_zip64=True) as entry:
+            block = b"0" * (1 << 20)
+            for _ in range(256):
+                entry.write(block)
+        for i in range(40):  # each under the limit, together over the archive's cap
+            archive.writestr(f"s{i:02d}_{LESSON}.ipynb", b" " * (1536 << 10))
+    assert bomb.stat().st_size < 4 << 20
+    limit = 2 << 20
+    collected = pipeline.collect_submissions(bomb, [LESSON], tmp_path / "scratch", max_bytes=limit,
+                                             archive_bytes=24 << 20)
+    assert _disk_usage(tmp_path / "scratch") <= 24 << 20, "the archive's cap did not hold"
+    assert "over the 2 MB limit" in collected.refused["bomber"][LESSON]
+    assert "honest" in collected.found
+    assert any("entries from" in p and "were not extracted" in p for p in collected.problems), collected.problems
+
+
+def test_kernel_text_is_escaped_in_the_terminal_the_log_and_the_csv(run):
+    """Hole 5: escape sequences the kernel wrote reach the instructor only as visible \\x1b text."""
+    outcome = _outcome(run, "x-terminal-escape")
+    text = "\n".join(outcome.notes)
+    assert "\\x1b[2J" in text and "\x1b" not in text and "\x07" not in text, text
+    raw = (run["work"] / "grades.csv").read_bytes()
+    assert b"\x1b" not in raw and b"\x07" not in raw and b"\\x1b[2J" in raw
+    assert not any("\x1b" in line or "\x07" in line for line in run["log"])
+    from autograder.text import csv_cell, shown
+    assert shown("a\x1b]0;t\x07\u202eb\nc") == "a\\x1b]0;t\\x07\\u202eb\\x0ac"
+    assert csv_cell("=HYPERLINK(1)") == "'=HYPERLINK(1)" and csv_cell(2.5) == 2.5
+
+
+RSS_SCRIPT = """
+import json, os, resource, shutil, sys
+from pathlib import Path
+import nbformat, numpy as np
+from autograder import notebooks, verdicts
+from autograder.reference import masks
+from decoder_course.harvest import ENV_VAR, collect
+step, lesson, folder, attack = sys.argv[1:5]
+folder = Path(folder)
+nb = nbformat.read(notebooks.solution_path(lesson), as_version=4)
+plan = verdicts.prepare(nb, lesson, "s", b"secret", folder / step)
+if step == "make":  # another process: what it costs to write the files must not count
+    os.environ[ENV_VAR] = str(folder / step)
+    for item in plan.items:
+        collect(item, vars(masks))
+    outputs = folder / step / "outputs"
+    if attack == "json":  # the issue's attack: 40 MB of {},{},... in place of the report
+        with open(outputs / "padding_mask.json", "w") as handle:
+            handle.write("[{}")
+            for _ in range(40):
+                handle.write(",{}" * (1 << 19))
+            handle.write("]")
+    elif attack == "npz":  # the largest arrays the grader still reads, in place of honest ones
+        np.savez(outputs / "causal_mask.npz", leaf0=np.ones(verdicts.MAX_OUTPUT_BYTES // 8 - 4096))
+else:
+    shutil.rmtree(folder / step / "outputs")
+    shutil.copytree(folder / "make" / "outputs", folder / step / "outputs")
+    decided = verdicts.decide(plan)
+    print(json.dumps({"peak_kb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss,
+                      "passed": {k: v.passed for k, v in decided.items()}}))
+"""
+
+
+def test_the_trusted_side_parses_only_bounded_files(tmp_path):
+    """Hole 6: forged outputs cost the grading process no more than 1.5x the memory of an honest run."""
+    got = {}
+    for attack in ("honest", "json", "npz"):
+        for step in ("make", "judge"):
+            done = subprocess.run([sys.executable, "-c", RSS_SCRIPT, step, LESSON, str(tmp_path / attack), attack],
+                                  cwd=ROOT, capture_output=True, text=True, timeout=300,
+                                  env={**os.environ, "PYTHONPATH": str(ROOT)})
+            assert done.returncode == 0, done.stderr[-2000:]
+        got[attack] = json.loads(done.stdout.strip().splitlines()[-1])
+    assert all(got["honest"]["passed"].values()), got["honest"]
+    assert got["json"]["passed"]["padding_mask"] is False and got["npz"]["passed"]["causal_mask"] is False
+    print("peak RSS kB:", {attack: result["peak_kb"] for attack, result in got.items()})
+    for attack in ("json", "npz"):
+        assert got[attack]["peak_kb"] <= 1.5 * got["honest"]["peak_kb"], (attack, got)
+
+
+def _swap_exercise(nb, name: str, source: str, extra: str = "") -> None:
+    """Put ``source`` in ``name``'s solution cell, and ``extra`` in a new cell before it."""
+    for index, cell in enumerate(nb.cells):
+        if cell.metadata.get("course", {}).get("exercise") == [name]:
+            cell.source = source
+            if extra:
+                nb.cells.insert(index, nbformat.v4.new_code_cell(extra))
+            return
+    raise AssertionError(f"no exercise cell {name}")
+
+
+@pytest.mark.parametrize("lesson, item, source, extra", [
+    ("10-numerics", "robust_attention",
+     "def robust_attention(*args, **kwargs):\n    return _attend(*args, **kwargs)\n",
+     "from torch.nn.functional import scaled_dot_product_attention as _attend"),
+    ("10-numerics", "robust_attention",
+     "def robust_attention(q, k, v, allowed=None):\n    return getattr(F, 'scaled_dot_product_attention')(q, k, v)\n",
+     ""),
+    ("05-decoder-layer", "numpy_decoder_layer",
+     "def numpy_decoder_layer(x, memory, params, *args, **kwargs):\n"
+     "    layer = DecoderLayer(x.shape[-1], 4, 128, dropout=0.0)\n"
+     "    return layer(torch.as_tensor(x), torch.as_tensor(memory)).detach().numpy()\n", ""),
+], ids=["alias-in-another-cell", "getattr", "torch-in-numpy-exercise"])
+def test_policy_holes_are_closed(tmp_path, monkeypatch, lesson, item, source, extra):
+    """Hole 7: SDPA through an alias imported in another cell, or getattr; torch in a NumPy-only exercise."""
+    nb = samples.perfect(lesson)
+    _swap_exercise(nb, item, source, extra)
+    plan = verdicts.prepare(nb, lesson, "s", b"k", tmp_path)
+    monkeypatch.setattr(verdicts, "run_judge", lambda *a: verdicts.Verdict(True, "values fine"))
+    decided = verdicts.decide(plan)
+    assert not decided[item].passed and "reaches" in decided[item].message, decided[item]
+    assert all(v.passed for k, v in decided.items() if k != item), "the policy cost another item"
+    honest = verdicts.decide(verdicts.prepare(samples.perfect(lesson), lesson, "s", b"k", tmp_path / "honest"))
+    assert honest[item].passed or "reaches" not in honest[item].message
+
+
+def _nbgrader(run, *args: str) -> subprocess.CompletedProcess:
+    """nbgrader's own command line, from the repository root: its nbgrader_config.py points at ``run``'s tree."""
+    env = {**os.environ, "DECODER_COURSE_WORK": str(run["work"])}
+    return subprocess.run([str(Path(sys.executable).parent / "nbgrader"), *args], cwd=ROOT, env=env,
+                          capture_output=True, text=True, timeout=600)
+
+
+def test_nbgraders_own_tools_keep_the_course_grading(run):
+    """Hole 8: nbgrader autograde (the CLI formgrader's button runs) on the course's tree grades in the sandbox
+    with the hidden verdicts; generate_feedback hides the hidden tests; export knows no canary."""
+    student = "x-leaks-for-long-sequences"
+    before = _scores(run, student)
+    assert before["causal_mask"] == 0 and before["padding_mask"] == 1
+    done = _nbgrader(run, "autograde", LESSON, "--student", student, "--force")
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
+    assert _scores(run, student) == before, "nbgrader's autograde changed the course's scores"
+    graded = nbformat.read(run["work"] / "autograded" / student / LESSON / f"{LESSON}.ipynb", as_version=4)
+    verdict_lines = [out.get("traceback", [""])[0] for cell in graded.cells for out in cell.get("outputs", [])
+                     if out.get("ename") == "HiddenCheckFailed"]
+    assert any("causal_mask" in line for line in verdict_lines), "the autograde ran without the hidden verdicts"
+    done = _nbgrader(run, "generate_feedback", LESSON, "--student", student, "--force")
+    assert done.returncode == 0, done.stderr[-2000:]
+    html_text = _text(run["work"] / "feedback" / student / LESSON / f"{LESSON}.html")
+    assert HIDDEN_BEGIN not in html_text and "from decoder_course.harvest import collect" not in html_text
+    export = run["work"] / "export.csv"
+    done = _nbgrader(run, "export", "--to", str(export))
+    assert done.returncode == 0, done.stderr[-2000:]
+    students = {line.split(",")[3] for line in export.read_text().splitlines()[1:]}
+    assert student in students and pipeline.CANARY not in students, students
