@@ -82,11 +82,10 @@ ATTRIBUTES = {
     "details": {"open"},
     "time": {"datetime"},
 }
-# Classes that only colour text (Pygments tokens, nbconvert's heading anchors): none can hide or move anything.
+# Classes that only colour text (Pygments tokens in highlighted code): none can hide or move anything.
 CLASSES = {
     "span": {name for name in STANDARD_TYPES.values() if name},
     "div": {"highlight"},
-    "a": {"anchor-link"},
 }
 _IMAGE_SRC = re.compile(r"data:image/(png|jpeg|gif|webp|svg\+xml);base64,[A-Za-z0-9+/=\s]+")
 _BASE64 = re.compile(r"[A-Za-z0-9+/=\s]+")
@@ -110,14 +109,29 @@ _CLEANER = nh3.Cleaner(
 )
 
 
+# nh3's output quotes every attribute value with "..." (a " inside is &quot;), so this matches whole tags.
+_IMG = re.compile(r'<img((?:\s+[a-zA-Z-]+(?:="[^"]*")?)*)\s*/?>')
+_ALT = re.compile(r'\salt="([^"]*)"')
+
+
+def _unshown_image(tag: re.Match) -> str:
+    """An image whose source was removed (remote, relative, not an image) becomes a note saying so."""
+    if ' src="' in tag.group(1):
+        return tag.group(0)
+    alt = _ALT.search(tag.group(1))
+    return f"<em>[image not shown in the feedback{': ' + alt.group(1) if alt and alt.group(1) else ''}]</em>"
+
+
 def sanitize_html(text: str) -> str:
     """Student HTML without anything that runs, styles, hides, navigates on its own or loads from elsewhere."""
-    return _CLEANER.clean(text)
+    return _IMG.sub(_unshown_image, _CLEANER.clean(text))
 
 
 def _markdown(source: str, attachments: dict | None = None) -> str:
     """Markdown to HTML exactly as the feedback template's ``markdown2html`` filter does it (raw HTML kept)."""
-    renderer = IPythonRenderer(escape=False, attachments=attachments or {}, embed_images=False, anchor_link_text="¶")
+    # No heading anchors: the sanitiser removes the ids they point at (an id could hijack the page's own links).
+    renderer = IPythonRenderer(escape=False, attachments=attachments or {}, embed_images=False,
+                               exclude_anchor_links=True)
     return MarkdownWithMath(renderer=renderer).render(source)
 
 
