@@ -6,8 +6,9 @@ the reference computed here in float64, loosely enough for float32 answers; prop
 weight, fully masked rows are zeros, rows sum to one, no future or padding leakage, inputs unchanged) are
 judged first, because their messages say which idea broke.
 
-``masked_softmax`` may call the student's ``softmax``, and attention their ``masked_softmax``: a wrong
-``softmax`` may also cost those items (``depends_on``), as the lesson tells the student.
+``masked_softmax`` may call the student's ``softmax``, and attention their ``masked_softmax``: those items are
+judged relative to the student's own answers (``uses``, :mod:`autograder.checks.relative`), so a wrong
+``softmax`` costs ``softmax`` only.
 """
 
 from __future__ import annotations

@@ -56,8 +56,9 @@ class CrossAttentionMask(Exercise):
             desc = f"B={B}, S={S}, T={T}" + (", one sequence whose memory is all padding" if kind == "empty" else "")
             case = Case(f"c{i}", desc, data={"is_real": is_real, "T": T})
             case.let("is_real", case.tensor(is_real))
-            case.call("cross_attention_mask", {"ref": "is_real"}, T, record="out")
+            case.call("cross_attention_mask", {"ref": "is_real"}, T, let="mask", record="out")
             case.record("is_real_after", {"ref": "is_real"})
+            case.call({"attr": ["mask", "stride"]}, record="strides")  # 0 in a stride: a view, not a new tensor
             cases.append(case)
         return cases
 
@@ -84,6 +85,13 @@ class CrossAttentionMask(Exercise):
                          hint="Every query may attend to every real memory token and to no padding: each of the "
                               "T rows of sequence b is memory_is_real[b].")
             check_unchanged(result, case.id, {"is_real_after": is_real}, "cross_attention_mask")
+            strides = [int(result.get(case.id, f"strides/{i}", what="the mask's strides", kind="any"))
+                       for i in range(got.ndim)]
+            if 0 in strides[:3] and T > 1:
+                raise Fail(f"cross_attention_mask returned a view whose T rows share one row of memory (strides "
+                           f"{tuple(strides)}, {case.desc}): `expand` makes no copy, so writing into the mask "
+                           "writes into every row and into the caller's memory_is_real. Return a new tensor "
+                           "(`.repeat(1, 1, T, 1)` or `.expand(...).clone()`).")
 
 
 # -- CrossAttention ----------------------------------------------------------------------------------------------

@@ -8,8 +8,8 @@ Each item is graded apart from the others where the contract allows it:
   ``nn.TransformerDecoder`` carrying the same weights.
 - ``Seq2SeqTransformer`` loads a whole state dict (the positional table included) and is compared with the same
   computation done by PyTorch's own modules (``nn.TransformerEncoderLayer``, ``nn.TransformerDecoder``). It calls
-  the student's ``PositionalEncoding`` and ``Decoder``, as the contract says, so a wrong one may cost it too
-  (``depends_on``).
+  the student's ``PositionalEncoding`` and ``Decoder``, as the contract says: it is judged relative to their
+  answers (``uses``, :mod:`autograder.checks.relative`), so a wrong one costs only its own item.
 """
 
 from __future__ import annotations

@@ -88,6 +88,26 @@ def merge_heads_reshape(x):  # noqa: F811
 # -- MultiHeadAttention ------------------------------------------------------------------------------------------
 # The mutants below call split_heads / merge_heads by name, as a notebook does; the wrong ones above rebound those
 # names in this module, so bind the correct ones again: each mutant is wrong in one place only.
+@mutant(MUTANTS, "MultiHeadAttention", "self.dropout built but never used: no dropout on the attention weights")
+class MultiHeadAttention(nn.Module):  # noqa: F811
+    def __init__(self, d_model, n_heads, dropout=0.0):
+        super().__init__()
+        self.n_heads = n_heads
+        self.d_head = d_model // n_heads
+        self.q_proj = nn.Linear(d_model, d_model)
+        self.k_proj = nn.Linear(d_model, d_model)
+        self.v_proj = nn.Linear(d_model, d_model)
+        self.out_proj = nn.Linear(d_model, d_model)
+        self.dropout = nn.Dropout(dropout)
+
+    def forward(self, query, key, value, allowed=None):
+        q = split_heads(self.q_proj(query), self.n_heads)
+        k = split_heads(self.k_proj(key), self.n_heads)
+        v = split_heads(self.v_proj(value), self.n_heads)
+        out, weights = attention(q, k, v, allowed)
+        return self.out_proj(merge_heads(out)), weights
+
+
 from autograder.reference.multi_head import merge_heads, split_heads  # noqa: E402, F811
 
 

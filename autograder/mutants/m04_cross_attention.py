@@ -98,3 +98,9 @@ class CrossAttention(MultiHeadAttention):  # noqa: F811
         q = split_heads(self.q_proj(query), self.n_heads)
         out, weights = attention(q, k, v, allowed, dropout=self.dropout)
         return self.out_proj(merge_heads(out)), weights
+
+
+@mutant(MUTANTS, "cross_attention_mask", "returns an expand view: writing into it writes into the caller's mask")
+def cross_attention_mask(memory_is_real, T):  # noqa: F811
+    memory_is_real = torch.as_tensor(memory_is_real, dtype=torch.bool)
+    return memory_is_real[:, None, None, :].expand(-1, 1, T, -1)

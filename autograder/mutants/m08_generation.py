@@ -378,6 +378,21 @@ def beam_search(model, src_ids, max_len, bos_id, eos_id, beam_size=4, length_pen
 
 # The definitions above rebound these names to wrong answers; a wrong answer that calls another exercise must
 # find the correct one, as in a notebook where only that one exercise is wrong.
+@mutant(MUTANTS, "greedy_decode", "src_is_real ignored: every step attends to the source padding")
+def greedy_decode(model, src_ids, max_len, bos_id, eos_id, src_is_real=None, pad_id=0):  # noqa: F811
+    B = src_ids.shape[0]
+    memory = model.encode(src_ids)
+    tgt = torch.full((B, 1), bos_id, dtype=torch.long)
+    finished = torch.zeros(B, dtype=torch.bool)
+    for _ in range(max_len):
+        next_id = model.decode(tgt, memory)[:, -1].argmax(-1).masked_fill(finished, pad_id)
+        tgt = torch.cat([tgt, next_id[:, None]], dim=1)
+        finished = finished | (next_id == eos_id)
+        if bool(finished.all()):
+            break
+    return tgt[:, 1:]
+
+
 from autograder.reference.generation import (  # noqa: E402, F401, F811
     apply_repetition_penalty,
     top_k_filter,

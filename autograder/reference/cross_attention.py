@@ -16,6 +16,8 @@ GIVEN: list[str] = []
 def cross_attention_mask(memory_is_real: torch.Tensor, T: int) -> torch.Tensor:
     """Cross-attention mask: every query may attend to every real memory token, never to memory padding.
 
+    Returns a new tensor (not an ``expand`` view of ``memory_is_real``) and leaves ``memory_is_real`` unchanged.
+
     Shape:
         memory_is_real: (B, S) bool -> allowed: (B, 1, T, S) bool (the 1 broadcasts over heads)
     """
@@ -51,6 +53,9 @@ class CrossAttention(MultiHeadAttention):
 
     def forward(self, query, memory=None, allowed=None, memory_kv=None):
         """Attend from ``query`` to the memory; pass ``memory`` or ``memory_kv = project_memory(memory)``.
+
+        Pass exactly one of them: both, or neither, raises ``ValueError``. With ``memory_kv`` the memory is not
+        projected again (``k_proj`` and ``v_proj`` do not run).
 
         Shape:
             query: (B, T, D), memory: (B, S, D) or memory_kv: ((B, H, S, Dh), (B, H, S, Dh))

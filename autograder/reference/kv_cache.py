@@ -160,6 +160,9 @@ def greedy_decode_cached(
 ) -> torch.Tensor:
     """Greedy decoding with a KV cache: the same tokens as ``greedy_decode``, one decoder position per step.
 
+    The memory's cross-attention keys and values are projected once per layer for the whole generation
+    (``cross_attn.project_memory`` before the loop, then ``memory_kv`` at every step); ``src_ids`` is unchanged.
+
     Shape:
         src_ids (B, S), src_is_real (B, S) bool or None -> ids (B, L), L <= max_len, without BOS,
         ``pad_id`` after each row's EOS

@@ -83,7 +83,8 @@ def robust_attention(
     """Scaled dot-product attention that is NaN-free in float16, bfloat16 and under ``torch.autocast``.
 
     A fully blocked query row gets zero weights and a zero output, as ``F.scaled_dot_product_attention`` gives
-    in recent PyTorch; every other row agrees with it too.
+    in recent PyTorch; every other row agrees with it too. ``out`` and ``weights`` keep the inputs' dtype, and
+    ``q`` is scaled by ``1/sqrt(Dh)`` *before* the product (in float16, ``q @ kᵀ`` can exceed 65504 first).
 
     Shape:
         q: (..., T, Dh), k: (..., S, Dh), v: (..., S, Dv), allowed: bool broadcastable to (..., T, S) or None

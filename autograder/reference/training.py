@@ -23,7 +23,7 @@ def shift_right(tgt_ids: torch.Tensor, bos_id: int) -> torch.Tensor:
     """Decoder input for teacher forcing: BOS, then the target without its last token.
 
     Shape:
-        tgt_ids: (B, T) -> (B, T), same dtype; the input is unchanged
+        tgt_ids: (B, T) -> (B, T), the same dtype as ``tgt_ids`` (int32 stays int32); the input is unchanged
     """
     ### BEGIN SOLUTION
     bos = torch.full((tgt_ids.shape[0], 1), bos_id, dtype=tgt_ids.dtype, device=tgt_ids.device)  # (B, 1)

@@ -42,6 +42,12 @@ def check_cross_attention_mask(cross_attention_mask) -> None:
                               "has no causal part, the whole source is known before decoding starts")
         expect_close(got, want, "cross_attention_mask(memory_is_real, 3)",
                      hint="each of the T rows of sequence b is memory_is_real[b]")
+    with check("cross_attention_mask returns a new tensor, not a view of the caller's memory_is_real"):
+        got = cross_attention_mask(memory_is_real, 3)
+        if 0 in got.stride()[:3]:
+            raise CheckFailed(f"the mask's strides are {got.stride()}: an `expand` view whose rows share the "
+                              "caller's memory, so writing into one query's row writes into all of them and into "
+                              "memory_is_real. Return a new tensor: .repeat(1, 1, T, 1) or .expand(...).clone()")
     with check("cross_attention_mask with more queries than memory tokens (T=6, S=4)"):
         got = cross_attention_mask(memory_is_real, 6)
         expect_shape(got, (2, 1, 6, 4), "cross_attention_mask(memory_is_real, 6)", names="B, 1, T, S")
