@@ -66,18 +66,23 @@ def _free_port() -> int:
 
 
 class Lab:
-    """A JupyterLab server on loopback, with its own config, settings and runtime folders under ``home``."""
+    """A JupyterLab server on loopback, with its own config, settings and runtime folders under ``home``.
 
-    def __init__(self, home: Path, root: Path):
+    By default the student's (no nbgrader); tests/test_formgrader.py passes the instructor's page and server
+    config, its own working folder (where nbgrader finds ``nbgrader_config.py``) and environment.
+    """
+
+    def __init__(self, home: Path, root: Path, *, cwd: Path | None = None, page_config: dict = PAGE_CONFIG,
+                 server_config: dict = SERVER_CONFIG, env: dict | None = None):
         self.port, self.token, self.root = _free_port(), os.urandom(12).hex(), root
         self.base = f"http://127.0.0.1:{self.port}"
         config = home / "config"
         (config / "labconfig").mkdir(parents=True)
-        (config / "labconfig" / "page_config.json").write_text(json.dumps(PAGE_CONFIG))
-        (config / "jupyter_server_config.json").write_text(json.dumps(SERVER_CONFIG))
+        (config / "labconfig" / "page_config.json").write_text(json.dumps(page_config))
+        (config / "jupyter_server_config.json").write_text(json.dumps(server_config))
         env = {**os.environ, "JUPYTER_CONFIG_DIR": str(config), "JUPYTER_RUNTIME_DIR": str(home / "runtime"),
                "JUPYTERLAB_SETTINGS_DIR": str(home / "settings"), "JUPYTERLAB_WORKSPACES_DIR": str(home / "ws"),
-               "OMP_NUM_THREADS": "1"}
+               "OMP_NUM_THREADS": "1", **(env or {})}
         env.pop("MPLBACKEND", None)  # the kernel draws inline, as for a student
         self.log = home / "jupyterlab.log"
         self._log_file = open(self.log, "w")  # closed in close()
@@ -86,7 +91,7 @@ class Lab:
              f"--ServerApp.port={self.port}", f"--IdentityProvider.token={self.token}",
              f"--ServerApp.root_dir={root}", "--LabApp.expose_app_in_browser=True",
              "--LabApp.check_for_updates_class=jupyterlab.NeverCheckForUpdate", "--LabApp.news_url=None"],
-            cwd=home, env=env, stdout=self._log_file, stderr=subprocess.STDOUT)
+            cwd=cwd or home, env=env, stdout=self._log_file, stderr=subprocess.STDOUT)
         deadline = time.monotonic() + 60
         while time.monotonic() < deadline:
             if self.process.poll() is not None:
