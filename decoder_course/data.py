@@ -202,11 +202,16 @@ def make_batch(
     ``pad_to`` pads to a fixed length, as an int for both sides or ``(S, T)``; by default each side is padded
     to its longest sequence in the batch. The decoder input (BOS + target, shifted right) is lesson 07's.
 
+    The values are CPU tensors (lessons move them to their device), or NumPy arrays where torch is not
+    installed (lessons 00–02 run without it).
+
     Shape:
         src_ids, src_is_real: (B, S); tgt_ids, tgt_is_real: (B, T), with T counting the EOS.
     """
-    import torch  # here, not at the top: lessons 00–02 use the vocabularies without torch
-
+    try:
+        import torch  # here, not at the top: lessons 00–02 run without torch
+    except ModuleNotFoundError:
+        torch = None
     if len(pairs) == 0:
         raise ValueError("make_batch needs at least one pair")
     src_seqs = [src_vocab.encode(src) for src, _ in pairs]
@@ -214,12 +219,10 @@ def make_batch(
     src_pad_to, tgt_pad_to = pad_to if isinstance(pad_to, tuple) else (pad_to, pad_to)
     src_ids, src_is_real = _pad(src_seqs, src_pad_to, "source")  # (B, S) each
     tgt_ids, tgt_is_real = _pad(tgt_seqs, tgt_pad_to, "target (with its EOS)")  # (B, T) each
-    return {
-        "src_ids": torch.from_numpy(src_ids),  # (B, S) on the CPU: lessons move batches to their device
-        "src_is_real": torch.from_numpy(src_is_real),
-        "tgt_ids": torch.from_numpy(tgt_ids),
-        "tgt_is_real": torch.from_numpy(tgt_is_real),
-    }
+    batch = {"src_ids": src_ids, "src_is_real": src_is_real, "tgt_ids": tgt_ids, "tgt_is_real": tgt_is_real}
+    if torch is None:
+        return batch
+    return {name: torch.from_numpy(array) for name, array in batch.items()}  # on the CPU
 
 
 def _pad(seqs: list[list[int]], pad_to: int | None, what: str) -> tuple[np.ndarray, np.ndarray]:

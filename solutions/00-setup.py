@@ -161,31 +161,36 @@ print(np.broadcast_to(key_is_real[:, None, None, :], (B, H, 3, 4)).shape)  # (B,
 # of three tokens with a causal mask and identity projections (so both compute the same attention):
 
 # %%
-import torch
-import torch.nn.functional as F
-from torch import nn
+try:
+    import torch
+    import torch.nn.functional as F
+    from torch import nn
+except ModuleNotFoundError:  # lessons 00-02 need only NumPy; PyTorch comes in at lesson 03
+    torch = None
+    print("PyTorch is not installed here: this demo of its polarity trap waits for lesson 03")
 
-torch.manual_seed(0)
-seq = torch.randn(1, 3, 4)  # (B, T, D): queries, keys and values all at once
-causal = torch.tensor([[True, False, False],
-                       [True, True, False],
-                       [True, True, True]])  # (T, S), our polarity: True = may attend
+if torch is not None:
+    torch.manual_seed(0)
+    seq = torch.randn(1, 3, 4)  # (B, T, D): queries, keys and values all at once
+    causal = torch.tensor([[True, False, False],
+                           [True, True, False],
+                           [True, True, True]])  # (T, S), our polarity: True = may attend
 
-# F.scaled_dot_product_attention speaks our language: True = may attend.
-expected = F.scaled_dot_product_attention(seq, seq, seq, attn_mask=causal)  # (B, T, D)
+    # F.scaled_dot_product_attention speaks our language: True = may attend.
+    expected = F.scaled_dot_product_attention(seq, seq, seq, attn_mask=causal)  # (B, T, D)
 
-mha = nn.MultiheadAttention(4, 1, batch_first=True, bias=False).eval()
-with torch.no_grad():
-    mha.in_proj_weight.copy_(torch.eye(4).repeat(3, 1))  # q, k and v projections: identity
-    mha.out_proj.weight.copy_(torch.eye(4))
-    trap_out, trap_weights = mha(seq, seq, seq, attn_mask=causal)  # WRONG: MHA reads True as "blocked"
-    # nn.MultiheadAttention uses the opposite polarity (True = blocked): invert at this boundary only.
-    out, weights = mha(seq, seq, seq, attn_mask=~causal)
+    mha = nn.MultiheadAttention(4, 1, batch_first=True, bias=False).eval()
+    with torch.no_grad():
+        mha.in_proj_weight.copy_(torch.eye(4).repeat(3, 1))  # q, k and v projections: identity
+        mha.out_proj.weight.copy_(torch.eye(4))
+        trap_out, trap_weights = mha(seq, seq, seq, attn_mask=causal)  # WRONG: MHA reads True as "blocked"
+        # nn.MultiheadAttention uses the opposite polarity (True = blocked): invert at this boundary only.
+        out, weights = mha(seq, seq, seq, attn_mask=~causal)
 
-print("weights with the mask passed as is (the trap):\n", trap_weights[0].numpy().round(2))
-print("weights with ~causal:\n", weights[0].numpy().round(2))
-print("trap equals SDPA:", torch.allclose(trap_out, expected, atol=1e-6),
-      "| ~causal equals SDPA:", torch.allclose(out, expected, atol=1e-6))
+    print("weights with the mask passed as is (the trap):\n", trap_weights[0].numpy().round(2))
+    print("weights with ~causal:\n", weights[0].numpy().round(2))
+    print("trap equals SDPA:", torch.allclose(trap_out, expected, atol=1e-6),
+          "| ~causal equals SDPA:", torch.allclose(out, expected, atol=1e-6))
 
 # %% [markdown]
 # With the mask passed as is, query 0 looks only at the **future** (keys 1 and 2) and query 2, whose keys are
@@ -249,7 +254,8 @@ except CheckFailed as failure:
 # of object), so the patterns you write now serve again in the PyTorch lessons.
 
 # %%
-print(type(rearrange(torch.from_numpy(x), "b t d -> b d t")).__name__)
+if torch is not None:  # (without PyTorch installed, lessons 00-02 skip their few torch lines)
+    print(type(rearrange(torch.from_numpy(x), "b t d -> b d t")).__name__)
 
 # %% [markdown]
 # ## 4. Warm-ups
