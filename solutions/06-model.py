@@ -47,7 +47,7 @@ import decoder_course
 from decoder_course import PAD
 from decoder_course.plots import plot_positional_encoding
 
-torch.manual_seed(0);  # every random tensor below is the same on every run
+_ = torch.manual_seed(0)  # every random tensor below is the same on every run
 # the full model of section 7 runs here: cuda if there is a GPU, else mps, else cpu (DECODER_COURSE_DEVICE)
 device = decoder_course.device()
 

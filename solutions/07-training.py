@@ -34,7 +34,7 @@ from decoder_course import BOS, EOS, PAD
 from decoder_course.data import get_task
 from decoder_course.plots import plot_curves
 
-torch.manual_seed(0);  # every random tensor below is the same on every run
+_ = torch.manual_seed(0)  # every random tensor below is the same on every run
 # cuda if there is a GPU, else mps (Apple), else cpu; the environment variable DECODER_COURSE_DEVICE overrides it
 device = decoder_course.device()
 print("device:", device)

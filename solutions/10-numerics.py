@@ -344,7 +344,9 @@ for setting, (dtype, autocast_dtype) in settings.items():
     for fn in methods.values():
         args = (qm.to(dtype), km.to(dtype), vm.to(dtype), allowed_m)
         try:
-            with torch.autocast(device.type, dtype=autocast_dtype or torch.bfloat16, enabled=autocast_dtype is not None):
+            autocast = torch.autocast(device.type, dtype=autocast_dtype or torch.bfloat16,
+                                      enabled=autocast_dtype is not None)
+            with autocast:
                 out = fn(*args)
             err = (out.cpu().double() - truth).abs().max().item()
             cells.append("NaN" if math.isnan(err) else f"err {err:.1e}")
