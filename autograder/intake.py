@@ -23,6 +23,7 @@ import os
 import re
 import shutil
 import stat
+import tempfile
 import zipfile
 from dataclasses import dataclass, field
 from datetime import datetime
@@ -287,16 +288,29 @@ def place(submitted: Path, student: str, lesson: str, notebook: Path, max_bytes:
     """Check a notebook, then write it into nbgrader's ``submitted/student/lesson/lesson.ipynb`` with nbgrader's
     exchange files (if any), and nothing else of the student's folder.
 
-    Everything is read before the destination is replaced: the source may be that very folder (a ``nbgrader
-    collect`` into the work tree)."""
+    Everything is read before the destination is replaced, and the new folder is written beside it and swapped
+    in by renames: the source may be that very folder (a ``nbgrader collect`` into the work tree), and a failure
+    while writing leaves it as it was."""
     nb = read_submission(notebook, max_bytes)
     side = _side_files(notebook.parent) if notebook.parent.name == lesson else {}
     dest = submitted / student / lesson
-    if dest.is_symlink() or dest.is_file():
-        dest.unlink()
-    elif dest.exists():
-        shutil.rmtree(dest)
-    dest.mkdir(parents=True)
-    nbformat.write(nb, dest / f"{lesson}.ipynb")
-    for name, text in side.items():
-        (dest / name).write_text(text)
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    staged = Path(tempfile.mkdtemp(prefix=f".{lesson}.", dir=dest.parent))
+    old = None
+    try:
+        staged.chmod(0o755)
+        nbformat.write(nb, staged / f"{lesson}.ipynb")
+        for name, text in side.items():
+            (staged / name).write_text(text)
+        if dest.is_symlink() or dest.is_file():
+            dest.unlink()
+        elif dest.exists():
+            old = dest.rename(staged.with_name(staged.name + ".old"))
+        staged.rename(dest)
+    except BaseException:
+        if old is not None and not os.path.lexists(dest):
+            old.rename(dest)  # the submission as it was
+        shutil.rmtree(staged, ignore_errors=True)
+        raise
+    if old is not None:
+        shutil.rmtree(old, ignore_errors=True)

@@ -99,6 +99,17 @@ def _renderings(array: np.ndarray) -> set[str]:
     return {form for form in forms if len(form) >= 12}
 
 
+def _expected(item: str, data: dict) -> np.ndarray:
+    """The reference output of one hidden case of lesson 01."""
+    if item == "causal_mask":
+        return ref.causal_mask(data["T"])
+    if item == "padding_mask":
+        return ref.padding_mask(data["ids"], data["pad_id"])
+    if item == "combine_masks":
+        return ref.combine_masks(data["causal"], data["key_is_real"])
+    return ref.mask_to_bias(data["allowed"], np.dtype(data["dtype"]))
+
+
 def _hidden_values(work: Path, student: str) -> set[str]:
     """The hidden inputs and reference outputs of this student's grading, recomputed from the course's secret."""
     nb = nbformat.read(work / "autograded" / student / LESSON / f"{LESSON}.ipynb", as_version=4)
@@ -113,12 +124,7 @@ def _hidden_values(work: Path, student: str) -> set[str]:
         for case in exercise().cases(np.random.default_rng(seed)):
             for array in case.arrays.values():
                 found |= _renderings(np.asarray(array))
-            data = case.data
-            expected = {"causal_mask": lambda: ref.causal_mask(data["T"]),
-                        "padding_mask": lambda: ref.padding_mask(data["ids"], data["pad_id"]),
-                        "combine_masks": lambda: ref.combine_masks(data["causal"], data["key_is_real"]),
-                        "mask_to_bias": lambda: ref.mask_to_bias(data["allowed"], np.dtype(data["dtype"]))}
-            found |= _renderings(np.asarray(expected[item]()))
+            found |= _renderings(np.asarray(_expected(item, case.data)))
     return found
 
 
@@ -245,3 +251,35 @@ def test_exchange_cycle_between_two_accounts_delivers_the_course_feedback(studen
     _run([*nbgrader, "generate_feedback", LESSON, "--force"], cwd=ROOT, env=instructor)
     assert feedback.read_text() != before
     _assert_course_feedback(feedback, work, user)
+
+
+def test_grading_a_collected_tree_in_place_keeps_the_submission_when_writing_fails(tmp_path, monkeypatch):
+    """``./course grade <work>/submitted`` replaces each folder it reads from: by renames, after everything is
+    read, so a failure while writing leaves the collected submission (notebook and exchange files) as it was."""
+    from autograder import intake
+
+    folder = tmp_path / "submitted" / "ada" / LESSON
+    folder.mkdir(parents=True)
+    nbformat.write(samples.perfect(LESSON), folder / f"{LESSON}.ipynb")
+    side = {"timestamp.txt": "2026-12-01 07:58:18.819097 UTC", "submission_secret.txt": "ab" * 64}
+    for name, text in side.items():
+        (folder / name).write_text(text)
+    (folder / "scratch.txt").write_text("not part of the submission")
+    original = (folder / f"{LESSON}.ipynb").read_bytes()
+
+    def broken_write(*args, **kwargs):
+        raise OSError(28, "No space left on device")
+
+    with monkeypatch.context() as patch:
+        patch.setattr(intake.nbformat, "write", broken_write)
+        with pytest.raises(OSError):
+            intake.place(tmp_path / "submitted", "ada", LESSON, folder / f"{LESSON}.ipynb", 16 << 20)
+    assert (folder / f"{LESSON}.ipynb").read_bytes() == original
+    assert sorted(p.name for p in (tmp_path / "submitted" / "ada").iterdir()) == [LESSON]  # nothing left behind
+
+    intake.place(tmp_path / "submitted", "ada", LESSON, folder / f"{LESSON}.ipynb", 16 << 20)
+    assert sorted(p.name for p in folder.iterdir()) == sorted([f"{LESSON}.ipynb", *side])
+    assert {name: (folder / name).read_text() for name in side} == side
+    assert [c.source for c in nbformat.read(folder / f"{LESSON}.ipynb", as_version=4).cells] == \
+        [c.source for c in samples.perfect(LESSON).cells]
+    assert sorted(p.name for p in (tmp_path / "submitted" / "ada").iterdir()) == [LESSON]
