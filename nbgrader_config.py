@@ -9,7 +9,9 @@ Start formgrader (``.venv/bin/jupyter lab``) or run ``.venv/bin/nbgrader …`` f
 import os
 import sys
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+HERE = os.path.dirname(os.path.abspath(__file__))
+if HERE not in sys.path:  # formgrader reads this file again on every request
+    sys.path.insert(0, HERE)
 
 from autograder.pipeline import tools_config  # noqa: E402
 
