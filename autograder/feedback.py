@@ -17,6 +17,8 @@ student controls may run or style anything in it, and nothing a student prints m
      nbconvert's own renderer, sanitised, and put back as one HTML block the template's renderer leaves unchanged
      (checked for every cell; a cell that would not survive is shown as escaped text instead);
    - raw cells: sanitised the same way (nbconvert writes ``text/html`` raw cells as they are);
+   - text (streams, tracebacks, ``text/plain``): terminal escapes removed, since nbconvert turns colour codes
+     into inline styles (and a title or cursor escape means nothing in a page);
    - cell and notebook metadata: only the (instructor-restored) ``nbgrader`` metadata is kept, so tags cannot add
      CSS classes (``hidden``) to a cell and ``widgets`` state cannot load widget JavaScript.
 
@@ -170,6 +172,16 @@ def _joined(value) -> str:
     return value if isinstance(value, str) else str(value)
 
 
+# Terminal escapes: CSI (colours, cursor moves), OSC (titles, links), any other ESC pair, and C0 controls.
+_ESCAPES = re.compile(r"\x1b\[[0-?]*[ -/]*[@-~]|\x1b\][^\x07\x1b]*(?:\x07|\x1b\\)?|\x1b[@-_]?"
+                      r"|[\x00-\x08\x0b\x0c\x0e-\x1f\x7f]")
+
+
+def _plain(value) -> str:
+    """Student text without terminal escapes: nbconvert would turn its colour codes into inline styles."""
+    return _ESCAPES.sub("", _joined(value))
+
+
 def _image_metadata(metadata) -> NotebookNode:
     """Numeric width and height of images only: the template writes them unquoted into ``<img>`` tags."""
     kept = NotebookNode()
@@ -196,11 +208,11 @@ def sanitize_output(output) -> NotebookNode:
     kind = output.get("output_type")
     if kind == "stream":
         name = output.get("name") if output.get("name") in ("stdout", "stderr") else "stdout"
-        return NotebookNode(output_type="stream", name=name, text=_joined(output.get("text", "")))
+        return NotebookNode(output_type="stream", name=name, text=_plain(output.get("text", "")))
     if kind == "error":
-        traceback = [_joined(line) for line in output.get("traceback") or []]
-        return NotebookNode(output_type="error", ename=_joined(output.get("ename", "")),
-                            evalue=_joined(output.get("evalue", "")), traceback=traceback)
+        traceback = [_plain(line) for line in output.get("traceback") or []]
+        return NotebookNode(output_type="error", ename=_plain(output.get("ename", "")),
+                            evalue=_plain(output.get("evalue", "")), traceback=traceback)
     if kind not in ("display_data", "execute_result"):
         return _note(f"[an output of type {str(kind)[:40]!r} is not shown in the feedback]\n")
     data = output.get("data") or {}
@@ -211,7 +223,7 @@ def sanitize_output(output) -> NotebookNode:
             if mime.startswith("image/") and not _BASE64.fullmatch(value):
                 dropped.append(mime)
                 continue
-            kept[mime] = value
+            kept[mime] = _plain(value) if mime == "text/plain" else value
         elif mime == "text/html":
             kept[mime] = sanitize_html(value)
         else:
@@ -263,7 +275,6 @@ def _output_text(output: NotebookNode) -> str:
     return "\n".join([data.get("text/plain", ""), html.unescape(html_text), data.get("text/latex", "")])
 
 
-_ANSI = re.compile(r"\x1b\[[0-9;?]*[ -/]*[@-~]")
 FONT = "font-family:'Helvetica Neue',Helvetica,Arial,sans-serif"
 MONO = "font-family:Menlo,Consolas,'DejaVu Sans Mono',monospace"
 GREEN, RED, GREY, NAVY = "#1b7a34", "#b3261e", "#6b6b6b", "#1d3557"
@@ -321,11 +332,11 @@ class SafeFeedback(NbGraderPreprocessor):
             return output
         data = output.get("data", {})
         if output.output_type in ("stream", "error"):
-            body = f'<pre style="margin:2px 0 0 0">{html.escape(_ANSI.sub("", _output_text(output)))}</pre>'
+            body = f'<pre style="margin:2px 0 0 0">{html.escape(_output_text(output))}</pre>'
         elif "text/html" in data:
             body = f"<div>{data['text/html']}</div>"  # already sanitised
         else:
-            body = f'<pre style="margin:2px 0 0 0">{html.escape(_ANSI.sub("", _output_text(output)))}</pre>'
+            body = f'<pre style="margin:2px 0 0 0">{html.escape(_output_text(output))}</pre>'
         label = ("Printed by the notebook's own code. This is not a grader's verdict: the grader's verdicts are "
                  f"the boxes with the seal {self._seal}.")
         framed = (f'<div data-course-grader="student-output" class="tex2jax_ignore" style="border:1px dashed '

@@ -101,6 +101,8 @@ def attack_notebook() -> nbformat.NotebookNode:
         new_output("execute_result", data={"text/html": PANDAS_TABLE, "text/plain": "   loss  accuracy"},
                    execution_count=2),
         new_output("display_data", data={"text/latex": "<script>alert('latex')</script>$x^2$"}),
+        new_output("stream", name="stdout", text="\x1b[38;2;27;122;52;48;2;233;246;236mgreen, like a pass\x1b[0m\n"
+                                                 "\x1b]0;a new window title\x07\n"),
         new_output("stream", name="stdout", text=FORGED + "\n"),
     ]
     forged_pass = new_output("stream", name="stdout", text=FORGED + "\n")
@@ -221,7 +223,7 @@ def test_each_attack_is_live_without_the_sanitiser():
     for marker in ("html-script", "var element", "handler onerror on <img>", "handler onmouseover",
                    "a <style> element in the body", "<iframe>", "<form>", "<object>", "class hidden",
                    "id=causal_mask", "a second anchor 'causal_mask'", "href=javascript:", "src=data:text/html",
-                   "style attribute on <p>", "remote or relative image"):
+                   "style attribute on <p>", "style attribute on <span>", "remote or relative image"):
         assert marker in found, f"{marker!r} not seen live:\n{found}"
 
 
@@ -260,6 +262,7 @@ def test_what_is_dropped_says_so_and_what_is_kept_renders():
     assert md_tables and md_tables[0].find("td", string="2"), "the markdown table renders"
     assert "$\\sqrt{d_k}$" in text, "math is left for MathJax"
     assert soup.find("b", string="bold") and soup.find("strong", string="md"), "harmless markup stays"
+    assert "green, like a pass" in text and "\x1b" not in page, "text stays, its terminal escapes go"
     assert soup.find("a", string="click me") is not None  # the link text stays, without its javascript: URL
 
 
