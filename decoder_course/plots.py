@@ -22,7 +22,7 @@ import numpy as np
 from matplotlib.axes import Axes
 from matplotlib.colors import ListedColormap
 from matplotlib.figure import Figure
-from matplotlib.patches import Patch
+from matplotlib.patches import Patch, Rectangle
 
 __all__ = [
     "LiveCurves",
@@ -37,6 +37,14 @@ __all__ = [
 
 ALLOWED_COLOUR = "#2a7ab9"  # a cell where the query may attend to the key
 BLOCKED_COLOUR = "#eef0f3"  # a blocked cell: pale, so the allowed pattern stands out
+# In an attention heatmap a blocked entry is not drawn as a weight: its weight is 0 because the mask says so,
+# which must not look like a weight the softmax made small. Blocked cells are pale and hatched; the cells of a
+# query row with no allowed key at all (its weights are all zeros by the course's rule) get a crossed hatch.
+BLOCKED_HATCH = "///"
+NO_KEY_HATCH = "xxx"
+HATCH_COLOUR = "#6b7079"
+LEGEND_LOC = "outside right lower"  # right of the colour bar: clear of titles and axis labels
+BLOCKED_GID = "blocked"  # the gid of each blocked cell's patch (tests find them by it)
 KEY_LABEL = "key position (S)"
 QUERY_LABEL = "query position (T)"
 
@@ -63,7 +71,14 @@ def _first_2d(x: np.ndarray, what: str) -> np.ndarray:
 
 def _as_mask(allowed: Any) -> np.ndarray:
     """A boolean 2-D mask from a boolean (or 0/1) array or tensor, refusing anything that is not a mask."""
-    mask = _first_2d(_to_numpy(allowed), "a mask")
+    return _first_2d(_bool_mask(allowed), "a mask")
+
+
+def _bool_mask(allowed: Any) -> np.ndarray:
+    """A boolean mask of any shape from a boolean (or 0/1) array or tensor, refusing anything that is not one."""
+    mask = _to_numpy(allowed)
+    if mask.ndim == 0:
+        raise ValueError("a mask must have at least one dimension, got a scalar")
     if mask.dtype != bool:
         values = np.unique(mask)
         if not np.isin(values, [0, 1]).all():
@@ -155,6 +170,43 @@ def plot_masks(masks: Sequence[Any], titles: Sequence[str] | None = None, **kwar
     return fig
 
 
+def _blocked_of(allowed: Any, shape: tuple[int, ...]) -> np.ndarray:
+    """``~allowed`` broadcast to the weights' ``shape``: True where the mask blocks the key."""
+    mask = _bool_mask(allowed)
+    try:
+        return ~np.broadcast_to(mask, shape)
+    except ValueError:
+        raise ValueError(f"allowed {mask.shape} does not broadcast to the weights {shape}") from None
+
+
+def _mark_blocked(ax: Axes, blocked: np.ndarray) -> set[str]:
+    """Cover each blocked cell of a (T, S) heatmap with a pale hatched patch; return the kinds drawn."""
+    no_key = blocked.all(axis=-1)  # (T,): a query row with no allowed key
+    for t, s in zip(*np.nonzero(blocked), strict=True):
+        ax.add_patch(Rectangle((s - 0.5, t - 0.5), 1, 1, facecolor=BLOCKED_COLOUR, edgecolor=HATCH_COLOUR,
+                               hatch=NO_KEY_HATCH if no_key[t] else BLOCKED_HATCH, linewidth=0, gid=BLOCKED_GID))
+    return {kind for kind, present in (("blocked", (blocked & ~no_key[:, None]).any()), ("no key", no_key.any()))
+            if present}
+
+
+def _blocked_legend(fig: Figure, kinds: set[str]) -> None:
+    """One legend under the figure for what the hatches mean (merged when several heatmaps share a figure)."""
+    drawn = getattr(fig, "_course_blocked_kinds", set())
+    kinds = drawn | kinds
+    if kinds == drawn:
+        return
+    for legend in [legend for legend in fig.legends if getattr(legend, "_course_blocked", False)]:
+        legend.remove()
+    meaning = {"blocked": (BLOCKED_HATCH, "blocked by the mask\n(weight 0)"),
+               "no key": (NO_KEY_HATCH, "query with no\nallowed key\n(row of zeros)")}
+    handles = [Patch(facecolor=BLOCKED_COLOUR, edgecolor=HATCH_COLOUR, hatch=meaning[kind][0], label=meaning[kind][1])
+               for kind in ("blocked", "no key") if kind in kinds]
+    legend = fig.legend(handles=handles, loc=LEGEND_LOC, frameon=False, fontsize="small", handleheight=1.6,
+                        labelspacing=1.0)
+    legend._course_blocked = True
+    fig._course_blocked_kinds = kinds
+
+
 def plot_attention(
     weights: Any,
     query_tokens: Sequence[Any] | None = None,
@@ -162,20 +214,28 @@ def plot_attention(
     ax: Axes | None = None,
     title: str | None = None,
     vmax: float | None = 1.0,
+    allowed: Any = None,
 ) -> Axes:
     """Draw attention weights as a heatmap with a colour bar: row t shows where query t looks.
 
     The colour scale runs from 0 to ``vmax``: 1 by default, so maps can be compared; None scales to the
-    largest weight.
+    largest weight. Given the mask ``allowed``, blocked entries are drawn pale and hatched, and the cells of a
+    query with no allowed key cross-hatched, so that neither looks like a small weight; a legend says which.
 
     Shape:
-        weights: (T, S), or (B, H, T, S) / (H, T, S), whose first item along each leading dimension is drawn.
+        weights: (T, S), or (B, H, T, S) / (H, T, S), whose first item along each leading dimension is drawn;
+        allowed: bool, broadcastable to the weights' shape (e.g. (B, 1, T, S) or (T, S)), or None.
     """
-    w = _first_2d(_to_numpy(weights).astype(np.float64), "attention weights")  # (T, S)
+    raw = _to_numpy(weights).astype(np.float64)
+    w = _first_2d(raw, "attention weights")  # (T, S)
     T, S = w.shape
-    ax = _new_axes(ax, (min(2.0 + 0.45 * S, 10), min(1.0 + 0.45 * T, 9)))
+    legend_width = 0.0 if allowed is None else 1.6  # room for the legend of the hatches
+    ax = _new_axes(ax, (min(2.0 + 0.45 * S, 10) + legend_width, min(1.0 + 0.45 * T, 9)))
     image = ax.imshow(w, cmap="viridis", vmin=0.0, vmax=vmax, interpolation="nearest", aspect="auto")
     ax.figure.colorbar(image, ax=ax, label="attention weight", shrink=0.9)
+    if allowed is not None:
+        blocked = _first_2d(_blocked_of(allowed, raw.shape if raw.ndim >= 2 else w.shape), "a mask")  # (T, S)
+        _blocked_legend(ax.figure, _mark_blocked(ax, blocked))
     _tick_labels(ax, key_tokens, S, "x")
     _tick_labels(ax, query_tokens, T, "y")
     ax.set_xlabel("key (S)" if key_tokens is not None else KEY_LABEL)
@@ -191,29 +251,39 @@ def plot_attention_heads(
     key_tokens: Sequence[Any] | None = None,
     title: str | None = None,
     ncols: int = 4,
+    allowed: Any = None,
 ) -> Figure:
     """Draw each head's attention weights as a small heatmap, on one shared 0–1 colour scale.
 
+    Given the mask ``allowed``, blocked entries are drawn pale and hatched (cross-hatched for a query with no
+    allowed key), with a legend, as in :func:`plot_attention`.
+
     Shape:
-        weights: (H, T, S), or (B, H, T, S), of which the first batch item is drawn.
+        weights: (H, T, S), or (B, H, T, S), of which the first batch item is drawn;
+        allowed: bool, broadcastable to the weights' shape (e.g. (B, 1, T, S) or (T, S)), or None.
     """
     w = _to_numpy(weights).astype(np.float64)
+    blocked = None if allowed is None else _blocked_of(allowed, w.shape)
     if w.ndim == 4:
         w = w[0]  # (H, T, S)
+        blocked = None if blocked is None else blocked[0]
     if w.ndim != 3:
         raise ValueError(f"plot_attention_heads expects weights (H, T, S) or (B, H, T, S), got {w.shape}")
     H, T, S = w.shape
     ncols = max(1, min(ncols, H))
     nrows = -(-H // ncols)  # ceil(H / ncols)
-    fig, axes = plt.subplots(nrows, ncols, figsize=(2.6 * ncols + 1.0, 2.4 * nrows + 0.4),
+    legend_width = 0.0 if allowed is None else 1.4  # room for the legend of the hatches
+    fig, axes = plt.subplots(nrows, ncols, figsize=(2.6 * ncols + 1.0 + legend_width, 2.4 * nrows + 0.4),
                              layout="constrained", squeeze=False)
-    image, used = None, []
+    image, used, kinds = None, [], set()
     for h, ax in enumerate(axes.flat):
         if h >= H:
             ax.remove()  # an empty cell of the grid
             continue
         used.append(ax)
         image = ax.imshow(w[h], cmap="viridis", vmin=0.0, vmax=1.0, interpolation="nearest", aspect="auto")
+        if blocked is not None:
+            kinds |= _mark_blocked(ax, blocked[h])
         ax.set_title(f"head {h}", fontsize="medium")
         _tick_labels(ax, key_tokens, S, "x")
         _tick_labels(ax, query_tokens, T, "y")
@@ -224,6 +294,8 @@ def plot_attention_heads(
     fig.supylabel(QUERY_LABEL)
     if title is not None:
         fig.suptitle(title)
+    if kinds:
+        _blocked_legend(fig, kinds)
     return fig
 
 
@@ -446,7 +518,8 @@ def plot_speedup(
     ax_ratio.plot(x, a / b, marker="o", color="black")
     ax_ratio.axhline(1.0, color="grey", linestyle="--", linewidth=1)  # below this line the second is slower
     ax_ratio.set_xlabel("generated length (tokens)")
-    ax_ratio.set_ylabel(f"speed-up ({labels[0]} / {labels[1]})")
+    ax_ratio.set_ylabel("speed-up (×)")
+    ax_ratio.set_title(f"time {labels[0]} ÷ time {labels[1]}", fontsize="medium")
     ax_ratio.grid(alpha=0.3)
     if title is not None:
         fig.suptitle(title)

@@ -343,6 +343,59 @@ def test_plot_attention_heads_small_multiples():
         plots.plot_attention_heads(torch.rand(4, 5))
 
 
+def _blocked_patches(ax):
+    return [p for p in ax.patches if p.get_gid() == plots.BLOCKED_GID]
+
+
+def _pixel(ax, t, s):
+    """The mean RGB of a 5×5-pixel window at the centre of cell (t, s) of a drawn heatmap."""
+    fig = ax.figure
+    fig.canvas.draw()
+    rgba = np.asarray(fig.canvas.buffer_rgba())[..., :3] / 255.0
+    x, y = ax.transData.transform((s, t))
+    row, col = int(round(rgba.shape[0] - y)), int(round(x))
+    return rgba[row - 2:row + 3, col - 2:col + 3].reshape(-1, 3).mean(axis=0)
+
+
+def test_attention_heatmap_marks_blocked_cells_and_fully_masked_rows():
+    allowed = np.tril(np.ones((4, 5), dtype=bool))  # (T, S)
+    allowed[2] = False  # query 2 has no allowed key
+    weights = np.where(allowed, 0.25, 0.0)  # (T, S): blocked weights are 0, as attention gives them
+    weights[3, 0] = 0.0  # an allowed key whose weight is 0: drawn as a weight, not as blocked
+    ax = plots.plot_attention(weights, allowed=allowed)
+    patches = _blocked_patches(ax)
+    # one patch per blocked cell, exactly on that cell; a fully masked row has its own hatch
+    cells = sorted((int(p.get_y() + 0.5), int(p.get_x() + 0.5)) for p in patches)
+    assert cells == sorted(zip(*np.nonzero(~allowed))), "every blocked cell, and only those, is covered"
+    for p in patches:
+        want = plots.NO_KEY_HATCH if int(p.get_y() + 0.5) == 2 else plots.BLOCKED_HATCH
+        assert p.get_hatch() == want
+    # what the reader sees: a blocked cell and a fully masked row are not the colour of a zero weight
+    zero = np.array(matplotlib.colormaps["viridis"](0.0)[:3])
+    np.testing.assert_allclose(_pixel(ax, 3, 0), zero, atol=0.08)  # an allowed zero weight
+    assert np.abs(_pixel(ax, 0, 3) - zero).max() > 0.3, "a blocked cell looks like a zero weight"
+    assert np.abs(_pixel(ax, 2, 0) - zero).max() > 0.3, "a fully masked row looks like zero weights"
+    labels = [t.get_text() for legend in ax.figure.legends for t in legend.get_texts()]
+    assert any("blocked" in label for label in labels) and any("no" in label for label in labels), labels
+    # without a mask nothing is marked; a mask of the wrong shape is refused
+    assert not _blocked_patches(plots.plot_attention(weights))
+    with pytest.raises(ValueError, match="broadcast"):
+        plots.plot_attention(weights, allowed=np.ones((3, 5), dtype=bool))
+    plt.close("all")
+
+
+def test_attention_heads_mark_blocked_cells_in_every_head():
+    allowed = torch.ones(2, 1, 3, 4, dtype=torch.bool).tril()  # (B, 1, T, S): broadcast over the heads
+    weights = torch.softmax(torch.randn(2, 3, 3, 4).masked_fill(~allowed, -1e9), dim=-1)  # (B, H, T, S)
+    fig = plots.plot_attention_heads(weights, allowed=allowed)
+    heads = [ax for ax in fig.axes if ax.images and ax.get_title().startswith("head")]
+    assert len(heads) == 3
+    for ax in heads:
+        assert len(_blocked_patches(ax)) == int((~allowed[0, 0]).sum())
+    assert fig.legends, "the hatches need a legend"
+    plt.close("all")
+
+
 def test_plot_positional_encoding_and_speedup():
     pe = np.sin(np.arange(12)[:, None] / (1 + np.arange(8)[None, :]))  # (T, D)
     ax = plots.plot_positional_encoding(pe)
@@ -351,6 +404,11 @@ def test_plot_positional_encoding_and_speedup():
     fig = plots.plot_speedup([16, 32, 64], [1.0, 2.0, 4.0], [0.5, 0.5, 0.5], labels=("no cache", "cache"))
     assert len(fig.axes) == 2
     np.testing.assert_allclose(fig.axes[1].lines[0].get_ydata(), [2.0, 4.0, 8.0])
+    # the y label fits beside the panel: the ratio's long wording is the panel's title
+    assert len(fig.axes[1].get_ylabel()) <= 16 and "no cache" in fig.axes[1].get_title()
+    fig.canvas.draw()
+    label = fig.axes[1].yaxis.label.get_window_extent()
+    assert label.y0 >= 0 and label.y1 <= fig.bbox.height, "the speed-up label is cut off"
     with pytest.raises(ValueError):
         plots.plot_speedup([1, 2], [1.0], [1.0, 2.0])
 
