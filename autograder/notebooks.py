@@ -7,6 +7,9 @@ headers understood here, beyond jupytext's plain ``# %%`` and ``# %% [markdown]`
     a solution cell; its code is the source of ``causal_mask`` in the lesson's reference module, student part
     between nbgrader's ``### BEGIN SOLUTION`` / ``### END SOLUTION`` lines. The cell body in the percent file stays
     empty: the reference is the one source.
+    A find-the-bug exercise (:mod:`autograder.bugs`) is one whose reference also holds ``### BEGIN BUG`` blocks:
+    the cell gets the reference without them, and their buggy lines in its metadata (``course.bug``), which the
+    release shows in place of nbgrader's stub.
 ``# %% test=causal_mask points=2``
     the graded test cell of that exercise: the hidden part (only a call to ``decoder_course.harvest.collect``,
     identical in every cell, stripped from the release and the feedback), then the visible checks written under
@@ -36,6 +39,7 @@ from pathlib import Path
 import nbformat
 from nbformat import NotebookNode
 
+from autograder import bugs
 from decoder_course import __version__ as _package_version
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -135,8 +139,24 @@ def reference_object(lesson: str, name: str):
 
 def reference_source(lesson: str, name: str, keep_markers: bool = True) -> str:
     """The exact source of a reference object, optionally without the solution markers."""
-    source = textwrap.dedent(inspect.getsource(reference_object(lesson, name))).rstrip() + "\n"
+    source = bugs.strip(textwrap.dedent(inspect.getsource(reference_object(lesson, name))).rstrip() + "\n")
     return source if keep_markers else _MARKERS.sub("", source)
+
+
+def bug_regions(lesson: str, names: list[str]) -> list[str | None] | None:
+    """A find-the-bug cell's buggy lines, one entry per solution region of ``names`` (None: a region without a
+    bug, which gets nbgrader's stub); None when no name is a find-the-bug exercise."""
+    found: list[str | None] = []
+    for name in names:
+        raw = textwrap.dedent(inspect.getsource(reference_object(lesson, name)))
+        regions = bugs.regions(raw)
+        found += regions if regions is not None else [None] * raw.count("### BEGIN SOLUTION")
+    return found if any(region is not None for region in found) else None
+
+
+def buggy_source(lesson: str, name: str) -> str:
+    """What the release shows of a find-the-bug exercise: the reference with the bug in place of the fix."""
+    return bugs.buggy_source(textwrap.dedent(inspect.getsource(reference_object(lesson, name))).rstrip() + "\n")
 
 
 def _cell_id(lesson: str, index: int, header: str) -> str:
@@ -234,6 +254,9 @@ def build_notebook(lesson: str, text: str) -> NotebookNode:
             cell.source = "\n\n".join(reference_source(lesson, name).rstrip() for name in names)
             cell.metadata["nbgrader"] = _nbgrader(f"{names[0]}_solution", solution=True, grade=False)
             cell.metadata["course"] = {"exercise": names}
+            bug = bug_regions(lesson, names)
+            if bug is not None:  # find the bug: the release shows these lines where the fix is
+                cell.metadata["course"]["bug"] = bug
         elif "test" in options:
             item = options["test"]
             if item in seen_tests:

@@ -25,10 +25,12 @@ from pathlib import Path
 from nbconvert.preprocessors import ClearMetadataPreprocessor
 from nbgrader.api import Gradebook, MissingEntry
 from nbgrader.apps import NbGraderAPI
+from nbgrader.converters import GenerateAssignment
 from nbgrader.coursedir import CourseDirectory
 from nbgrader.preprocessors import (
     AssignLatePenalties,
     CheckCellMetadata,
+    ClearSolutions,
     ClearOutput,
     DeduplicateIds,
     IgnorePattern,
@@ -40,7 +42,7 @@ from nbgrader.preprocessors import (
 from sqlalchemy.exc import SAWarning
 from traitlets.config import Config
 
-from autograder import intake, nbgrader_plugins, notebooks, parallel
+from autograder import bugs, intake, nbgrader_plugins, notebooks, parallel
 from autograder.intake import STUDENT_ID, BadSubmission, Collected, collect_submissions, read_submission
 from autograder.nbgrader_plugins import RestoreGradingMetadata, StripHiddenTests, TrustedExecute
 from autograder.sandbox import Limits, SandboxUnavailable, check_available
@@ -85,6 +87,9 @@ def nbgrader_config(work: Path, db_url: str | None = None, release_dir: Path | N
     c.CourseDirectory.ignore = [".ipynb_checkpoints", "*.pyc", "__pycache__", "*.py"]
     c.Application.log_level = "INFO" if verbose else "WARN"
     c.ClearSolutions.code_stub = {"python": "# YOUR CODE HERE\nraise NotImplementedError()"}
+    # A find-the-bug cell is released with its bug where the stub would go (autograder.bugs.ShowBug).
+    c.GenerateAssignment.preprocessors = [bugs.ShowBug if step is ClearSolutions else step
+                                          for step in GenerateAssignment.preprocessors.make_dynamic_default()]
     # The instructor's grading metadata first: an edited, forged or duplicated cell must not abort the notebook.
     c.Autograde.sanitize_preprocessors = [
         ClearOutput, RestoreGradingMetadata, DeduplicateIds, OverwriteKernelspec, OverwriteCells, CheckCellMetadata,

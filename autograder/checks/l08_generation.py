@@ -418,7 +418,8 @@ class Sample(Exercise):
         tree, first = _first_step_tree(rng, V)
         ranked = sorted(first, key=first.get, reverse=True)
         settings = [{"top_k": int(rng.integers(2, 4))}, {"top_p": float(rng.choice([0.55, 0.7]))},
-                    {"temperature": 2.0, "top_k": 4, "top_p": 0.6}]
+                    {"temperature": 2.0, "top_k": 4, "top_p": 0.6},
+                    {"top_k": 2, "top_p": 0.55}]  # top-k leaves 0.58 on the top token: it alone reaches p
         case = Case("filters", "800 first tokens drawn from a scripted five-token distribution, "
                                "with top-k, top-p and both", data={"first": first, "ranked": ranked,
                                                                    "settings": settings, "B": 800, "max_len": 1})
@@ -464,6 +465,16 @@ class Sample(Exercise):
         case.call("sample", {"ref": "m"}, case.tensor(src), 6, BOS, EOS, temperature=0, repetition_penalty=penalty,
                   record="out")
         cases.append(case)
+        # 5b. the repetition penalty when sampling: a strong favourite, a runner-up, a heavy penalty
+        a, b = (int(t) for t in rng.choice(np.arange(3, 8), size=2, replace=False))
+        loop = [-9.0] * 8
+        loop[a], loop[b] = 8.0, float(rng.uniform(6.8, 7.2))
+        case = Case("penalty_t", "400 rows of two tokens sampled at temperature 1 from a scripted model that "
+                                 "prefers one token, repetition_penalty=10", data={"B": 400, "max_len": 2, "pad_id": 0})
+        _scripted(case, "m", 8, table=[[[], loop]], default_logits=loop)
+        case.call("sample", {"ref": "m"}, case.tensor(np.zeros((400, 1), np.int64)), 2, BOS, EOS, temperature=1.0,
+                  repetition_penalty=10.0, generator={"generator": int(rng.integers(2**31))}, record="out")
+        cases.append(case)
         # 6. every knob on a padded batch: EOS and padding per row, no draw outside the filters
         pad_id = int(rng.integers(4, 9))
         src, is_real = _padded_source(rng, rng.integers(1, 7, size=10), 6, 16, pad_id)
@@ -507,7 +518,7 @@ class Sample(Exercise):
                            "sample runs your top_k_filter, top_p_filter and apply_repetition_penalty: if one of "
                            "their checks fails, fix it first.")
         # the most specific diagnosis first: the temperature before the filters that depend on it
-        for case_id in ("repro", "temp", "greedy", "penalty", "filters", "knobs"):
+        for case_id in ("repro", "temp", "greedy", "penalty", "penalty_t", "filters", "knobs"):
             getattr(self, f"_judge_{case_id}")(result, result.cases[case_id])
 
     def _judge_repro(self, result: Result, case: Case):
@@ -533,6 +544,13 @@ class Sample(Exercise):
             allowed = _allowed_tokens(logits, [], setting.get("temperature", 1.0), setting.get("top_k"),
                                       setting.get("top_p"), 1.0)
             drawn = set(got[:, 0].tolist())
+            swapped = _allowed_tokens(logits, [], setting.get("temperature", 1.0), None, setting.get("top_p"), 1.0)
+            if setting.get("top_k") is not None and setting.get("top_p") is not None:
+                swapped &= _allowed_tokens(logits, [], 1.0, setting["top_k"], None, 1.0)
+            if not drawn <= allowed and drawn <= swapped:
+                raise Fail(f"with {setting}, sample drew {len(drawn - allowed)} token(s) that top-k then top-p "
+                           f"exclude ({case.desc}): top-p must take its nucleus from the distribution top-k left "
+                           "(renormalised over the k kept tokens), so apply top_k_filter first, then top_p_filter.")
             if not drawn <= allowed:
                 raise Fail(f"with {setting}, sample drew {len(drawn - allowed)} token(s) outside the allowed set "
                            f"({case.desc}): filtered logits are -inf and must never be drawn. Divide by the "
@@ -568,6 +586,19 @@ class Sample(Exercise):
         _same_tokens(got, d["want"], "sample(..., temperature=0, repetition_penalty=...)", case.desc,
                      "Apply the penalty before choosing, with the tokens generated so far (BOS excluded); a token "
                      "seen several times is penalised once.")
+
+    def _judge_penalty_t(self, result: Result, case: Case):
+        d = case.data
+        got = _ids(result, case, "out", "sample(..., repetition_penalty=10)", d["B"], d["max_len"])
+        if got.shape[1] < 2:
+            raise Fail(f"sample stopped after {got.shape[1]} token(s) on a model that never emits EOS "
+                       f"({case.desc}): generate max_len tokens.")
+        repeats = float((got[:, 0] == got[:, 1]).mean())
+        if repeats > 0.05:
+            raise Fail(f"{repeats:.0%} of the rows drew the same token twice ({case.desc}); penalised, the first "
+                       "token's logit falls below the other's and a repeat is rare (under 1 %). Apply the repetition "
+                       "penalty at every step whatever the temperature, before dividing by it: not only on the "
+                       "greedy path.")
 
     def _judge_knobs(self, result: Result, case: Case):
         d = case.data

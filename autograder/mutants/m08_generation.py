@@ -257,6 +257,64 @@ def sample(model, src_ids, max_len, bos_id, eos_id, temperature=1.0, top_k=None,
     return tgt[:, 1:]
 
 
+@mutant(MUTANTS, "sample", "top-p before top-k: the nucleus taken before top-k renormalises")
+@torch.no_grad()
+def sample(model, src_ids, max_len, bos_id, eos_id, temperature=1.0, top_k=None, top_p=None,  # noqa: F811
+           repetition_penalty=1.0, generator=None, src_is_real=None, pad_id=0):
+    B = src_ids.shape[0]
+    memory = model.encode(src_ids, src_is_real)
+    tgt = torch.full((B, 1), bos_id, dtype=torch.long)
+    finished = torch.zeros(B, dtype=torch.bool)
+    for _ in range(max_len):
+        logits = model.decode(tgt, memory, src_is_real=src_is_real)[:, -1].float()
+        if repetition_penalty != 1.0:
+            logits = apply_repetition_penalty(logits, tgt[:, 1:], repetition_penalty)
+        if temperature == 0:
+            next_id = logits.argmax(-1)
+        else:
+            logits = logits / temperature
+            if top_p is not None:
+                logits = top_p_filter(logits, top_p)
+            if top_k is not None:
+                logits = top_k_filter(logits, top_k)
+            next_id = torch.multinomial(logits.softmax(-1), 1, generator=generator).squeeze(-1)
+        next_id = next_id.masked_fill(finished, pad_id)
+        tgt = torch.cat([tgt, next_id[:, None]], dim=1)
+        finished = finished | (next_id == eos_id)
+        if bool(finished.all()):
+            break
+    return tgt[:, 1:]
+
+
+@mutant(MUTANTS, "sample", "the repetition penalty only on the greedy path (temperature 0)")
+@torch.no_grad()
+def sample(model, src_ids, max_len, bos_id, eos_id, temperature=1.0, top_k=None, top_p=None,  # noqa: F811
+           repetition_penalty=1.0, generator=None, src_is_real=None, pad_id=0):
+    B = src_ids.shape[0]
+    memory = model.encode(src_ids, src_is_real)
+    tgt = torch.full((B, 1), bos_id, dtype=torch.long)
+    finished = torch.zeros(B, dtype=torch.bool)
+    for _ in range(max_len):
+        logits = model.decode(tgt, memory, src_is_real=src_is_real)[:, -1].float()
+        if temperature == 0:
+            if repetition_penalty != 1.0:
+                logits = apply_repetition_penalty(logits, tgt[:, 1:], repetition_penalty)
+            next_id = logits.argmax(-1)
+        else:
+            logits = logits / temperature
+            if top_k is not None:
+                logits = top_k_filter(logits, top_k)
+            if top_p is not None:
+                logits = top_p_filter(logits, top_p)
+            next_id = torch.multinomial(logits.softmax(-1), 1, generator=generator).squeeze(-1)
+        next_id = next_id.masked_fill(finished, pad_id)
+        tgt = torch.cat([tgt, next_id[:, None]], dim=1)
+        finished = finished | (next_id == eos_id)
+        if bool(finished.all()):
+            break
+    return tgt[:, 1:]
+
+
 # -- beam_search -------------------------------------------------------------------------------------------------------
 @mutant(MUTANTS, "beam_search", "every beam alive at the start: the beam fills with copies of one sequence")
 @torch.no_grad()

@@ -222,6 +222,22 @@ def check_sample(sample) -> None:
                                   "must never be drawn. Filter after dividing by the temperature, top-k then top-p")
             if set(seen) != {3, 4}:
                 raise CheckFailed(f"with {setting} only {seen} was drawn in 600 draws: is it sampling?")
+    with check("top-k first, then top-p on what top-k left: top_k=2, top_p=0.5 only ever draws token 3"):
+        drawn = sample(first, many, 1, BOS, EOS, top_k=2, top_p=0.5, generator=torch.Generator().manual_seed(1))
+        seen = sorted(set(drawn[:, 0].tolist()))
+        if seen != [3]:
+            raise CheckFailed(f"with top_k=2, top_p=0.5 the tokens drawn were {seen}. Top-k keeps 3 and 4, whose "
+                              "softmax is 0.4 / 0.7 = 0.57 and 0.43: token 3 alone reaches p = 0.5. Apply top-k "
+                              "first, then top-p to the logits top-k left (top-p before top-k keeps 3 and 4)")
+    with check("filters see the tempered distribution: temperature 3 with top_p=0.6 also draws token 5"):
+        drawn = sample(first, many, 1, BOS, EOS, temperature=3.0, top_p=0.6,
+                       generator=torch.Generator().manual_seed(2))
+        seen = sorted(set(drawn[:, 0].tolist()))
+        if seen != [3, 4, 5]:
+            raise CheckFailed(f"with temperature=3, top_p=0.6 the tokens drawn were {seen}. softmax(logits / 3) "
+                              "gives 3, 4, 5, 6 about 0.30, 0.27, 0.24, 0.19, so the nucleus of p = 0.6 holds "
+                              "3, 4 and 5. Divide by the temperature first, then filter: the filters must see the "
+                              "distribution you draw from (filtering first keeps only 3 and 4)")
     with check("temperature 0 is greedy: the lesson's tree gives 3, 5, EOS"):
         tree = ScriptedModel.from_tree(TREE, vocab_size=10)
         out = sample(tree, torch.zeros(2, 3, dtype=torch.long), 6, BOS, EOS, temperature=0)
@@ -241,6 +257,17 @@ def check_sample(sample) -> None:
                      repetition_penalty=2.0)
         expect_close(out, torch.tensor([[3, 4, 3, 3]] * 2), "sample(..., temperature=0, repetition_penalty=2)",
                      hint="apply the penalty first, with the tokens generated so far (without BOS), then choose")
+    with check("the repetition penalty also applies when sampling (temperature 1): a token rarely follows itself"):
+        loop = [-9.0, -9.0, -9.0, 8.0, 7.0, -9.0]  # 3 is likely (73 %), 4 the runner-up, EOS never
+        model = ScriptedModel(6, table={(): loop}, default_logits=loop)
+        drawn = sample(model, torch.zeros(600, 1, dtype=torch.long), 2, BOS, EOS, temperature=1.0,
+                       repetition_penalty=10.0, generator=torch.Generator().manual_seed(4))
+        repeats = (drawn[:, 0] == drawn[:, 1]).float().mean().item()
+        if repeats > 0.05:
+            raise CheckFailed(f"with repetition_penalty=10 at temperature 1, {repeats:.0%} of the rows drew the "
+                              "same token twice; penalised, the first token's logit drops to 0.8 or 0.7 and the "
+                              "other token wins almost always (< 1 % repeats). Apply the penalty at every step "
+                              "whatever the temperature, before dividing by it: not only on the greedy path")
 
 
 def check_beam_search(beam_search) -> None:
@@ -270,6 +297,18 @@ def check_beam_search(beam_search) -> None:
         _expect_eos_padding(out, EOS, pad_id, 10, "beam_search(...)")
         _rows_alone(lambda s: beam_search(model, s, 10, BOS, EOS, beam_size=3, length_penalty=0.6, pad_id=pad_id),
                     src, is_real, out, "beam_search")
+    with check("each beam reads its own sequence's source: B = 3, beam_size = 3, each row as if alone"):
+        model = HashedLogitsModel(12, seed=1, eos_bias=0.0)
+        src, is_real = _padded_source([4, 6, 3], seed=1)
+        out = beam_search(model, src, 6, BOS, EOS, beam_size=3, src_is_real=is_real)
+        for b in range(3):
+            n = int(is_real[b].sum())
+            alone = beam_search(model, src[b : b + 1, :n], 6, BOS, EOS, beam_size=3)[0].tolist()
+            if out[b, : len(alone)].tolist() != alone:
+                raise CheckFailed(f"row {b} of the batch gives {out[b].tolist()}, alone it gives {alone}: its beams "
+                                  "read other sequences' sources. Row b * K + j is beam j of sequence b, so copy "
+                                  "memory and src_is_real with repeat_interleave(K, dim=0) (a a a b b b ...); "
+                                  ".repeat(K, 1, 1) tiles the whole batch (a b c a b c ...)")
     with check("the length penalty matters: length_penalty=2 returns longer outputs than 0 here"):
         model = HashedLogitsModel(10, seed=11, eos_bias=1.0)
         src, is_real = _padded_source([3, 5, 4, 6, 2, 5], V=10, seed=9)
