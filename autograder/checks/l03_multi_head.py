@@ -432,6 +432,33 @@ class MultiHeadAttentionCheck(Exercise):
         cases.append(case)
         return cases
 
+    @staticmethod
+    def _judge_dropout_place(result: Result, case: Case, out_train: np.ndarray) -> None:
+        """Dropout on the attention weights: the weights returned in train mode are the dropped ones (0, or the
+        eval weights / (1 - p)), and the output is what those weights make of the values."""
+        d, p = case.data, 0.5
+        B, T, D = d["query"].shape
+        H = d["H"]
+        _, w_eval = torch_mha_expected(d["state"], H, d["query"], d["key"], d["value"])  # (B, H, T, S)
+        w_train = result.get(case.id, "res_train/1", what="the weights in train mode", kind="tensor",
+                             shape=w_eval.shape)
+        dropped = (w_train == 0) & (w_eval > 1e-6)
+        kept = ~dropped & (w_eval > 1e-6)
+        if not dropped.any() or not np.allclose(w_train[kept], w_eval[kept] / (1 - p), rtol=1e-4, atol=1e-5):
+            raise Fail(f"in train mode the attention weights returned are not dropped out ({case.desc}): dropout "
+                       "belongs on the attention weights, before they average the values (attention(q, k, v, "
+                       "allowed, dropout=self.dropout) does it, and returns the weights it used, as "
+                       "nn.MultiheadAttention does), not on the heads' output or on the module's output.")
+        st = {k: v.astype(np.float64) for k, v in d["state"].items()}
+        v = d["value"].astype(np.float64) @ st["v_proj.weight"].T + st["v_proj.bias"]  # (B, S, D)
+        v = v.reshape(B, -1, H, D // H).transpose(0, 2, 1, 3)  # (B, H, S, Dh)
+        heads = w_train.astype(np.float64) @ v  # (B, H, T, Dh)
+        want = heads.transpose(0, 2, 1, 3).reshape(B, T, D) @ st["out_proj.weight"].T + st["out_proj.bias"]
+        if not np.allclose(out_train, want, rtol=1e-4, atol=1e-4):
+            raise Fail(f"in train mode the output is not what the dropped-out weights make of the values "
+                       f"({case.desc}): apply dropout once, to the attention weights only, not again to the "
+                       "output.")
+
     def judge(self, result: Result):
         what = "MultiHeadAttention"
         hint = (" MultiHeadAttention builds on your split_heads and merge_heads: if their checks fail, fix them "
@@ -487,3 +514,4 @@ class MultiHeadAttentionCheck(Exercise):
                     raise Fail(f"with dropout=0.5 in train mode the output equals the eval-mode output "
                                f"({case.desc}): the dropout argument is ignored. Keep an nn.Dropout(dropout) and "
                                "apply it to the attention weights (nn.Dropout is off after .eval()).")
+                self._judge_dropout_place(result, case, out_train)

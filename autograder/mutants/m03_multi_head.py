@@ -111,6 +111,28 @@ class MultiHeadAttention(nn.Module):  # noqa: F811
 from autograder.reference.multi_head import merge_heads, split_heads  # noqa: E402, F811
 
 
+@mutant(MUTANTS, "MultiHeadAttention", "dropout on the output instead of the attention weights")
+class MultiHeadAttention(nn.Module):  # noqa: F811
+    def __init__(self, d_model, n_heads, dropout=0.0):
+        super().__init__()
+        if d_model % n_heads != 0:
+            raise ValueError(f"d_model={d_model} is not divisible by n_heads={n_heads}")
+        self.n_heads = n_heads
+        self.d_head = d_model // n_heads
+        self.q_proj = nn.Linear(d_model, d_model)
+        self.k_proj = nn.Linear(d_model, d_model)
+        self.v_proj = nn.Linear(d_model, d_model)
+        self.out_proj = nn.Linear(d_model, d_model)
+        self.dropout = nn.Dropout(dropout)
+
+    def forward(self, query, key, value, allowed=None):
+        q = split_heads(self.q_proj(query), self.n_heads)
+        k = split_heads(self.k_proj(key), self.n_heads)
+        v = split_heads(self.v_proj(value), self.n_heads)
+        out, weights = attention(q, k, v, allowed)
+        return self.dropout(self.out_proj(merge_heads(out))), weights
+
+
 @mutant(MUTANTS, "MultiHeadAttention", "PyTorch's polarity: passes ~allowed, so it attends only to blocked keys")
 class MultiHeadAttention(nn.Module):
     def __init__(self, d_model, n_heads, dropout=0.0):

@@ -155,10 +155,10 @@ def _torch_copy(ours: nn.Module, H: int) -> nn.MultiheadAttention:
     return theirs
 
 
-def _randomised(MultiHeadAttention, D: int, H: int, seed: int) -> nn.Module:
+def _randomised(MultiHeadAttention, D: int, H: int, seed: int, dropout: float | None = None) -> nn.Module:
     """A module with every parameter re-drawn (biases far from 0, so a missing one shows), in eval mode."""
     torch.manual_seed(seed)
-    mha = MultiHeadAttention(D, H)
+    mha = MultiHeadAttention(D, H) if dropout is None else MultiHeadAttention(D, H, dropout)
     with torch.no_grad():
         for p in mha.parameters():
             p.normal_(0.0, 0.5 if p.dim() == 1 else D ** -0.5)
@@ -228,6 +228,51 @@ def check_multi_head_attention(MultiHeadAttention) -> None:
                       hint="-inf in the scores gives NaN gradients on a fully masked row, even when its weights "
                            "are zeroed afterwards: fill with a finite value such as torch.finfo(dtype).min")
         expect_finite(m.grad, "the gradient of the keys and values")
+
+    with check("heads merged side by side: uniform attention over the past gives out[b, t] = mean(value[b, :t+1])"):
+        plain = MultiHeadAttention(D, H)
+        # zero queries and keys: every score is 0, so each head averages the allowed values uniformly;
+        # identity value and output projections: the output is that average itself, feature by feature
+        plain.load_state_dict({**{f"{n}.weight": torch.zeros(D, D) for n in ("q_proj", "k_proj")},
+                               "v_proj.weight": torch.eye(D), "out_proj.weight": torch.eye(D),
+                               **{f"{n}.bias": torch.zeros(D) for n in _NAMES}})
+        causal = torch.ones(T, T, dtype=torch.bool).tril()  # (T, T)
+        with torch.no_grad():
+            got, _ = plain.eval()(query, query, query, allowed=causal)
+        want = query.cumsum(1) / torch.arange(1, T + 1)[None, :, None]  # (B, T, D): the running mean
+        if not torch.allclose(got, want, atol=1e-5):
+            per_head = want.reshape(B, T, H, D // H).transpose(1, 2)  # (B, H, T, Dh): what the heads computed
+            bare = torch.allclose(got, per_head.reshape(B, T, D), atol=1e-5)
+            raise CheckFailed(
+                "each head averaged the values it may see, but the merged output puts the wrong numbers at each "
+                "position" + (": a bare reshape of (B, H, T, Dh) to (B, T, D) mixes heads and time steps" if bare
+                              else "") + ". Merge the heads back side by side: move H next to Dh first, "
+                "(B, H, T, Dh) -> (B, T, H, Dh) -> (B, T, D), as merge_heads does"
+            )
+
+    with check("dropout=0.5 acts on the attention weights, in training mode only"):
+        drop = _randomised(MultiHeadAttention, D, H, seed=4, dropout=0.5)
+        with torch.no_grad():
+            out_e, w_e = drop(query, memory, memory)
+            again, _ = drop(query, memory, memory)
+            if not torch.equal(out_e, again):
+                raise CheckFailed("in eval mode two calls gave different outputs: dropout must be off after "
+                                  ".eval() (use nn.Dropout, which follows the module's mode)")
+            torch.manual_seed(0)
+            out_t, w_t = drop.train()(query, memory, memory)
+        if torch.allclose(out_t, out_e):
+            raise CheckFailed("with dropout=0.5 the training-mode output equals the eval-mode output: the dropout "
+                              "argument is ignored. Keep an nn.Dropout(dropout) and apply it to the attention "
+                              "weights")
+        dropped = (w_t == 0) & (w_e > 0)
+        if not bool(dropped.any()):
+            raise CheckFailed("in training mode the output changed but the attention weights returned are the "
+                              "eval-mode ones: dropout belongs on the attention weights, before they average the "
+                              "values (pass dropout=self.dropout to attention, as nn.MultiheadAttention does), not "
+                              "on the output")
+        kept = ~dropped & (w_e > 0)
+        expect_close(w_t[kept], 2.0 * w_e[kept], "the kept attention weights in training mode", atol=1e-5,
+                     hint="nn.Dropout(0.5) zeroes about half the weights and doubles the others (1 / (1 - p))")
 
     with check("causal self-attention: the future does not leak, in any head"):
         causal = torch.ones(T, T, dtype=torch.bool).tril()  # (T, T), broadcast over B and H
