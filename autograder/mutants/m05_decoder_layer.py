@@ -195,6 +195,42 @@ class DecoderLayer(nn.Module):  # noqa: F811
         return self.norm3(x + self.dropout3(self.feed_forward(x)))
 
 
+@mutant(MUTANTS, "DecoderLayer", "dropout1..3 built but never applied: no dropout on the sublayers' outputs")
+class DecoderLayer(nn.Module):  # noqa: F811
+    def __init__(
+        self,
+        d_model,
+        n_heads,
+        d_ff,
+        dropout=0.1,
+        norm_first=False,
+        self_attn=None,
+        cross_attn=None,
+        feed_forward=None,
+    ):
+        super().__init__()
+        self.norm_first = norm_first
+        self.self_attn = self_attn if self_attn is not None else MultiHeadAttention(d_model, n_heads, dropout)
+        self.cross_attn = cross_attn if cross_attn is not None else CrossAttention(d_model, n_heads, dropout)
+        self.feed_forward = feed_forward if feed_forward is not None else FeedForward(d_model, d_ff, dropout)
+        self.norm1 = nn.LayerNorm(d_model)
+        self.norm2 = nn.LayerNorm(d_model)
+        self.norm3 = nn.LayerNorm(d_model)
+        self.dropout1 = nn.Dropout(dropout)
+        self.dropout2 = nn.Dropout(dropout)
+        self.dropout3 = nn.Dropout(dropout)
+
+    def forward(self, x, memory, self_allowed=None, cross_allowed=None):
+        if self.norm_first:
+            h = self.norm1(x)
+            x = x + self.self_attn(h, h, h, allowed=self_allowed)[0]
+            x = x + self.cross_attn(self.norm2(x), memory, allowed=cross_allowed)[0]
+            return x + self.feed_forward(self.norm3(x))
+        x = self.norm1(x + self.self_attn(x, x, x, allowed=self_allowed)[0])
+        x = self.norm2(x + self.cross_attn(x, memory, allowed=cross_allowed)[0])
+        return self.norm3(x + self.feed_forward(x))
+
+
 # -- init_numpy_decoder_params -------------------------------------------------------------------------------
 @mutant(MUTANTS, "init_numpy_decoder_params", "standard normal weights, not scaled by 1/sqrt(fan_in)")
 def init_numpy_decoder_params(D, H, F, rng=None):

@@ -113,6 +113,30 @@ class _Recorder(nn.Module):
         return (zeros, None) if self.attention else zeros
 
 
+class _Affine(nn.Module):
+    """A stand-in sublayer with no dropout of its own: 0.5 x + 0.25 of its first input."""
+
+    def __init__(self, attention: bool):
+        super().__init__()
+        self.attention = attention
+
+    def forward(self, x, *args, **kwargs):
+        out = 0.5 * x + 0.25
+        return (out, None) if self.attention else out
+
+
+class _SpyDropout(nn.Dropout):
+    """An nn.Dropout that remembers that it ran, and on what shape."""
+
+    def __init__(self, name: str, log: list, p: float):
+        super().__init__(p)
+        self.name, self.log = name, log
+
+    def forward(self, x):
+        self.log.append((self.name, tuple(x.shape)))
+        return super().forward(x)
+
+
 def _matmul_hint(fn, *args, **kwargs):
     """Call ``fn``; a failed matrix product becomes a message about the order of its operands."""
     try:
@@ -334,6 +358,34 @@ def check_decoder_layer(DecoderLayer) -> None:
                 "with dropout=0.5 the training-mode output equals the eval-mode output: apply "
                 "dropout1..3 to the sublayers' outputs (nn.Dropout modules follow .train()/.eval())"
             )
+    for norm_first in (False, True):
+        kind = "pre-LN" if norm_first else "post-LN"
+        with check(f"{kind}, training mode: the layer's own dropout1, dropout2, dropout3 each act once, in order"):
+            # sublayers without dropout of their own: any randomness left is the layer's own dropout
+            layer = DecoderLayer(D, H, F, dropout=0.5, norm_first=norm_first, self_attn=_Affine(True),
+                                 cross_attn=_Affine(True), feed_forward=_Affine(False))
+            log: list = []
+            for i in (1, 2, 3):
+                setattr(layer, f"dropout{i}", _SpyDropout(f"dropout{i}", log, 0.5))
+            layer.train()
+            with torch.no_grad():
+                out = layer(x, memory, causal, cross_allowed)
+            order = [name for name, _ in log]
+            if order != ["dropout1", "dropout2", "dropout3"]:
+                raise CheckFailed(
+                    f"in training mode the layer's dropouts ran as {order}; expected dropout1 (on the self-"
+                    "attention's output), dropout2 (cross-attention), dropout3 (feed-forward), once each. "
+                    "Apply self.dropout1..3 to each sublayer's output before its residual addition"
+                )
+            for name, shape in log:
+                if shape != (B, T, D):
+                    raise CheckFailed(f"{name} got a tensor of shape {shape}; it belongs on the sublayer's "
+                                      f"output, (B, T, D) = {(B, T, D)}")
+            layer.eval()
+            with torch.no_grad():
+                if torch.allclose(out, layer(x, memory, causal, cross_allowed)):
+                    raise CheckFailed("with dropout=0.5 the training-mode output equals the eval-mode output "
+                                      "although dropout1..3 ran: add their outputs, not their inputs")
 
 
 # -- NumPy layer ---------------------------------------------------------------------------------------------
