@@ -245,9 +245,17 @@ class DecodeStep(Exercise):
             with torch.no_grad():
                 memory = d["model"].encode(_tensor(d["src"]), _tensor(d["is_real"]))
                 full = d["model"].decode(_tensor(d["tgt"]), memory, src_is_real=_tensor(d["is_real"])).numpy()
+                # the known mistake: a cross-attention that sees the source padding
+                unmasked = d["model"].decode(_tensor(d["tgt"]), memory).numpy() if d["is_real"] is not None else None
             for i, (a, b) in enumerate(d["steps"]):
                 got = result.get(case.id, f"logits{i}", what="decode_step's logits", kind="tensor", dtype="float",
                                  shape=(B, V))
+                if (unmasked is not None and not np.allclose(got, full[:, b - 1], rtol=1e-4, atol=1e-4)
+                        and np.allclose(got, unmasked[:, b - 1], rtol=1e-4, atol=1e-4)):
+                    raise Fail(f"decode_step's logits at position {b - 1} are those of a decoder whose cross-attention "
+                               f"sees the source padding ({case.desc}): pass src_is_real to every layer's "
+                               "cross-attention as allowed=src_is_real[:, None, None, :] (B, 1, 1, S), so that no "
+                               "query attends to padded memory positions.")
                 if i == 0:
                     hint = (f"These are the logits of position {b - 1} after a prefill of positions {a}..{b - 1}: the "
                             "new tokens attend causally among themselves (cached_causal_mask), every layer uses its "

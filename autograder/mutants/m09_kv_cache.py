@@ -170,6 +170,30 @@ def decode_step(model, token_ids, memory_kv, cache, position, src_is_real=None):
     return model.out_proj(x[:, -1]), cache
 
 
+@mutant(MUTANTS, "decode_step", "src_is_real ignored: the cross-attention attends to the source padding")
+@torch.no_grad()
+def decode_step(model, token_ids, memory_kv, cache, position, src_is_real=None):  # noqa: F811
+    T_new = token_ids.shape[1]
+    q_positions = torch.arange(position, position + T_new)
+    pe = model.pos_encoding
+    x = pe.dropout(model.tgt_embed(token_ids) * model.embed_scale + pe.pe[q_positions])
+    for i, layer in enumerate(model.decoder.layers):
+        pre, attn = layer.norm_first, layer.self_attn
+        h = layer.norm1(x) if pre else x
+        q = split_heads(attn.q_proj(h), attn.n_heads)
+        k, v = cache.update(split_heads(attn.k_proj(h), attn.n_heads), split_heads(attn.v_proj(h), attn.n_heads), i)
+        out, _ = attention(q, k, v, cached_causal_mask(q_positions, k.shape[2]), dropout=attn.dropout)
+        sa = layer.dropout1(attn.out_proj(merge_heads(out)))
+        x = x + sa if pre else layer.norm1(x + sa)
+        h = layer.norm2(x) if pre else x
+        ca = layer.dropout2(layer.cross_attn(h, memory_kv=memory_kv[i])[0])
+        x = x + ca if pre else layer.norm2(x + ca)
+        h = layer.norm3(x) if pre else x
+        ff = layer.dropout3(layer.feed_forward(h))
+        x = x + ff if pre else layer.norm3(x + ff)
+    return model.out_proj(model.decoder.norm(x[:, -1])), cache
+
+
 # -- greedy_decode_cached ----------------------------------------------------------------------------------------------
 @mutant(MUTANTS, "greedy_decode_cached", "the position never advances: every token at position 0")
 @torch.no_grad()

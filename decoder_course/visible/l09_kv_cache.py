@@ -43,7 +43,7 @@ class CallCounter:
 
 
 def check_kv_cache(KVCache) -> None:
-    """Appending along the sequence axis, per layer; length and positions; SPEC's per-layer update(k, v)."""
+    """Appending along the sequence axis, per layer; length and positions; update(k, v) of a one-layer cache."""
     g = torch.Generator().manual_seed(0)
     B, H, Dh = 2, 3, 4
     with check("a new cache is empty: length 0, no positions"):
@@ -74,7 +74,7 @@ def check_kv_cache(KVCache) -> None:
         expect_shape(k_all, (B, H, 6, Dh), "layer 1's keys", names="B, H, S, Dh")
         expect_close(k_all[:, :, :5], torch.cat(ks, dim=2) * 10, "layer 1's cached keys",
                      hint="keep one list entry per layer and index it with layer_idx")
-    with check("KVCache() with update(k, v): one layer, SPEC's form"):
+    with check("KVCache() with update(k, v): a one-layer cache, layer_idx=0 by default"):
         single = KVCache()
         k_all, v_all = single.update(ks[0], vs[0])
         expect_shape(k_all, (B, H, 3, Dh), "keys of KVCache().update(k, v)", names="B, H, S, Dh")
@@ -120,7 +120,26 @@ def _source(B: int = 3, S: int = 6, V: int = 20, seed: int = 1):
 
 
 def check_decode_step(decode_step, KVCache, Seq2SeqTransformer) -> None:
-    """Cached logits equal the full decoder's at every step: a prefill of 3 tokens, then one at a time."""
+    """Source padding does not leak; cached logits equal the full decoder's at every step: a prefill of 3 tokens,
+    then one at a time."""
+    with check("source padding does not leak: the logits ignore what the memory holds at padded positions"):
+        model = _small_model(Seq2SeqTransformer, True)
+        src, is_real = _source()
+        tgt = torch.full((3, 1), BOS)
+        with torch.no_grad():
+            memory = model.encode(src, is_real)
+            noisy = torch.where(is_real[:, :, None], memory, torch.full_like(memory, 50.0))  # padding changed
+
+            def step(m):
+                kv = [layer.cross_attn.project_memory(m) for layer in model.decoder.layers]
+                return decode_step(model, tgt, kv, KVCache(len(model.decoder.layers)), 0, src_is_real=is_real)[0]
+
+            a, b = step(memory), step(noisy)
+        expect_type(a, torch.Tensor, "decode_step(...)[0], the logits")
+        if not torch.allclose(a, b, atol=1e-5):
+            raise CheckFailed("the logits changed when only the memory at padded source positions changed: the "
+                              "cross-attention attends to the source padding. Pass src_is_real to every layer's "
+                              "cross-attention, allowed=src_is_real[:, None, None, :] (B, 1, 1, S)")
     for norm_first in (True, False):
         name = "pre-LN" if norm_first else "post-LN"
         with check(f"{name}: a prefill of 3 tokens then 4 single steps give the full decoder's logits"):
