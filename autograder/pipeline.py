@@ -30,8 +30,8 @@ from nbgrader.coursedir import CourseDirectory
 from nbgrader.preprocessors import (
     AssignLatePenalties,
     CheckCellMetadata,
-    ClearSolutions,
     ClearOutput,
+    ClearSolutions,
     DeduplicateIds,
     IgnorePattern,
     LimitOutput,

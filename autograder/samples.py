@@ -33,8 +33,11 @@ def mutant_source(obj) -> str:
     """A wrong answer as a student would have typed it: no decorator, no lint comments.
 
     A mutant module defines the same class name several times; ``inspect.getsource`` finds the first of them
-    (before Python 3.13), so a class is found from the line of one of its own methods instead.
+    (before Python 3.13), so a class is found from the line of one of its own methods instead. A string is a
+    wrong answer's source already (a find-the-bug exercise's release, ``autograder.mutants.shown_bug``).
     """
+    if isinstance(obj, str):
+        return obj.rstrip() + "\n"
     if isinstance(obj, type):
         lines, _ = inspect.findsource(obj)
         first = min(fn.__code__.co_firstlineno for fn in _functions(obj)) - 1  # 0-based line of a method

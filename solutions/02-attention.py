@@ -273,7 +273,32 @@ except NotImplementedError:
 #
 # Attention on raw vectors can only measure similarity. Lesson 03 gives each head learned projections of `x`
 # into queries, keys and values, so that a head can learn *what* to look for.
+
+# %% [markdown]
+# ## 5. Find the bug
 #
+# Code that runs is not code that is right. Below is attention written in one piece, as you might find it in
+# a colleague's notebook: it runs, it returns arrays of the right shapes, its heatmaps even look plausible.
+# It has **one** mistake.
+#
+# How would you find it? Not by rereading it line by line, but by asking what must hold for *any* correct
+# answer, and testing that on an input small enough to print: each query's weights are a distribution over
+# the keys; a blocked key gets nothing; the future does not leak; `T ≠ S` and `Dh ≠ Dv` give the shapes the
+# docstring says. The first property that fails tells you which step to look at. Then change as little as
+# you can: the bug is one idea, so the fix is small.
+#
+# **Exercise.** Find and fix the bug in `fixed_attention(q, k, v, allowed=None)`. Its contract is that of your
+# `scaled_dot_product_attention`; write the fix in the given code (calling your own attention instead would
+# skip the point of the exercise). The check under it starts with the probe that exposes the bug.
+
+# %% exercise=fixed_attention
+
+# %% test=fixed_attention points=1
+from decoder_course.visible import l02_attention as visible
+
+visible.check_fixed_attention(fixed_attention)
+
+# %% [markdown]
 # ## What you built
 #
 # | function | shape | meaning |

@@ -8,10 +8,12 @@ nbgrader makes of it compiles and raises NotImplementedError before doing anythi
 import ast
 import importlib
 import inspect
+import textwrap
 
 import pytest
 
-from autograder.notebooks import REFERENCE_MODULES
+from autograder import bugs
+from autograder.notebooks import _MARKERS, REFERENCE_MODULES
 
 
 # ----------------------------------------------------------------------------------------------------
@@ -74,6 +76,14 @@ def check_module_contract(module):
             assert n_begin == 0, f"{name} is given code: it must not carry solution markers"
             continue
         assert n_begin >= 1, f"{name} is graded but has no ### BEGIN SOLUTION region"
+        if bugs.regions(src) is not None:
+            # find the bug: the release shows the buggy version, not a stub; it must be a complete definition
+            buggy = bugs.buggy_source(textwrap.dedent(src))
+            assert buggy != bugs.strip(_MARKERS.sub("", textwrap.dedent(src))), f"{name}: the bug changes nothing"
+            namespace = dict(vars(module))
+            exec(compile(buggy, f"<buggy {name}>", "exec"), namespace)
+            assert namespace[name] is not obj and callable(namespace[name]), f"{name}: the buggy version"
+            continue
         # the student's stub must compile and raise NotImplementedError before doing anything else
         namespace = dict(vars(module))
         exec(compile(_stub(src), f"<stub of {name}>", "exec"), namespace)

@@ -17,6 +17,7 @@ import math
 
 import numpy as np
 
+from autograder.checks.find_the_bug import FindTheBug
 from autograder.checks.framework import Case, Exercise, Fail, Result, exercise, expect_close
 from autograder.reference import attention as ref
 
@@ -357,3 +358,13 @@ class ScaledDotProductAttention(Exercise):
                               "and k's last two axes swapped.")
             expect_close(out, want_out, "out", case.desc, **tol,
                          hint="Your weights are right: out = weights @ v.")
+
+
+# ------------------------------------------------------------------------------------------------------------
+# fixed_attention: find the bug (autograder.bugs), judged as scaled_dot_product_attention
+# ------------------------------------------------------------------------------------------------------------
+@exercise(LESSON, "fixed_attention", points=1)
+class FixedAttention(FindTheBug, ScaledDotProductAttention):
+    """The given attention normalised over the queries (axis -2): the attention's own cases and verdicts."""
+
+    judged_as = "scaled_dot_product_attention"

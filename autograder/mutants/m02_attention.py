@@ -10,7 +10,7 @@ import math
 
 import numpy as np
 
-from autograder.mutants import mutant
+from autograder.mutants import mutant, shown_bug
 
 MUTANTS: list = []
 
@@ -116,6 +116,33 @@ def scaled_dot_product_attention(q, k, v, allowed=None):  # noqa: F811
 def scaled_dot_product_attention(q, k, v, allowed=None):  # noqa: F811
     q /= math.sqrt(q.shape[-1])
     weights = masked_softmax(q @ k.swapaxes(-1, -2), allowed)
+    return weights @ v, weights
+
+
+# -- fixed_attention (find the bug) ---------------------------------------------------------------------------
+shown_bug(MUTANTS, "02-attention", "fixed_attention", "normalised over the queries (axis -2), not the keys")
+
+
+@mutant(MUTANTS, "fixed_attention", "a wrong fix: the max moved to axis -2 as well, still normalised over queries")
+def fixed_attention(q, k, v, allowed=None):
+    scores = q @ k.swapaxes(-1, -2) / math.sqrt(q.shape[-1])
+    if allowed is None:
+        allowed = np.ones(scores.shape, dtype=bool)
+    filled = np.where(allowed, scores, np.finfo(scores.dtype).min)
+    e = np.exp(filled - filled.max(axis=-2, keepdims=True))
+    weights = e / e.sum(axis=-2, keepdims=True)
+    weights = np.where(allowed, weights, 0.0).astype(scores.dtype)
+    return weights @ v, weights
+
+
+@mutant(MUTANTS, "fixed_attention", "a wrong fix: normalised over the keys, but the zeroing of blocked keys dropped")
+def fixed_attention(q, k, v, allowed=None):  # noqa: F811
+    scores = q @ k.swapaxes(-1, -2) / math.sqrt(q.shape[-1])
+    if allowed is None:
+        allowed = np.ones(scores.shape, dtype=bool)
+    filled = np.where(allowed, scores, np.finfo(scores.dtype).min)
+    e = np.exp(filled - filled.max(axis=-1, keepdims=True))
+    weights = e / e.sum(axis=-1, keepdims=True)
     return weights @ v, weights
 
 

@@ -1,4 +1,5 @@
-"""Reference for lesson 02-attention (NumPy): stable softmax, masked softmax, scaled dot-product attention.
+"""Reference for lesson 02-attention (NumPy): stable softmax, masked softmax, scaled dot-product attention,
+and a given attention with one bug to find (``fixed_attention``, see autograder.bugs).
 
 Masks are boolean, True = "this query may attend to this key", broadcasting to the scores' shape. A query
 whose keys are all blocked gets weights of exactly zero (so an output of zeros): never NaN, never a uniform
@@ -9,7 +10,7 @@ import math
 
 import numpy as np
 
-EXERCISES = ["softmax", "masked_softmax", "scaled_dot_product_attention"]
+EXERCISES = ["softmax", "masked_softmax", "scaled_dot_product_attention", "fixed_attention"]
 GIVEN: list[str] = []
 
 
@@ -62,3 +63,30 @@ def scaled_dot_product_attention(
     out = weights @ v  # (..., T, Dv)
     return out, weights
     ### END SOLUTION
+
+
+def fixed_attention(
+    q: np.ndarray, k: np.ndarray, v: np.ndarray, allowed: np.ndarray | None = None
+) -> tuple[np.ndarray, np.ndarray]:
+    """Scaled dot-product attention in one piece (find the bug): the contract of ``scaled_dot_product_attention``.
+
+    Each query's output is the softmax(q . k / sqrt(Dh))-weighted average of the values, the softmax taken over
+    that query's allowed keys; a blocked key weighs 0, and a query with no allowed key gets zero weights.
+
+    Shape:
+        q: (..., T, Dh), k: (..., S, Dh), v: (..., S, Dv), allowed: bool broadcastable to (..., T, S) or None
+        -> out: (..., T, Dv), weights: (..., T, S)
+    """
+    scores = q @ k.swapaxes(-1, -2) / math.sqrt(q.shape[-1])  # (..., T, S)
+    if allowed is None:
+        allowed = np.ones(scores.shape, dtype=bool)  # (..., T, S): every key allowed
+    filled = np.where(allowed, scores, np.finfo(scores.dtype).min)  # (..., T, S), finite everywhere
+    e = np.exp(filled - filled.max(axis=-1, keepdims=True))  # (..., T, S), each query's largest is exp(0) = 1
+    ### BEGIN SOLUTION
+    weights = e / e.sum(axis=-1, keepdims=True)  # (..., T, S): each query's weights sum to 1 over its keys
+    ### END SOLUTION
+    ### BEGIN BUG
+    # weights = e / e.sum(axis=-2, keepdims=True)  # (..., T, S)
+    ### END BUG
+    weights = np.where(allowed, weights, 0.0).astype(scores.dtype)  # blocked keys, fully blocked rows: 0
+    return weights @ v, weights  # (..., T, Dv), (..., T, S)

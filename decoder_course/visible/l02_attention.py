@@ -154,3 +154,19 @@ def check_scaled_dot_product_attention(scaled_dot_product_attention) -> None:
 
         padding_leakage_probe(attend_to, rng.standard_normal((B, S, Dh)), is_real, key_axis=1,
                               what="scaled_dot_product_attention(q, kv, kv, allowed)")
+
+
+def check_fixed_attention(fixed_attention) -> None:
+    """Find the bug: first the probe that exposes it (a property every attention has), then attention's checks."""
+    with check("the probe: each query's weights are a distribution over the keys (T = 3 queries, S = 5 keys)"):
+        rng = np.random.default_rng(7)
+        q, k, v = rng.standard_normal((3, 4)), rng.standard_normal((5, 4)), rng.standard_normal((5, 2))
+        out, weights = fixed_attention(q, k, v)  # no mask: every key allowed
+        expect_shape(weights, (3, 5), "weights", names="T, S")
+        by_query = np.asarray(weights, dtype=np.float64).sum(axis=-1)  # (T,): one sum per query
+        if not np.allclose(by_query, 1.0, atol=1e-6):
+            raise AssertionError(
+                f"weights.sum(axis=-1) = {np.round(by_query, 3)}: with every key allowed, each query's weights "
+                "should sum to 1 over its keys. Print the sums along each axis of `weights` on this example: "
+                "the axis whose sums are all ones is the one the code normalises over. Which line decides it?")
+    check_scaled_dot_product_attention(fixed_attention)
