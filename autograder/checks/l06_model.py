@@ -36,8 +36,9 @@ def _paper_table(max_len: int, D: int, *, swap: bool = False, per_feature: bool 
         # mistake: one frequency per feature, 10000^(j/D), instead of one per pair
         angle = pos / 10000.0 ** (np.arange(D) / D)  # (max_len, D)
         return np.where(np.arange(D) % 2 == 0, np.sin(angle), np.cos(angle))
-    angle = pos / 10000.0 ** (np.arange(0, D, 2) / D)  # (max_len, D/2)
+    angle = pos / 10000.0 ** (np.arange(0, D, 2) / D)  # (max_len, ceil(D/2))
     first, second = (np.cos(angle), np.sin(angle)) if swap else (np.sin(angle), np.cos(angle))
+    second = second[:, : D // 2]  # an odd D has one odd feature fewer than even ones
     if halves:
         return np.concatenate([first, second], axis=1)  # mistake: [sin..., cos...] instead of interleaved
     table = np.zeros((max_len, D))
@@ -56,10 +57,11 @@ def _diagnose(got: np.ndarray, candidates: dict[str, np.ndarray], atol: float = 
 # -- sinusoidal_table ------------------------------------------------------------------------------------------
 @exercise(LESSON, "sinusoidal_table", points=1)
 class SinusoidalTable(Exercise):
-    """Against the paper's formula in float64, for several lengths and widths (D even), max_len = 1 included."""
+    """Against the paper's formula in float64, for several lengths and widths, max_len = 1 and an odd D included."""
 
     def cases(self, rng):
-        sizes = [(int(rng.integers(40, 90)), 24), (9, 6), (1, 10), (int(rng.integers(200, 300)), 8)]
+        sizes = [(int(rng.integers(40, 90)), 24), (9, 6), (1, 10), (int(rng.integers(200, 300)), 8),
+                 (int(rng.integers(5, 15)), int(rng.choice([5, 7, 9])))]  # odd D last: one sine more than cosines
         cases = []
         for i, (max_len, D) in enumerate(sizes):
             case = Case(f"c{i}", f"max_len={max_len}, D={D}", data={"max_len": max_len, "D": D})
@@ -70,6 +72,11 @@ class SinusoidalTable(Exercise):
     def judge(self, result: Result):
         for case in result.cases.values():
             max_len, D = case.data["max_len"], case.data["D"]
+            if D % 2 and result.error(case.id) is not None:
+                raise Fail(f"sinusoidal_table({max_len}, {D}) raised an exception:\n    "
+                           f"{result.error(case.id).splitlines()[-1]}\nWith an odd D there are (D + 1) // 2 even "
+                           "features and D // 2 odd ones: the last pair has its sine but no cosine, so the cosines "
+                           "take angle[:, : D // 2].")
             got = result.get(case.id, "out", what="sinusoidal_table(max_len, D)", kind="tensor", dtype="float",
                              shape=(max_len, D))
             hint = _diagnose(got, {

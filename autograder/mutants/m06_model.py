@@ -50,6 +50,17 @@ def sinusoidal_table(max_len, d_model):  # noqa: F811
     return torch.cat([torch.sin(angle), torch.cos(angle)], dim=1)
 
 
+@mutant(MUTANTS, "sinusoidal_table", "cosines of every angle: fails for an odd D (one cosine fewer than sines)")
+def sinusoidal_table(max_len, d_model):  # noqa: F811
+    position = torch.arange(max_len, dtype=torch.float32)[:, None]
+    inv_freq = torch.exp(torch.arange(0, d_model, 2, dtype=torch.float32) * (-math.log(10000.0) / d_model))
+    angle = position * inv_freq
+    table = torch.zeros(max_len, d_model)
+    table[:, 0::2] = torch.sin(angle)
+    table[:, 1::2] = torch.cos(angle)
+    return table
+
+
 # -- Decoder -------------------------------------------------------------------------------------------------
 @mutant(MUTANTS, "Decoder", "no final LayerNorm after a pre-LN stack")
 class Decoder(nn.Module):
@@ -231,6 +242,36 @@ class Seq2SeqTransformer(nn.Module):  # noqa: F811
             self_allowed = self_allowed & tgt_is_real[:, None, None, :]
         cross_allowed = None if src_is_real is None else src_is_real[:, None, None, :]
         y = self.pos_encoding(self.tgt_embed(tgt_ids) * self.embed_scale)
+        return self.out_proj(self.decoder(y, memory, self_allowed, cross_allowed))
+
+    def forward(self, src_ids, tgt_ids, src_is_real=None, tgt_is_real=None):
+        return self.decode(tgt_ids, self.encode(src_ids, src_is_real), src_is_real, tgt_is_real)
+
+
+@mutant(MUTANTS, "Seq2SeqTransformer", "scale_embedding ignored: embeddings never multiplied by sqrt(D)")
+class Seq2SeqTransformer(nn.Module):  # noqa: F811
+    def __init__(self, src_vocab, tgt_vocab, d_model, n_heads, d_ff, n_layers, dropout=0.1, tie_weights=True,
+                 norm_first=True, max_len=512, scale_embedding=False):
+        super().__init__()
+        self.src_embed = nn.Embedding(src_vocab, d_model)
+        self.tgt_embed = nn.Embedding(tgt_vocab, d_model)
+        self.pos_encoding = PositionalEncoding(d_model, max_len, dropout)
+        self.encoder = Encoder(d_model, n_heads, d_ff, n_layers, dropout, norm_first)
+        self.decoder = Decoder(d_model, n_heads, d_ff, n_layers, dropout, norm_first)
+        self.out_proj = nn.Linear(d_model, tgt_vocab)
+        if tie_weights:
+            self.out_proj.weight = self.tgt_embed.weight
+
+    def encode(self, src_ids, src_is_real=None):
+        return self.encoder(self.pos_encoding(self.src_embed(src_ids)), src_is_real)
+
+    def decode(self, tgt_ids, memory, src_is_real=None, tgt_is_real=None):
+        T = tgt_ids.shape[1]
+        self_allowed = torch.ones(T, T, dtype=torch.bool).tril()
+        if tgt_is_real is not None:
+            self_allowed = self_allowed & tgt_is_real[:, None, None, :]
+        cross_allowed = None if src_is_real is None else src_is_real[:, None, None, :]
+        y = self.pos_encoding(self.tgt_embed(tgt_ids))
         return self.out_proj(self.decoder(y, memory, self_allowed, cross_allowed))
 
     def forward(self, src_ids, tgt_ids, src_is_real=None, tgt_is_real=None):

@@ -76,6 +76,23 @@ def check_sinusoidal_table(sinusoidal_table) -> None:
             "(0, 2, 4, ...) and is divided by D",
         )
 
+    with check("an odd width: sinusoidal_table(4, 5) has three sines and two cosines"):
+        try:
+            odd = sinusoidal_table(4, 5)
+        except (RuntimeError, ValueError, IndexError) as exc:
+            raise CheckFailed(
+                f"sinusoidal_table(4, 5) raised {type(exc).__name__}: {exc}. With an odd D the even features "
+                "0, 2, 4 are three sines and the odd features 1, 3 two cosines: the last pair has no cosine, "
+                "so assign torch.cos(angle[:, : D // 2]) to the odd features"
+            ) from None
+        expect_shape(odd, (4, 5), "sinusoidal_table(4, 5)", names="max_len, D")
+        pos = torch.arange(4, dtype=torch.float64)[:, None]
+        angle = pos / 10000.0 ** (torch.arange(0, 5, 2, dtype=torch.float64) / 5)  # (4, 3)
+        want = torch.zeros(4, 5, dtype=torch.float64)
+        want[:, 0::2], want[:, 1::2] = torch.sin(angle), torch.cos(angle[:, :2])
+        expect_close(odd.double(), want, "sinusoidal_table(4, 5)", atol=1e-5,
+                     hint="the exponent is 2i / D with D = 5 (not D - 1 or D + 1); sines on 0::2, cosines on 1::2")
+
 
 # -- PositionalEncoding --------------------------------------------------------------------------------------
 def check_positional_encoding(PositionalEncoding, sinusoidal_table=None) -> None:
@@ -262,8 +279,9 @@ SUBMODULES = {
 }
 
 
-def _torch_logits(model: nn.Module, src_ids, tgt_ids, src_is_real, tgt_is_real) -> torch.Tensor:
-    """The model's computation redone with PyTorch's own nn.TransformerDecoder, from the model's weights."""
+def _torch_logits(model: nn.Module, src_ids, tgt_ids, src_is_real, tgt_is_real, scale: float = 1.0) -> torch.Tensor:
+    """The model's computation redone with PyTorch's own nn.TransformerDecoder, from the model's weights;
+    ``scale`` multiplies the embeddings (sqrt(D) when ``scale_embedding=True``)."""
     D = model.tgt_embed.weight.shape[1]
     n_layers = len(model.decoder.layers)
     norm_first = isinstance(model.decoder.norm, nn.LayerNorm)
@@ -289,8 +307,8 @@ def _torch_logits(model: nn.Module, src_ids, tgt_ids, src_is_real, tgt_is_real) 
             theirs.norm.load_state_dict(model.decoder.norm.state_dict())
         pe = model.pos_encoding.pe  # (max_len, D): the model's own table
         S, T = src_ids.shape[1], tgt_ids.shape[1]
-        memory = model.encoder(model.src_embed(src_ids) + pe[:S], src_is_real)  # (B, S, D)
-        y = model.tgt_embed(tgt_ids) + pe[:T]  # (B, T, D)
+        memory = model.encoder(model.src_embed(src_ids) * scale + pe[:S], src_is_real)  # (B, S, D)
+        y = model.tgt_embed(tgt_ids) * scale + pe[:T]  # (B, T, D)
         causal = torch.ones(T, T, dtype=torch.bool).tril()
         # PyTorch's masks mean True = BLOCKED: invert at this boundary only
         y = theirs(y, memory, tgt_mask=~causal, tgt_key_padding_mask=~tgt_is_real,
@@ -359,6 +377,19 @@ def check_seq2seq_transformer(Seq2SeqTransformer) -> None:
                 "decoder gets the causal mask combined with tgt_is_real on the keys, and src_is_real as the "
                 "cross-attention mask; then out_proj",
             )
+    with check("scale_embedding=True multiplies both embeddings by sqrt(D), as in the paper"):
+        torch.manual_seed(2)
+        scaled = Seq2SeqTransformer(V_src, V_tgt, D, H, F_, N, dropout=0.1, scale_embedding=True).eval()
+        with torch.no_grad():
+            got_scaled = scaled(src_ids, tgt_ids, src_is_real, tgt_is_real)
+        want = _torch_logits(scaled, src_ids, tgt_ids, src_is_real, tgt_is_real, scale=math.sqrt(D))
+        if torch.allclose(got_scaled, _torch_logits(scaled, src_ids, tgt_ids, src_is_real, tgt_is_real),
+                          rtol=1e-4, atol=1e-4):
+            raise CheckFailed("with scale_embedding=True the logits are those of unscaled embeddings: the flag is "
+                              "ignored. Multiply src_embed(src_ids) and tgt_embed(tgt_ids) by sqrt(D) when "
+                              "scale_embedding is True (and by 1 when it is False, the course's default)")
+        expect_close(got_scaled, want, "the logits with scale_embedding=True", rtol=1e-4, atol=1e-4,
+                     hint="embed, multiply by sqrt(D) (source and target alike), then add pos_encoding")
     with check("decode(tgt, encode(src)) equals forward(src, tgt)"):
         with torch.no_grad():
             memory = model.encode(src_ids, src_is_real)
