@@ -17,6 +17,9 @@ GIVEN: list[str] = []
 def softmax(x: np.ndarray, axis: int = -1) -> np.ndarray:
     """Softmax along ``axis``, stable for huge scores.
 
+    Finite for any finite scores (subtract each row's own max along ``axis`` before ``exp``); the caller's ``x`` is
+    unchanged.
+
     Shape:
         x: (...) -> (...), non-negative, summing to 1 along ``axis``
     """
@@ -30,6 +33,8 @@ def softmax(x: np.ndarray, axis: int = -1) -> np.ndarray:
 
 def masked_softmax(scores: np.ndarray, allowed: np.ndarray | None) -> np.ndarray:
     """Softmax over the last axis that gives blocked keys weight 0, and a fully blocked row all zeros.
+
+    Rows with an allowed key sum to 1 over the keys; the caller's ``scores`` and ``allowed`` are unchanged.
 
     Shape:
         scores: (..., T, S) float, allowed: bool broadcastable to scores, or None (all allowed) -> (..., T, S)
@@ -49,6 +54,10 @@ def scaled_dot_product_attention(
     q: np.ndarray, k: np.ndarray, v: np.ndarray, allowed: np.ndarray | None = None
 ) -> tuple[np.ndarray, np.ndarray]:
     """Attention: each query's output is the softmax(q . k / sqrt(Dh))-weighted average of the values.
+
+    Returns the pair ``(out, weights)`` in that order, with ``Dh = q.shape[-1]``. Blocked keys get weight 0 and a
+    query with no allowed key gets zero weights and a zero output; the future must not leak under a causal mask, nor
+    padded keys under a padding mask. The caller's arrays are unchanged.
 
     Shape:
         q: (..., T, Dh), k: (..., S, Dh), v: (..., S, Dv), allowed: bool broadcastable to (..., T, S) or None

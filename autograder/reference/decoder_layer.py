@@ -6,6 +6,10 @@ self-attention, cross-attention over the encoder's memory, and a position-wise f
 pre-LN (normalise each sublayer's input), a departure from the paper that trains deep stacks more stably and
 needs a final LayerNorm after the stack (lesson 06). With copied weights both equal
 ``nn.TransformerDecoderLayer(batch_first=True, norm_first=...)`` in eval mode.
+
+``cross_attn=False`` switches the cross-attention sublayer off: what is left (masked self-attention and the
+feed-forward) is a *decoder-only* layer, the block of GPT (lesson 11). It equals
+``nn.TransformerEncoderLayer(batch_first=True, norm_first=...)`` run with a causal mask.
 """
 
 import numpy as np
@@ -16,12 +20,16 @@ from autograder.reference.attention import scaled_dot_product_attention
 from autograder.reference.cross_attention import CrossAttention
 from autograder.reference.multi_head import MultiHeadAttention, load_from_torch_mha, merge_heads, split_heads
 
-EXERCISES = ["FeedForward", "DecoderLayer", "init_numpy_decoder_params", "numpy_decoder_layer"]
+EXERCISES = ["FeedForward", "DecoderLayer", "init_numpy_decoder_params", "numpy_decoder_layer",
+             "fixed_init_numpy_decoder_params"]
 GIVEN = ["load_from_torch_decoder_layer", "numpy_params_from_torch", "count_parameters"]
 
 
 class FeedForward(nn.Module):
     """Position-wise feed-forward network: Linear D -> F, ReLU, dropout, Linear F -> D, at every position.
+
+    Submodules ``linear1``, ``dropout``, ``linear2``; in training mode dropout acts on the hidden (B, T, F)
+    activations, after the ReLU; the caller's ``x`` is unchanged.
 
     Shape:
         x: (B, T, D) -> (B, T, D)
@@ -50,11 +58,19 @@ class FeedForward(nn.Module):
 class DecoderLayer(nn.Module):
     """A decoder layer: masked self-attention, cross-attention, feed-forward; each with residual + LayerNorm.
 
+    In training mode the layer's own ``dropout1``, ``dropout2``, ``dropout3`` act once each, in that order
+    (``dropout2`` only with cross-attention), on each sublayer's (B, T, D) output before its residual addition; in
+    eval mode nothing is random. Parameters load by the names ``self_attn``, ``cross_attn``, ``feed_forward``,
+    ``norm1``..``norm3``; the caller's inputs are unchanged.
+
     Sublayers may be injected (``self_attn``, ``cross_attn``, ``feed_forward``); by default they are built
     from ``MultiHeadAttention``, ``CrossAttention`` and ``FeedForward``. Masks are boolean, True = may attend.
+    ``cross_attn=False`` builds a decoder-only layer: no cross-attention sublayer (``cross_attn``, ``norm2`` and
+    ``dropout2`` are None, so they hold no parameters), and ``forward`` takes ``memory=None``.
 
     Shape:
-        x: (B, T, D), memory: (B, S, D), self_allowed: (B, H, T, T)-broadcastable bool or None,
+        x: (B, T, D), memory: (B, S, D) or None without cross-attention,
+        self_allowed: (B, H, T, T)-broadcastable bool or None,
         cross_allowed: (B, H, T, S)-broadcastable bool or None -> (B, T, D)
     """
 
@@ -66,22 +82,26 @@ class DecoderLayer(nn.Module):
         dropout: float = 0.1,
         norm_first: bool = False,
         self_attn: nn.Module | None = None,
-        cross_attn: nn.Module | None = None,
+        cross_attn: nn.Module | bool | None = None,
         feed_forward: nn.Module | None = None,
     ):
         super().__init__()
         ### BEGIN SOLUTION
         self.norm_first = norm_first
         # an injected sublayer is used as given (a test can plug in a known-good part); else build our own
+        cross = cross_attn is not False  # False: decoder-only (GPT), no cross-attention sublayer at all
         self.self_attn = self_attn if self_attn is not None else MultiHeadAttention(d_model, n_heads, dropout)
-        self.cross_attn = cross_attn if cross_attn is not None else CrossAttention(d_model, n_heads, dropout)
+        if not cross:
+            self.cross_attn = None
+        else:
+            self.cross_attn = cross_attn if cross_attn is not None else CrossAttention(d_model, n_heads, dropout)
         self.feed_forward = feed_forward if feed_forward is not None else FeedForward(d_model, d_ff, dropout)
         # one LayerNorm and one dropout per sublayer, numbered in the order the sublayers run
         self.norm1 = nn.LayerNorm(d_model)
-        self.norm2 = nn.LayerNorm(d_model)
+        self.norm2 = nn.LayerNorm(d_model) if cross else None  # the cross-attention's: absent without it
         self.norm3 = nn.LayerNorm(d_model)
         self.dropout1 = nn.Dropout(dropout)
-        self.dropout2 = nn.Dropout(dropout)
+        self.dropout2 = nn.Dropout(dropout) if cross else None
         self.dropout3 = nn.Dropout(dropout)
         ### END SOLUTION
 
@@ -105,22 +125,27 @@ class DecoderLayer(nn.Module):
         return self.dropout3(self.feed_forward(x))
         ### END SOLUTION
 
-    def forward(self, x, memory, self_allowed=None, cross_allowed=None):
-        """Run the three sublayers, each with its residual connection and LayerNorm.
+    def forward(self, x, memory=None, self_allowed=None, cross_allowed=None):
+        """Run the sublayers (three, or two without cross-attention), each with its residual and LayerNorm.
 
         Shape:
-            x: (B, T, D), memory: (B, S, D) -> (B, T, D)
+            x: (B, T, D), memory: (B, S, D), or None when cross-attention is off -> (B, T, D)
         """
         ### BEGIN SOLUTION
+        cross = self.cross_attn is not None  # False for a decoder-only layer (cross_attn=False)
+        if cross and memory is None:
+            raise ValueError("this layer has cross-attention: pass the encoder's memory")
         if self.norm_first:
             # pre-LN (not the paper's): normalise the sublayer's input, add its output to the raw stream
             x = x + self._sa_block(self.norm1(x), self_allowed)
-            x = x + self._ca_block(self.norm2(x), memory, cross_allowed)
+            if cross:
+                x = x + self._ca_block(self.norm2(x), memory, cross_allowed)
             x = x + self._ff_block(self.norm3(x))
         else:
             # post-LN (the paper): add the sublayer's output to its input, then normalise the sum
             x = self.norm1(x + self._sa_block(x, self_allowed))
-            x = self.norm2(x + self._ca_block(x, memory, cross_allowed))
+            if cross:
+                x = self.norm2(x + self._ca_block(x, memory, cross_allowed))
             x = self.norm3(x + self._ff_block(x))
         return x  # (B, T, D)
         ### END SOLUTION
@@ -164,6 +189,10 @@ def count_parameters(module: nn.Module) -> dict[str, int]:
 def init_numpy_decoder_params(D: int, H: int, F: int, rng: np.random.Generator | None = None) -> dict:
     """Random parameters for ``numpy_decoder_layer``; weights are stored (in, out): a layer is ``x @ W + b``.
 
+    Each weight matrix is drawn separately from N(0, 1/fan_in) (standard deviation 1/sqrt(fan_in)), biases are
+    zeros, LayerNorm gains ones and biases zeros; every number comes from ``rng``. Raises ValueError when D is not
+    divisible by H.
+
     Keys: ``sa_`` (self-attention) and ``ca_`` (cross-attention) ``Wq, bq, Wk, bk, Wv, bv, Wo, bo``;
     ``ff_W1, ff_b1, ff_W2, ff_b2``; ``ln1_g, ln1_b`` ... ``ln3_g, ln3_b`` (LayerNorm gain and bias).
     ``rng=None`` draws fresh randomness (two calls differ).
@@ -202,6 +231,8 @@ def numpy_decoder_layer(
     norm_first: bool = False,
 ) -> np.ndarray:
     """A decoder layer in NumPy alone: the same computation as ``DecoderLayer`` in eval mode (no dropout).
+
+    NumPy only (no torch); the caller's ``x``, ``memory`` and ``params`` are unchanged.
 
     Shape:
         x: (B, T, D), memory: (B, S, D), self_allowed: (B, H, T, T)-broadcastable bool or None,
@@ -264,4 +295,37 @@ def numpy_params_from_torch(layer: DecoderLayer) -> dict:
     for i, norm in [(1, layer.norm1), (2, layer.norm2), (3, layer.norm3)]:
         params[f"ln{i}_g"] = as_numpy(norm.weight)
         params[f"ln{i}_b"] = as_numpy(norm.bias)
+    return params
+
+
+def fixed_init_numpy_decoder_params(D: int, H: int, F: int, rng: np.random.Generator | None = None) -> dict:
+    """Random parameters for ``numpy_decoder_layer`` (find the bug): the contract of ``init_numpy_decoder_params``.
+
+    Weights are stored (in, out), so a layer is ``x @ W + b``; std 1/sqrt(fan_in), biases 0, LayerNorms the
+    identity; ``rng=None`` draws fresh randomness.
+
+    Shape:
+        W*: (D, D), b*: (D,), ff_W1: (D, F), ff_b1: (F,), ff_W2: (F, D), ff_b2: (D,), ln*: (D,)
+    """
+    if D % H != 0:
+        raise ValueError(f"D={D} is not divisible by H={H}")
+    rng = np.random.default_rng() if rng is None else rng
+
+    def dense(n_in, n_out):
+        # std 1/sqrt(n_in) keeps each output's variance near its input's
+        ### BEGIN SOLUTION
+        return rng.normal(0.0, 1.0 / np.sqrt(n_in), size=(n_in, n_out)), np.zeros(n_out)  # used as x @ W
+        ### END SOLUTION
+        ### BEGIN BUG
+        # return rng.normal(0.0, 1.0 / np.sqrt(n_in), size=(n_out, n_in)), np.zeros(n_out)  # as in nn.Linear
+        ### END BUG
+
+    params = {}
+    for prefix in ["sa", "ca"]:
+        for name in ["q", "k", "v", "o"]:
+            params[f"{prefix}_W{name}"], params[f"{prefix}_b{name}"] = dense(D, D)
+    params["ff_W1"], params["ff_b1"] = dense(D, F)
+    params["ff_W2"], params["ff_b2"] = dense(F, D)
+    for i in [1, 2, 3]:
+        params[f"ln{i}_g"], params[f"ln{i}_b"] = np.ones(D), np.zeros(D)  # LayerNorm starts as the identity
     return params

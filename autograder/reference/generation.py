@@ -39,6 +39,9 @@ def greedy_decode(
 ) -> torch.Tensor:
     """Generate by always taking the most likely next token, for a batch, each row stopping at its EOS.
 
+    Each row is decoded as if alone: ``src_is_real`` reaches ``encode`` and ``decode``. The caller's ``src_ids`` are
+    unchanged.
+
     Shape:
         src_ids (B, S), src_is_real (B, S) bool or None -> ids (B, L), L <= max_len, without BOS,
         ``pad_id`` after each row's EOS
@@ -65,6 +68,8 @@ def greedy_decode(
 def top_k_filter(logits: torch.Tensor, k: int) -> torch.Tensor:
     """Keep the k largest logits of each row; set the others to -inf (ties with the k-th are kept).
 
+    Kept logits keep their values; k larger than V keeps every token; the caller's logits are unchanged.
+
     Shape:
         logits (..., V) -> (..., V), same dtype
     """
@@ -77,6 +82,9 @@ def top_k_filter(logits: torch.Tensor, k: int) -> torch.Tensor:
 
 def top_p_filter(logits: torch.Tensor, p: float) -> torch.Tensor:
     """Nucleus filter: keep the fewest most likely tokens whose probability reaches p; -inf elsewhere.
+
+    Decided per row (last axis), in sorted order and scattered back to vocabulary order; kept logits keep their
+    values; p = 1 keeps every token; the caller's logits are unchanged.
 
     The most likely token is always kept, even when p <= 0.
 
@@ -99,6 +107,9 @@ def top_p_filter(logits: torch.Tensor, p: float) -> torch.Tensor:
 
 def apply_repetition_penalty(logits: torch.Tensor, prev_ids: torch.Tensor, penalty: float) -> torch.Tensor:
     """CTRL's repetition penalty: make tokens already generated less likely (divide positive logits, multiply
+
+    A token seen several times is penalised once; each row uses its own ``prev_ids``; the caller's logits are
+    unchanged.
     negative ones by ``penalty``); penalty 1.0 changes nothing.
 
     Shape:
@@ -129,6 +140,11 @@ def sample(
     pad_id: int = 0,
 ) -> torch.Tensor:
     """Generate by drawing each next token from the model's distribution, reshaped by the decoding settings.
+
+    The repetition penalty applies at every step whatever the temperature (with the tokens generated so far, BOS
+    excluded); top-p takes its nucleus from what top-k left (renormalised over the kept tokens); every draw comes
+    from ``generator`` (``torch.multinomial(..., generator=generator)``), never from the global random state;
+    filtered tokens are never drawn.
 
     Order per step: repetition penalty, temperature, top-k, top-p, then one draw with ``generator``
     (a fixed generator makes the draw reproducible). ``temperature == 0`` means greedy.
@@ -178,6 +194,9 @@ def beam_search(
     pad_id: int = 0,
 ) -> torch.Tensor:
     """Keep the ``beam_size`` best partial sequences per batch row; return each row's best finished one.
+
+    Each batch row is searched as if alone: its beams read its own source (row ``b * K + j`` is beam j of sequence
+    b, so the memory and ``src_is_real`` are copied with ``repeat_interleave``). Only beam 0 is alive at the start.
 
     A beam cut off at ``max_len`` without EOS counts as finished.
 

@@ -22,6 +22,8 @@ GIVEN: tuple[str, ...] = ()
 class KVCache:
     """Self-attention keys and values of every position decoded so far, one (k, v) pair of tensors per layer.
 
+    New positions are appended on the sequence axis (dim 2); the caller's ``k`` and ``v`` are unchanged.
+
     ``update(k, v, layer_idx)`` appends the new positions of one layer and returns everything cached for it
     (SPEC's per-layer ``update(k, v)`` is ``layer_idx=0``). ``length`` is the number of cached positions; they
     are the absolute positions ``0 .. length - 1`` (``positions``).
@@ -78,6 +80,8 @@ class KVCache:
 def cached_causal_mask(q_positions: torch.Tensor, k_len: int) -> torch.Tensor:
     """Causal mask for queries at absolute positions ``q_positions`` over keys at positions 0 .. k_len - 1.
 
+    The caller's ``q_positions`` are unchanged.
+
     Aligned to absolute positions (key k is allowed when k <= the query's position): with a cache T < S and
     the triangle's corner is bottom-right, unlike ``is_causal=True``, whose top-left triangle fits only
     T == S.
@@ -101,6 +105,10 @@ def decode_step(
     src_is_real: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, KVCache]:
     """Run the decoder on new tokens only, reusing cached self-attention keys/values; return the last logits.
+
+    ``src_is_real`` masks the source padding in every layer's cross-attention (``allowed = src_is_real[:, None,
+    None, :]``); the logits equal the full decoder's at the same positions, and the returned cache holds every
+    position so far, in every layer.
 
     ``token_ids`` hold the tokens at absolute positions ``position .. position + T_new - 1`` (usually one
     token; several tokens prefill the cache). ``memory_kv[i]`` is layer i's

@@ -28,6 +28,8 @@ def causal_mask(T: int) -> np.ndarray:
 def padding_mask(token_ids: np.ndarray, pad_id: int) -> np.ndarray:
     """Which tokens are real (not padding).
 
+    Returns a new array; the caller's ``token_ids`` are unchanged.
+
     Shape:
         token_ids: (B, S) int -> is_real: (B, S) bool, True for real tokens
     """
@@ -39,6 +41,8 @@ def padding_mask(token_ids: np.ndarray, pad_id: int) -> np.ndarray:
 
 def combine_masks(causal: np.ndarray, key_is_real: np.ndarray) -> np.ndarray:
     """Allow a (query, key) pair only when the causal mask allows it and the key is a real token.
+
+    Returns a new array; the caller's masks are unchanged.
 
     Shape:
         causal: (T, S) bool, key_is_real: (B, S) bool -> allowed: (B, 1, T, S) bool (1 broadcasts over heads)
@@ -52,6 +56,9 @@ def combine_masks(causal: np.ndarray, key_is_real: np.ndarray) -> np.ndarray:
 
 def mask_to_bias(allowed: np.ndarray, dtype=np.float32) -> np.ndarray:
     """Additive bias for attention scores: 0 where allowed, the most negative finite value where blocked.
+
+    The bias has the requested ``dtype``: exactly 0 where allowed and ``np.finfo(dtype).min`` where blocked (never
+    -inf, which turns a fully blocked row into NaN, and never -1e9, which float16 cannot hold).
 
     Shape:
         allowed: (...) bool -> bias: (...) of ``dtype``

@@ -28,6 +28,8 @@ GIVEN = ("Encoder",)
 def sinusoidal_table(max_len: int, d_model: int) -> torch.Tensor:
     """The paper's sinusoidal table: PE[pos, 2i] = sin(pos / 10000^(2i/D)), PE[pos, 2i+1] = cos(same).
 
+    Any width D, odd ones included: an odd D has one sine more than cosines (the last pair has no cosine).
+
     Shape:
         returns (max_len, D) float32
     """
@@ -45,6 +47,8 @@ def sinusoidal_table(max_len: int, d_model: int) -> torch.Tensor:
 
 class PositionalEncoding(nn.Module):
     """Add the sinusoidal position table to a sequence of embeddings, then apply dropout.
+
+    Dropout acts on the sum ``x + pe[:T]``, in training mode only; the caller's ``x`` is unchanged.
 
     The table is a buffer ``pe`` (max_len, D): saved and moved by ``.to(device)`` with the model, not trained.
 
@@ -117,6 +121,10 @@ class Encoder(nn.Module):
 class Decoder(nn.Module):
     """A stack of ``DecoderLayer`` s, with a final LayerNorm when pre-LN.
 
+    Submodules ``layers`` (an ``nn.ModuleList`` of ``n_layers`` separate ``DecoderLayer`` s, each given ``dropout``
+    and ``norm_first``) and ``norm`` (``nn.LayerNorm(d_model)`` when pre-LN, ``nn.Identity()`` when post-LN, whose
+    layers already end normalised). Every layer gets the masks; the caller's inputs are unchanged.
+
     Shape:
         x: (B, T, D), memory: (B, S, D), self_allowed: (B, H, T, T)-broadcastable bool or None,
         cross_allowed: (B, H, T, S)-broadcastable bool or None -> (B, T, D)
@@ -156,6 +164,11 @@ class Decoder(nn.Module):
 
 class Seq2SeqTransformer(nn.Module):
     """Encoder-decoder Transformer: source and target ids in, next-token logits out; builds its own masks.
+
+    Submodules ``src_embed``, ``tgt_embed``, ``pos_encoding``, ``encoder``, ``decoder``, ``out_proj``.
+    ``scale_embedding=True`` multiplies both embeddings by sqrt(D) (the paper); the default does not. Tied weights
+    are one Parameter (``out_proj.weight is tgt_embed.weight``); ``dropout`` reaches every submodule; the caller's
+    inputs are unchanged.
 
     ``encode``/``decode`` are separate so that generation (lesson 08) encodes the source once. The decoder
     self-attention is causal and, when ``tgt_is_real`` is given, skips target padding keys; cross-attention

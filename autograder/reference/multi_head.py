@@ -20,6 +20,8 @@ GIVEN = ["attention", "load_from_torch_mha"]
 def split_heads(x: np.ndarray | torch.Tensor, H: int) -> np.ndarray | torch.Tensor:
     """Split the model width into H heads and move the head axis before time (einops).
 
+    Works on NumPy arrays and PyTorch tensors alike, keeps the dtype, and leaves the input unchanged.
+
     Shape:
         x: (B, T, D) -> (B, H, T, Dh) with Dh = D // H; head h holds features h*Dh ... (h+1)*Dh - 1
     """
@@ -32,6 +34,8 @@ def split_heads(x: np.ndarray | torch.Tensor, H: int) -> np.ndarray | torch.Tens
 def merge_heads(x: np.ndarray | torch.Tensor) -> np.ndarray | torch.Tensor:
     """Undo ``split_heads``: put the heads side by side again along the model width (einops).
 
+    Works on NumPy arrays and PyTorch tensors alike, keeps the dtype, and leaves the input unchanged.
+
     Shape:
         x: (B, H, T, Dh) -> (B, T, D) with D = H * Dh
     """
@@ -42,6 +46,9 @@ def merge_heads(x: np.ndarray | torch.Tensor) -> np.ndarray | torch.Tensor:
 
 def split_heads_reshape(x: np.ndarray | torch.Tensor, H: int) -> np.ndarray | torch.Tensor:
     """``split_heads`` with plain reshape and axis swap (no einops).
+
+    Works on NumPy arrays and PyTorch tensors alike (``.reshape`` and ``.swapaxes``; torch's ``.transpose(1, 2)``
+    and ``.view`` mean something else in NumPy), keeps the dtype, and leaves the input unchanged.
 
     Shape:
         x: (B, T, D) -> (B, H, T, Dh)
@@ -59,6 +66,9 @@ def split_heads_reshape(x: np.ndarray | torch.Tensor, H: int) -> np.ndarray | to
 
 def merge_heads_reshape(x: np.ndarray | torch.Tensor) -> np.ndarray | torch.Tensor:
     """``merge_heads`` with plain axis swap and reshape (no einops).
+
+    Works on NumPy arrays and PyTorch tensors alike (``.swapaxes`` and ``.reshape``), keeps the dtype, and leaves
+    the input unchanged.
 
     Shape:
         x: (B, H, T, Dh) -> (B, T, D)
@@ -98,6 +108,12 @@ def attention(
 
 class MultiHeadAttention(nn.Module):
     """Multi-head attention: project queries, keys and values, attend in H heads at once, project back.
+
+    ``MultiHeadAttention(d_model, n_heads)`` raises ValueError when ``d_model`` is not divisible by ``n_heads``. The
+    weights are per head (not averaged). In training mode ``dropout`` acts on the attention weights, before they
+    average the values, and the weights returned are the dropped-out ones (as ``nn.MultiheadAttention``;
+    ``attention(..., dropout=self.dropout)`` does both); in eval mode there is no dropout. Gradients stay finite
+    when a query row is fully blocked; the caller's inputs are unchanged.
 
     ``allowed`` is boolean, True = "this query may attend to this key", broadcastable to (B, H, T, S). A fully
     blocked query gets zero attention output, so its output row is ``out_proj.bias``.

@@ -55,6 +55,8 @@ def mask_fill_value(dtype: torch.dtype) -> float:
 def robust_masked_softmax(scores: torch.Tensor, allowed: torch.Tensor | None) -> torch.Tensor:
     """Softmax over the allowed keys, never NaN: fully blocked rows give zeros; huge scores stay finite.
 
+    The caller's ``scores`` are unchanged (``masked_fill``, not ``masked_fill_``).
+
     Computed in float32 when ``scores`` are float16 or bfloat16; the result has the dtype of ``scores``.
 
     Shape:
@@ -81,6 +83,9 @@ def robust_attention(
     q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, allowed: torch.Tensor | None = None
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Scaled dot-product attention that is NaN-free in float16, bfloat16 and under ``torch.autocast``.
+
+    Float16 gradients stay finite when a row is fully blocked (a finite fill, never -inf); the caller's inputs are
+    unchanged.
 
     A fully blocked query row gets zero weights and a zero output, as ``F.scaled_dot_product_attention`` gives
     in recent PyTorch; every other row agrees with it too. ``out`` and ``weights`` keep the inputs' dtype, and

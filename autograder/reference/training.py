@@ -37,6 +37,8 @@ def sequence_loss(
 ) -> torch.Tensor:
     """Mean cross-entropy over real (non-pad) target tokens, with optional label smoothing.
 
+    Computed with torch operations only, so that gradients reach the logits; the caller's inputs are unchanged.
+
     Equals ``F.cross_entropy(logits.reshape(-1, V), targets.reshape(-1), ignore_index=pad_id,
     label_smoothing=label_smoothing)``, except that a batch with no real token gives 0 instead of NaN.
 
@@ -59,6 +61,8 @@ def sequence_loss(
 
 def exact_match(pred_ids: torch.Tensor, target_ids: torch.Tensor, pad_id: int, eos_id: int) -> float:
     """Fraction of sequences whose prediction equals the target at every position up to and including its EOS.
+
+    The caller's ids are unchanged.
 
     Positions after the target's first EOS are not compared (the prediction may pad them with anything); a
     target without EOS must be matched at every position, padding included. Lengths may differ: the shorter is

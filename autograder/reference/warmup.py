@@ -14,6 +14,8 @@ GIVEN: list[str] = []
 def flatten_batch(x: np.ndarray) -> np.ndarray:
     """Merge the batch and time axes into one axis of B * T rows, batch-major.
 
+    Returns a new arrangement; the caller's array is unchanged.
+
     Shape:
         x: (B, T, D) -> (B * T, D); row ``b * T + t`` is ``x[b, t]``
     """
@@ -26,6 +28,8 @@ def flatten_batch(x: np.ndarray) -> np.ndarray:
 def time_major(x: np.ndarray) -> np.ndarray:
     """Swap the batch and time axes.
 
+    Returns a new arrangement; the caller's array is unchanged.
+
     Shape:
         x: (B, T, D) -> (T, B, D)
     """
@@ -36,6 +40,8 @@ def time_major(x: np.ndarray) -> np.ndarray:
 
 def split_last(x: np.ndarray, H: int) -> np.ndarray:
     """Split the last axis into H groups of Dh = D // H features.
+
+    Returns a new arrangement; the caller's array is unchanged.
 
     Shape:
         x: (B, T, D) -> (B, T, H, Dh); ``out[b, t, h]`` is ``x[b, t, h * Dh:(h + 1) * Dh]``
