@@ -17,6 +17,7 @@ from typing import Any
 import numpy as np
 
 REGISTRY: dict[str, dict[str, type[Exercise]]] = {}
+MAX_REPORT_BYTES = 4 << 20  # the most of a kernel's JSON report the grader reads (autograder.verdicts checks first)
 
 
 class Fail(Exception):
@@ -145,7 +146,12 @@ class Result:
                 "crashed the kernel or exited), or the test cell was changed."
             )
         try:
-            report = json.loads(json_path.read_text())
+            with open(json_path, "rb") as handle:  # bounded: verdicts.unreadable_outputs judged its size first
+                raw = handle.read(MAX_REPORT_BYTES + 1)
+            if len(raw) > MAX_REPORT_BYTES:
+                raise Fail(f"the report handed in for this exercise is over {MAX_REPORT_BYTES >> 20} MB: it was "
+                           "not written by the course's hidden checks.")
+            report = json.loads(raw)
             leaf_keys = list(report["leaves"])
             self.report_cases = dict(report["cases"])
             with np.load(npz_path, allow_pickle=False) as npz:
