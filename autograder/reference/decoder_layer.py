@@ -20,8 +20,7 @@ from autograder.reference.attention import scaled_dot_product_attention
 from autograder.reference.cross_attention import CrossAttention
 from autograder.reference.multi_head import MultiHeadAttention, load_from_torch_mha, merge_heads, split_heads
 
-EXERCISES = ["FeedForward", "DecoderLayer", "init_numpy_decoder_params", "numpy_decoder_layer",
-             "fixed_init_numpy_decoder_params"]
+EXERCISES = ["FeedForward", "DecoderLayer", "init_numpy_decoder_params", "numpy_decoder_layer"]
 GIVEN = ["load_from_torch_decoder_layer", "numpy_params_from_torch", "count_parameters"]
 
 
@@ -295,37 +294,4 @@ def numpy_params_from_torch(layer: DecoderLayer) -> dict:
     for i, norm in [(1, layer.norm1), (2, layer.norm2), (3, layer.norm3)]:
         params[f"ln{i}_g"] = as_numpy(norm.weight)
         params[f"ln{i}_b"] = as_numpy(norm.bias)
-    return params
-
-
-def fixed_init_numpy_decoder_params(D: int, H: int, F: int, rng: np.random.Generator | None = None) -> dict:
-    """Random parameters for ``numpy_decoder_layer`` (find the bug): the contract of ``init_numpy_decoder_params``.
-
-    Weights are stored (in, out), so a layer is ``x @ W + b``; std 1/sqrt(fan_in), biases 0, LayerNorms the
-    identity; ``rng=None`` draws fresh randomness.
-
-    Shape:
-        W*: (D, D), b*: (D,), ff_W1: (D, F), ff_b1: (F,), ff_W2: (F, D), ff_b2: (D,), ln*: (D,)
-    """
-    if D % H != 0:
-        raise ValueError(f"D={D} is not divisible by H={H}")
-    rng = np.random.default_rng() if rng is None else rng
-
-    def dense(n_in, n_out):
-        # std 1/sqrt(n_in) keeps each output's variance near its input's
-        ### BEGIN SOLUTION
-        return rng.normal(0.0, 1.0 / np.sqrt(n_in), size=(n_in, n_out)), np.zeros(n_out)  # used as x @ W
-        ### END SOLUTION
-        ### BEGIN BUG
-        # return rng.normal(0.0, 1.0 / np.sqrt(n_in), size=(n_out, n_in)), np.zeros(n_out)  # as in nn.Linear
-        ### END BUG
-
-    params = {}
-    for prefix in ["sa", "ca"]:
-        for name in ["q", "k", "v", "o"]:
-            params[f"{prefix}_W{name}"], params[f"{prefix}_b{name}"] = dense(D, D)
-    params["ff_W1"], params["ff_b1"] = dense(D, F)
-    params["ff_W2"], params["ff_b2"] = dense(F, D)
-    for i in [1, 2, 3]:
-        params[f"ln{i}_g"], params[f"ln{i}_b"] = np.ones(D), np.zeros(D)  # LayerNorm starts as the identity
     return params
