@@ -40,10 +40,16 @@ and a VALUE is a JSON literal or one of ``{"array": key}``, ``{"tensor": key, "r
 from __future__ import annotations
 
 import contextlib
+import gc
 import importlib
 import io
 import json
 import os
+import select
+import signal
+import struct
+import sys
+import threading
 import time
 import traceback
 from pathlib import Path
@@ -300,48 +306,338 @@ def _unseen():
 
 
 def collect(item: str, namespace: dict) -> None:
-    """Run the grader's cases for ``item`` on the objects in ``namespace``; a no-op outside grading."""
+    """Run the grader's cases for ``item`` on the objects in ``namespace``; a no-op outside grading.
+
+    The cases run in a forked child process (:func:`_collect_forked`): nothing the student's code keeps while
+    running them (a global, a class or module attribute, a closure, a cache, the random state) comes back into the
+    notebook, so no later cell can show a hidden input. Where ``os.fork`` does not exist they run here.
+    """
     folder = os.environ.get(ENV_VAR)
     if not folder:
         return
     cases_path = Path(folder) / "cases" / f"{item}.json"
     if not cases_path.exists():
         return
-    spec = json.loads(cases_path.read_text())
-    with np.load(Path(folder) / "cases" / f"{item}.npz", allow_pickle=False) as npz:
+    if hasattr(os, "fork"):
+        _collect_forked(item, namespace, Path(folder))
+    else:
+        _collect_in_process(item, namespace, Path(folder))
+
+
+def _load_cases(folder: Path, item: str) -> tuple[dict, dict]:
+    spec = json.loads((folder / "cases" / f"{item}.json").read_text())
+    with np.load(folder / "cases" / f"{item}.npz", allow_pickle=False) as npz:
         arrays = {key: npz[key] for key in npz.files}
+    return spec, arrays
 
-    leaves: dict[str, np.ndarray] = {}
-    report: dict[str, Any] = {"item": item, "cases": {}}
-    for case in spec["cases"]:
-        runner = _Runner(namespace, arrays)
-        started = time.perf_counter()
-        entry: dict[str, Any] = {}
-        try:
-            with _unseen():
-                for step in case["steps"]:
-                    runner.step(step)
-        except NotImplementedError:
-            entry["error"] = "NotImplementedError: the exercise is not written yet"
-        except Exception as exc:  # the student's exception is data for the verdict, never a crash here
-            lines = traceback.format_exception_only(type(exc), exc)
-            entry["error"] = "".join(lines).strip()[:MAX_ERROR_CHARS]
-        entry["seconds"] = round(time.perf_counter() - started, 4)
-        entry["outputs"] = runner.meta
-        report["cases"][case["id"]] = entry
-        for name, array in runner.leaves.items():
-            leaves[f"{case['id']}/{name}"] = array
 
-    total = sum(array.nbytes for array in leaves.values())
+def _run_case(namespace: dict, arrays: dict, case: dict) -> tuple[dict, dict]:
+    """Follow one case: its report entry and the arrays it recorded. The student's exception is data."""
+    runner = _Runner(namespace, arrays)
+    started = time.perf_counter()
+    entry: dict[str, Any] = {}
+    try:
+        for step in case["steps"]:
+            runner.step(step)
+    except NotImplementedError:
+        entry["error"] = "NotImplementedError: the exercise is not written yet"
+    except Exception as exc:  # the student's exception is data for the verdict, never a crash here
+        lines = traceback.format_exception_only(type(exc), exc)
+        entry["error"] = "".join(lines).strip()[:MAX_ERROR_CHARS]
+    entry["seconds"] = round(time.perf_counter() - started, 4)
+    entry["outputs"] = runner.meta
+    return entry, runner.leaves
+
+
+def _write_report(out_dir: Path, item: str, report: dict, leaves: dict, total: int | None = None) -> None:
+    """Write ``item``'s outputs (``.npz`` + ``.json``), each under a temporary name renamed into place: a reader
+    finds a complete file or none, and a link or FIFO planted under the final name is replaced, never followed."""
+    total = sum(array.nbytes for array in leaves.values()) if total is None else total
     if total > MAX_OUTPUT_BYTES:  # too large to hand in: say so instead of filling the grading folder
         for entry in report["cases"].values():
             entry["error"] = (f"ValueError: your code returned {total / 2**20:.0f} MB of values, more than the "
                               f"{MAX_OUTPUT_BYTES / 2**20:.0f} MB that can be handed in for grading")
         leaves = {}
-    out_dir = Path(folder) / "outputs"
     out_dir.mkdir(parents=True, exist_ok=True)
     # npz keys may not contain "/" portably: store an index instead.
     keys = sorted(leaves)
-    np.savez(out_dir / f"{item}.npz", **{f"leaf{i}": leaves[key] for i, key in enumerate(keys)})
     report["leaves"] = keys
-    (out_dir / f"{item}.json").write_text(json.dumps(report))
+    partial = {suffix: out_dir / f".{item}.{os.getpid()}.partial{suffix}" for suffix in (".npz", ".json")}
+    try:
+        np.savez(partial[".npz"], **{f"leaf{i}": leaves[key] for i, key in enumerate(keys)})
+        partial[".json"].write_text(json.dumps(report))
+        for suffix, path in partial.items():
+            os.replace(path, out_dir / f"{item}{suffix}")
+    finally:
+        for path in partial.values():
+            with contextlib.suppress(OSError):
+                path.unlink()
+
+
+def _collect_in_process(item: str, namespace: dict, folder: Path) -> None:
+    """The cases run in this process (no ``os.fork``): what the student's code keeps, it keeps."""
+    spec, arrays = _load_cases(folder, item)
+    leaves: dict[str, np.ndarray] = {}
+    report: dict[str, Any] = {"item": item, "cases": {}}
+    for case in spec["cases"]:
+        with _unseen():
+            entry, recorded = _run_case(namespace, arrays, case)
+        report["cases"][case["id"]] = entry
+        for name, array in recorded.items():
+            leaves[f"{case['id']}/{name}"] = array
+    _write_report(folder / "outputs", item, report, leaves)
+
+
+# -- the cases in a forked child -------------------------------------------------------------------------------------
+# The child follows the cases, sends each case's entry and arrays (JSON + an .npz, never a pickle) through a pipe and
+# leaves with os._exit: no atexit handler, no flush, no IPython teardown. Before any student code runs it points
+# fds 0-2 and sys.std* at /dev/null and cuts the kernel's ZMQ senders, so nothing it prints or displays reaches the
+# notebook, and no message from it can corrupt the kernel's session. The parent reads, waits and writes the report.
+_CHILD_FAILED = 70  # exit status of a child whose own machinery failed (not the student's code)
+_MAX_PIPE_BYTES = 2 * MAX_OUTPUT_BYTES + (16 << 20)  # the most the parent reads from one child
+_HEADER = struct.Struct(">QQ")  # before each message: the lengths of its JSON header and its .npz body
+
+
+def _collect_forked(item: str, namespace: dict, folder: Path) -> None:
+    """Run ``item``'s cases in a forked child; write what it handed back, or an error for each case it did not.
+
+    An interrupt (nbclient's cell timeout) kills the child, is recorded for the unfinished cases, and is raised
+    again once the report is written. A child that crashes, exits or hangs up costs its unfinished cases only.
+    """
+    ids = [str(case["id"]) for case in json.loads((folder / "cases" / f"{item}.json").read_text())["cases"]]
+    readable, writable = os.pipe()
+    blocked = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})  # the child must never see one
+    try:
+        pid = os.fork()
+    except OSError as exc:  # e.g. the process limit: the cases are not run here instead
+        os.close(readable)
+        os.close(writable)
+        signal.pthread_sigmask(signal.SIG_SETMASK, blocked)
+        _write_results(folder / "outputs", item, ids, {}, "OSError: the grader could not start a process to run "
+                                                          f"your code on the hidden cases ({exc.strerror})")
+        return
+    if pid == 0:
+        _child(item, namespace, folder, readable, writable, blocked)  # never returns
+    data, status, stopped = _await_child(pid, readable, writable, blocked)
+    results, done, unreadable = _parse_child(data)
+    if stopped == "interrupted":
+        why = "KeyboardInterrupt: interrupted: the cell ran past its time limit while your code ran on this case"
+    elif stopped:
+        why = f"ValueError: your code handed back more than {_MAX_PIPE_BYTES >> 20} MB"
+    elif unreadable:
+        why = "ValueError: what your code handed back could not be read"
+    elif not done:
+        why = _death(status)
+    else:
+        why = "the hidden checks ended before this case"
+    _write_results(folder / "outputs", item, ids, results, why)
+    if stopped == "interrupted":
+        raise KeyboardInterrupt
+
+
+def _write_results(out_dir: Path, item: str, ids: list, results: dict, why: str) -> None:
+    """The report of the cases in ``results``, and ``why`` for the first case missing (then "not run")."""
+    report: dict[str, Any] = {"item": item, "cases": {}}
+    leaves: dict[str, np.ndarray] = {}
+    total, missing = 0, 0
+    for case_id in ids:
+        if case_id in results:
+            entry, recorded, nbytes = results[case_id]
+            total += nbytes
+            for name, array in recorded.items():
+                leaves[f"{case_id}/{name}"] = array
+        else:
+            error = why if not missing else f"not run: an earlier hidden case did not finish ({why.split(':')[0]})"
+            entry, missing = {"error": error[:MAX_ERROR_CHARS], "seconds": 0.0, "outputs": {}}, missing + 1
+        report["cases"][case_id] = entry
+    _write_report(out_dir, item, report, leaves, total)
+
+
+def _death(status: int | None) -> str:
+    """What ended a child that did not finish, as the last line of a case's error."""
+    if status is not None and os.WIFSIGNALED(status):
+        number = os.WTERMSIG(status)
+        try:
+            name = signal.Signals(number).name
+        except ValueError:
+            name = f"signal {number}"
+        cause = {"SIGSEGV": " (a segmentation fault: a crash in C code)", "SIGXCPU": " (the CPU time limit)",
+                 "SIGKILL": " (the memory limit, or killed)", "SIGABRT": " (aborted)"}.get(name, "")
+        return f"Crashed: the process running your code on this case was killed by {name}{cause}"
+    if status is not None and os.WIFEXITED(status) and os.WEXITSTATUS(status) != _CHILD_FAILED:
+        return (f"Exited: your code ended the process running it on this case (exit status "
+                f"{os.WEXITSTATUS(status)}, e.g. os._exit) before it returned")
+    return "the grader's process for the hidden cases failed before this case finished"
+
+
+def _await_child(pid: int, fd: int, writable: int, blocked: set) -> tuple[bytes, int | None, str]:
+    """Read the child's pipe until it ends; (what it sent, its wait status, why it was stopped or "").
+
+    From the fork on, an interrupt (one held back during the fork arrives as the mask is restored) kills the
+    child: no process is left running, none unreaped."""
+    data, status, stopped, open_ = bytearray(), None, "", True
+    try:
+        os.close(writable)
+        writable = -1
+        signal.pthread_sigmask(signal.SIG_SETMASK, blocked)
+        while status is None:
+            if open_ and select.select([fd], [], [], 0.2)[0]:
+                chunk = os.read(fd, 1 << 20)
+                data += chunk
+                open_ = bool(chunk)
+                if len(data) > _MAX_PIPE_BYTES:
+                    stopped = "too much"
+                    break
+                if chunk:
+                    continue
+            # EOF (the child, or whoever it forked, closed the pipe) or quiet: has the child ended?
+            done, wait_status = os.waitpid(pid, 0 if not open_ else os.WNOHANG)
+            if done:
+                status = wait_status
+        if status is not None and open_:  # what is left in the pipe (a grandchild may hold it open: no EOF)
+            os.set_blocking(fd, False)
+            with contextlib.suppress(BlockingIOError):
+                while len(data) <= _MAX_PIPE_BYTES and (chunk := os.read(fd, 1 << 20)):
+                    data += chunk
+    except KeyboardInterrupt:
+        stopped = "interrupted"
+    finally:
+        if status is None:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+            status = _reap(pid)
+        os.close(fd)
+        if writable >= 0:
+            os.close(writable)
+    return bytes(data), status, stopped
+
+
+def _reap(pid: int) -> int | None:
+    while True:
+        try:
+            return os.waitpid(pid, 0)[1]
+        except KeyboardInterrupt:  # a second interrupt: the child is dying of SIGKILL, wait for it
+            continue
+        except ChildProcessError:
+            return None
+
+
+def _parse_child(data: bytes) -> tuple[dict, bool, bool]:
+    """The cases the child handed back {id: (entry, arrays, bytes)}, whether it said it was done, and whether
+    anything it sent was unreadable (the child ran the student's code: nothing it sent is trusted)."""
+    results: dict[str, tuple] = {}
+    position = 0
+    try:
+        while position + _HEADER.size <= len(data):
+            head, body = _HEADER.unpack_from(data, position)
+            start = position + _HEADER.size
+            if start + head + body > len(data):
+                break  # cut off: the child died while sending
+            message = json.loads(bytes(data[start:start + head]))
+            position = start + head + body
+            if message.get("done"):
+                return results, True, False
+            recorded = {}
+            if body:
+                with np.load(io.BytesIO(data[start + head:position]), allow_pickle=False) as npz:
+                    recorded = {str(name): npz[f"leaf{i}"] for i, name in enumerate(message["leaves"])}
+            results[str(message["id"])] = (dict(message["entry"]), recorded, int(message["nbytes"]))
+    except Exception:
+        return results, False, True
+    return results, False, False
+
+
+def _child(item: str, namespace: dict, folder: Path, readable: int, writable: int, blocked: set) -> None:
+    """The forked child: run the cases, send the results, and leave by os._exit whatever happens."""
+    status = _CHILD_FAILED
+    try:
+        gc.freeze()  # the parent's objects are never traversed here: a collection would copy every page they are on
+        if threading.current_thread() is threading.main_thread():
+            signal.signal(signal.SIGINT, signal.SIG_IGN)  # the parent is interrupted, and kills this process
+        signal.pthread_sigmask(signal.SIG_SETMASK, blocked - {signal.SIGINT})
+        os.close(readable)
+        _silence_child()
+        if "torch" in sys.modules:  # the parent's OpenMP pool is not in this process: a parallel region would
+            sys.modules["torch"].set_num_threads(1)  # wait for it forever (the kernel runs on one thread anyway)
+        spec, arrays = _load_cases(folder, item)
+        total = 0
+        for case in spec["cases"]:
+            started = time.perf_counter()
+            try:
+                entry, recorded = _run_case(namespace, arrays, case)
+            except BaseException as exc:  # SystemExit, KeyboardInterrupt raised by the student's code
+                entry = {"error": "".join(traceback.format_exception_only(type(exc), exc)).strip()[:MAX_ERROR_CHARS]
+                         or type(exc).__name__, "seconds": round(time.perf_counter() - started, 4), "outputs": {}}
+                recorded = {}
+            nbytes = sum(array.nbytes for array in recorded.values())
+            total += nbytes
+            message: dict[str, Any] = {"id": case["id"], "entry": entry, "nbytes": nbytes}
+            body = b""
+            if recorded and total <= MAX_OUTPUT_BYTES:  # past the limit only the sizes are sent
+                names = sorted(recorded)
+                buffer = io.BytesIO()
+                np.savez(buffer, **{f"leaf{i}": recorded[name] for i, name in enumerate(names)})
+                message["leaves"], body = names, buffer.getvalue()
+            _send(writable, json.dumps(message).encode(), body)
+        _send(writable, b'{"done": true}', b"")
+        status = 0
+    except BaseException:
+        status = _CHILD_FAILED
+    finally:
+        os._exit(status)
+
+
+def _send(fd: int, head: bytes, body: bytes) -> None:
+    view = memoryview(_HEADER.pack(len(head), len(body)) + head + body)
+    while view:
+        view = view[os.write(fd, view):]
+
+
+def _silence_child() -> None:
+    """Nothing the child prints, displays or asks for reaches the kernel's streams or sockets (the child holds
+    copies of them): fds 0-2 and sys.std* go to /dev/null and the kernel's message senders drop everything."""
+    import builtins
+    import faulthandler
+
+    def drop(*args, **kwargs):
+        return None
+
+    def no_input(*args, **kwargs):
+        raise EOFError("input() is not available while the hidden checks run")
+
+    iostream, session = sys.modules.get("ipykernel.iostream"), sys.modules.get("jupyter_client.session")
+    for stream in (sys.stdout, sys.stderr, sys.__stdout__, sys.__stderr__):
+        if iostream is not None and isinstance(stream, iostream.OutStream):  # a reference kept by the student
+            with contextlib.suppress(Exception):
+                stream.write, stream.flush = (lambda text: len(text)), drop
+    null = os.open(os.devnull, os.O_RDWR)
+    for fd in (0, 1, 2):  # C-level prints, faulthandler, the kernel's own log
+        os.dup2(null, fd)
+    if null > 2:
+        os.close(null)
+    sink = open(os.devnull, "w")  # noqa: SIM115 (held until os._exit)
+    sys.stdout = sys.stderr = sys.__stdout__ = sys.__stderr__ = sink
+    sys.stdin = sys.__stdin__ = open(os.devnull)  # noqa: SIM115
+    sys.displayhook = drop
+    builtins.input = no_input
+    faulthandler.disable()  # it may hold another fd (pytest's dup of stderr): a crash here is the parent's to tell
+    if "getpass" in sys.modules:
+        sys.modules["getpass"].getpass = no_input
+    if session is not None:
+        session.Session.send = drop
+    if iostream is not None:
+        iostream.IOPubThread._really_send = drop
+        iostream.IOPubThread.send_multipart = drop
+    ipython = sys.modules.get("IPython")
+    shell = ipython.get_ipython() if ipython is not None else None
+    if shell is not None:
+        from IPython.core.displaypub import DisplayPublisher
+
+        class Dropped(DisplayPublisher):
+            def publish(self, *args, **kwargs):
+                return None
+
+            def clear_output(self, *args, **kwargs):
+                return None
+
+        shell.display_pub = Dropped(shell=shell)
