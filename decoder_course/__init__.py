@@ -30,12 +30,24 @@ Modules
     The building blocks of visible checks: ``check(title)``, ``expect_*`` helpers and leakage probes.
 :mod:`~decoder_course.devices`
     ``device()``: cuda, else mps, else cpu (``DECODER_COURSE_DEVICE`` overrides); a clock that synchronises.
+``grading()``
+    True while nbgrader grades the notebook: lessons 07–09 then keep their training and timing runs short.
 
 Importing the package, its data and its NumPy checks never imports torch: lessons 00–02 run without it.
 """
 
+import os
+
 from decoder_course.conventions import BOS, DIMENSIONS, EOS, PAD, SPECIAL_TOKENS
 from decoder_course.devices import device
 
-__all__ = ["BOS", "DIMENSIONS", "EOS", "PAD", "SPECIAL_TOKENS", "device"]
+__all__ = ["BOS", "DIMENSIONS", "EOS", "PAD", "SPECIAL_TOKENS", "device", "grading"]
 __version__ = "0.1.0"
+
+GRADING_ENV = "NBGRADER_EXECUTION"  # set by nbgrader while it executes a notebook to grade it
+
+
+def grading() -> bool:
+    """True while the notebook is being graded (nbgrader sets ``NBGRADER_EXECUTION``): demonstrations that
+    train or time things then run short, since no graded item reads what they compute."""
+    return bool(os.environ.get(GRADING_ENV))

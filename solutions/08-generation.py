@@ -1,8 +1,6 @@
 # %% [markdown]
 # # Lesson 08 — Generation: greedy decoding, sampling and beam search
 #
-# [![Open In Colab](https://colab.research.google.com/assets/colab-badge.svg)](https://colab.research.google.com/github/decoder-course/decoder-course/blob/main/lessons/08-generation/08-generation.ipynb)
-#
 # A trained decoder does not output a sentence. At each step it outputs a **distribution over the next token**,
 # given the source and the tokens so far. A *decoding algorithm* turns those distributions into a sequence, and
 # the choice matters as much as the model: the same model can answer well or badly depending on it.
@@ -32,7 +30,6 @@
 
 # %%
 import math
-import os
 
 import matplotlib.pyplot as plt
 import numpy as np
@@ -49,7 +46,7 @@ from decoder_course.plots import plot_curves
 from decoder_course.testing import HashedLogitsModel, ScriptedModel, sequence_log_prob
 
 _ = torch.manual_seed(0)  # reproducible demos; the exercises do not depend on it
-GRADING = bool(os.environ.get("NBGRADER_EXECUTION"))  # set while the notebook is graded: keep demos short
+GRADING = decoder_course.grading()  # True while nbgrader grades this notebook: keep demos short
 # the trained model of section 8 runs here: cuda if there is a GPU, else mps, else cpu (DECODER_COURSE_DEVICE)
 device = decoder_course.device()
 
@@ -177,7 +174,7 @@ first_probs = torch.tensor([0.4, 0.3, 0.2, 0.1])  # p(token 3..6), the first ste
 fig, ax = plt.subplots(figsize=(7, 2.6), layout="constrained")
 for i, tau in enumerate([0.5, 1.0, 2.0]):
     tempered = (first_probs.log() / tau).softmax(-1)  # softmax(logits / τ)
-    ax.bar(np.arange(4) + (i - 1) * 0.27, tempered, width=0.27, label=f"τ = {tau}")
+    ax.bar(np.arange(4) + (i - 1) * 0.27, tempered.numpy(), width=0.27, label=f"τ = {tau}")
 ax.set(xticks=range(4), xticklabels=["3", "4", "5", "6"], xlabel="token", ylabel="probability",
        title="temperature reshapes the distribution")
 ax.legend();
@@ -298,16 +295,17 @@ for i, (name, (setting, predicted)) in enumerate(settings.items()):
     g = torch.Generator().manual_seed(i)
     drawn = sample(first_model, torch.zeros(n_draws, 1, dtype=torch.long), 1, BOS, EOS, generator=g, **setting)
     freq = torch.bincount(drawn[:, 0], minlength=8)[3:7].float() / n_draws  # frequencies of tokens 3..6
-    ax.bar(np.arange(4) + (i - 2) * 0.16, freq, width=0.16, label=name)
+    ax.bar(np.arange(4) + (i - 2) * 0.16, freq.numpy(), width=0.16, label=name)
     print(f"{name:>10}: measured {[round(f, 3) for f in freq.tolist()]}, "
           f"predicted {[round(f, 3) for f in predicted.tolist()]}")
+print(f"sampling noise: one standard error is at most {math.sqrt(0.25 / n_draws):.3f} with {n_draws} draws")
 ax.set(xticks=range(4), xticklabels=["3", "4", "5", "6"], xlabel="first token", ylabel="frequency")
 ax.legend(ncols=5, fontsize=8);
 
 # %% [markdown]
-# Measured and predicted agree to sampling noise (about ±0.01 with 4000 draws). `τ = 0.5` squares the
-# probabilities before renormalising (`0.16, 0.09, 0.04, 0.01` → `0.53, 0.30, 0.13, 0.03`); top-k 2 and top-p 0.75
-# never draw a token outside their set and renormalise what is left (top-k 2: `0.4 / 0.7 = 0.57`).
+# Measured and predicted agree to within sampling noise (the last printed line gives its size). `τ = 0.5`
+# squares the probabilities before renormalising (`0.16, 0.09, 0.04, 0.01` → `0.53, 0.30, 0.13, 0.03`); top-k 2
+# and top-p 0.75 never draw a token outside their set and renormalise what is left (top-k 2: `0.4 / 0.7 = 0.57`).
 #
 # And the repetition penalty, on a scripted model that always slightly prefers token 3 over token 4 (a loop in
 # the making). With `temperature = 0` sampling is greedy, so only the penalty changes the tokens:
@@ -491,6 +489,9 @@ nucleus = [measure(sample, temperature=t, top_p=0.9)[0] for t in temperatures]
 print("beam size   :", beam_sizes, "-> exact match", [round(r[0], 3) for r in beam_runs])
 print("temperature :", temperatures, "-> exact match", [round(e, 3) for e in plain], "(with top-p 0.9:",
       [round(e, 3) for e in nucleus], ")")
+best_em, best_name = max([(e, f"τ = {t}") for t, e in zip(temperatures, plain)]
+                         + [(e, f"τ = {t}, top-p 0.9") for t, e in zip(temperatures, nucleus)])
+print(f"best sampler: {best_name} at {best_em:.3f}; greedy {scores['greedy']:.3f}")
 lowest = min([r[0] for r in beam_runs] + plain + nucleus)
 fig, (ax_beam, ax_temp) = plt.subplots(1, 2, figsize=(10, 3.4), layout="constrained")
 ax_beam.plot(beam_sizes, [r[0] for r in beam_runs], marker="o", label="exact match")
@@ -515,17 +516,18 @@ ax_temp.legend();
 #   the ones to beat, and pure sampling (`τ = 1`) pays for its variety with exact match: every token it draws
 #   from the tail is a chance to be wrong, and one wrong digit fails the sequence.
 # - **Beam search** looks for sequences the *model* scores higher. It helps exactly as far as the model's scores
-#   track correctness; on a half-trained model it may gain a few points or none, at several times the cost
-#   (the grey line). This is why beam 4–8 is a *translation* default: beyond that, sequences get more likely but
+#   track correctness; on a half-trained model it may gain a few points or none, at a cost that grows with the
+#   beam (the grey line). This is why beam 4–8 is a *translation* default: beyond that, sequences get more likely but
 #   not better.
 # - **Temperature and the nucleus trade variety for accuracy.** Lower `τ` and top-p both cut the tail, and
-#   `τ = 0.7` with `p = 0.9` keeps some variety (the *varied* column) at a smaller cost than `τ = 1`. Yet even a
-#   low temperature rarely catches up with greedy decoding here: wherever the model hesitates between two digits,
-#   any randomness picks the wrong one some of the time. Variety is the right trade for open-ended text, where
-#   many answers are good, not for a task with one answer.
+#   `τ = 0.7` with `p = 0.9` keeps some variety (the *varied* column) at a smaller cost than `τ = 1`. Compare
+#   the best sampler with greedy (the sweep's last printed line): a low temperature is nearly greedy (`τ → 0`
+#   *is* greedy), so it can tie greedy or, by luck, beat it on a given run; as `τ` grows, every place where the
+#   model hesitates between two digits becomes a chance to pick the wrong one. Variety is the right trade for
+#   open-ended text, where many answers are good, not for a task with one answer.
 # - **Settings are relative to the vocabulary.** "top-k 40" comes from word-piece vocabularies of tens of
-#   thousands of tokens; with 13 tokens it filters nothing at all, and the row behaves like plain sampling with
-#   a repetition penalty.
+#   thousands of tokens; with this task's vocabulary (its size is printed under the table) it filters nothing at
+#   all, and the row behaves like plain sampling with a repetition penalty.
 #
 # One more measurement, because the repetition penalty is the setting most often applied blindly: reversal
 # targets *should* repeat digits (`"33014"`). Greedy decoding with and without the penalty, on held-out targets with

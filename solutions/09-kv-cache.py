@@ -1,8 +1,6 @@
 # %% [markdown]
 # # Lesson 09 — The KV cache: generating without recomputing the past
 #
-# [![Open In Colab](https://colab.research.google.com/assets/colab-badge.svg)](https://colab.research.google.com/github/decoder-course/decoder-course/blob/main/lessons/09-kv-cache/09-kv-cache.ipynb)
-#
 # Lesson 08's `greedy_decode` runs the whole decoder on the whole prefix at every step. To generate `L` tokens it
 # processes `1 + 2 + … + L ≈ L²/2` positions, although each step adds only one. This lesson removes the waste:
 #
@@ -15,13 +13,12 @@
 # 4. `greedy_decode_cached`: greedy decoding that produces *exactly* the tokens of `greedy_decode`, and a measured
 #    speed-up against the generated length.
 #
-# The engineering notes the course started from claim "KV caching makes generation 4–6× faster". We will measure
-# it, and see why the answer depends on the batch size. Shapes: `B` batch, `T` new (query) positions, `S` key
+# How much faster does a cache make generation? A single factor is often quoted; we will measure it, and see why
+# the answer depends on the length and on the batch size. Shapes: `B` batch, `T` new (query) positions, `S` key
 # positions, `H` heads, `D` width, `Dh = D // H`, `V` vocabulary; masks are boolean, `True` = may attend.
 
 # %%
 import math
-import os
 import time
 
 import matplotlib.pyplot as plt
@@ -39,7 +36,7 @@ from decoder_course.plots import plot_masks, plot_speedup
 _ = torch.manual_seed(0)  # reproducible demos; the exercises do not depend on it
 # section 6 times decoding here: cuda if there is a GPU, else mps, else cpu (DECODER_COURSE_DEVICE overrides it)
 device = decoder_course.device()
-GRADING = bool(os.environ.get("NBGRADER_EXECUTION"))  # set while the notebook is graded: keep timings short
+GRADING = decoder_course.grading()  # True while nbgrader grades this notebook: keep timings short
 
 # %% [markdown]
 # ## Building blocks from earlier lessons
@@ -176,30 +173,40 @@ visible.check_cached_causal_mask(cached_causal_mask)
 # ## 4. One decoding step
 #
 # `decode_step(model, token_ids, memory_kv, cache, position, src_is_real=None)` runs the decoder on the new
-# tokens only (`token_ids` `(B, T_new)`, at absolute positions `position … position + T_new - 1`), and returns the
-# logits of the **last** new position `(B, V)` and the updated cache. Usually `T_new = 1`; several tokens at once
-# (a *prefill*) fill the cache with a known prefix in one call. `memory_kv[i]` is layer `i`'s
-# `cross_attn.project_memory(memory)`.
+# tokens only and returns `(logits, cache)`: the logits of the **last** new position, `(B, V)`, and the cache with
+# this step's keys and values appended. `token_ids` `(B, T_new)` are the tokens at absolute positions
+# `position … position + T_new - 1`: usually one token, several for a *prefill* (a known prefix cached in one
+# call). `memory_kv[i]` is layer `i`'s `cross_attn.project_memory(memory)`.
 #
-# It is `Seq2SeqTransformer.decode` and `DecoderLayer.forward`, rewritten for new positions:
+# It must compute, for those positions, exactly what `Seq2SeqTransformer.decode` computes, with the model's own
+# modules and weights. Three questions to answer before writing code:
 #
-# 1. **Embed** the new tokens and add the positional encodings **of their absolute positions**: rows
-#    `position …` of `model.pos_encoding.pe`, not rows `0 …` (calling `model.pos_encoding(x)` would add rows
-#    `0 …`), then `model.pos_encoding.dropout`. Multiply the embedding by `model.embed_scale` as `decode` does.
-# 2. In each layer `i`, the three sublayers with the layer's own residual and LayerNorm wiring (pre-LN:
-#    `x = x + sublayer(norm(x))`; post-LN: `x = norm(x + sublayer(x))`, by `layer.norm_first`):
-#    - **self-attention**: project the (normalised) new positions to `q, k, v` with the layer's `self_attn`
-#      projections and `split_heads`; `cache.update(k, v, i)` gives the keys and values of every position so
-#      far; attend with the given `attention(q, k_all, v_all, allowed, dropout=...)` and
-#      `allowed = cached_causal_mask(...)`; `merge_heads`, `out_proj`, then `layer.dropout1`;
-#    - **cross-attention**: `layer.cross_attn(h, memory_kv=memory_kv[i], allowed=...)` with the source padding
-#      mask `(B, 1, 1, S)` built from `src_is_real` (or `None`), then `layer.dropout2`;
-#    - **feed-forward**: `layer.feed_forward`, then `layer.dropout3`.
-# 3. The stack's final norm (`model.decoder.norm`, an identity for post-LN) and `model.out_proj`, on the last new
-#    position only.
+# - **Where are the new tokens?** At absolute positions `position …`, so their positional encodings are those
+#   rows of the table, not rows `0 …`.
+# - **What does self-attention read?** Its queries are the new positions only; its keys and values are all that
+#   the cache holds once this step's are appended. Which keys may each new query see? (Section 3.)
+# - **What stays the same?** Everything else: each layer's sublayers, residuals, LayerNorms (in the order
+#   `layer.norm_first` asks for) and dropouts, as in `DecoderLayer.forward`, then the stack's final norm and the
+#   output projection, as in `decode`. Read those two given methods side by side with your function.
 #
-# Decorate it with `@torch.no_grad()`. Dropout layers are called as in the layers (they do nothing after
-# `model.eval()`).
+# Decorate it with `@torch.no_grad()`; dropout is called as in the layers (it does nothing after `model.eval()`).
+#
+# <details><summary>Hint: the pieces, one by one</summary>
+#
+# - **Embedding**: `model.tgt_embed(token_ids) * model.embed_scale`, plus rows `position … position + T_new - 1`
+#   of the buffer `model.pos_encoding.pe`, then `model.pos_encoding.dropout` (`model.pos_encoding(x)` would add
+#   rows `0 …`).
+# - **Self-attention** of layer `i`: `split_heads` of the layer's `self_attn.q_proj`, `k_proj`, `v_proj`;
+#   `cache.update(k, v, i)` returns every key and value so far; the given `attention(q, k_all, v_all, allowed,
+#   dropout=...)` with `allowed = cached_causal_mask(...)`; then `merge_heads`, `out_proj` and `layer.dropout1`.
+# - **Cross-attention**: `layer.cross_attn(h, memory_kv=memory_kv[i], allowed=...)`, with the source padding mask
+#   `(B, 1, 1, S)` from `src_is_real` (or `None`), then `layer.dropout2`. **Feed-forward**: `layer.feed_forward`,
+#   then `layer.dropout3`.
+# - **Wiring**: pre-LN `x = x + sublayer(norm(x))`, post-LN `x = norm(x + sublayer(x))`, with `norm1`, `norm2`,
+#   `norm3` for the three sublayers in turn.
+# - **Output**: `model.decoder.norm` (an identity for post-LN), then `model.out_proj`, on the last new position.
+#
+# </details>
 #
 # **Exercise.** Write `decode_step`. The check compares its logits, step by step, with the full decoder's.
 
@@ -254,7 +261,8 @@ for norm_first in (True, False):
 
 # %%
 timing_model = Seq2SeqTransformer(16, 16, d_model=128, n_heads=4, d_ff=512, n_layers=2, dropout=0.0).to(device).eval()
-print(f"parameters: {sum(p.numel() for p in timing_model.parameters()):,}, on {device}")
+n_params = sum(p.numel() for p in timing_model.parameters())
+print(f"parameters: {n_params:,}, on {device}")
 NEVER = -1  # an EOS id that no token has: every run generates exactly n tokens
 clock = timer(device)  # reads the time once the device's queued work is done (a GPU runs asynchronously)
 
@@ -293,7 +301,7 @@ for B in (1, 4):
 for B, done in timings.items():
     if done:
         n, a, b = zip(*done, strict=True)
-        plot_speedup(n, a, b, title=f"greedy decoding, batch {B}, a 0.9 M-parameter model")
+        plot_speedup(n, a, b, title=f"greedy decoding, batch {B}, a {n_params / 1e6:.1f} M-parameter model")
 plt.show()
 
 # %% [markdown]
@@ -305,15 +313,14 @@ plt.show()
 # At **batch 1**, look at the milliseconds per cached step: that is the floor. A cached step for one sequence is a
 # few tiny matrix products, and their cost is dominated by fixed per-call overhead (Python, dispatching dozens of
 # small PyTorch ops, `torch.cat` growing the cache), not by arithmetic. The uncached run pays that overhead too,
-# plus its growing arithmetic, so the ratio climbs slowly. On a 2-core CPU, the course's measurement with a
-# similar model was 2–4× at 256 tokens for batch 1, and 10–14× at batch 16: **per-step overhead, not
-# arithmetic, limits single-sequence decoding**. A batch spreads the fixed overhead over more sequences, so the
-# uncached arithmetic dominates sooner and the cache pays off more, as your batch-4 curve shows. The "4–6×" of the
-# engineering notes is one point on these curves, not a constant.
+# plus its growing arithmetic, so the ratio climbs slowly: **per-step overhead, not arithmetic, limits
+# single-sequence decoding**. A batch spreads the fixed overhead over more sequences, so the uncached arithmetic
+# dominates sooner and the cache pays off more: compare the printed speed-ups of batch 1 and batch 4 at the same
+# length. Any single "N× faster" is one point on these curves, not a constant: it depends on the length, the
+# batch, the model and the machine.
 #
-# (One more CPU effect worth knowing: `torch.softmax` over a last axis that is small and not a multiple of 16,
-# the cached step's `S` growing one at a time, can be several times slower than over 16. Overheads like this are
-# why production decoders pre-allocate the cache to a fixed length and mask the unused part.)
+# (Production decoders also pre-allocate the cache to a fixed length and mask the unused part: `torch.cat`
+# copies the whole cache at every step, and fixed shapes let the same kernels run at every step.)
 #
 # ## What you built
 #
