@@ -1,8 +1,6 @@
 # %% [markdown]
 # # Lesson 00 — Setup: conventions, shapes, and how your work is checked
 #
-# [![Open In Colab](https://colab.research.google.com/assets/colab-badge.svg)](https://colab.research.google.com/github/decoder-course/decoder-course/blob/main/lessons/00-setup/00-setup.ipynb)
-#
 # This course builds the decoder of a Transformer step by step, one idea per lesson: masks (01), attention
 # (02), several heads (03), attention to an encoder's output (04), a decoder layer (05), a whole model (06),
 # training it on toy tasks on a CPU (07), generating with it (08), making generation fast (09) and the numerics

@@ -126,17 +126,20 @@ visible.check_mask_to_bias(mask_to_bias)
 # See the difference the fill value makes on a fully blocked row, in float16:
 
 # %%
-scores = np.array([[1.0, 2.0, 3.0]], dtype=np.float16)
+scores = np.array([[1.0, 2.0, 3.0]], dtype=np.float16)  # (T, S) = (1, 3): one query, every key blocked
 for name, fill in [("-inf", -np.inf), ("-1e9", -1e9), ("finfo.min", np.finfo(np.float16).min)]:
-    biased = scores + np.full_like(scores, fill, dtype=np.float16)  # every key blocked
-    with np.errstate(all="ignore"):
+    # NumPy would warn twice here, and the printed numbers say why: -1e9 overflows float16, and -inf - (-inf) is NaN
+    with np.errstate(over="ignore", invalid="ignore"):
+        bias = np.full_like(scores, fill)  # (1, 3), float16 like the scores
+        biased = scores + bias
         weights = np.exp(biased - biased.max(-1, keepdims=True))
         weights = weights / weights.sum(-1, keepdims=True)
-    print(f"{name:>10}: bias {biased[0].tolist()} -> weights {weights[0].tolist()}")
+    print(f"{name:>10}: bias {bias[0].tolist()}, scores + bias {biased[0].tolist()} -> weights {weights[0].tolist()}")
 
 # %% [markdown]
-# `-inf` and `-1e9` both give NaN in float16; `finfo.min` gives a uniform average, finite but meaningless. That
-# is why, in lesson 02, a fully masked row gets its weights set to zero explicitly.
+# Read the printed weights: `-inf` and `-1e9` (which float16 turns into `-inf`) both give NaN; `finfo.min` gives a
+# uniform average, finite but meaningless. That is why, in lesson 02, a fully masked row gets its weights set to
+# zero explicitly.
 #
 # ## What you built
 #

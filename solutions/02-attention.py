@@ -1,8 +1,6 @@
 # %% [markdown]
 # # Lesson 02 — Attention: softmax, masks and scaled dot products
 #
-# [![Open In Colab](https://colab.research.google.com/assets/colab-badge.svg)](https://colab.research.google.com/github/decoder-course/decoder-course/blob/main/lessons/02-attention/02-attention.ipynb)
-#
 # Attention, in one sentence: **each query position outputs a weighted average of value vectors, and the
 # weights say how well the query matches each key.** Three steps make it, and each is an exercise:
 #
@@ -87,19 +85,13 @@ visible.check_softmax(softmax)
 # %%
 scores = np.array([1.0, 0.5, 0.0, -0.5, -1.0])  # one query's scores over 5 keys
 factors = [0.3, 1.0, 8.0]
-try:
-    rows = [softmax(factor * scores) for factor in factors]
-except NotImplementedError:
-    rows = []
-    print("Write softmax above to see this figure.")
-if rows:
-    fig, axes = plt.subplots(1, 3, figsize=(9, 2.4), sharey=True, layout="constrained")
-    for ax, factor, weights in zip(axes, factors, rows, strict=True):
-        ax.bar(range(5), weights, color="#2a7ab9")
-        ax.set_title(f"softmax({factor} × scores)")
-        ax.set_xlabel("key")
-    axes[0].set_ylabel("weight")
-    plt.show()
+fig, axes = plt.subplots(1, 3, figsize=(9, 2.4), sharey=True, layout="constrained")
+for ax, factor in zip(axes, factors, strict=True):
+    ax.bar(range(5), softmax(factor * scores), color="#2a7ab9")
+    ax.set_title(f"softmax({factor} × scores)")
+    ax.set_xlabel("key")
+axes[0].set_ylabel("weight")
+plt.show()
 
 # %% [markdown]
 # ## 2. Masked softmax
@@ -117,12 +109,9 @@ allowed = np.array([[True, True, True],
                     [True, False, True],
                     [False, False, False]])  # (T, S): query 2 may attend to nothing
 _ = plot_mask(allowed, title="allowed: query 2 has no key")
-try:
-    with np.errstate(invalid="ignore"):  # -inf - (-inf) is NaN: NumPy would warn
-        print("blocked scores set to -inf:\n", softmax(np.where(allowed, scores, -np.inf)).round(3))
-    print("blocked scores set to -1e9:\n", softmax(np.where(allowed, scores, -1e9)).round(3))
-except NotImplementedError:
-    print("Write softmax in section 1 to run this demonstration.")
+with np.errstate(invalid="ignore"):  # -inf - (-inf) is NaN: NumPy would warn, and the result shows it
+    print("blocked scores set to -inf:\n", softmax(np.where(allowed, scores, -np.inf)).round(3))
+print("blocked scores set to -1e9:\n", softmax(np.where(allowed, scores, -1e9)).round(3))
 
 # %% [markdown]
 # - With **`-inf`**, rows 0 and 1 are right, but row 2 is **NaN**: its max is `-inf`, and `-inf - (-inf)` is
@@ -133,16 +122,29 @@ except NotImplementedError:
 #
 # **The course's rule: a query with no allowed key gets weights of exactly zero** (so its attention output is
 # zero too). `F.scaled_dot_product_attention` in recent PyTorch does the same; `nn.MultiheadAttention` gives
-# NaN, as lesson 00 showed. One way to get there: fill blocked scores with the most negative *finite* number
-# of the dtype (`np.finfo(scores.dtype).min`, lesson 01's `mask_to_bias`), take the softmax, then set the
-# weight of every blocked key to 0. That leaves normal rows unchanged (their blocked keys already had weight
-# `exp(very negative) = 0`) and turns a fully masked row, whose keys are all blocked, into zeros.
+# NaN, as lesson 00 showed.
 #
 # **Exercise.** Write `masked_softmax(scores, allowed)`: the softmax over the last axis (the keys) in which
-# blocked keys get 0 and a fully masked row is all zeros, with no NaN and no warning. `allowed=None` means
-# every key is allowed. `allowed` **broadcasts** to the scores' shape — a `(T, S)` mask serves `(B, H, T, S)`
-# scores — so use `np.where`, which broadcasts, rather than boolean indexing, which needs equal shapes. Don't
-# modify `scores`. You may call your `softmax`.
+# blocked keys get 0 and a fully masked row is all zeros, with no NaN and no warning, for scores of any size in
+# any float dtype. `allowed=None` means every key is allowed. `allowed` **broadcasts** to the scores' shape — a
+# `(T, S)` mask serves `(B, H, T, S)` scores. Don't modify `scores`. You may call your `softmax`.
+#
+# Two questions decide the design. Which blocked score makes `exp` give exactly 0, without the subtraction of the
+# row's max ever overflowing or making NaN? And what should a row with *no* allowed key hand to the softmax, given
+# that you will zero its weights afterwards anyway?
+#
+# <details><summary>Hint</summary>
+#
+# - `np.where(allowed, scores, fill)` broadcasts the mask; boolean indexing (`scores[~allowed] = ...`) needs equal
+#   shapes and would modify the caller's array.
+# - `-inf` is the blocked score that gives `exp(-inf) = 0` exactly; `x - max` with a finite max stays `-inf`, no
+#   warning. A huge *finite* fill such as `np.finfo(dtype).min` overflows instead once the row's max is positive
+#   (`finfo.min - 3` is beyond the dtype's range).
+# - Only a row whose keys are all blocked has max `-inf` (and `-inf - (-inf)` is NaN): `np.any(allowed, axis=-1,
+#   keepdims=True)` finds the rows that have a key; give the others any finite scores, such as zeros.
+# - Last, `np.where(allowed, weights, 0)` sets every blocked weight to 0, which turns those rows into zeros.
+#
+# </details>
 
 # %% exercise=masked_softmax
 
@@ -152,14 +154,12 @@ from decoder_course.visible import l02_attention as visible
 visible.check_masked_softmax(masked_softmax)
 
 # %% [markdown]
-# The same three queries through your `masked_softmax`: a blocked key is empty, and the fully masked query's
-# row is empty too (all zeros), instead of NaN or a uniform average.
+# The same three queries through your `masked_softmax`, drawn with the mask (`allowed=`): a blocked key is
+# hatched, its weight is 0 because the mask says so; the fully masked query's row is cross-hatched, all zeros,
+# instead of NaN or a uniform average. A weight the softmax made small would be dark, not hatched.
 
 # %%
-try:
-    plot_attention(masked_softmax(scores, allowed), title="masked_softmax(scores, allowed)")
-except NotImplementedError:
-    print("Write masked_softmax above to see its weights.")
+plot_attention(masked_softmax(scores, allowed), title="masked_softmax(scores, allowed)", allowed=allowed);
 
 # %% [markdown]
 # ## 3. Scaled dot-product attention
@@ -192,26 +192,23 @@ for Dh in [4, 16, 64, 256, 1024]:
 # %%
 widths = [2, 4, 8, 16, 32, 64, 128, 256, 512]
 peak = {"q · k": [], "q · k / √Dh": []}
-try:
-    for Dh in widths:
-        q = rng.standard_normal((500, 1, Dh))  # (trials, T, Dh): 500 independent queries
-        k = rng.standard_normal((500, 16, Dh))  # (trials, S, Dh): 16 keys for each
-        dots = q @ k.swapaxes(-1, -2)  # (trials, T, S)
-        peak["q · k"].append(softmax(dots).max(axis=-1).mean())
-        peak["q · k / √Dh"].append(softmax(dots / math.sqrt(Dh)).max(axis=-1).mean())
-    fig, ax = plt.subplots(figsize=(6, 3.2), layout="constrained")
-    for label, values in peak.items():
-        ax.plot(widths, values, marker="o", label=f"scores = {label}")
-    ax.axhline(1 / 16, color="grey", linestyle=":", label="uniform (1/16)")
-    ax.set_xscale("log", base=2)
-    ax.set_xlabel("head width Dh")
-    ax.set_ylabel("mean largest weight")
-    ax.set_title("How peaked is the softmax over 16 keys?")
-    ax.legend(fontsize="small")
-    plt.show()
-    print(f"Dh = 64: largest weight {peak['q · k'][5]:.2f} unscaled, {peak['q · k / √Dh'][5]:.2f} scaled")
-except NotImplementedError:
-    print("Write softmax in section 1 to see this figure.")
+for Dh in widths:
+    q = rng.standard_normal((500, 1, Dh))  # (trials, T, Dh): 500 independent queries
+    k = rng.standard_normal((500, 16, Dh))  # (trials, S, Dh): 16 keys for each
+    dots = q @ k.swapaxes(-1, -2)  # (trials, T, S)
+    peak["q · k"].append(softmax(dots).max(axis=-1).mean())
+    peak["q · k / √Dh"].append(softmax(dots / math.sqrt(Dh)).max(axis=-1).mean())
+fig, ax = plt.subplots(figsize=(6, 3.2), layout="constrained")
+for label, values in peak.items():
+    ax.plot(widths, values, marker="o", label=f"scores = {label}")
+ax.axhline(1 / 16, color="grey", linestyle=":", label="uniform (1/16)")
+ax.set_xscale("log", base=2)
+ax.set_xlabel("head width Dh")
+ax.set_ylabel("mean largest weight")
+ax.set_title("How peaked is the softmax over 16 keys?")
+ax.legend(fontsize="small")
+plt.show()
+print(f"Dh = 64: largest weight {peak['q · k'][5]:.2f} unscaled, {peak['q · k / √Dh'][5]:.2f} scaled")
 
 # %% [markdown]
 # Without the division the softmax gets more one-hot as heads get wider: at a typical head width of 64, most
@@ -254,22 +251,20 @@ embedding = np.random.default_rng(1).standard_normal((len(vocab), 16))  # (V, Dh
 x = embedding[ids]  # (B, T, Dh)
 allowed = combine_masks(causal_mask(6), padding_mask(ids, PAD))  # (B, 1, T, S): causal and no pad keys
 allowed = allowed[:, 0]  # (B, T, S): no head axis in this example
-try:
-    out, weights = scaled_dot_product_attention(x, x, x, allowed)  # (B, T, Dh), (B, T, S)
-    fig, axes = plt.subplots(1, 2, figsize=(11, 4.2), layout="constrained")
-    for b, ax in enumerate(axes):
-        plot_attention(weights[b], sentences[b], sentences[b], ax=ax, title=f"sentence {b}")
-    plt.show()
-    print("largest |output| of sentence 1's two pad queries (no allowed key):", np.abs(out[1, :2]).max())
-except NotImplementedError:
-    print("Write scaled_dot_product_attention above to see the heatmaps.")
+out, weights = scaled_dot_product_attention(x, x, x, allowed)  # (B, T, Dh), (B, T, S)
+fig, axes = plt.subplots(1, 2, figsize=(12, 4.2), layout="constrained")
+for b, ax in enumerate(axes):
+    plot_attention(weights[b], sentences[b], sentences[b], ax=ax, title=f"sentence {b}", allowed=allowed[b])
+plt.show()
+print("largest |output| of sentence 1's two pad queries (no allowed key):", np.abs(out[1, :2]).max())
 
 # %% [markdown]
 # How to read it: row `t` is query `t`, and its colours are its weights over the keys (each row sums to one,
-# except rows with no allowed key, which are zero). Everything above the diagonal is zero: the future is
+# except rows with no allowed key, which are zero). Everything above the diagonal is hatched: the future is
 # masked. In sentence 0 the second "the" (row 4) looks at itself and at the first "the" — identical vectors
 # have the largest dot product — and the diagonal is bright everywhere for the same reason (`x · x = |x|²`).
-# In sentence 1 the pad columns are empty, and the two pad queries' rows are all zero, as are their outputs.
+# In sentence 1 the pad columns are hatched, and the two pad queries' rows are cross-hatched: all zero, and so
+# are their outputs (the printed line).
 #
 # Attention on raw vectors can only measure similarity. Lesson 03 gives each head learned projections of `x`
 # into queries, keys and values, so that a head can learn *what* to look for.

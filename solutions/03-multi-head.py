@@ -1,8 +1,6 @@
 # %% [markdown]
 # # Lesson 03 — Multi-head attention: from NumPy to PyTorch
 #
-# [![Open In Colab](https://colab.research.google.com/assets/colab-badge.svg)](https://colab.research.google.com/github/decoder-course/decoder-course/blob/main/lessons/03-multi-head/03-multi-head.ipynb)
-#
 # In lesson 02 each query computed **one** weighted average of the values: one way of looking at the keys. A
 # token often needs several at once: the previous token, the word it agrees with, the source word it translates.
 # **Multi-head attention** runs `H` attentions side by side. Each head works in its own slice of the model width,
@@ -56,8 +54,8 @@ torch.manual_seed(0);  # every random tensor below is the same on every run
 # ```
 #
 # Why `(B, H, T, Dh)`? A matrix product works on the **last two** axes and treats every axis before them as a
-# batch. With heads before time, `q @ k.T` is `(T, Dh) @ (Dh, S)` for every sequence *and* every head at once:
-# one call, no Python loop over heads. Lesson 02's attention runs unchanged on such arrays.
+# batch. With heads before time, `q @ k.swapaxes(-1, -2)` (only the last two axes swapped, as in lesson 02) is
+# `(T, Dh) @ (Dh, S)` for every sequence *and* every head at once: one call, no Python loop over heads. Lesson 02's attention runs unchanged on such arrays.
 #
 # ### einops in one minute
 #
@@ -228,8 +226,8 @@ visible.check_multi_head_attention(MultiHeadAttention)
 
 # %% [markdown]
 # What do the heads look like? With random weights they have learnt nothing yet, but each head already has its
-# own pattern, and the causal + padding mask is respected in every one of them: nothing above the diagonal,
-# nothing in the padded columns.
+# own pattern, and the causal + padding mask is respected in every one of them: the blocked cells (hatched) are
+# everything above the diagonal and the padded columns.
 
 # %%
 tokens = ["<bos>", "the", "cat", "sat", "<pad>", "<pad>"]
@@ -240,7 +238,8 @@ mha = MultiHeadAttention(d_model=16, n_heads=4).eval()
 x = 2.0 * torch.randn(1, T, 16)  # (B, T, D)
 with torch.no_grad():
     out, weights = mha(x, x, x, allowed=allowed)  # (B, T, D), (B, H, T, T)
-plot_attention_heads(weights, query_tokens=tokens, key_tokens=tokens, title="4 heads, causal + padding");
+plot_attention_heads(weights, query_tokens=tokens, key_tokens=tokens, title="4 heads, causal + padding",
+                     allowed=allowed);
 
 # %% [markdown]
 # (The `<pad>` queries still attend to the real tokens before them: masking keys does not silence padded

@@ -1,8 +1,6 @@
 # %% [markdown]
 # # Lesson 04 — Cross-attention: the decoder reads the source
 #
-# [![Open In Colab](https://colab.research.google.com/assets/colab-badge.svg)](https://colab.research.google.com/github/decoder-course/decoder-course/blob/main/lessons/04-cross-attention/04-cross-attention.ipynb)
-#
 # An encoder–decoder model (translation, summarising, our toy tasks of lesson 07) has two sequences. The
 # **encoder** reads the source sentence, `S` tokens, and turns it into `S` vectors: the **memory**, `(B, S, D)`.
 # The **decoder** writes the target, `T` tokens, one at a time. Each decoder layer attends twice:
@@ -236,12 +234,13 @@ read = out[0, :, :S].argmax(dim=-1)  # (T,): head 0's output features 0..S-1 nam
 print("head 0 reads:", [f"{target[t]} <- {source[int(read[t])]}" for t in range(T)])
 print("the alignment we set by hand:", weights[0, 0].argmax(dim=-1).tolist() == align)
 plot_attention_heads(weights, query_tokens=target, key_tokens=source,
-                     title="cross-attention: head 0 aligns, head 1 always reads the verb");
+                     title="cross-attention: head 0 aligns, head 1 always reads the verb",
+                     allowed=cross_attention_mask(memory_is_real, T));
 
 # %% [markdown]
 # Read the heatmap row by row: each target word is a query, and its row shows where it looked in the source.
 # Head 0's bright cells are off the diagonal exactly where the adjective moved (`black → noir`, `cat → chat`), and
-# the `<pad>` column is empty in both heads. A trained model's heads are rarely this crisp, but this is the
+# the `<pad>` column is hatched (blocked) in both heads. A trained model's heads are rarely this crisp, but this is the
 # picture to look for. For a model trained to reverse a sequence (lesson 07), the right alignment is the
 # anti-diagonal.
 #

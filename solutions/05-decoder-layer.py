@@ -1,8 +1,6 @@
 # %% [markdown]
 # # Lesson 05 — The decoder layer
 #
-# [![Open In Colab](https://colab.research.google.com/assets/colab-badge.svg)](https://colab.research.google.com/github/decoder-course/decoder-course/blob/main/lessons/05-decoder-layer/05-decoder-layer.ipynb)
-#
 # You now have every kind of attention a decoder needs: masked self-attention (lessons 01–03) and
 # cross-attention over the encoder's output, the *memory* (lesson 04). A **decoder layer** puts them together with
 # one more block, a small feed-forward network, and wraps each of the three in a **residual connection** and a
@@ -259,12 +257,19 @@ ax_norm.legend()
 ax_cos.legend();
 
 # %% [markdown]
-# Read the two panels against the printed ratios. In the post-LN stack the parameter gradients grow towards the
-# output, the pattern Xiong et al. describe; in the pre-LN stack they do not. And the gradient arriving at the
-# first layers of the post-LN stack points in a more different direction from the output's gradient: it has been
-# reshaped by every LayerNorm on the way, while in pre-LN part of it arrives through the identity path unchanged.
-# In this narrow stack the effect is modest; Xiong et al.'s analysis shows the gap widening with depth, and it is
-# why deep Transformers are pre-LN. Lesson 07 trains a pre-LN model, with a short warm-up for good measure.
+# Read the two panels against the printed ratios. On the left, look at the *shape* of each curve first. In the
+# post-LN stack the parameter gradients grow towards the output (a last/first ratio above 1): the layers near the
+# output get the largest updates, the pattern Xiong et al. describe, and the reason post-LN needs a warm-up. In the
+# pre-LN stack they do not grow (a ratio at or below 1): the first layers get at least as much as the last.
+#
+# The *heights* differ too, and for the same reason: the pre-LN curve lies above the post-LN one. On its way back
+# through a post-LN stack the gradient crosses a LayerNorm after every sublayer, and each one divides it by the
+# spread of its input (the residual sum, whose spread is above 1), so it shrinks layer after layer; in pre-LN it
+# runs back along the identity path without crossing any. On the right, the same story in directions: the
+# gradient arriving at the first layers of the post-LN stack has been reshaped by every LayerNorm on the way and
+# points further from the output's gradient than in pre-LN (the printed cosines at layer 0). Xiong et al.'s
+# analysis shows these gaps widening with depth; it is why deep Transformers are pre-LN. Lesson 07 trains a pre-LN
+# model, with a short warm-up for good measure.
 #
 # ## 6. Where do the parameters live?
 #
@@ -293,7 +298,7 @@ assert torch_decoder == counts["total"]
 # parameters; the feed-forward has `D × F + F × D = 8 D²` when `F = 4 D`. A block with self-attention and a
 # feed-forward holds `8 D² / 12 D²` ≈ **2/3** in its feed-forward: the rule of thumb, true for encoders and for
 # decoder-only models. The decoder layer of an encoder–decoder model has a second attention, cross-attention,
-# and the share drops to `8 D² / 16 D²` ≈ **1/2**: here 2,099,712 of 4,204,032 parameters. (The LayerNorms, `2 D`
+# and the share drops to `8 D² / 16 D²` ≈ **1/2**: the exact counts are printed above. (The LayerNorms, `2 D`
 # each, hardly count.)
 #
 # ## 7. The decoder layer in NumPy alone

@@ -1,8 +1,6 @@
 # %% [markdown]
 # # Lesson 06 — The whole model: positions, the decoder stack, an encoder–decoder Transformer
 #
-# [![Open In Colab](https://colab.research.google.com/assets/colab-badge.svg)](https://colab.research.google.com/github/decoder-course/decoder-course/blob/main/lessons/06-model/06-model.ipynb)
-#
 # Lesson 05 built one decoder layer. This lesson turns layers into a model that reads token ids and writes
 # next-token scores:
 #

@@ -1,8 +1,6 @@
 # %% [markdown]
 # # Lesson 10 — Numerics: masks, half precision and autocast
 #
-# [![Open In Colab](https://colab.research.google.com/assets/colab-badge.svg)](https://colab.research.google.com/github/decoder-course/decoder-course/blob/main/lessons/10-numerics/10-numerics.ipynb)
-#
 # Real models rarely run in float32. Training uses **mixed precision** (matrix products in 16-bit floats, the rest
 # in float32) and inference often runs entirely in **float16** or **bfloat16**: half the memory, twice the
 # bandwidth, and much faster matrix units. The attention you wrote in lessons 02–04 was tested in float32. In this
@@ -70,11 +68,12 @@ print("float16:  -1e9 becomes", torch.tensor(-1e9).to(torch.float16).item())
 
 # %% [markdown]
 # Each recipe gets a two-row problem: row 0 has one blocked key, row 1 has *all* its keys blocked (a query with
-# nothing to attend to, as happens with left padding or an empty source). The correct answer for row 1 is zeros
+# nothing to attend to, as happens with left padding or an empty source), and ordinary negative scores, as
+# attention scores often are. The correct answer for row 1 is zeros
 # (the course's convention, and what `F.scaled_dot_product_attention` returns). `outcome` classifies what came out.
 
 # %%
-scores32 = torch.tensor([[0.5, -1.0, 2.0], [0.3, 0.1, -0.2]])  # (T, S) = (2, 3)
+scores32 = torch.tensor([[0.5, -1.0, 2.0], [-20.0, -24.0, -30.0]])  # (T, S) = (2, 3)
 allowed2 = torch.tensor([[True, False, True], [False, False, False]])  # row 1: every key blocked
 
 
@@ -139,8 +138,9 @@ plt.show()
 # - **`-1e9`** is a silent **uniform average** over keys the mask said do not count, in float32 and bfloat16
 #   (all scores equal, so all weights equal). In float16 it does not exist: `masked_fill` refuses it
 #   (`error`), and the additive recipe's cast turns it into `-inf`, hence NaN.
-# - **`finfo.min`** is finite everywhere, so no NaN, but the fully blocked row still comes out **uniform**: the
-#   fill alone cannot decide what a row with nothing to attend to should be. That takes an explicit rule:
+# - **`finfo.min`** *replacing* the scores is finite everywhere, so no NaN. *Added* to them, it is NaN again in
+#   float16: the next section shows why. And even replaced, the fully blocked row still comes out **uniform**:
+#   the fill alone cannot decide what a row with nothing to attend to should be. That takes an explicit rule:
 #   **after the softmax, set blocked weights to zero**.
 #
 # **Exercise.** Write `mask_fill_value(dtype)`: the most negative finite number of `dtype`, as a Python float
@@ -156,8 +156,9 @@ visible.check_mask_fill_value(mask_fill_value)
 # %% [markdown]
 # ## 3. Replace, don't add
 #
-# Even the right number breaks if it is *added*. In float16, `finfo.min` is `-65504`; add it to a score of `-20`
-# and the sum, `-65524`, is beyond float16's range: it rounds to `-inf`. A fully blocked row of ordinary negative
+# Even the right number breaks if it is *added*, as the table's float16 column showed. In float16, `finfo.min` is
+# `-65504`; add it to a score of `-20` and the sum, `-65524`, is beyond float16's range: it rounds to `-inf`. A
+# fully blocked row of ordinary negative
 # scores is NaN again:
 
 # %%
@@ -353,10 +354,12 @@ for setting, (dtype, autocast_dtype) in settings.items():
         except RuntimeError as exc:
             cells.append("error" if "overflow" in str(exc) else "crash")
     print(f"{setting:>14} | " + " | ".join(f"{c:>12}" for c in cells))
+uniform = vm[1].float().mean(dim=-2).abs().max().item()  # (H, Dh) averaged over all S keys, instead of zeros
+print(f"\nthe fully masked query averaged over its keys instead of zeros would be off by {uniform:.1e}")
 
 # %% [markdown]
-# Every error of 0.94–0.95 is the fully masked query: averaged over its blocked keys instead of zeros (the other
-# rows are fine). So every recipe but one fails somewhere: NaN with `-inf` in every setting, a refused fill with
+# Every error of the size printed on the last line is the fully masked query: averaged over its keys instead of
+# zeros (the other rows are fine). So every recipe but one fails somewhere: NaN with `-inf` in every setting, a refused fill with
 # `-1e9` in float16 (autocast included), a silent average with `-1e9` elsewhere and with `finfo.min` without
 # zeroing. The robust version's errors are each dtype's own rounding: float16 keeps about 3 significant digits,
 # bfloat16 about 2.
@@ -369,7 +372,7 @@ for setting, (dtype, autocast_dtype) in settings.items():
 # | `robust_masked_softmax(scores, allowed)` | float32 inside, replace-not-add, blocked weights exactly 0, fully masked rows zeros, the scores' dtype out |
 # | `robust_attention(q, k, v, allowed)` | `q` scaled before the product; NaN-free in float16, bfloat16 and autocast; equal to `F.scaled_dot_product_attention` |
 #
-# The engineering note of the course, "masks via a large negative fill, and why `-inf` breaks under mixed
-# precision", is now something you have watched happen: `-inf` gives NaN, `-1e9` overflows float16 or averages
+# The common advice, "mask with a large negative fill; `-inf` breaks under mixed precision", is now something you
+# have watched happen: `-inf` gives NaN, `-1e9` overflows float16 or averages
 # silently, and even `finfo.min` needs replacing rather than adding, a float32 softmax, and explicit zeros for
 # rows with nothing to attend to.

@@ -1,6 +1,6 @@
 """Hidden checks of lesson 02-attention (NumPy): softmax, masked softmax, scaled dot-product attention.
 
-Inputs follow SPEC's rules: B, H, T, S, Dh all different (and Dh != Dv), rows of very different scale, fully
+Inputs that do not hide bugs: B, H, T, S, Dh all different (and Dh != Dv), rows of very different scale, fully
 masked rows, huge scores, one case each with B = 1 and H = 1 and without batch axes. Values are compared with
 the reference computed here in float64, loosely enough for float32 answers; properties (blocked keys get no
 weight, fully masked rows are zeros, rows sum to one, no future or padding leakage, inputs unchanged) are

@@ -76,7 +76,7 @@ def _raise_with_dependencies(result: Result, case: Case, uses: str) -> None:
 @exercise(LESSON, "KVCache", points=2)
 class KVCacheCheck(Exercise):
     """Appends along the sequence axis, per layer; returns everything cached; length counts positions; positions
-    are 0 .. length - 1; the SPEC's one-layer form; the caller's k and v unchanged."""
+    are 0 .. length - 1; one-layer update(k, v); the caller's k and v unchanged."""
 
     def cases(self, rng):
         cases = []
@@ -97,7 +97,7 @@ class KVCacheCheck(Exercise):
         case.record("positions", {"attr": ["cache", "positions"]})
         case.record("k00_after", {"ref": "k00"})
         cases.append(case)
-        # the SPEC's form: one layer, update(k, v)
+        # the one-layer form: update(k, v)
         k1 = [rng.standard_normal((1, 2, t, 6)).astype(np.float32) for t in (3, 1)]
         v1 = [rng.standard_normal((1, 2, t, 6)).astype(np.float32) for t in (3, 1)]
         case = Case("single", "KVCache() and update(k, v) without layer_idx, (B, H, Dh) = (1, 2, 6)",

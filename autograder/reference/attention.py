@@ -42,10 +42,13 @@ def masked_softmax(scores: np.ndarray, allowed: np.ndarray | None) -> np.ndarray
     ### BEGIN SOLUTION
     if allowed is None:
         return softmax(scores, axis=-1)
-    # the most negative finite number, not -inf: a fully blocked row stays finite (no NaN, no warning)
-    very_negative = np.finfo(scores.dtype).min
-    weights = softmax(np.where(allowed, scores, very_negative), axis=-1)  # (..., T, S); blocked -> 0
-    # a fully blocked row came out uniform (its scores were all equal): zero it, like every blocked weight
+    # a blocked score of -inf gets exp(-inf) = 0 exactly, and subtracting a finite row max from it never overflows
+    # (a huge finite fill would: finfo.min - max is beyond the dtype's range once max > 0)
+    filled = np.where(allowed, scores, -np.inf)  # (..., T, S), dtype of the scores
+    # a row with no allowed key would be all -inf, and its max -inf - (-inf) = NaN: give it zeros to work on
+    has_key = np.any(allowed, axis=-1, keepdims=True)  # (..., T, 1)
+    weights = softmax(np.where(has_key, filled, 0), axis=-1)  # (..., T, S); blocked -> 0
+    # the fully blocked rows came out uniform (their scores were all 0): zero them, like every blocked weight
     return np.where(allowed, weights, 0)  # (..., T, S), dtype of the scores
     ### END SOLUTION
 

@@ -25,8 +25,8 @@ class KVCache:
     New positions are appended on the sequence axis (dim 2); the caller's ``k`` and ``v`` are unchanged.
 
     ``update(k, v, layer_idx)`` appends the new positions of one layer and returns everything cached for it
-    (SPEC's per-layer ``update(k, v)`` is ``layer_idx=0``). ``length`` is the number of cached positions; they
-    are the absolute positions ``0 .. length - 1`` (``positions``).
+    (``update(k, v)`` alone is ``layer_idx=0``: a one-layer cache). ``length`` is the number of cached positions;
+    they are the absolute positions ``0 .. length - 1`` (``positions``).
 
     Shape:
         k, v: (B, H, T_new, Dh) -> k_all, v_all: (B, H, S, Dh) with S = positions cached so far

@@ -471,7 +471,7 @@ def _numpy_params(theirs: nn.TransformerDecoderLayer) -> dict[str, np.ndarray]:
 
 
 def check_numpy_decoder_layer(numpy_decoder_layer) -> None:
-    """The SPEC's NumPy system's shape, PyTorch's layer with the same weights, leakage, inputs unchanged."""
+    """The NumPy system's shape, PyTorch's layer with the same weights, leakage, inputs unchanged."""
     D, H, F, B, T, S = 64, 4, 128, 2, 5, 7
     rng = np.random.default_rng(0)
     x, memory = rng.standard_normal((B, T, D)), rng.standard_normal((B, S, D))
