@@ -33,6 +33,8 @@ CODE_AREAS = {
     "autograder/mutants": (["autograder/mutants"], []),
     "tests": (["tests"], []),
     "assets": (["assets"], []),
+    # the lessons' percent sources, which contributors edit (the built notebooks are linted below, as notebooks)
+    "solutions": (["solutions"], []),
 }
 NOTEBOOK_DIRS = ("solutions", "lessons")
 
