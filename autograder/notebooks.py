@@ -59,6 +59,7 @@ REFERENCE_MODULES = {
     "08-generation": "generation",
     "09-kv-cache": "kv_cache",
     "10-numerics": "numerics",
+    "11-gpt": "gpt",
 }
 
 # Where students get the course: the public repository of the *student edition* (``./course student-edition``:

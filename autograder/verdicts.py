@@ -43,6 +43,7 @@ LESSON_CHECK_MODULES = {
     "08-generation": "autograder.checks.l08_generation",
     "09-kv-cache": "autograder.checks.l09_kv_cache",
     "10-numerics": "autograder.checks.l10_numerics",
+    "11-gpt": "autograder.checks.l11_gpt",
 }
 
 _ANSI = re.compile(r"\x1b\[[0-9;]*[A-Za-z]")

@@ -22,6 +22,11 @@ Tasks (``get_task(name)``)
 
 Every vocabulary is character-level and starts with the special tokens ``PAD``, ``BOS``, ``EOS`` (ids 0, 1, 2,
 from :mod:`decoder_course.conventions`).
+
+Real text for a language model (lessons 11 and 12): :func:`python_source_text` reads Python's own standard
+library, which every Python installation holds, at run time (nothing is downloaded or committed)::
+
+    text = python_source_text(max_chars=300_000)   # a fixed list of modules, read in order, then cut
 """
 
 from __future__ import annotations
@@ -50,6 +55,7 @@ __all__ = [
     "format_date",
     "get_task",
     "make_batch",
+    "python_source_text",
     "split_of",
 ]
 
@@ -438,3 +444,51 @@ def get_task(name: str, **options: Any) -> ToyTask:
     if options:
         raise TypeError(f"unexpected options for {name!r}: {sorted(options)}")
     return _digit_task(name, transforms[name], "30417", min_len, max_len)
+
+
+# -- real text: Python's standard library, read where Python is installed --------------------------------------------
+# Modules present in every CPython 3.9-3.13, read in this order: plain, well-commented library code (no tests, no
+# generated tables). Python's own source is under the PSF licence and is never copied into this repository.
+PYTHON_SOURCE_FILES = (
+    "argparse.py", "ast.py", "base64.py", "bisect.py", "calendar.py", "cmd.py", "code.py", "codecs.py",
+    "colorsys.py", "configparser.py", "contextlib.py", "copy.py", "csv.py", "dataclasses.py", "difflib.py",
+    "dis.py", "enum.py", "filecmp.py", "fnmatch.py", "fractions.py", "functools.py", "getopt.py", "gettext.py",
+    "glob.py", "gzip.py", "heapq.py", "hmac.py", "inspect.py", "ipaddress.py", "keyword.py", "linecache.py",
+    "locale.py", "numbers.py", "operator.py", "optparse.py", "pathlib.py", "pprint.py", "queue.py", "random.py",
+    "reprlib.py", "sched.py", "secrets.py", "selectors.py", "shlex.py", "shutil.py", "statistics.py",
+    "string.py", "textwrap.py", "threading.py", "timeit.py", "tokenize.py", "traceback.py", "types.py",
+    "typing.py", "uuid.py", "warnings.py", "weakref.py", "zipfile.py",
+)  # fmt: skip
+
+
+def python_source_text(max_chars: int | None = 300_000, files: Sequence[str] = PYTHON_SOURCE_FILES) -> str:
+    """Python source code from this interpreter's standard library: ``files`` read in order, joined, then cut.
+
+    The files are found beside the ``os`` module (``Path(os.__file__).parent``); a name missing there is skipped,
+    so the text depends only on the Python version. Files are joined by a blank line; ``max_chars`` (None: no
+    limit) cuts the result at a line end, so no line is cut in half. Read as UTF-8 (undecodable bytes, if any,
+    become U+FFFD).
+
+    Shape:
+        -> str of at most ``max_chars`` characters
+    """
+    import os
+    from pathlib import Path
+
+    root = Path(os.__file__).parent
+    parts, total = [], 0
+    for name in files:
+        path = root / name
+        if not path.is_file():
+            continue
+        text = path.read_text(encoding="utf-8", errors="replace").strip("\n") + "\n\n"
+        parts.append(text)
+        total += len(text)
+        if max_chars is not None and total >= max_chars:
+            break
+    text = "".join(parts)
+    if max_chars is not None and len(text) > max_chars:
+        text = text[: text.rfind("\n", 0, max_chars) + 1]  # end on a whole line
+    if not text:
+        raise FileNotFoundError(f"none of the standard library files were found in {root}")
+    return text

@@ -13,6 +13,9 @@ tokens), a check knows exactly which sequence greedy decoding, sampling or beam 
   paper where greedy and beam search disagree and the check knows both answers.
 - :class:`HashedLogitsModel` draws pseudo-random logits seeded by (seed, source, prefix): every batch row
   gets its own deterministic answer, so batched decoding can be compared with decoding one row at a time.
+- :class:`HashedLM` is the decoder-only counterpart (lesson 11): ``model(ids, cache=None)`` with lesson 09's
+  ``KVCache``, logits fixed by (seed, prefix); it keeps its past *only* in the cache it is handed and counts
+  the positions it runs, so a check sees whether generation fed each token once.
 
 Constructor arguments are plain data (ints, floats, nested lists and dicts, arrays), so a grading case written
 as JSON can build either model. Neither model holds any solution: they only answer ``decode`` calls.
@@ -30,7 +33,7 @@ from torch import nn
 
 from decoder_course.conventions import BOS, EOS, PAD
 
-__all__ = ["HashedLogitsModel", "ScriptedModel", "sequence_log_prob"]
+__all__ = ["HashedLM", "HashedLogitsModel", "ScriptedModel", "sequence_log_prob", "text_codes"]
 
 
 def _as_prefix(key: Any) -> tuple[int, ...]:
@@ -287,6 +290,70 @@ class HashedLogitsModel(nn.Module):
         return self.decode(tgt_ids, self.encode(src_ids, src_is_real), src_is_real, tgt_is_real)
 
 
+class HashedLM(nn.Module):
+    """A decoder-only stand-in language model: logits pseudo-random but fixed by (seed, the tokens so far).
+
+    ``forward(ids)`` scores every position of ``ids`` (B, T) from scratch. ``forward(ids, cache)`` with a
+    ``KVCache`` of ``len(model.layers)`` slots treats ``ids`` as the positions after those already cached: it
+    keeps its past *only* in the cache (each layer's "keys" are the token ids), so feeding a token twice, or a
+    prompt again, changes the answer, exactly as it would for a real model with a cache. ``positions_run``
+    counts the positions scored per row (a forward on (B, T) adds T); ``calls`` counts forwards. More than ``max_len`` positions raise
+    ``ValueError``, as ``GPT`` does.
+
+    Args:
+        vocab_size: V.
+        seed: selects the table of logits.
+        n_layers: the number of cache slots (``layers`` is that many ``nn.Identity``).
+        max_len: the most positions a sequence may have.
+        scale: standard deviation of the random logits.
+
+    Shape:
+        ids (B, T) int -> logits (B, T, V) float32 on ids' device
+    """
+
+    def __init__(self, vocab_size: int, seed: int = 0, *, n_layers: int = 2, max_len: int = 64, scale: float = 1.0):
+        super().__init__()
+        self.vocab_size, self.seed, self.max_len, self.scale = int(vocab_size), int(seed), int(max_len), float(scale)
+        self.layers = nn.ModuleList(nn.Identity() for _ in range(int(n_layers)))
+        self.positions_run, self.calls = 0, 0
+        self._table: dict[tuple[int, ...], torch.Tensor] = {}
+
+    def next_logits(self, prefix: Iterable[int]) -> torch.Tensor:
+        """Logits (V,) of the token after ``prefix`` (the tokens so far, at least one)."""
+        key = (self.seed, self.vocab_size, *(int(t) for t in prefix))
+        if key not in self._table:
+            rng = np.random.default_rng(list(key))
+            self._table[key] = torch.as_tensor(rng.standard_normal(self.vocab_size) * self.scale, dtype=torch.float32)
+        return self._table[key]
+
+    def forward(self, ids: torch.Tensor, cache=None) -> torch.Tensor:
+        if not isinstance(ids, torch.Tensor) or ids.dim() != 2 or ids.dtype.is_floating_point:
+            raise ValueError(f"the model expects ids as a (B, T) integer tensor, got {type(ids).__name__} of shape "
+                             f"{tuple(getattr(ids, 'shape', ()))}")
+        B, T = ids.shape
+        if T == 0:
+            raise ValueError("the model got no new token: ids has shape (B, 0)")
+        past = torch.zeros(B, 0, dtype=torch.long)
+        if cache is not None:
+            if len(getattr(cache, "keys", ())) != len(self.layers):
+                raise ValueError(f"the cache should have one slot per layer: KVCache(len(model.layers)) = "
+                                 f"KVCache({len(self.layers)})")
+            new = ids.detach().cpu().to(torch.float32)[:, None, :, None]  # (B, 1, T, 1): tokens as "keys"
+            for i in range(len(self.layers)):
+                k_all, _ = cache.update(new, new, i)  # every layer sees the same past
+            past = k_all[:, 0, :-T, 0].long() if k_all.shape[2] > T else past  # (B, S - T): what came before
+            if k_all.shape[0] != B:
+                raise ValueError(f"the cache holds {k_all.shape[0]} rows but ids has {B}")
+        tokens = torch.cat([past, ids.detach().cpu().long()], dim=1).tolist()  # (B, S) the whole sequence
+        if len(tokens[0]) > self.max_len:
+            raise ValueError(f"{len(tokens[0])} positions, more than max_len={self.max_len}")
+        start = len(tokens[0]) - T
+        self.positions_run += T  # per row: a batch runs its rows side by side
+        self.calls += 1
+        logits = [torch.stack([self.next_logits(row[: start + t + 1]) for t in range(T)]) for row in tokens]
+        return torch.stack(logits).to(ids.device)  # (B, T, V)
+
+
 @torch.no_grad()
 def sequence_log_prob(
     model: nn.Module,
@@ -312,3 +379,16 @@ def sequence_log_prob(
     is_eos = tokens == eos_id
     after_eos = (is_eos.long().cumsum(-1) - is_eos.long()) > 0  # (B, L): strictly after the first EOS
     return picked.masked_fill(after_eos, 0.0).sum(-1)
+
+
+def text_codes(text: str) -> np.ndarray:
+    """A string's code points as an int64 array: how a check hands text (a tokenizer's ``decode``) back as data.
+
+    Raises ``TypeError`` for anything that is not a ``str`` (bytes included: ``decode`` must return text).
+
+    Shape:
+        str of length L -> (L,) int64
+    """
+    if type(text) is not str:
+        raise TypeError(f"expected a str, got {type(text).__name__}")
+    return np.array([ord(c) for c in text], dtype=np.int64)

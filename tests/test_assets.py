@@ -24,7 +24,7 @@ LESSONS = notebooks.lessons()
 
 # Figures drawn ahead of the lesson that will show them: name -> that lesson's id. A figure may stay here only
 # while its lesson has no source yet (test_figures_waiting_for_a_lesson_wait_for_one_that_does_not_exist_yet).
-AWAITING_LESSON = {"gpt_stack.png": "11-gpt"}
+AWAITING_LESSON: dict[str, str] = {}  # figure -> the lesson that will show it
 
 
 def _draw_figures():

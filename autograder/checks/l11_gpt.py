@@ -1,0 +1,607 @@
+"""Hidden checks of lesson 11-gpt (PyTorch): the BPE tokenizer, the GPT model, next-token batches, generation.
+
+- ``train_bpe`` against the reference merges on random texts built to hold ties (the first-occurring pair must
+  win, not the smallest or the largest), Unicode, runs of one byte (overlapping pairs), a text that runs out of
+  pairs, ``vocab_size <= 256`` and the empty text;
+- ``BPETokenizer`` is built from merges computed *here* (never from the student's ``train_bpe``): encoding the
+  training text must give training's own sequence, any text must round-trip (Unicode, emoji the merges never
+  saw, the empty string), decoding cut multi-byte characters gives U+FFFD, a bad id raises;
+- ``GPT`` is loaded (strictly, by the contract's names) with random weights and compared with the reference,
+  itself proven equal to ``nn.TransformerEncoderLayer(norm_first=True)`` with a causal mask: B >= 2, T != max_len,
+  biases far from 0; the output projection must *be* the embedding (same storage); the cached path (prefill, then
+  one token at a time) must give the full forward's logits; embeddings start small; more than max_len raises;
+- ``lm_batches`` on a stream of distinct ids, so every window's offset is read back: shifted targets, contiguous
+  windows, every offset reachable and none outside, the generator decides the draws;
+- ``generate`` on ``decoder_course.testing.HashedLM``, a stand-in whose logits are fixed by the prefix and whose
+  past lives only in the cache it is handed: greedy tokens exactly, positions run (the cache used, each token
+  fed once), reproducible draws, nothing outside top-k, first-token frequencies = softmax(logits / T).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+from torch import nn
+
+from autograder.checks.framework import Case, Exercise, Fail, Result, exercise, expect_close
+from autograder.reference import generation as ref_gen
+from autograder.reference import gpt as ref
+from decoder_course.testing import HashedLM
+
+LESSON = "11-gpt"
+CODES = "decoder_course.testing:text_codes"
+HASHED_LM = "decoder_course.testing:HashedLM"
+UNICODE = "aé λ→😀漢字\n\t ß"  # 1- to 4-byte characters
+
+
+# -- train_bpe ---------------------------------------------------------------------------------------------------------
+def _tie_text(rng: np.random.Generator, smaller_first: bool) -> str:
+    """Two pairs with the same count; which occurs first (and which is smaller) is chosen."""
+    a, b, c, d = rng.choice(list("klmnpqrstvwxz"), size=4, replace=False)
+    low, high = sorted([a + b, c + d])
+    first, second = (low, high) if smaller_first else (high, low)
+    n = int(rng.integers(3, 6))
+    return f"{first * 1} {second * 1} " + " ".join([first] * n + [second] * n)
+
+
+def _read_merges(result: Result, case: Case, name: str, what: str) -> list[tuple[int, int]]:
+    meta = result.meta(case.id, name)
+    if meta.get("type") not in ("list", "tuple"):
+        raise Fail(f"{what} should return a list of pairs, got `{meta.get('type')}` ({case.desc}).")
+    merges = []
+    for i in range(int(meta.get("len", 0))):
+        item = result.meta(case.id, f"{name}/{i}")
+        if item.get("type") not in ("tuple", "list") or item.get("len") != 2:
+            raise Fail(f"merge {i} of {what} should be a pair (a, b) of token ids, got `{item.get('type')}` "
+                       f"({case.desc}).")
+        pair = []
+        for j in range(2):
+            leaf = result.meta(case.id, f"{name}/{i}/{j}")
+            if leaf.get("type") != "int":
+                raise Fail(f"merge {i} of {what} should hold Python ints, got `{leaf.get('type')}` ({case.desc}): "
+                           "convert with int(...).")
+            pair.append(int(result.leaves[f"{case.id}/{name}/{i}/{j}"]))
+        merges.append((pair[0], pair[1]))
+    return merges
+
+
+@exercise(LESSON, "train_bpe", points=2)
+class TrainBPE(Exercise):
+    """Merges against the reference: ties (first occurrence wins), Unicode, overlapping runs, running out of
+    pairs, vocab_size <= 256, the empty text; the new ids are 256, 257, ... in order."""
+
+    def cases(self, rng):
+        specs = [
+            ("tie_small_first", _tie_text(rng, True), 256 + 3, "a tie between two pairs, the smaller one first"),
+            ("tie_large_first", _tie_text(rng, False), 256 + 3, "a tie between two pairs, the larger one first"),
+            ("random", "".join(rng.choice(list("ab c\n"), size=400)), 256 + int(rng.integers(20, 30)),
+             "400 random characters over 'ab c\\n'"),
+            ("unicode", "".join(rng.choice(list(UNICODE), size=200)), 256 + 25, "200 characters of 1 to 4 bytes"),
+            ("runs", "x" * int(rng.integers(7, 12)) + " yy " + "x" * 5, 256 + 6, "long runs of one byte (overlapping "
+                                                                                "pairs)"),
+            ("exhaust", "abab", 256 + 10, "'abab' with room for 10 merges (it runs out of pairs)"),
+            ("small", "hello hello", 200, "vocab_size=200 (no merge)"),
+            ("empty", "", 300, "the empty text"),
+        ]
+        cases = []
+        for name, text, vocab_size, desc in specs:
+            case = Case(name, desc, data={"want": ref.train_bpe(text, vocab_size), "text": text})
+            case.call("train_bpe", text, vocab_size, record="out")
+            cases.append(case)
+        return cases
+
+    def judge(self, result: Result):
+        for case in result.cases.values():
+            got = _read_merges(result, case, "out", "train_bpe", )
+            want, text = case.data["want"], case.data["text"]
+            if got == want:
+                continue
+            if len(got) != len(want) and got == want[: len(got)]:
+                raise Fail(f"train_bpe stopped after {len(got)} merges, {len(want)} were due ({case.desc}): merge "
+                           "vocab_size - 256 times, stopping early only when fewer than two tokens are left.")
+            if len(got) > len(want) and got[: len(want)] == want:
+                raise Fail(f"train_bpe learned {len(got)} merges, only {len(want)} were due ({case.desc}): at most "
+                           "vocab_size - 256 merges, and none once fewer than two tokens are left.")
+            k = next(i for i, (g, w) in enumerate(zip(got, want, strict=False)) if g != w)
+            ids = list(text.encode("utf-8"))
+            for i, pair in enumerate(want[:k]):
+                ids = ref.merge_pair(ids, pair, 256 + i)
+            counts = ref.pair_counts(ids)
+            mine = counts.get(got[k], 0)
+            if mine == counts[want[k]]:
+                idea = ("Your pair is as frequent as the right one: on a tie take the pair that occurs first in the "
+                        "current sequence (max(counts, key=counts.get) over pair_counts, whose keys are in order of "
+                        "first occurrence), not the smallest or the largest pair.")
+            elif mine == 0 and any(t >= 256 + k for t in got[k]):
+                idea = "Your pair uses an id that does not exist yet: merge k makes token 256 + k."
+            elif mine == 0:
+                idea = ("Your pair does not occur in the sequence at this point: after each merge, replace the pair "
+                        "everywhere (merge_pair) and count again on the new sequence.")
+            else:
+                idea = ("Your pair is less frequent than another: count every adjacent pair (overlapping, "
+                        "pair_counts) and take the most frequent.")
+            raise Fail(f"merge {k} of train_bpe is wrong ({case.desc}). {idea}")
+
+
+# -- BPETokenizer ------------------------------------------------------------------------------------------------------
+def _codes(case: Case, name: str, source: str) -> None:
+    """Record the string bound to ``source`` as code points (text is handed back as data)."""
+    case.record(name, {"new": CODES, "args": [{"ref": source}]})
+
+
+@exercise(LESSON, "BPETokenizer", points=2)
+class BPETokenizerCheck(Exercise):
+    """Built from merges computed here: encode reproduces training's sequence, merges apply in the order learned,
+    vocab_size; round trips on Unicode, unseen emoji and the empty string; decode of cut characters (U+FFFD),
+    of a 1-D tensor; a bad id raises."""
+
+    def cases(self, rng):
+        cases = []
+        train = "".join(rng.choice(list("the cat sat on a mat\n"), size=500)) + " ".join(["ab"] * 6 + ["bab"] * 4)
+        merges = ref.train_bpe(train, 256 + int(rng.integers(30, 40)))
+        tok = ref.BPETokenizer(merges)
+        others = {"unicode": "".join(rng.choice(list(UNICODE), size=60)), "unseen": "🙂 the mat 🙂\x00\x7f",
+                  "empty": "", "one": "t"}
+        case = Case("encode", f"a tokenizer of {len(merges)} merges learned here, the training text and others",
+                    data={"merges": merges, "texts": {"train": train, **others}})
+        case.call("BPETokenizer", [list(p) for p in merges], let="tok")
+        case.record("vocab_size", {"attr": ["tok", "vocab_size"]})
+        for name, text in {"train": train, **others}.items():
+            case.call({"attr": ["tok", "encode"]}, text, let=f"ids_{name}", record=f"enc_{name}")
+            case.call({"attr": ["tok", "decode"]}, {"ref": f"ids_{name}"}, let=f"back_{name}")
+            _codes(case, f"dec_{name}", f"back_{name}")
+        cases.append(case)
+        # decoding id lists that no encode produced: cut multi-byte characters, a tensor
+        lam = list("λ".encode())  # two bytes
+        emoji = list("😀".encode())  # four bytes
+        lists = {"cut2": [lam[0]], "cut4": emoji[:3] + [ord("a")], "mixed": [ord("o"), 256, lam[0], lam[1]]}
+        case = Case("decode", "decode of id lists cut inside multi-byte characters, and of a 1-D tensor",
+                    data={"merges": merges, "lists": lists})
+        case.call("BPETokenizer", [list(p) for p in merges], let="tok")
+        for name, ids in lists.items():
+            case.call({"attr": ["tok", "decode"]}, ids, let=f"s_{name}")
+            _codes(case, name, f"s_{name}")
+        ids = tok.encode(train[:40])
+        case.call({"attr": ["tok", "decode"]}, case.tensor(np.array(ids, dtype=np.int64)), let="s_tensor")
+        _codes(case, "tensor", "s_tensor")
+        case.data["lists"]["tensor"] = ids
+        cases.append(case)
+        # an id outside the vocabulary raises
+        case = Case("bad_id", f"decode([{tok.vocab_size}]) with vocab_size={tok.vocab_size}",
+                    data={"expect_error": True})
+        case.call("BPETokenizer", [list(p) for p in merges], let="tok")
+        case.call({"attr": ["tok", "decode"]}, [ord("a"), tok.vocab_size], record="out")
+        cases.append(case)
+        return cases
+
+    def judge(self, result: Result):
+        enc, dec, bad = (result.cases[k] for k in ("encode", "decode", "bad_id"))
+        tok = ref.BPETokenizer(enc.data["merges"])
+        size = result.get(enc.id, "vocab_size", what="tok.vocab_size", kind="any")
+        if int(size) != tok.vocab_size:
+            raise Fail(f"vocab_size is {int(size)}, should be 256 + len(merges) = {tok.vocab_size} ({enc.desc}).")
+        for name, text in enc.data["texts"].items():
+            ids = _read_ints(result, enc, f"enc_{name}", f"encode({name} text)")
+            want = tok.encode(text)
+            if ids != want:
+                if ids and all(0 <= i < 256 for i in ids):
+                    idea = "No merge was applied: replay every merge of the list, in order, on the bytes."
+                elif len(ids) > len(want):
+                    idea = ("Fewer merges than due were applied: apply merge k everywhere it occurs, for every k, "
+                            "in the order the merges were learned (merge k may need tokens made by earlier merges).")
+                else:
+                    idea = ("Apply the merges in the order they were learned (merge k makes token 256 + k), each "
+                            "everywhere, left to right without overlaps; start from text.encode('utf-8').")
+                raise Fail(f"encode is wrong on the {name} text ({enc.desc}). {idea}")
+            back = _read_text(result, enc, f"dec_{name}", f"decode(encode({name} text))")
+            if back != text:
+                raise Fail(f"decode(encode(text)) is not the text for the {name} text ({enc.desc}): join the tokens' "
+                           "bytes (vocab[256 + k] = vocab[a] + vocab[b]) and decode them once, as UTF-8.")
+        for name, ids in dec.data["lists"].items():
+            got = _read_text(result, dec, name, f"decode of the {name} ids")
+            want = tok.decode(ids)
+            if got != want:
+                raise Fail(f"decode is wrong for ids that cut a multi-byte character or come as a tensor ({name}; "
+                           f"{dec.desc}): join all the bytes first, then decode them once with "
+                           "bytes.decode('utf-8', errors='replace'), so a cut character becomes one U+FFFD.")
+        if result.error(bad.id) is None:
+            raise Fail(f"decode returned for an id outside the vocabulary ({bad.desc}): raise (e.g. ValueError) "
+                       "instead of inventing bytes for it.")
+
+
+def _read_ints(result: Result, case: Case, name: str, what: str) -> list[int]:
+    meta = result.meta(case.id, name)
+    if meta.get("type") != "list":
+        raise Fail(f"{what} should return a list of ints, got `{meta.get('type')}` ({case.desc}).")
+    out = []
+    for i in range(int(meta.get("len", 0))):
+        leaf = result.meta(case.id, f"{name}/{i}")
+        if leaf.get("type") != "int":
+            raise Fail(f"{what} should return Python ints, got `{leaf.get('type')}` ({case.desc}).")
+        out.append(int(result.leaves[f"{case.id}/{name}/{i}"]))
+    return out
+
+
+def _read_text(result: Result, case: Case, name: str, what: str) -> str:
+    error = result.error(case.id)
+    if error is not None and "expected a str" in error:
+        raise Fail(f"{what} should return a str ({case.desc}): {error.splitlines()[-1]}")
+    codes = result.get(case.id, name, what=what, kind="ndarray", dtype="int")
+    return "".join(chr(int(c)) for c in codes)
+
+
+# -- GPT ---------------------------------------------------------------------------------------------------------------
+V, D, H, F, LAYERS, MAX_LEN = 37, 24, 3, 40, 2, 12  # Dh = 8; T != max_len != H
+
+
+def _random_gpt(rng: np.random.Generator) -> tuple[ref.GPT, dict[str, np.ndarray]]:
+    with torch.random.fork_rng():
+        torch.manual_seed(int(rng.integers(2**31)))
+        model = ref.GPT(V, D, H, F, LAYERS, MAX_LEN, dropout=0.1)
+        with torch.no_grad():
+            for name, p in model.named_parameters():
+                if name.endswith("bias"):
+                    p.normal_(0.0, 0.2)  # far from 0, so a forgotten bias shows
+                elif "embed" in name:
+                    p.normal_(0.0, 0.5)  # positions and tokens both matter
+                elif "norm" in name:
+                    p.normal_(1.0, 0.2)
+    model.eval()
+    state = {key: value.detach().numpy().astype(np.float32) for key, value in model.state_dict().items()}
+    return model, state
+
+
+def _build_gpt(case: Case, state: dict) -> None:
+    case.call("GPT", V, D, H, F, LAYERS, MAX_LEN, dropout=0.1, let="m")
+    case.load_state("m", state)
+    case.eval("m")
+
+
+def _variants(model: ref.GPT, ids: torch.Tensor) -> dict[str, np.ndarray]:
+    """What common mistakes compute, for the diagnosis."""
+    T = ids.shape[1]
+    with torch.no_grad():
+        x = model.tok_embed(ids) + model.pos_embed(torch.arange(T))
+        out = {}
+        h = x
+        for layer in model.layers:
+            h = layer(h)  # no causal mask
+        out["no_mask"] = model.out_proj(model.norm(h))
+        h = x
+        for layer in model.layers:
+            h = layer(h, self_allowed=ref.causal_allowed(T))
+        out["no_final_norm"] = model.out_proj(h)
+        h = model.tok_embed(ids)
+        for layer in model.layers:
+            h = layer(h, self_allowed=ref.causal_allowed(T))
+        out["no_positions"] = model.out_proj(model.norm(h))
+    return {k: v.numpy() for k, v in out.items()}
+
+
+@exercise(LESSON, "GPT", points=3)
+class GPTCheck(Exercise):
+    """Logits against the reference (= PyTorch's encoder layers with a causal mask) with copied weights, B >= 2,
+    T != max_len; the causal mask, learned positions, the final norm; out_proj.weight is tok_embed.weight; the
+    cached path equals the full forward; small initial embeddings; more than max_len positions raise."""
+
+    forbidden = ("nn.TransformerEncoderLayer", "nn.TransformerEncoder", "nn.TransformerDecoderLayer",
+                 "nn.Transformer")
+
+    def cases(self, rng):
+        cases = []
+        model, state = _random_gpt(rng)
+        ids = rng.integers(0, V, size=(3, 7))
+        ids_t = torch.from_numpy(ids)
+        with torch.no_grad():
+            want = model(ids_t).numpy()
+        case = Case("full", f"GPT(V={V}, D={D}, H={H}, F={F}, n_layers={LAYERS}, max_len={MAX_LEN}) with random "
+                            "weights, B=3, T=7, eval mode",
+                    data={"want": want, "variants": _variants(model, ids_t)})
+        _build_gpt(case, state)
+        case.call({"ref": "m"}, case.tensor(ids), record="out")
+        case.call({"attr": ["m", "out_proj", "weight", "data_ptr"]}, record="ptr_out")
+        case.call({"attr": ["m", "tok_embed", "weight", "data_ptr"]}, record="ptr_tok")
+        cases.append(case)
+        # the whole of max_len, B = 2
+        ids = rng.integers(0, V, size=(2, MAX_LEN))
+        with torch.no_grad():
+            want = model(torch.from_numpy(ids)).numpy()
+        case = Case("max_len", f"B=2, T=max_len={MAX_LEN}", data={"want": want})
+        _build_gpt(case, state)
+        case.call({"ref": "m"}, case.tensor(ids), record="out")
+        cases.append(case)
+        # the cached path: a prefill of 4 positions, then one at a time
+        ids = rng.integers(0, V, size=(2, 9))
+        with torch.no_grad():
+            want = model(torch.from_numpy(ids)).numpy()
+        case = Case("cache", "B=2, a KVCache prefilled with 4 positions, then 5 single tokens", data={"want": want})
+        _build_gpt(case, state)
+        case.call("KVCache", LAYERS, let="cache")
+        case.call({"ref": "m"}, case.tensor(ids[:, :4]), {"ref": "cache"}, record="step0")
+        for t in range(4, 9):
+            case.call({"ref": "m"}, case.tensor(ids[:, t:t + 1]), {"ref": "cache"}, record=f"step{t - 3}")
+        cases.append(case)
+        # a fresh model: small embeddings
+        case = Case("init", "a freshly built GPT(300, 64, 4, 128, 1, 32)", data={})
+        case.seed(int(rng.integers(2**31)))
+        case.call("GPT", 300, 64, 4, 128, 1, 32, let="fresh")
+        case.record("tok", {"attr": ["fresh", "tok_embed", "weight", "data"]})
+        case.record("pos", {"attr": ["fresh", "pos_embed", "weight", "data"]})
+        cases.append(case)
+        # too long
+        case = Case("too_long", f"T = max_len + 1 = {MAX_LEN + 1}", data={"expect_error": True})
+        _build_gpt(case, state)
+        case.call({"ref": "m"}, case.tensor(rng.integers(0, V, size=(2, MAX_LEN + 1))), record="out")
+        cases.append(case)
+        return cases
+
+    def judge(self, result: Result):
+        for case_id in ("full", "max_len"):
+            case = result.cases[case_id]
+            _load_error(result, case)
+            want = case.data["want"]
+            got = result.get(case.id, "out", what="GPT's logits", kind="tensor", dtype="float", shape=want.shape)
+            hint = ("Token embedding + position embedding (rows 0 .. T-1 of pos_embed), the layers with the causal "
+                    "mask, the final norm, then out_proj.")
+            for variant, idea in (("no_mask", "Your logits at a position depend on later tokens: pass the causal "
+                                              "mask (T, T) as self_allowed to every layer."),
+                                  ("no_final_norm", "Apply the final LayerNorm (self.norm) before out_proj: pre-LN "
+                                                    "layers leave the stream unnormalised."),
+                                  ("no_positions", "Add the learned position embeddings pos_embed(arange(T)) to the "
+                                                   "token embeddings.")):
+                alt = case.data.get("variants", {}).get(variant)
+                if alt is not None and np.allclose(got, alt, rtol=1e-4, atol=1e-4):
+                    hint = idea
+            expect_close(got, want, "GPT's logits", case.desc, hint=hint, rtol=1e-4, atol=1e-4)
+        full = result.cases["full"]
+        p_out = result.get(full.id, "ptr_out", what="out_proj.weight.data_ptr()", kind="any")
+        p_tok = result.get(full.id, "ptr_tok", what="tok_embed.weight.data_ptr()", kind="any")
+        if int(p_out) != int(p_tok):
+            raise Fail("out_proj.weight is not tok_embed.weight: tie them (self.out_proj.weight = "
+                       "self.tok_embed.weight), one Parameter that both embeds and scores tokens.")
+        case = result.cases["cache"]
+        _load_error(result, case)
+        want = case.data["want"]
+        parts = [result.get(case.id, "step0", what="GPT's logits on the prefill", kind="tensor", dtype="float",
+                            shape=(2, 4, V))]
+        for s in range(1, 6):
+            parts.append(result.get(case.id, f"step{s}", what=f"GPT's logits at cached step {s}", kind="tensor",
+                                    dtype="float", shape=(2, 1, V)))
+        expect_close(np.concatenate(parts, axis=1), want, "GPT's logits with a KVCache", case.desc, rtol=1e-4,
+                     atol=1e-4, hint="With a cache the new tokens sit at positions cache.length .. (read it before "
+                                     "the first layer updates it); each layer appends its new keys and values "
+                                     "(cache.update(k, v, i)) and attends over all of them with "
+                                     "cached_causal_mask(positions, S).")
+        case = result.cases["init"]
+        for name, what in (("tok", "tok_embed"), ("pos", "pos_embed")):
+            w = result.get(case.id, name, what=f"{what}.weight", kind="tensor", dtype="float")
+            if float(np.std(w)) > 0.1:
+                raise Fail(f"a fresh GPT's {what}.weight has std {float(np.std(w)):.2f} ({case.desc}): start the "
+                           "embeddings at N(0, 0.02²) (nn.init.normal_(w, std=0.02)); tied to the output, N(0, 1) "
+                           "gives huge initial logits.")
+        if result.error("too_long") is None:
+            raise Fail(f"GPT ran on {MAX_LEN + 1} positions with max_len={MAX_LEN}: raise ValueError, there is no "
+                       "learned position embedding past max_len - 1.")
+
+
+def _load_error(result: Result, case: Case) -> None:
+    error = result.error(case.id)
+    if error is not None and "state_dict" in error:
+        raise Fail(f"the weights could not be loaded into your GPT ({case.desc}):\n    {error.splitlines()[-1]}\n"
+                   "The names are part of the contract: tok_embed, pos_embed, layers (DecoderLayer with "
+                   "cross_attn=False), norm, out_proj (no bias).")
+
+
+# -- lm_batches --------------------------------------------------------------------------------------------------------
+def _offsets(ids: np.ndarray, inputs: np.ndarray) -> np.ndarray:
+    """Each row's start in a stream of distinct ids (-1 where the row's first id is not in it)."""
+    where = {int(v): i for i, v in enumerate(ids.tolist())}
+    return np.array([where.get(int(row[0]), -1) for row in inputs])
+
+
+@exercise(LESSON, "lm_batches")
+class LMBatches(Exercise):
+    """Shifted targets, contiguous windows of the stream, (batch, block) int64; every offset 0 .. N - block - 1
+    reachable, none beyond; the generator decides (torch.randint(0, N - block, (batch,)) draws); ids unchanged;
+    a stream of N <= block raises."""
+
+    def cases(self, rng):
+        cases = []
+        N, block, batch = int(rng.integers(40, 60)), int(rng.integers(5, 9)), 6
+        ids = rng.permutation(1000)[:N].astype(np.int64) + 3  # distinct ids: each window's offset can be read back
+        seed = int(rng.integers(2**31))
+        want = [t.numpy() for t in ref.lm_batches(torch.from_numpy(ids), block, batch, torch.Generator()
+                                                  .manual_seed(seed))]
+        case = Case("draws", f"a stream of N={N} distinct ids, block={block}, batch={batch}, a seeded generator",
+                    data={"ids": ids, "block": block, "batch": batch, "want": want})
+        case.let("ids", case.tensor(ids))
+        for name, global_seed in (("a", 1), ("b", 2)):
+            case.seed(int(rng.integers(2**31)) + global_seed)
+            case.call("lm_batches", {"ref": "ids"}, block, batch, {"generator": seed}, record=name)
+        case.record("ids_after", {"ref": "ids"})
+        cases.append(case)
+        # a short stream, many rows: every offset must come up, none beyond
+        block = 5
+        ids = rng.permutation(500)[: block + 3].astype(np.int64)
+        case = Case("range", f"a stream of N={block + 3} ids, block={block}, batch=300 (3 possible offsets)",
+                    data={"ids": ids, "block": block, "batch": 300})
+        case.call("lm_batches", case.tensor(ids), block, 300, {"generator": int(rng.integers(2**31))}, record="a")
+        cases.append(case)
+        case = Case("short", "a stream of N=block tokens", data={"expect_error": True})
+        case.call("lm_batches", case.tensor(np.arange(6)), 6, 2, {"generator": 0}, record="a")
+        cases.append(case)
+        return cases
+
+    def judge(self, result: Result):
+        for case_id in ("range", "draws"):
+            case = result.cases[case_id]
+            d = case.data
+            ids, block, batch = d["ids"], d["block"], d["batch"]
+            meta = result.meta(case.id, "a")
+            if meta.get("type") not in ("tuple", "list") or meta.get("len") != 2:
+                raise Fail(f"lm_batches should return a pair (inputs, targets), got {meta.get('type')} "
+                           f"({case.desc}).")
+            x = result.get(case.id, "a/0", what="inputs", kind="tensor", dtype="torch.int64", shape=(batch, block))
+            y = result.get(case.id, "a/1", what="targets", kind="tensor", dtype="torch.int64", shape=(batch, block))
+            if not np.array_equal(x[:, 1:], y[:, :-1]):
+                raise Fail(f"targets are not the inputs shifted by one ({case.desc}): targets[:, t] is the token that "
+                           "follows inputs[:, t], i.e. ids[o + 1 : o + block + 1].")
+            starts = _offsets(ids, x)
+            for r, o in enumerate(starts.tolist()):
+                if o < 0 or o + block + 1 > len(ids) or not np.array_equal(x[r], ids[o:o + block]) \
+                        or not np.array_equal(y[r], ids[o + 1:o + block + 1]):
+                    raise Fail(f"row {r} is not a window ids[o : o + block] with its targets ids[o + 1 : o + block + "
+                               f"1] ({case.desc}).")
+            if case_id == "range":
+                seen = set(starts.tolist())
+                if seen != set(range(len(ids) - block)):
+                    raise Fail(f"the offsets drawn were {sorted(seen)}, but every start 0 .. N - block - 1 = "
+                               f"{len(ids) - block - 1} must be possible ({case.desc}): "
+                               "torch.randint(0, N - block, (batch,)) (its high end is exclusive).")
+        case = result.cases["draws"]
+        a = [result.get(case.id, f"a/{i}", what="inputs/targets", kind="tensor") for i in range(2)]
+        b = [result.get(case.id, f"b/{i}", what="inputs/targets", kind="tensor") for i in range(2)]
+        if not all(np.array_equal(p, q) for p, q in zip(a, b, strict=True)):
+            raise Fail(f"two calls with generators of the same seed gave different batches ({case.desc}): draw the "
+                       "offsets with the generator argument (torch.randint(..., generator=generator)), never from "
+                       "the global random state.")
+        if not all(np.array_equal(p, q) for p, q in zip(a, case.data["want"], strict=True)):
+            raise Fail(f"the windows are valid but not the ones the generator's draws select ({case.desc}): draw "
+                       "exactly torch.randint(0, N - block, (batch,), generator=generator), once, as the offsets.")
+        after = result.get(case.id, "ids_after", what="ids after the call", kind="tensor")
+        if not np.array_equal(after, case.data["ids"]):
+            raise Fail(f"lm_batches changed the caller's ids ({case.desc}).")
+        if result.error("short") is None:
+            raise Fail("lm_batches returned for a stream of N = block tokens: there is no window with a target; "
+                       "raise ValueError.")
+
+
+# -- generate ----------------------------------------------------------------------------------------------------------
+def _lm(case: Case, name: str, seed: int, vocab: int = 14, **kwargs) -> HashedLM:
+    case.let(name, {"new": HASHED_LM, "args": [vocab, seed], "kwargs": kwargs})
+    return HashedLM(vocab, seed, **kwargs)
+
+
+def _allowed(model: HashedLM, prefix: list[int], temperature: float, top_k) -> set[int]:
+    x = model.next_logits(prefix)[None] / temperature
+    if top_k is not None:
+        x = ref_gen.top_k_filter(x, top_k)
+    return set(torch.isfinite(x[0]).nonzero().flatten().tolist())
+
+
+@exercise(LESSON, "generate", points=2)
+class Generate(Exercise):
+    """On HashedLM (past only in the cache): greedy tokens at temperature 0 exactly, the prompt kept and unchanged,
+    one forward position per new token (the cache used); reproducible with a generator whatever the global seed;
+    never outside top-k; first-token frequencies = softmax(logits / temperature)."""
+
+    def cases(self, rng):
+        cases = []
+        # 1. greedy, a batch, the cache used
+        seed, T, new = int(rng.integers(2**31)), 3, int(rng.integers(5, 8))
+        prompt = rng.integers(0, 14, size=(3, T))
+        model = HashedLM(14, seed, n_layers=3, max_len=16)
+        want = ref.generate(model, torch.from_numpy(prompt), new, temperature=0).numpy()
+        case = Case("greedy", f"B=3, a prompt of T={T}, max_new_tokens={new}, temperature=0, a 3-layer stand-in",
+                    data={"want": want, "prompt": prompt, "T": T, "new": new})
+        _lm(case, "m", seed, n_layers=3, max_len=16)
+        case.let("prompt", case.tensor(prompt))
+        case.call("generate", {"ref": "m"}, {"ref": "prompt"}, new, temperature=0, record="out")
+        case.record("prompt_after", {"ref": "prompt"})
+        case.record("positions", {"attr": ["m", "positions_run"]})
+        cases.append(case)
+        # 2. reproducible draws
+        seed, g1, g2 = (int(s) for s in rng.integers(2**31, size=3))
+        case = Case("repro", "B=8, a prompt of T=2, max_new_tokens=8, temperature 1, seeded generators",
+                    data={"B": 8, "T": 2, "new": 8})
+        _lm(case, "m", seed, max_len=16)
+        prompt = rng.integers(0, 14, size=(8, 2))
+        for name, global_seed, g in (("a", 1, g1), ("b", 2, g1), ("c", 3, g2)):
+            case.seed(int(rng.integers(2**31)) + global_seed)
+            case.call("generate", {"ref": "m"}, case.tensor(prompt), 8, generator={"generator": g}, record=name)
+        cases.append(case)
+        # 3. top-k: nothing outside the k best
+        seed, k = int(rng.integers(2**31)), int(rng.integers(2, 4))
+        prompt = np.tile(rng.integers(0, 14, size=(1, 1)), (400, 1))
+        model = HashedLM(14, seed, max_len=8, scale=2.0)
+        case = Case("top_k", f"B=400 copies of one prompt, max_new_tokens=2, top_k={k}, temperature 0.8",
+                    data={"model": model, "prompt": prompt, "k": k, "temperature": 0.8})
+        _lm(case, "m", seed, max_len=8, scale=2.0)
+        case.call("generate", {"ref": "m"}, case.tensor(prompt), 2, temperature=0.8, top_k=k,
+                  generator={"generator": int(rng.integers(2**31))}, record="out")
+        cases.append(case)
+        # 4. temperature: first-token frequencies
+        seed, temperature = int(rng.integers(2**31)), float(rng.choice([0.5, 2.0]))
+        prompt = np.tile(rng.integers(0, 8, size=(1, 2)), (3000, 1))
+        model = HashedLM(8, seed, max_len=8, scale=1.2)
+        case = Case("temperature", f"B=3000 copies of one prompt, one new token, temperature {temperature}",
+                    data={"model": model, "prompt": prompt, "temperature": temperature})
+        _lm(case, "m", seed, vocab=8, max_len=8, scale=1.2)
+        case.call("generate", {"ref": "m"}, case.tensor(prompt), 1, temperature=temperature,
+                  generator={"generator": int(rng.integers(2**31))}, record="out")
+        cases.append(case)
+        return cases
+
+    def judge(self, result: Result):
+        case = result.cases["greedy"]
+        d = case.data
+        B, T, new = d["prompt"].shape[0], d["T"], d["new"]
+        error = result.error(case.id)
+        if error is not None and ("max_len" in error or "cache holds" in error or "one slot per layer" in error):
+            raise Fail(f"generate fed the stand-in model wrongly ({case.desc}):\n    {error.splitlines()[-1]}\n"
+                       "Make one KVCache(len(model.layers)), run the prompt once with it, then only each new "
+                       "token, (B, 1), with the same cache.")
+        got = result.get(case.id, "out", what="generate(...)", kind="tensor", dtype="int")
+        if got.shape != (B, T + new):
+            raise Fail(f"generate should return (B, T + max_new_tokens) = {(B, T + new)}, got {got.shape} "
+                       f"({case.desc}): the prompt, then the new tokens.")
+        if not np.array_equal(got[:, :T], d["prompt"]):
+            raise Fail(f"the first T columns of generate's output are not the prompt ({case.desc}).")
+        after = result.get(case.id, "prompt_after", what="the prompt after the call", kind="tensor")
+        if not np.array_equal(after, d["prompt"]):
+            raise Fail(f"generate changed the caller's prompt_ids ({case.desc}).")
+        positions = int(result.get(case.id, "positions", what="positions run", kind="any"))
+        if not np.array_equal(got, d["want"]):
+            idea = "At temperature 0 take the argmax of the last position's logits, each step."
+            if positions > T + new:
+                idea = ("The model saw more positions than the prompt plus one per new token: with a cache feed the "
+                        "prompt once, then only the newest token (B, 1); never the whole sequence again.")
+            raise Fail(f"generate's tokens are wrong ({case.desc}). {idea}")
+        if positions > T + new:
+            raise Fail(f"the model ran {positions} positions per row for a prompt of {T} and {new} new tokens "
+                       f"({case.desc}): that is recomputing the past. Pass a KVCache and feed the prompt once, then "
+                       "one new token per step.")
+        case = result.cases["repro"]
+        outs = {n: result.get(case.id, n, what="generate(...)", kind="tensor", dtype="int", shape=(8, 10))
+                for n in "abc"}
+        if not np.array_equal(outs["a"], outs["b"]):
+            raise Fail(f"two calls with generators of the same seed gave different tokens ({case.desc}): draw with "
+                       "torch.multinomial(probs, 1, generator=generator), never from the global random state.")
+        if np.array_equal(outs["a"], outs["c"]):
+            raise Fail(f"generators with different seeds gave the same tokens ({case.desc}): at temperature 1, draw "
+                       "the next token at random from softmax(logits), not its argmax.")
+        case = result.cases["top_k"]
+        d = case.data
+        got = result.get(case.id, "out", what="generate(...)", kind="tensor", dtype="int", shape=(400, 3))
+        first_allowed = _allowed(d["model"], d["prompt"][0].tolist(), d["temperature"], d["k"])
+        for row in got.tolist():
+            for t in (1, 2):
+                if row[t] not in _allowed(d["model"], row[:t], d["temperature"], d["k"]):
+                    raise Fail(f"generate drew a token outside the top {d['k']} ({case.desc}): divide the logits by "
+                               "the temperature, keep the top_k largest (top_k_filter), then draw from the softmax.")
+        if set(got[:, 1].tolist()) != first_allowed:
+            raise Fail(f"only {len(set(got[:, 1].tolist()))} of the {d['k']} allowed first tokens were drawn in 400 "
+                       f"rows ({case.desc}): draw from the softmax of the filtered logits, not their argmax.")
+        case = result.cases["temperature"]
+        d = case.data
+        got = result.get(case.id, "out", what="generate(...)", kind="tensor", dtype="int", shape=(3000, 3))
+        logits = d["model"].next_logits(d["prompt"][0].tolist()).double()
+        want = torch.softmax(logits / d["temperature"], -1).numpy()
+        freq = np.bincount(got[:, 2], minlength=len(want)) / len(got)
+        sigma = np.sqrt(want * (1 - want) / len(got))
+        if np.any(np.abs(freq - want) > 5 * sigma + 0.01):
+            raise Fail(f"the first new token's frequencies do not follow softmax(logits / temperature) ({case.desc}): "
+                       "divide the last position's logits by the temperature, then draw from the softmax.")
+
+
+_ = nn  # torch.nn is imported for the policy's names only

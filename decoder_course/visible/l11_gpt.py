@@ -1,0 +1,297 @@
+"""Visible checks of lesson 11-gpt: the BPE tokenizer, the GPT model, next-token batches and generation.
+
+No reference answer is needed: the tokenizer's worked examples are small enough to do by hand (and are done in
+the lesson), round trips and merge order are properties; ``GPT`` is compared with PyTorch's own
+``nn.TransformerEncoderLayer(norm_first=True)`` stack run with a causal mask, into which the student's weights are
+copied, and probed for leakage; the batches are read back from a stream of distinct ids; generation runs on
+``decoder_course.testing.HashedLM``, whose logits are fixed by the prefix and whose past lives only in its cache.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+
+import torch
+from torch import nn
+
+from decoder_course.checks import CheckFailed, check, expect_close, expect_dtype, expect_shape, expect_type
+from decoder_course.testing import HashedLM
+
+UNICODE_SAMPLE = "naïve café — λx. x² 😀 漢字\n\tend"
+
+
+def _expect_merges(got, want, what: str, hint: str) -> None:
+    expect_type(got, (list, tuple), what)
+    got = [tuple(int(t) for t in pair) for pair in got]
+    if got != list(want):
+        k = next((i for i, (g, w) in enumerate(zip(got, want, strict=False)) if g != w), min(len(got), len(want)))
+        raise CheckFailed(f"{what} should be {list(want)}, got {got} (first difference at merge {k}): {hint}")
+
+
+def check_train_bpe(train_bpe) -> None:
+    """The lesson's worked examples, a tie, runs of one byte, the number of merges, and the merge-order property."""
+    with check("'aaabdaaabac' with 3 merges: (a, a) -> 256, (256, a) -> 257, (257, b) -> 258"):
+        _expect_merges(train_bpe("aaabdaaabac", 259), [(97, 97), (256, 97), (257, 98)], "train_bpe('aaabdaaabac', 259)",
+                       "count the pairs of the *current* sequence after every merge; merge k makes token 256 + k")
+    with check("a tie goes to the pair that occurs first, not the smallest or largest pair"):
+        _expect_merges(train_bpe("xy zw zw zw xy xy", 257), [(120, 121)], "train_bpe('xy zw zw zw xy xy', 257)",
+                       "'xy', ' z', 'zw' and 'w ' all occur 3 times; 'xy' comes first: max(counts, key=counts.get)")
+    with check("'aaaa': overlapping pairs, then the new tokens merge too, then no pair is left"):
+        _expect_merges(train_bpe("aaaa", 300), [(97, 97), (256, 256)], "train_bpe('aaaa', 300)",
+                       "(a, a) occurs 3 times (overlapping), merges into [256, 256], then [257]; one token has no "
+                       "pair, so training stops early")
+    with check("vocab_size - 256 merges on a long text; none for vocab_size <= 256 or the empty text"):
+        text = "the quick brown fox jumps over the lazy dog. " * 4
+        merges = train_bpe(text, 256 + 12)
+        if len(merges) != 12:
+            raise CheckFailed(f"train_bpe(text, 268) learned {len(merges)} merges, should be 268 - 256 = 12")
+        if list(train_bpe(text, 250)) or list(train_bpe("", 300)):
+            raise CheckFailed("train_bpe should learn no merge for vocab_size <= 256 or an empty text")
+    with check("every merge is the most frequent pair of the sequence at its step (random Unicode text)"):
+        g = torch.Generator().manual_seed(0)
+        chars = list("ab é😀\n")
+        text = "".join(chars[i] for i in torch.randint(0, len(chars), (300,), generator=g).tolist())
+        ids = list(text.encode("utf-8"))
+        for k, pair in enumerate(train_bpe(text, 256 + 15)):
+            counts = Counter(zip(ids, ids[1:]))
+            if counts.get(tuple(pair), 0) != max(counts.values()):
+                raise CheckFailed(f"merge {k}, {tuple(pair)}, occurs {counts.get(tuple(pair), 0)} times, but a pair "
+                                  f"occurs {max(counts.values())} times at that step: take the most frequent pair")
+            merged, i = [], 0
+            while i < len(ids):  # the merge, done here to follow your merges along
+                if i + 1 < len(ids) and (ids[i], ids[i + 1]) == tuple(pair):
+                    merged.append(256 + k)
+                    i += 2
+                else:
+                    merged.append(ids[i])
+                    i += 1
+            ids = merged
+
+
+def check_bpe_tokenizer(BPETokenizer) -> None:  # noqa: N803 - the class under test
+    """Hand-made merges: the vocabulary, encode in merge order, exact round trips, cut characters, a bad id."""
+    with check("vocab: 256 bytes then one token per merge; vocab_size = 256 + len(merges)"):
+        tok = BPETokenizer([(97, 97), (256, 98)])  # "aa", then "aab"
+        if tok.vocab_size != 258:
+            raise CheckFailed(f"vocab_size is {tok.vocab_size}, should be 256 + 2 = 258")
+        if tok.decode([257]) != "aab":
+            raise CheckFailed(f"decode([257]) is {tok.decode([257])!r}, should be 'aab': vocab[256 + k] is "
+                              "vocab[a] + vocab[b], the bytes of the merged pair")
+    with check("encode applies the merges in the order they were learned"):
+        tok = BPETokenizer([(97, 97), (256, 98)])
+        got = tok.encode("aaaab aab")
+        expect_type(got, list, "encode('aaaab aab')")
+        if got != [256, 257, 32, 257]:
+            raise CheckFailed(f"encode('aaaab aab') should be [256, 257, 32, 257] (merge (a, a) everywhere, left to "
+                              f"right, then (256, b)), got {got}")
+        tok = BPETokenizer([(98, 99), (97, 98)])  # "bc" first, then "ab"
+        if tok.encode("abc") != [97, 256]:
+            raise CheckFailed(f"with merges [(b, c), (a, b)], encode('abc') should be [97, 256]: 'bc' was learned "
+                              f"first, so it is merged first; got {tok.encode('abc')}")
+    with check("decode(encode(text)) == text for Unicode, text the merges never saw, and the empty string"):
+        tok = BPETokenizer([(32, 0xCE), (256, 0xBB), (101, 32)])  # " " + the first byte of "λ", then " λ"
+        for text in (" λ λx", UNICODE_SAMPLE, "", "\x00\x7f 🙂"):
+            ids = tok.encode(text)
+            if any(not isinstance(i, int) or not 0 <= i < tok.vocab_size for i in ids):
+                raise CheckFailed(f"encode({text!r}) holds ids that are not Python ints in 0 .. vocab_size - 1")
+            back = tok.decode(ids)
+            expect_type(back, str, f"decode(encode({text!r}))")
+            if back != text:
+                raise CheckFailed(f"decode(encode({text!r})) gave {back!r}: join every token's bytes first, then "
+                                  "decode them once as UTF-8 (a character may be split across tokens)")
+    with check("decode of cut characters gives U+FFFD; a tensor of ids decodes; an id out of range raises"):
+        tok = BPETokenizer([(32, 0xCE)])
+        lam = list("λ".encode())
+        if tok.decode([lam[0]]) != "\ufffd":
+            raise CheckFailed(f"decode([0xce]) gave {tok.decode([lam[0]])!r}, should be '\\ufffd': decode with "
+                              "errors='replace'")
+        if tok.decode(torch.tensor([104, 105])) != "hi":
+            raise CheckFailed("decode(torch.tensor([104, 105])) should be 'hi': accept a 1-D tensor too")
+        try:
+            tok.decode([104, tok.vocab_size])
+        except (ValueError, IndexError, KeyError):
+            pass
+        else:
+            raise CheckFailed("decode([104, vocab_size]) returned: an id outside the vocabulary should raise")
+
+
+def _copy_to_torch(model, n_layers: int, d_model: int, n_heads: int, d_ff: int) -> list:
+    """PyTorch's own encoder layers (norm_first=True) holding the student's weights."""
+    layers = []
+    for ours in model.layers:
+        theirs = nn.TransformerEncoderLayer(d_model, n_heads, d_ff, dropout=0.0, batch_first=True, norm_first=True)
+        sa = ours.self_attn
+        with torch.no_grad():
+            theirs.self_attn.in_proj_weight.copy_(torch.cat([sa.q_proj.weight, sa.k_proj.weight, sa.v_proj.weight]))
+            theirs.self_attn.in_proj_bias.copy_(torch.cat([sa.q_proj.bias, sa.k_proj.bias, sa.v_proj.bias]))
+            theirs.self_attn.out_proj.weight.copy_(sa.out_proj.weight)
+            theirs.self_attn.out_proj.bias.copy_(sa.out_proj.bias)
+            for mine, other in ((ours.feed_forward.linear1, theirs.linear1), (ours.feed_forward.linear2,
+                                                                               theirs.linear2),
+                                (ours.norm1, theirs.norm1), (ours.norm3, theirs.norm2)):
+                other.weight.copy_(mine.weight)
+                other.bias.copy_(mine.bias)
+        layers.append(theirs.eval())
+    return layers
+
+
+def check_gpt(GPT, KVCache) -> None:  # noqa: N803 - the classes under test
+    """Names and tied weights, equal to PyTorch's encoder layers with a causal mask, no leakage, the cache path."""
+    V, D, H, F, L, M = 40, 32, 4, 48, 2, 16
+    torch.manual_seed(0)
+    model = GPT(V, D, H, F, L, M, dropout=0.1)
+    with check("submodules tok_embed, pos_embed, layers (no cross-attention), norm, out_proj tied to tok_embed"):
+        for name in ("tok_embed", "pos_embed", "layers", "norm", "out_proj"):
+            if not hasattr(model, name):
+                raise CheckFailed(f"GPT has no `{name}`: the names are part of the contract")
+        if len(model.layers) != L or any(layer.cross_attn is not None for layer in model.layers):
+            raise CheckFailed(f"layers should be {L} DecoderLayer(..., norm_first=True, cross_attn=False)")
+        if model.out_proj.weight is not model.tok_embed.weight:
+            raise CheckFailed("out_proj.weight is not tok_embed.weight: tie them (self.out_proj.weight = "
+                              "self.tok_embed.weight)")
+        if model.out_proj.bias is not None:
+            raise CheckFailed("out_proj has a bias: nn.Linear(d_model, vocab, bias=False)")
+        std = float(model.tok_embed.weight.detach().std())
+        if std > 0.1:
+            raise CheckFailed(f"tok_embed starts with std {std:.2f}: initialise both embeddings at N(0, 0.02²); "
+                              "tied to the output, N(0, 1) gives logits of size ~sqrt(D) at the start")
+    with torch.no_grad():  # weights far from their initial values, so that every part shows
+        for name, p in model.named_parameters():
+            p.normal_(1.0 if "norm" in name and name.endswith("weight") else 0.0, 0.3)
+    model.eval()
+    ids = torch.randint(0, V, (3, 9))
+    with check("logits (B, T, V) equal PyTorch's nn.TransformerEncoderLayer stack with a causal mask"):
+        logits = model(ids)
+        expect_type(logits, torch.Tensor, "GPT(...)(ids)")
+        expect_shape(logits, (3, 9, V), "logits", names="B T V")
+        theirs = _copy_to_torch(model, L, D, H, F)
+        causal = nn.Transformer.generate_square_subsequent_mask(9)  # PyTorch's polarity: -inf = blocked
+        with torch.no_grad():
+            x = model.tok_embed(ids) + model.pos_embed(torch.arange(9))
+            for layer in theirs:
+                x = layer(x, src_mask=causal, is_causal=True)
+            want = model.norm(x) @ model.tok_embed.weight.T
+        expect_close(logits, want, "logits", atol=1e-4, rtol=1e-4,
+                     hint="token + position embeddings, every layer with the causal mask as self_allowed, the final "
+                          "norm, then out_proj")
+    with check("no leakage: changing tokens after position 4 leaves positions 0..4 unchanged"):
+        changed = ids.clone()
+        changed[:, 5:] = (changed[:, 5:] + 1) % V
+        with torch.no_grad():
+            a, b = model(ids), model(changed)
+        if not torch.allclose(a[:, :5], b[:, :5], atol=1e-5):
+            raise CheckFailed("the logits at positions 0..4 changed when only later tokens changed: the future "
+                              "leaks; pass the causal mask to every layer")
+    with check("with a KVCache: a prefill of 4 tokens, then one at a time, gives the full forward's logits"):
+        cache = KVCache(L)
+        with torch.no_grad():
+            parts = [model(ids[:, :4], cache)] + [model(ids[:, t:t + 1], cache) for t in range(4, 9)]
+            full = model(ids)
+        if cache.length != 9:
+            raise CheckFailed(f"after 9 positions the cache holds {cache.length}: each layer appends its keys and "
+                              "values with cache.update(k, v, layer_idx)")
+        expect_close(torch.cat(parts, dim=1), full, "cached logits", atol=1e-4, rtol=1e-4,
+                     hint="the new tokens are at positions cache.length .. (read it before the first layer updates "
+                          "it); attend over all cached keys with cached_causal_mask(positions, S)")
+    with check("more than max_len positions raise ValueError"):
+        try:
+            model(torch.zeros(1, M + 1, dtype=torch.long))
+        except ValueError:
+            pass
+        else:
+            raise CheckFailed(f"GPT ran on {M + 1} positions with max_len={M}: raise ValueError")
+
+
+def check_lm_batches(lm_batches) -> None:
+    """Shapes, shifted targets, windows of the stream, every offset reachable, the generator decides."""
+    ids = torch.randperm(100)[:60] + 5  # distinct ids: each window's start can be read back
+    where = {int(v): i for i, v in enumerate(ids.tolist())}
+    with check("inputs and targets (batch, block) int64; targets are the inputs shifted by one"):
+        x, y = lm_batches(ids, 8, 5, torch.Generator().manual_seed(0))
+        for name, t in (("inputs", x), ("targets", y)):
+            expect_type(t, torch.Tensor, name)
+            expect_shape(t, (5, 8), name)
+            expect_dtype(t, torch.int64, name)
+        if not torch.equal(x[:, 1:], y[:, :-1]):
+            raise CheckFailed("targets[:, :-1] should equal inputs[:, 1:]: the target of position t is token t + 1")
+        for r in range(5):
+            o = where[int(x[r, 0])]
+            if not torch.equal(x[r], ids[o:o + 8]) or not torch.equal(y[r], ids[o + 1:o + 9]):
+                raise CheckFailed(f"row {r} is not ids[o : o + block] with targets ids[o + 1 : o + block + 1]")
+    with check("the same generator seed gives the same batch, whatever the global random state"):
+        torch.manual_seed(1)
+        a = lm_batches(ids, 8, 5, torch.Generator().manual_seed(3))
+        torch.manual_seed(2)
+        b = lm_batches(ids, 8, 5, torch.Generator().manual_seed(3))
+        if not (torch.equal(a[0], b[0]) and torch.equal(a[1], b[1])):
+            raise CheckFailed("draw the offsets with torch.randint(..., generator=generator)")
+    with check("every start 0 .. N - block - 1 can be drawn, and no other"):
+        short = torch.arange(10, 18)  # N = 8, block = 5: starts 0, 1, 2
+        x, _ = lm_batches(short, 5, 200, torch.Generator().manual_seed(0))
+        starts = set((x[:, 0] - 10).tolist())
+        if starts != {0, 1, 2}:
+            raise CheckFailed(f"the starts drawn were {sorted(starts)}, should be all of 0, 1, 2 for N=8, block=5: "
+                              "torch.randint(0, N - block, (batch,)) (the high end is exclusive)")
+    with check("a stream of N <= block tokens raises ValueError"):
+        try:
+            lm_batches(torch.arange(6), 6, 2, torch.Generator().manual_seed(0))
+        except ValueError:
+            pass
+        else:
+            raise CheckFailed("lm_batches(ids of 6 tokens, block=6, ...) returned: no window has a target; raise")
+
+
+def check_generate(generate) -> None:
+    """On HashedLM: greedy tokens, the prompt kept, the cache used (one position per token), seeded draws,
+    top-k, temperature."""
+    with check("temperature 0: the greedy tokens, the prompt first, (B, T + max_new_tokens)"):
+        model = HashedLM(12, seed=1, n_layers=2, max_len=16)
+        prompt = torch.tensor([[3, 4, 5], [6, 7, 8]])
+        out = generate(model, prompt, 6, temperature=0)
+        expect_type(out, torch.Tensor, "generate(...)")
+        expect_shape(out, (2, 9), "generate(...)")
+        if not torch.equal(out[:, :3], prompt) or not torch.equal(prompt, torch.tensor([[3, 4, 5], [6, 7, 8]])):
+            raise CheckFailed("the output should start with the prompt, and the prompt must be unchanged")
+        for b in range(2):
+            for t in range(3, 9):
+                best = int(model.next_logits(out[b, :t].tolist()).argmax())
+                if int(out[b, t]) != best:
+                    raise CheckFailed(f"row {b}, position {t}: {int(out[b, t])} is not the argmax {best} of the "
+                                      "logits after the tokens so far (feed the prompt once with a KVCache, then "
+                                      "only each new token)")
+    with check("the cache is used: the model runs the prompt once, then one position per new token"):
+        if model.positions_run > 3 + 6:
+            raise CheckFailed(f"the model ran {model.positions_run} positions per row for a prompt of 3 and 6 new "
+                              "tokens: with a KVCache(len(model.layers)) feed the prompt once, then only each new "
+                              "token (B, 1)")
+    with check("a seeded generator reproduces the draws; another seed gives others"):
+        model = HashedLM(12, seed=2, max_len=16)
+        prompt = torch.zeros(6, 2, dtype=torch.long)
+        torch.manual_seed(1)
+        a = generate(model, prompt, 8, generator=torch.Generator().manual_seed(5))
+        torch.manual_seed(2)
+        b = generate(model, prompt, 8, generator=torch.Generator().manual_seed(5))
+        c = generate(model, prompt, 8, generator=torch.Generator().manual_seed(6))
+        if not torch.equal(a, b):
+            raise CheckFailed("same generator seed, different tokens: draw with torch.multinomial(probs, 1, "
+                              "generator=generator)")
+        if torch.equal(a, c):
+            raise CheckFailed("different generator seeds gave the same tokens: at temperature 1 draw at random")
+    with check("top_k=2: every drawn token is one of the 2 most likely, and both come up"):
+        model = HashedLM(12, seed=3, max_len=8, scale=2.0)
+        prompt = torch.full((300, 1), 4)
+        out = generate(model, prompt, 1, top_k=2, generator=torch.Generator().manual_seed(0))
+        top2 = set(model.next_logits([4]).topk(2).indices.tolist())
+        if set(out[:, 1].tolist()) != top2:
+            raise CheckFailed(f"with top_k=2 the first tokens drawn were {sorted(set(out[:, 1].tolist()))}, should be "
+                              f"exactly {sorted(top2)}: keep the k largest logits (top_k_filter), then sample")
+    with check("temperature 0.5 sharpens: first-token frequencies follow softmax(logits / 0.5)"):
+        model = HashedLM(6, seed=4, max_len=8)
+        prompt = torch.full((3000, 1), 2)
+        out = generate(model, prompt, 1, temperature=0.5, generator=torch.Generator().manual_seed(0))
+        want = torch.softmax(model.next_logits([2]).double() / 0.5, -1)
+        freq = torch.bincount(out[:, 1], minlength=6).double() / 3000
+        if ((freq - want).abs() > 5 * (want * (1 - want) / 3000).sqrt() + 0.01).any():
+            raise CheckFailed(f"frequencies {[round(f, 3) for f in freq.tolist()]} vs softmax(logits / 0.5) "
+                              f"{[round(w, 3) for w in want.tolist()]}: divide the logits by the temperature before "
+                              "the softmax")
