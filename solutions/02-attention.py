@@ -138,8 +138,8 @@ print("blocked scores set to -1e9:\n", softmax(np.where(allowed, scores, -1e9)).
 # - `np.where(allowed, scores, fill)` broadcasts the mask; boolean indexing (`scores[~allowed] = ...`) needs equal
 #   shapes and would modify the caller's array.
 # - `-inf` is the blocked score that gives `exp(-inf) = 0` exactly; `x - max` with a finite max stays `-inf`, no
-#   warning. A huge *finite* fill such as `np.finfo(dtype).min` overflows instead once the row's max is positive
-#   (`finfo.min - 3` is beyond the dtype's range).
+#   warning. A huge *finite* fill such as `np.finfo(dtype).min` overflows instead when the row's max is large
+#   enough: in float16, `finfo.min - 20` is beyond the range.
 # - Only a row whose keys are all blocked has max `-inf` (and `-inf - (-inf)` is NaN): `np.any(allowed, axis=-1,
 #   keepdims=True)` finds the rows that have a key; give the others any finite scores, such as zeros.
 # - Last, `np.where(allowed, weights, 0)` sets every blocked weight to 0, which turns those rows into zeros.

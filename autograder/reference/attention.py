@@ -43,7 +43,7 @@ def masked_softmax(scores: np.ndarray, allowed: np.ndarray | None) -> np.ndarray
     if allowed is None:
         return softmax(scores, axis=-1)
     # a blocked score of -inf gets exp(-inf) = 0 exactly, and subtracting a finite row max from it never overflows
-    # (a huge finite fill would: finfo.min - max is beyond the dtype's range once max > 0)
+    # (a huge finite fill would: in float16, finfo.min - 20 is beyond the range, and NumPy warns)
     filled = np.where(allowed, scores, -np.inf)  # (..., T, S), dtype of the scores
     # a row with no allowed key would be all -inf, and its max -inf - (-inf) = NaN: give it zeros to work on
     has_key = np.any(allowed, axis=-1, keepdims=True)  # (..., T, 1)
