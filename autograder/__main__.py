@@ -3,7 +3,8 @@
 Commands
   build                      build solutions/<id>/<id>.ipynb from solutions/<id>.py and the references
   release                    build, then write the student release into lessons/ (nbgrader generate_assignment)
-  grade SUBMISSIONS          canary, then every student in SUBMISSIONS (nbgrader layout or LMS zip), feedback, CSV
+  grade SUBMISSIONS          canary, then every student in SUBMISSIONS (nbgrader layout or LMS zip), feedback, CSV;
+                             --scheduler tcp://HOST:PORT grades them on a Dask cluster
   demo                       release, then grade three sample students (perfect, untouched, typical mistakes)
   student-edition DIR        the tree students get (lessons/, decoder_course, README, LICENSE, pyproject.toml);
                              --git makes it a git repository tagged v<version>, ready to push to the public repo
@@ -17,7 +18,7 @@ import sys
 import time
 from pathlib import Path
 
-from autograder import notebooks, parallel, pipeline, samples
+from autograder import distributed, notebooks, parallel, pipeline, samples
 from autograder.text import shown
 
 
@@ -45,6 +46,10 @@ def main(argv: list[str] | None = None) -> int:
                             "the gradebook and other students' work)")
         p.add_argument("--workers", type=int, default=parallel.default_workers(),
                        help="notebooks graded at once, one process each (default: one per core)")
+        p.add_argument("--scheduler", default=None, metavar="tcp://HOST:PORT",
+                       help="grade on the Dask cluster of this scheduler (an address or a scheduler file), one "
+                            "task per notebook; this process stays the gradebook's only writer "
+                            "(docs/INSTRUCTOR.md, Grading on a cluster)")
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO if getattr(args, "verbose", False) else logging.WARNING,
                         format="%(levelname)s %(name)s: %(message)s")
@@ -82,8 +87,9 @@ def main(argv: list[str] | None = None) -> int:
             return 2
     try:
         outcomes = pipeline.grade(submissions, args.work, args.lessons, args.db_url, args.verbose,
-                                  sandbox=not args.no_sandbox, workers=args.workers, progress=True)
-    except pipeline.SandboxUnavailable as exc:
+                                  sandbox=not args.no_sandbox, workers=args.workers, progress=True,
+                                  scheduler=args.scheduler)
+    except (pipeline.SandboxUnavailable, distributed.ClusterUnavailable) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
     print(pipeline.score_table(outcomes))

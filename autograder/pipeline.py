@@ -310,8 +310,9 @@ def prepare(work: Path, lessons: list[str], db_url: str | None = None, verbose: 
 
 def grade(submissions: Path, work: Path, lessons: list[str] | None = None, db_url: str | None = None,
           verbose: bool = False, sandbox: bool = True, limits: Limits | None = None, workers: int = 1,
-          progress: bool = False) -> list[Outcome]:
-    """Canary first, then every student (``workers`` at a time), feedback, CSV: the one way into grading.
+          progress: bool = False, scheduler: str | None = None) -> list[Outcome]:
+    """Canary first, then every student (``workers`` at a time, or one Dask task each on the cluster at
+    ``scheduler``: :mod:`autograder.distributed`), feedback, CSV: the one way into grading.
 
     Each kernel runs in a sandbox under ``limits``; without bubblewrap this raises :class:`SandboxUnavailable`
     unless ``sandbox=False`` (unsafe: student code then runs with the grader's rights).
@@ -325,7 +326,12 @@ def grade(submissions: Path, work: Path, lessons: list[str] | None = None, db_ur
             log.warning("skipped: %s", problem)
         jobs = [(student, lesson, collected.found[student][lesson])
                 for student in sorted(collected.found) for lesson in lessons if lesson in collected.found[student]]
-        if workers > 1:
+        if scheduler:
+            from autograder import distributed  # imports this module: only when asked for
+
+            outcomes += distributed.grade_on_cluster(jobs, work, db_url, scheduler, progress, verbose=verbose,
+                                                     sandbox=sandbox, limits=limits)
+        elif workers > 1:
             outcomes += grade_many(jobs, work, db_url, workers, progress, verbose=verbose, sandbox=sandbox,
                                    limits=limits)
         else:
@@ -380,12 +386,7 @@ def grade_many(jobs, work: Path, db_url: str | None = None, workers: int | None 
     if not jobs:
         return []
     db_url = parallel.gradebook_url(work, db_url)
-    if not (work / "secret").exists():
-        raise RuntimeError(f"no grading secret in {work}: grade the canaries first (autograder.pipeline.prepare)")
-    for lesson in sorted({lesson for _, lesson, _ in jobs}):
-        if not canary_passed(work, lesson):
-            raise RuntimeError(f"lesson {lesson} has no passed canary in {canary_work(work)}: run "
-                               "autograder.pipeline.prepare first")
+    check_prepared(work, {lesson for _, lesson, _ in jobs})
     with Gradebook(db_url, COURSE_ID) as gb:
         for student in sorted({student for student, _, _ in jobs}):
             gb.update_or_create_student(student)
@@ -394,6 +395,16 @@ def grade_many(jobs, work: Path, db_url: str | None = None, workers: int | None 
     init_args = (str(work), db_url, verbose, sandbox, asdict(limits or Limits()), threads)
     return parallel.run_pool(jobs, _grade_job, _failed, workers, _init_worker, init_args, progress=progress,
                              status=summary)
+
+
+def check_prepared(work: Path, lessons) -> None:
+    """Raise ``RuntimeError`` unless :func:`prepare` made the secret and passed each lesson's canary in ``work``."""
+    if not (work / "secret").exists():
+        raise RuntimeError(f"no grading secret in {work}: grade the canaries first (autograder.pipeline.prepare)")
+    for lesson in sorted(lessons):
+        if not canary_passed(work, lesson):
+            raise RuntimeError(f"lesson {lesson} has no passed canary in {canary_work(work)}: run "
+                               "autograder.pipeline.prepare first")
 
 
 def summary(outcomes) -> str:

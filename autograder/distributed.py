@@ -1,0 +1,386 @@
+"""Grading on a Dask cluster: ``./course grade SUBMISSIONS --scheduler tcp://HOST:PORT``.
+
+One Dask task per notebook (``distributed``, Dask's own scheduler and workers; nothing home-made). Each worker
+machine has the course checkout, its ``.venv`` and bubblewrap (docs/INSTRUCTOR.md shows a cluster). The split:
+
+- **the instructor's process** (:func:`grade_on_cluster`) checks and places every notebook into its own
+  ``submitted/`` tree (:func:`autograder.intake.place`, as local grading does), sends it with the grading secret
+  and the lesson to the cluster, and, as each result comes back, writes it: the autograded notebook and its
+  feedback folder into ``autograded/`` and ``feedback/`` (``timestamp.txt`` and ``submission_secret.txt`` kept as
+  local grading keeps them), and the scores into the class gradebook by nbgrader's own ``SaveAutoGrades`` and
+  ``AssignLatePenalties`` run on the returned autograded notebook, the very notebook those steps scored on the
+  worker. It is the gradebook's only writer, so SQLite is fine (PostgreSQL with ``--db-url`` works the same);
+- **a worker** (:func:`grade_remote`) grades the notebook with :func:`autograder.pipeline.grade_one`, the function
+  sequential and pool grading run, in a scratch nbgrader tree of its own (a private temporary folder: its own
+  SQLite gradebook, a copy of one holding the lesson's assignment, made once per worker process by
+  ``generate_assignment`` from its checkout), and returns the files and the outcome as data. The sandbox shows
+  the kernel nothing of that folder. The grading secret (it decides the hidden cases) comes with the task and
+  stays in the worker's memory (:class:`HeldSecretExecute`): never on a worker's disk, where a killed worker
+  would leave it. Over a network you do not trust, use Dask's TLS (``tls://`` addresses, docs/INSTRUCTOR.md).
+
+A worker that dies mid-run loses nothing: Dask gives its unfinished tasks to the other workers (a task whose
+worker died ``distributed.scheduler.allowed-failures`` times, default 3, comes back as ``KilledWorker`` and its
+notebook is reported as not graded). Tasks are idempotent (a fresh scratch tree each run, nothing written on the
+worker outside it), a task that raises is retried (``retries=TASK_RETRIES``), and the instructor writes each
+(student, lesson) once, from the one result its future yields. Scores equal local grading's: same code, same
+secret, same hidden cases (``tests/test_distributed.py`` kills a worker mid-run and compares).
+
+A worker refuses a task when its checkout would grade differently: the *fingerprint* (:func:`fingerprint`) of
+what decides a lesson's scores (the solution notebook, its reference, hidden and visible checks, the course and
+library versions) must equal the instructor's. Workers grade one notebook at a time per process (a lock:
+``TrustedExecute`` keeps per-notebook state in module globals); start them with ``--nthreads 1 --nworkers N``.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import os
+import shutil
+import socket
+import sys
+import tempfile
+import threading
+import uuid
+from dataclasses import asdict
+from importlib import metadata
+from pathlib import Path
+
+import nbformat
+from nbgrader.api import Gradebook
+from nbgrader.apps import NbGraderAPI
+from nbgrader.coursedir import CourseDirectory
+from nbgrader.preprocessors import AssignLatePenalties, SaveAutoGrades
+from tqdm.auto import tqdm
+
+from autograder import intake, notebooks, parallel, pipeline
+from autograder.intake import BadSubmission
+from autograder.nbgrader_plugins import TrustedExecute
+from autograder.pipeline import COURSE_ID, Limits, Outcome
+from autograder.text import shown
+
+__all__ = ["TASK_RETRIES", "ClusterUnavailable", "HeldSecretExecute", "fingerprint", "grade_on_cluster",
+           "grade_remote", "record"]
+
+TASK_RETRIES = 2  # a task that raises (not a lost worker: Dask reschedules those on its own) runs again
+CONNECT_TIMEOUT = 30  # s to reach the scheduler
+WORKER_TIMEOUT = 120  # s to wait for a first worker
+VERSIONS = ("nbgrader", "nbclient", "nbconvert", "nbformat", "numpy", "torch", "einops", "SQLAlchemy")
+log = logging.getLogger("autograder")
+
+
+class ClusterUnavailable(RuntimeError):
+    """The scheduler cannot be reached, has no workers, or its workers cannot grade; the message says which."""
+
+
+# -- what must be the same on every machine ---------------------------------------------------------------------
+def fingerprint(lessons) -> str:
+    """A digest of what decides the scores of ``lessons`` on this machine: each lesson's solution notebook (its
+    assignment), reference module, hidden checks and visible checks, the shared check code, the course version
+    and the versions of the libraries grading runs. Not every file of the checkout: editing another lesson, or
+    the pipeline's own code, does not change a grade."""
+    root = notebooks.ROOT
+    digest = hashlib.sha256()
+    paths = [root / "autograder" / "checks" / "framework.py", root / "autograder" / "checks" / "relative.py",
+             root / "decoder_course" / "harvest.py", root / "decoder_course" / "__init__.py"]
+    for lesson in sorted(set(lessons)):
+        number = lesson.split("-", 1)[0]
+        paths.append(notebooks.solution_path(lesson))
+        paths.append(root / "autograder" / "reference" / f"{notebooks.REFERENCE_MODULES[lesson]}.py")
+        for folder in (root / "autograder" / "checks", root / "decoder_course" / "visible"):
+            paths += sorted(folder.glob(f"l{number}_*.py"))
+    for path in paths:
+        digest.update(str(path.relative_to(root)).encode() + b"\0")
+        digest.update(path.read_bytes() if path.exists() else b"(missing)")
+        digest.update(b"\0")
+    for name in VERSIONS:
+        try:
+            version = metadata.version(name)
+        except metadata.PackageNotFoundError:
+            version = "(not installed)"
+        digest.update(f"{name}=={version}\0".encode())
+    digest.update(f"python {sys.version_info[:2]}\0".encode())
+    return digest.hexdigest()[:16]
+
+
+# -- the worker's side ------------------------------------------------------------------------------------------
+_LOCK = threading.Lock()  # one notebook at a time per worker process, whatever --nthreads says
+_HOME: dict[str, Path] = {}  # this worker process's private folder: "root", and "template" (a nbgrader tree)
+_MADE: set[str] = set()  # lessons whose assignment the template gradebook holds
+_SECRET: dict[str, bytes] = {}  # the running task's grading secret
+
+
+class HeldSecretExecute(TrustedExecute):
+    """``TrustedExecute`` (configured as ``TrustedExecute``) with the grading secret the running task brought,
+    held in this process's memory instead of read from a file."""
+
+    def _secret(self) -> bytes:
+        return _SECRET["secret"]
+
+
+def _worker_api(scratch: Path, task: dict) -> NbGraderAPI:
+    """:func:`autograder.pipeline.api` for the scratch tree, with :class:`HeldSecretExecute` in place of
+    ``TrustedExecute``; everything else is the course's configuration."""
+    config = pipeline.nbgrader_config(scratch, None, verbose=task["verbose"], sandbox=task["sandbox"],
+                                      limits=Limits(**task["limits"]))
+    config.Autograde.autograde_preprocessors = [HeldSecretExecute if step is TrustedExecute else step
+                                                for step in config.Autograde.autograde_preprocessors]
+    return NbGraderAPI(coursedir=CourseDirectory(config=config), config=config)
+
+
+def _worker_home() -> Path:
+    if "root" not in _HOME:
+        base = None
+        try:
+            from distributed import get_worker
+
+            base = get_worker().local_directory  # removed with the worker
+        except (ImportError, ValueError):
+            pass
+        root = Path(tempfile.mkdtemp(prefix="course-grading-", dir=base))  # 0700
+        _HOME["root"] = root
+        _HOME["template"] = root / "template"
+    return _HOME["root"]
+
+
+def _template(lesson: str) -> Path:
+    """This process's gradebook holding ``lesson``'s assignment, from this checkout (as :func:`pipeline.prepare`)."""
+    _worker_home()
+    template = _HOME["template"]
+    if lesson not in _MADE:
+        result = pipeline.api(template).generate_assignment(lesson, force=True, create=True)
+        if not result["success"]:
+            raise RuntimeError(f"generate_assignment failed for {lesson} on this worker:\n{result['log'][-2000:]}")
+        _MADE.add(lesson)
+    return template / "gradebook.db"
+
+
+def _read_tree(folder: Path) -> dict[str, bytes]:
+    return {str(p.relative_to(folder)): p.read_bytes() for p in sorted(folder.rglob("*")) if p.is_file()} \
+        if folder.is_dir() else {}
+
+
+def _where() -> str:
+    return f"{socket.gethostname()}:{os.getpid()}"
+
+
+def grade_remote(task: dict) -> dict:
+    """A Dask task: grade one notebook here with :func:`autograder.pipeline.grade_one`, in a scratch nbgrader tree
+    that is removed afterwards; return its outcome, autograded folder and feedback folder as data."""
+    with _LOCK:
+        return _grade_remote(task)
+
+
+def _grade_remote(task: dict) -> dict:
+    student, lesson = task["student"], task["lesson"]
+    here = fingerprint([lesson])
+    if here != task["fingerprint"]:
+        why = (f"worker {_where()} grades {lesson} differently (fingerprint {here}, the instructor's "
+               f"{task['fingerprint']}): update its checkout and venv to the instructor's, then restart it")
+        return {"outcome": asdict(Outcome(student, lesson, 0.0, 0.0, ok=False, message=why)), "worker": _where()}
+    pipeline.quiet_nbgrader(task["verbose"])
+    scratch = Path(tempfile.mkdtemp(prefix="task-", dir=_worker_home()))
+    try:
+        shutil.copyfile(_template(lesson), scratch / "gradebook.db")
+        _SECRET["secret"] = task["secret"]
+        incoming = scratch / "incoming" / student / lesson
+        incoming.mkdir(parents=True)
+        for name, data in task["files"].items():
+            (incoming / name).write_bytes(data)
+        grader = _worker_api(scratch, task)
+        outcome = pipeline.grade_one(grader, scratch, None, student, lesson, incoming / f"{lesson}.ipynb")
+        return {"outcome": asdict(outcome), "worker": _where(),
+                "autograded": _read_tree(scratch / "autograded" / student / lesson),
+                "feedback": _read_tree(scratch / "feedback" / student / lesson)}
+    finally:
+        _SECRET.pop("secret", None)
+        shutil.rmtree(scratch, ignore_errors=True)
+
+
+def _worker_ready(lessons: list[str], want: str, sandbox: bool) -> str:
+    """Run on every worker before grading starts: '' when it can grade, else why not."""
+    try:
+        if fingerprint(lessons) != want:
+            return f"its checkout grades {', '.join(lessons)} differently from the instructor's (fingerprint)"
+        if sandbox:
+            from autograder.sandbox import SandboxUnavailable, check_available
+
+            try:
+                check_available()
+            except SandboxUnavailable as exc:
+                return str(exc)
+    except Exception as exc:  # a broken checkout: say so rather than fail the run
+        return f"{type(exc).__name__}: {exc}"
+    return ""
+
+
+# -- the instructor's side --------------------------------------------------------------------------------------
+def _replace_folder(dest: Path, files: dict[str, bytes]) -> None:
+    """Write ``files`` as the folder ``dest``: staged beside it, then swapped in by renames."""
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    staged = Path(tempfile.mkdtemp(prefix=f".{dest.name}.", dir=dest.parent))
+    staged.chmod(0o755)
+    for name, data in files.items():
+        path = staged / name
+        if ".." in Path(name).parts or Path(name).is_absolute():
+            raise ValueError(f"a worker returned a file outside its folder: {shown(name)}")
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_bytes(data)
+    old = None
+    if dest.exists():
+        old = dest.rename(staged.with_name(staged.name + ".old"))
+    staged.rename(dest)
+    if old is not None:
+        shutil.rmtree(old, ignore_errors=True)
+
+
+def record(grader, work: Path, db_url: str, student: str, lesson: str, result: dict) -> Outcome:
+    """Write one worker's result into the instructor's work folder and gradebook (the only writer of both).
+
+    The scores are nbgrader's: ``SaveAutoGrades`` and ``AssignLatePenalties`` on the autograded notebook the worker
+    returned, against this gradebook's submission (made as ``nbgrader autograde`` makes it, with the submission's
+    timestamp). They are checked against the worker's own gradebook's total."""
+    outcome = Outcome(**result["outcome"])
+    if not outcome.ok:
+        return outcome
+    autograded = result["autograded"]
+    ipynbs = sorted(name for name in autograded if name.endswith(".ipynb") and "/" not in name)
+    if f"{lesson}.ipynb" not in ipynbs:
+        return Outcome(student, lesson, 0.0, 0.0, ok=False, message=f"worker {result['worker']} returned no "
+                       "autograded notebook", seconds=outcome.seconds, notes=outcome.notes)
+    _replace_folder(work / "autograded" / student / lesson, autograded)
+    _replace_folder(work / "feedback" / student / lesson, result["feedback"])
+    timestamp = grader.coursedir.get_existing_timestamp(str(work / "submitted" / student / lesson))
+    with Gradebook(db_url, COURSE_ID) as gb:
+        gb.update_or_create_student(student)
+        if timestamp:
+            gb.update_or_create_submission(lesson, student, timestamp=timestamp)
+        else:
+            gb.update_or_create_submission(lesson, student)
+    for name in ipynbs:
+        nb = nbformat.reads(autograded[name].decode("utf-8"), as_version=nbformat.NO_CONVERT)
+        resources = {"nbgrader": {"notebook": name[:-len(".ipynb")], "assignment": lesson, "student": student,
+                                  "db_url": db_url}}
+        for step in (SaveAutoGrades, AssignLatePenalties):
+            nb, resources = step(config=grader.config).preprocess(nb, resources)
+    score, max_score = pipeline._score(db_url, lesson, student)
+    if (score, max_score) != (outcome.score, outcome.max_score):
+        return Outcome(student, lesson, 0.0, 0.0, ok=False, seconds=outcome.seconds, notes=outcome.notes,
+                       message=f"the gradebook says {score:g}/{max_score:g}, worker {result['worker']} said "
+                               f"{outcome.score:g}/{outcome.max_score:g}: grade this notebook again")
+    return outcome
+
+
+def _stage(work: Path, student: str, lesson: str, notebook: Path, max_bytes: int) -> dict[str, bytes]:
+    """Check and place the notebook into the instructor's ``submitted/`` tree; its files, as the task carries them."""
+    intake.place(work / "submitted", student, lesson, notebook, max_bytes)
+    return _read_tree(work / "submitted" / student / lesson)
+
+
+def _client(scheduler: str):
+    from distributed import Client
+
+    try:
+        if scheduler.endswith(".json") and Path(scheduler).is_file():
+            return Client(scheduler_file=scheduler, timeout=CONNECT_TIMEOUT)
+        return Client(scheduler, timeout=CONNECT_TIMEOUT)
+    except (OSError, TimeoutError) as exc:
+        raise ClusterUnavailable(f"cannot reach the Dask scheduler at {scheduler}: {exc}") from exc
+
+
+def grade_on_cluster(jobs, work: Path, db_url: str | None, scheduler: str, progress: bool = True, *,
+                     verbose: bool = False, sandbox: bool = True, limits: Limits | None = None) -> list[Outcome]:
+    """Grade ``(student, lesson, notebook)`` jobs on the Dask cluster at ``scheduler`` (an address such as
+    ``tcp://10.0.0.5:8786``, or a scheduler file); outcomes in the order of ``jobs``, scores those of local
+    grading. The assignments and canaries must be there already (:func:`autograder.pipeline.prepare`)."""
+    from distributed import as_completed
+    from distributed.comm import CommClosedError
+    from distributed.scheduler import KilledWorker
+
+    jobs = [(student, lesson, Path(notebook)) for student, lesson, notebook in jobs]
+    if len({(student, lesson) for student, lesson, _ in jobs}) != len(jobs):
+        raise ValueError("a (student, lesson) appears twice among the jobs: each notebook is graded once")
+    if not jobs:
+        return []
+    lessons = sorted({lesson for _, lesson, _ in jobs})
+    pipeline.check_prepared(work, lessons)
+    limits = limits or Limits()
+    db_url = parallel.gradebook_url(work, db_url)
+    grader = pipeline.api(work, db_url, verbose=verbose, sandbox=sandbox, limits=limits)
+    secret = (work / "secret").read_bytes()
+    want = fingerprint(lessons)
+    per_lesson = {lesson: fingerprint([lesson]) for lesson in lessons}  # what each task's worker must match
+    outcomes: dict[int, Outcome] = {}
+    bar = tqdm(total=len(jobs), desc="grading (Dask)", unit="notebook", disable=not progress, file=sys.stderr,
+               dynamic_ncols=True)
+
+    def done(i: int, outcome: Outcome) -> None:
+        outcomes[i] = outcome
+        log.info("%s %s: %s/%s", outcome.student, outcome.lesson, outcome.score, outcome.max_score)
+        bar.set_postfix_str(pipeline.summary(outcomes.values()), refresh=False)
+        bar.update(1)
+
+    try:
+        with _client(scheduler) as client:
+            try:
+                client.wait_for_workers(1, timeout=WORKER_TIMEOUT)
+            except TimeoutError as exc:
+                raise ClusterUnavailable(f"the Dask scheduler at {scheduler} has no workers after "
+                                         f"{WORKER_TIMEOUT} s: start `dask worker {scheduler}` on the grading "
+                                         "machines") from exc
+            ready = client.run(_worker_ready, lessons, want, sandbox, on_error="return")
+            # a worker that left meanwhile is no problem: its tasks go to the others
+            problems = {address: why if isinstance(why, str) else f"{type(why).__name__}: {why}"
+                        for address, why in ready.items() if why and not isinstance(why, CommClosedError)}
+            if problems:
+                raise ClusterUnavailable("these Dask workers cannot grade: " + "; ".join(
+                    f"{address}: {why}" for address, why in sorted(problems.items())))
+            slots = sum(client.nthreads().values()) or 1
+            window = max(8, 4 * slots)  # notebooks in flight: enough to keep every worker busy, not the class
+            queue = list(range(len(jobs)))
+            pending = as_completed()
+            futures = {}
+
+            def submit_next() -> bool:
+                while queue:
+                    i = queue.pop(0)
+                    student, lesson, notebook = jobs[i]
+                    try:
+                        files = _stage(work, student, lesson, notebook, limits.notebook_bytes)
+                    except BadSubmission as exc:
+                        log.warning("%s %s: not graded: %s", student, lesson, shown(exc))
+                        done(i, Outcome(student, lesson, 0.0, 0.0, ok=False, message=shown(exc)))
+                        continue
+                    task = {"student": student, "lesson": lesson, "files": files, "secret": secret,
+                            "fingerprint": per_lesson[lesson], "sandbox": sandbox, "limits": asdict(limits),
+                            "verbose": verbose}
+                    key = f"grade-{lesson}-{student}-{uuid.uuid4().hex[:8]}"
+                    future = client.submit(grade_remote, task, key=key, retries=TASK_RETRIES, pure=False)
+                    futures[future] = i
+                    pending.add(future)
+                    return True
+                return False
+
+            for _ in range(window):
+                if not submit_next():
+                    break
+            for future in pending:
+                i = futures.pop(future)
+                student, lesson, _ = jobs[i]
+                try:
+                    outcome = record(grader, work, db_url, student, lesson, future.result())
+                except KilledWorker as exc:
+                    outcome = Outcome(student, lesson, 0.0, 0.0, ok=False, message=(
+                        "grading failed: every Dask worker that took this notebook died while grading it "
+                        f"({shown(exc)[:200]}); grade it again on its own"))
+                except Exception as exc:  # the task reports its own failures; this is the machinery's
+                    outcome = Outcome(student, lesson, 0.0, 0.0, ok=False,
+                                      message=f"grading failed: {type(exc).__name__}: {shown(exc)[:300]}")
+                future.release()
+                if i in outcomes:
+                    raise RuntimeError(f"{student}/{lesson} came back twice")  # as_completed yields each once
+                done(i, outcome)
+                submit_next()
+    finally:
+        bar.close()
+    return [outcomes[i] for i in range(len(jobs))]
