@@ -24,7 +24,7 @@ from nbgrader.api import Gradebook
 from nbgrader.preprocessors import Execute, NbGraderPreprocessor
 from traitlets import Bool, Dict, Enum, Unicode
 
-from autograder import sandbox, verdicts
+from autograder import notebooks, sandbox, verdicts
 from autograder.text import shown
 from decoder_course.harvest import ENV_VAR
 
@@ -141,6 +141,8 @@ class TrustedExecute(Execute):
     sandbox = Bool(True, help="Run the kernel in a bubblewrap sandbox. False only with --no-sandbox (unsafe).").tag(
         config=True)
     limits = Dict({}, help="Fields of autograder.sandbox.Limits; missing ones keep their defaults.").tag(config=True)
+    skip_demos = Bool(True, help="Skip the demonstration cells a student left as released (see "
+                                 "autograder.notebooks.untouched_demo); an edited one runs.").tag(config=True)
     # The kernel is killed, not asked to stop: a hostile kernel may ignore a polite request.
     shutdown_kernel = Enum(["graceful", "immediate"], default_value="immediate").tag(config=True)
     _box: sandbox.Sandbox | None = None
@@ -164,6 +166,12 @@ class TrustedExecute(Execute):
         """Run one cell. A graded test cell's hidden cases, and what it hands in, are in the kernel's view only
         while it runs: no other cell can read the hidden inputs, or the outputs computed from them."""
         self._cell = index
+        if self.skip_demos and notebooks.untouched_demo(cell):
+            # the instructor's demonstration, unedited: no graded item reads it (the builder checks), and a
+            # student could have deleted it, so skipping it cannot raise a score; it only saves its time
+            cell.outputs = [NotebookNode(output_type="stream", name="stdout", text=notebooks.DEMO_SKIPPED)]
+            cell.execution_count = None
+            return cell, resources
         item = cell.get("metadata", {}).get("nbgrader", {}).get("grade_id")
         staged = [p for p in self._staged.glob("*") if p.stem == item] if item and cell.cell_type == "code" else []
         for path in staged:

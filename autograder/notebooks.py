@@ -16,6 +16,12 @@ headers understood here, beyond jupytext's plain ``# %%`` and ``# %% [markdown]`
     the header.
 ``# %% given=multi_head:attention,MultiHeadAttention``
     building blocks of an earlier lesson, shown as given code: the references' source without the markers.
+``# %% demo``
+    a demonstration (an ablation, a timing sweep, a training run whose result no graded item reads): its metadata
+    carries the sha256 of its source (``{"course": {"demo": "<digest>"}}``), and a graded run skips it while its
+    source still has that digest (:func:`untouched_demo`); a student's edited copy runs. The builder refuses a
+    demonstration whose names a later cell that is not one reads (:func:`check_demos`): skipping it must not
+    change what any other cell computes.
 
 In a markdown cell, a figure of the course is a line ``# ![what the figure shows](assets/decoder_block.png)``:
 the builder attaches the PNG to the cell (``attachment:decoder_block.png``), so it shows in JupyterLab, Colab and
@@ -165,12 +171,74 @@ def _cell_id(lesson: str, index: int, header: str) -> str:
 
 
 def _parse_header(rest: str) -> tuple[str, dict[str, str]]:
-    """``" [markdown]"`` → ("markdown", {}); ``" test=x points=2"`` → ("code", {"test": "x", "points": "2"})."""
+    """``" [markdown]"`` → ("markdown", {}); ``" test=x points=2"`` → ("code", {"test": "x", "points": "2"});
+    a bare word is a flag: ``" demo"`` → ("code", {"demo": ""})."""
     rest = rest.strip()
     if rest.startswith("[markdown]"):
         return "markdown", {}
-    options = dict(part.split("=", 1) for part in rest.split() if "=" in part)
+    options = dict(part.split("=", 1) if "=" in part else (part, "") for part in rest.split())
     return "code", options
+
+
+# -- demonstration cells -------------------------------------------------------------------------------------------
+DEMO_SKIPPED = "skipped while grading: a demonstration cell (no graded item reads what it computes)\n"
+
+
+def source_digest(source: str) -> str:
+    """The sha256 of a cell's source, exactly as it is: any edit, a space included, changes it."""
+    return hashlib.sha256(source.encode("utf-8")).hexdigest()
+
+
+def untouched_demo(cell) -> bool:
+    """A demonstration cell as the builder wrote it: a code cell, neither graded nor a solution, whose source
+    still has the digest in its metadata. Skipping it removes only the instructor's code, the code of a cell
+    that a student could have deleted anyway, so a skip can never raise a score."""
+    if cell.get("cell_type") != "code":
+        return False
+    meta = cell.get("metadata", {})
+    flags = meta.get("nbgrader", {})
+    if any(flags.get(k) for k in ("grade", "solution", "task")):
+        return False
+    digest = meta.get("course", {}).get("demo")
+    return isinstance(digest, str) and digest == source_digest(cell.get("source", ""))
+
+
+def _names(source: str) -> tuple[set[str], set[str]]:
+    """(names a cell binds at top level or anywhere, names it reads) of a code cell; empty if it is no Python."""
+    import ast
+
+    try:
+        tree = ast.parse(source)
+    except SyntaxError:  # IPython syntax (%pip): not a cell this check is about
+        return set(), set()
+    bound, read = set(), set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Name):
+            (read if isinstance(node.ctx, ast.Load) else bound).add(node.id)
+        elif isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+            bound.add(node.name)
+        elif isinstance(node, (ast.Import, ast.ImportFrom)):
+            bound |= {(a.asname or a.name).split(".")[0] for a in node.names}
+    return bound, read
+
+
+def check_demos(lesson: str, nb: NotebookNode) -> None:
+    """Refuse a notebook where a cell that is not a demonstration reads a name only a demonstration bound:
+    grading skips demonstrations, and that cell would then read nothing (or an older value)."""
+    from_demo: dict[str, int] = {}  # name -> index of the demonstration cell that bound it last
+    for index, cell in enumerate(nb.cells):
+        if cell.cell_type != "code":
+            continue
+        bound, read = _names(cell.source)
+        if "demo" in cell.metadata.get("course", {}):
+            from_demo.update(dict.fromkeys(bound, index))
+            continue
+        leaks = sorted((read - bound) & set(from_demo))  # a name the cell binds itself is its own
+        if leaks:
+            raise ValueError(f"{lesson}: cell {index} reads {', '.join(leaks)}, bound by the demonstration cell "
+                             f"{from_demo[leaks[0]]}, which grading skips: do not mark that cell `demo`")
+        for name in bound:
+            from_demo.pop(name, None)
 
 
 def _markdown(lines: list[str]) -> str:
@@ -283,7 +351,12 @@ def build_notebook(lesson: str, text: str) -> NotebookNode:
             cell.source = header + (body + "\n\n\n" if body else "") + "\n\n".join(p.rstrip() for p in parts)
             cell.metadata["course"] = {"given": names}
             cell.metadata["jupyter"] = {"source_hidden": False}
+        if "demo" in options:
+            if any(k in options for k in ("exercise", "test", "given")):
+                raise ValueError(f"{lesson}: a demo cell is a plain code cell, not {rest.strip()!r}")
+            cell.metadata["course"] = {"demo": source_digest(cell.source)}
         nb.cells.append(cell)
+    check_demos(lesson, nb)
     return nb
 
 

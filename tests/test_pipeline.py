@@ -17,8 +17,9 @@ from autograder.nbgrader_plugins import HIDDEN_BEGIN
 
 LESSONS = notebooks.lessons()
 MISTAKE_LESSONS = [lesson for lesson in ("01-masks", "05-decoder-layer") if lesson in LESSONS]
-# Every solution notebook runs top to bottom in 60 s on 2 cores; lesson 07 adds up to 60 s of training.
-TIME_LIMIT = {"07-training": 150.0}
+# Every solution notebook grades in 60 s on 2 cores (a graded run skips the demonstration cells: lesson 07's
+# training runs, lessons 08 and 09's sweeps).
+TIME_LIMIT: dict[str, float] = {}
 
 
 @pytest.fixture(scope="module")
@@ -63,7 +64,9 @@ def test_untouched_release_scores_zero_without_error(run, lesson):
     assert outcome.score == 0 and outcome.max_score > 0
     nb = nbformat.read(run["work"] / "autograded" / "grace" / lesson / f"{lesson}.ipynb", as_version=4)
     code = [c for c in nb.cells if c.cell_type == "code"]
-    assert all(c.execution_count for c in code), "the kernel stopped before the end of the release notebook"
+    skipped = [c for c in code if notebooks.untouched_demo(c)]  # demonstrations a graded run skips
+    assert all(c.execution_count for c in code if c not in skipped), (
+        "the kernel stopped before the end of the release notebook")
     for cell in code:
         is_graded = cell.metadata.get("nbgrader", {}).get("grade", False)
         for out in cell.outputs:
