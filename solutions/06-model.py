@@ -4,7 +4,7 @@
 # Lesson 05 built one decoder layer. This lesson turns layers into a model that reads token ids and writes
 # next-token scores:
 #
-# ![The encoder–decoder Transformer, drawn bottom to top in two columns. Left, the encoder (given): src_ids (B, S)
+# ![The encoder–decoder Transformer, drawn bottom to top in two columns. Left, the encoder: src_ids (B, S)
 # go through src_embed times √D, plus positional encoding, then N encoder layers (self-attention with only the
 # source padding mask, and feed-forward), giving the memory (B, S, D), computed once. Right, the decoder: tgt_ids
 # (B, T) go through tgt_embed times √D, plus positional encoding, then layer 1, layer 2, up to layer N, each made of
@@ -17,13 +17,14 @@
 # go where the picture says: causal and target padding to each self-attention, source padding to each
 # cross-attention.
 #
-# You write four pieces:
+# You write five pieces:
 #
 # 1. `sinusoidal_table`, the paper's positional encodings: attention alone cannot tell positions apart;
 # 2. `PositionalEncoding`, the module that adds them;
-# 3. `Decoder`, a stack of `N` decoder layers (with a final LayerNorm when pre-LN), checked against PyTorch's
+# 3. `EncoderLayer`, from your attention and feed-forward, checked against PyTorch's `nn.TransformerEncoderLayer`;
+# 4. `Decoder`, a stack of `N` decoder layers (with a final LayerNorm when pre-LN), checked against PyTorch's
 #    `nn.TransformerDecoder`;
-# 4. `Seq2SeqTransformer`, the whole encoder–decoder model, with optional **weight tying**.
+# 5. `Seq2SeqTransformer`, the whole encoder–decoder model, with optional **weight tying**.
 #
 # Then you run the paper-sized model on a padded batch and list what it still lacks before it can be trained
 # and used: that list is the plan of lessons 07–10.
@@ -159,13 +160,57 @@ from decoder_course.visible import l06_model as visible
 visible.check_positional_encoding(PositionalEncoding, sinusoidal_table)
 
 # %% [markdown]
-# ## 4. The encoder (given)
+# ## 4. The encoder layer
 #
-# This course builds the decoder; the encoder is given. It is a stack of PyTorch's own
-# `nn.TransformerEncoderLayer` (self-attention without a causal mask, then a feed-forward: a decoder layer
-# without cross-attention), with a final LayerNorm when pre-LN. Read one line closely: PyTorch's
-# `src_key_padding_mask` means **True = ignore this key**, the opposite of our `is_real`, so the encoder inverts
-# it right there, at the boundary, and nowhere else.
+# The encoder reads the whole source at once. An encoder layer is a decoder layer with less in it: a
+# self-attention over the source **without a causal mask** (every source token may read every other: the source
+# is given in full, nothing is generated), then the feed-forward, each with its residual connection and
+# LayerNorm. The only mask is the source padding: no query may read a padded key. Padding is a property of the
+# *keys*, so `src_is_real` (B, S) becomes `allowed` of shape `(B, 1, 1, S)`, broadcast over heads and queries.
+# (Padded queries still compute something; nothing downstream reads them, because the decoder's cross-attention
+# masks the same positions.)
+#
+# | `norm_first` | sublayer wiring |
+# |---|---|
+# | `False` (post-LN, the paper) | `x = norm1(x + dropout1(self_attn(x)))`, then `x = norm2(x + dropout2(feed_forward(x)))` |
+# | `True` (pre-LN) | `x = x + dropout1(self_attn(norm1(x)))`, then `x = x + dropout2(feed_forward(norm2(x)))` |
+#
+# **Exercise.** Write `EncoderLayer(d_model, n_heads, d_ff, dropout=0.1, norm_first=False)` from the blocks above:
+# `self_attn` a `MultiHeadAttention(d_model, n_heads, dropout)`, `feed_forward` a `FeedForward(d_model, d_ff,
+# dropout)`, `norm1` and `norm2` (`nn.LayerNorm(d_model)`), `dropout1` and `dropout2`: weights are loaded by these
+# names. `forward(x, src_is_real=None)` returns `(B, S, D)` and leaves `x` unchanged. It must equal PyTorch's
+# `nn.TransformerEncoderLayer(batch_first=True, norm_first=...)` with the same weights, in eval mode, for both
+# LayerNorm placements (not a wrapper around it: write it from the blocks).
+
+# %% exercise=EncoderLayer
+
+# %% test=EncoderLayer points=2
+from decoder_course.visible import l06_model as visible
+
+visible.check_encoder_layer(EncoderLayer)
+
+# %% [markdown]
+# The check the grader makes, both LayerNorm placements: PyTorch's layer, its weights copied into yours
+# (`load_from_torch_encoder_layer` unpacks its `in_proj_weight` into `q_proj`, `k_proj`, `v_proj`), and its
+# padding mask, `src_key_padding_mask`, which means **True = ignore this key**: the opposite of our `is_real`,
+# inverted right here, at the boundary, and nowhere else.
+
+# %% given=load_from_torch_encoder_layer
+
+# %%
+src = torch.randn(2, 7, 32)  # (B, S, D)
+src_real = torch.arange(7) < torch.tensor([[7], [4]])  # (B, S): the second source has 3 pads
+for norm_first in (False, True):
+    theirs = nn.TransformerEncoderLayer(32, 4, 64, batch_first=True, norm_first=norm_first).eval()
+    ours = load_from_torch_encoder_layer(EncoderLayer(32, 4, 64, norm_first=norm_first), theirs).eval()
+    with torch.no_grad():
+        gap = (ours(src, src_real) - theirs(src, src_key_padding_mask=~src_real)).abs().max().item()
+    print(f"norm_first={norm_first!s:5}: max |ours - nn.TransformerEncoderLayer| = {gap:.1e}")
+
+# %% [markdown]
+# The encoder is a stack of these layers, built like the decoder stack of the next section (given, so that its
+# check does not depend on yours): `N` of your `EncoderLayer`s, each reading the previous one's output with the
+# same `src_is_real`, then a final LayerNorm when pre-LN. No part of the model is PyTorch's any more.
 
 # %% given=Encoder
 
@@ -334,6 +379,7 @@ print(f"targets 2..4 changed:    max |Δ logits[:, :2]|   = {(logits_tgt - base)
 # |---|---|---|
 # | `sinusoidal_table(max_len, D)` | `(max_len, D)` | sines and cosines of `pos / 10000^{2i/D}`, interleaved |
 # | `PositionalEncoding(D, max_len, dropout)` | `(B, T, D) → (B, T, D)` | adds `pe[:T]` (a buffer), then dropout |
+# | `EncoderLayer(D, H, F, dropout, norm_first)` | `(B, S, D) → (B, S, D)` | self-attention without a causal mask (padding keys masked), feed-forward; equals `nn.TransformerEncoderLayer` |
 # | `Decoder(D, H, F, N, dropout, norm_first)` | `(B, T, D), (B, S, D) → (B, T, D)` | `N` layers, final LayerNorm when pre-LN; equals `nn.TransformerDecoder` |
 # | `Seq2SeqTransformer(...)` | `(B, S), (B, T) → (B, T, V)` | embeddings + positions, encoder, decoder, output projection; builds its masks; optional weight tying |
 #

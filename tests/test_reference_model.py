@@ -263,20 +263,58 @@ def test_encode_decode_forward_agree_and_embeddings_are_not_scaled_by_default():
         torch.testing.assert_close(seen[-1], m.tgt_embed(tgt) * factor)
 
 
+@pytest.mark.parametrize("norm_first", [False, True])
+def test_encoder_layer_equals_torch_encoder_layer_with_copied_weights(norm_first):
+    torch.manual_seed(3)
+    B, S, D, H, F_ = 3, 7, 32, 4, 48
+    theirs = nn.TransformerEncoderLayer(D, H, F_, dropout=0.1, batch_first=True, norm_first=norm_first).eval()
+    with torch.no_grad():  # LayerNorms away from the identity, so a swapped norm1/norm2 shows
+        for norm in (theirs.norm1, theirs.norm2):
+            norm.weight.normal_(1.0, 0.3)
+            norm.bias.normal_(0.0, 0.3)
+    ours = ref.load_from_torch_encoder_layer(ref.EncoderLayer(D, H, F_, norm_first=norm_first), theirs).eval()
+    assert set(ours.state_dict()) == {
+        f"{sub}.{p}" for sub in ("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj", "self_attn.out_proj",
+                                 "feed_forward.linear1", "feed_forward.linear2", "norm1", "norm2")
+        for p in ("weight", "bias")
+    }
+    x = torch.randn(B, S, D) * torch.tensor([0.3, 1.0, 5.0])[:, None, None]  # rows of different scale
+    is_real = torch.arange(S)[None] < torch.tensor([[7], [4], [1]])  # (B, S): one row with a single real token
+    before = x.clone()
+    with torch.no_grad():
+        got = ours(x, is_real)
+        # PyTorch's key padding mask means True = ignore: ours inverted here, at the boundary
+        want = theirs(x, src_key_padding_mask=~is_real)
+        torch.testing.assert_close(ours(x), theirs(x), rtol=1e-5, atol=1e-5)
+    assert torch.equal(x, before), "EncoderLayer changed its input"
+    # every position (padded queries too) equals PyTorch's, whose padded queries also read the real keys
+    torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
+    other = x.clone()
+    other[~is_real] = torch.randn(int((~is_real).sum()), D) * 3.0  # new values under the padding only
+    with torch.no_grad():
+        torch.testing.assert_close(ours(other, is_real)[is_real], got[is_real], rtol=1e-5, atol=1e-5)
+    ours.train()
+    assert not torch.allclose(ours(x, is_real), ours(x, is_real)), "dropout should act in training mode"
+
+
 def test_encoder_matches_torch_with_inverted_padding_polarity():
     torch.manual_seed(3)
     enc = ref.Encoder(32, 4, 64, 2, dropout=0.0).eval()
     x = torch.randn(2, 6, 32)
     is_real = torch.tensor([[True] * 4 + [False] * 2, [True] * 6])
-    theirs = nn.TransformerEncoder(
-        enc.layers[0], num_layers=2, norm=enc.norm, enable_nested_tensor=False
-    ).eval()
-    theirs.layers = enc.layers  # the same layer objects: only the mask handling differs
+    layer = nn.TransformerEncoderLayer(32, 4, 64, dropout=0.0, batch_first=True, norm_first=True)
+    theirs = nn.TransformerEncoder(layer, num_layers=2, norm=enc.norm, enable_nested_tensor=False).eval()
+    for our_layer, their_layer in zip(enc.layers, theirs.layers, strict=True):
+        ref.load_from_torch_encoder_layer(our_layer, their_layer)
+    assert all(isinstance(layer, ref.EncoderLayer) for layer in enc.layers), "no part of the encoder is PyTorch's"
     with torch.no_grad():
-        torch.testing.assert_close(
-            enc(x, is_real)[:, :4][0], theirs(x, src_key_padding_mask=~is_real)[:, :4][0]
-        )
-        torch.testing.assert_close(enc(x, is_real)[1], theirs(x, src_key_padding_mask=~is_real)[1])
+        torch.testing.assert_close(enc(x, is_real), theirs(x, src_key_padding_mask=~is_real), rtol=1e-5, atol=1e-5)
+
+
+def test_no_module_of_the_model_is_pytorchs_transformer():
+    model = make_model()
+    kinds = {type(m).__name__ for m in model.modules()}
+    assert not {name for name in kinds if name.startswith("Transformer") or name == "MultiheadAttention"}, kinds
 
 
 # ------------------------------------------------------------------------------------------------------------
@@ -354,6 +392,34 @@ def test_peeking_ablation_really_lets_the_future_leak():
         assert not torch.allclose(
             peeking(src, tgt, src_is_real)[:, :3], peeking(src, changed, src_is_real)[:, :3]
         )
+
+
+@pytest.mark.parametrize("clip_norm", [0.05, 1e6])
+def test_train_step_equals_a_step_written_with_torch_ops(clip_norm):
+    # the independent step: F.cross_entropy on the rolled target, clip_grad_norm_, SGD; on copied weights
+    ours, theirs = make_model(seed=4, dropout=0.0).train(), make_model(seed=4, dropout=0.0).train()
+    src, tgt, src_is_real, _ = make_batch(pad_id=0)
+    batch = {"src_ids": src, "src_is_real": src_is_real, "tgt_ids": tgt}
+    before = {name: t.clone() for name, t in batch.items()}
+    opt_ours = torch.optim.SGD(ours.parameters(), lr=0.5)
+    opt_theirs = torch.optim.SGD(theirs.parameters(), lr=0.5)
+    for p in ours.parameters():  # stale gradients from an earlier step must not leak into this one
+        p.grad = torch.ones_like(p)
+    loss = tr.train_step(ours, batch, opt_ours, clip_norm)
+    decoder_in = torch.cat([torch.full_like(tgt[:, :1], BOS), tgt[:, :-1]], dim=1)
+    logits = theirs(src, decoder_in, src_is_real=src_is_real)
+    want = F.cross_entropy(logits.reshape(-1, logits.shape[-1]), tgt.reshape(-1), ignore_index=0)
+    want.backward()
+    norm = torch.nn.utils.clip_grad_norm_(theirs.parameters(), clip_norm)
+    opt_theirs.step()
+    assert isinstance(loss, float) and loss == pytest.approx(want.item(), rel=1e-6)
+    assert ours.training, "train_step must not change the model's mode"
+    for (name, a), b in zip(ours.named_parameters(), theirs.parameters(), strict=True):
+        torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6, msg=f"{name} after the step")
+    grad_norm = torch.linalg.vector_norm(torch.stack([p.grad.norm() for p in ours.parameters()]))
+    assert grad_norm <= min(clip_norm, norm.item()) * (1 + 1e-5)
+    assert (clip_norm < norm.item()) == (clip_norm == 0.05), "the small clip must bite, the large one not"
+    assert all(torch.equal(batch[k], before[k]) for k in batch), "train_step changed the batch"
 
 
 def test_quick_training_learns_to_copy_three_digits():

@@ -6,10 +6,14 @@ Each item is graded apart from the others where the contract allows it:
   apart from ``sinusoidal_table``; its default table may be the reference's or the student's own table.
 - ``Decoder`` is built from the notebook's given ``DecoderLayer`` and compared with PyTorch's own
   ``nn.TransformerDecoder`` carrying the same weights.
+- ``EncoderLayer`` loads a state dict by the contract's names and is compared with PyTorch's own
+  ``nn.TransformerEncoderLayer`` carrying the same weights (its attention and feed-forward are the notebook's given
+  blocks, so it stands on its own).
 - ``Seq2SeqTransformer`` loads a whole state dict (the positional table included) and is compared with the same
   computation done by PyTorch's own modules (``nn.TransformerEncoderLayer``, ``nn.TransformerDecoder``). It calls
-  the student's ``PositionalEncoding`` and ``Decoder``, as the contract says: it is judged relative to their
-  answers (``uses``, :mod:`autograder.checks.relative`), so a wrong one costs only its own item.
+  the student's ``PositionalEncoding``, ``EncoderLayer`` (inside the given ``Encoder``) and ``Decoder``, as the
+  contract says: it is judged relative to their answers (``uses``, :mod:`autograder.checks.relative`), so a wrong
+  one costs only its own item.
 """
 
 from __future__ import annotations
@@ -216,6 +220,146 @@ class PositionalEncodingCheck(Exercise):
             raise Fail(f"in training mode with dropout={p} ({case.desc}) "
                        f"{'nothing' if not dropped.any() else 'everything'} was dropped: create "
                        "nn.Dropout(dropout) in __init__ and apply it in forward.")
+
+
+# -- EncoderLayer ----------------------------------------------------------------------------------------------
+ENCODER_NAMES = ("self_attn (q_proj, k_proj, v_proj, out_proj), feed_forward (linear1, linear2), norm1, norm2, "
+                 "dropout1, dropout2")
+
+
+def _encoder_layer_state(rng: np.random.Generator, D: int, F: int) -> dict[str, np.ndarray]:
+    """A random state dict of the contract's EncoderLayer: a decoder layer's without cross_attn and norm3."""
+    return {key: value for key, value in _layer_state(rng, D, F).items()
+            if not key.startswith(("cross_attn.", "norm3."))}
+
+
+def _torch_encoder_layer(state: dict, D: int, H: int, F: int, norm_first: bool) -> nn.TransformerEncoderLayer:
+    """PyTorch's own encoder layer (float64, eval) carrying the weights of a contract state dict."""
+    theirs = nn.TransformerEncoderLayer(D, H, F, dropout=0.1, batch_first=True, norm_first=norm_first)
+    proj = ("q_proj", "k_proj", "v_proj")
+    mapped = {"self_attn.in_proj_weight": np.concatenate([state[f"self_attn.{p}.weight"] for p in proj]),
+              "self_attn.in_proj_bias": np.concatenate([state[f"self_attn.{p}.bias"] for p in proj])}
+    for key, value in state.items():
+        if key.startswith("self_attn.out_proj.") or key.startswith("norm"):
+            mapped[key] = value
+        elif key.startswith("feed_forward."):
+            mapped[key[len("feed_forward."):]] = value
+    theirs.load_state_dict({key: torch.from_numpy(np.asarray(v, np.float64)) for key, v in mapped.items()})
+    return theirs.double().eval()
+
+
+def _encoder_expected(d: dict, *, norm_first: bool | None = None, masked: bool = True,
+                      causal: bool = False) -> np.ndarray:
+    """nn.TransformerEncoderLayer's output on the case's input; the flags make known mistakes."""
+    norm_first = d["norm_first"] if norm_first is None else norm_first
+    theirs = _torch_encoder_layer(d["state"], d["D"], d["H"], d["F"], norm_first)
+    x = torch.from_numpy(d["x"].astype(np.float64))
+    S = x.shape[1]
+    with torch.no_grad():
+        out = theirs(x, src_mask=~torch.ones(S, S, dtype=torch.bool).tril() if causal else None,
+                     src_key_padding_mask=_blocked(d["is_real"]) if masked else None)
+    return out.numpy()
+
+
+@exercise(LESSON, "EncoderLayer", points=2)
+class EncoderLayerCheck(Exercise):
+    """Against nn.TransformerEncoderLayer with copied weights (eval; both LN placements; source padding;
+    B = 1 without a mask), padded keys never read, no causal mask, dropout active in training only, the
+    contract's parameter names, the input unchanged."""
+
+    # wrapping PyTorch's own layer would skip the exercise
+    forbidden = ("nn.TransformerEncoderLayer", "nn.TransformerEncoder")
+
+    def cases(self, rng):
+        cases = []
+        B, S, D, H, F = 3, 7, 16, 4, 24  # S != H, Dh = 4, F != D
+        is_real = _lengths(rng, B, S)
+        x, _ = _inputs(rng, B, S, 1, D)
+        x_pad = x.copy()
+        x_pad[~is_real] = rng.standard_normal((int((~is_real).sum()), D)).astype(np.float32) * 3.0
+        for norm_first in (False, True):
+            state = _encoder_layer_state(rng, D, F)
+            name = "pre" if norm_first else "post"
+            data = {"state": state, "D": D, "H": H, "F": F, "norm_first": norm_first, "is_real": is_real}
+            for suffix, xs in (("", x), ("_pad", x_pad)):
+                desc = (f"B={B}, S={S}, D={D}, H={H}, F={F}, {name}-LN, source padding"
+                        f"{', padded positions of x changed' if suffix else ''}")
+                case = Case(name + suffix, desc, data={**data, "x": xs})
+                case.call("EncoderLayer", D, H, F, dropout=0.1, norm_first=norm_first, let="layer")
+                case.load_state("layer", state)
+                case.eval("layer")
+                case.let("x", case.tensor(xs))
+                case.method("layer", "forward", {"ref": "x"}, case.tensor(is_real), record="out")
+                if not suffix:
+                    case.record("x_after", {"ref": "x"})
+                cases.append(case)
+        # B = 1, no mask at all, another width and head count, the default norm placement (post-LN)
+        B1, S1, D1, H1, F1 = 1, 5, 12, 3, 20
+        state = _encoder_layer_state(rng, D1, F1)
+        x1, _ = _inputs(rng, B1, S1, 1, D1)
+        case = Case("b1", f"B=1, S={S1}, D={D1}, H={H1}, F={F1}, default norm_first (post-LN), src_is_real=None",
+                    data={"state": state, "D": D1, "H": H1, "F": F1, "norm_first": False, "x": x1, "is_real": None})
+        case.call("EncoderLayer", D1, H1, F1, let="layer")
+        case.load_state("layer", state)
+        case.eval("layer")
+        case.method("layer", "forward", case.tensor(x1), record="out")
+        cases.append(case)
+        # dropout: active in training mode, off in eval mode
+        case = Case("train", f"B={B}, S={S}, dropout=0.5, training mode then eval mode")
+        case.call("EncoderLayer", D, H, F, dropout=0.5, let="layer")
+        case.load_state("layer", _encoder_layer_state(rng, D, F))
+        case.steps.append({"train": "layer"})
+        case.seed(int(rng.integers(2**31)))
+        case.method("layer", "forward", case.tensor(x), case.tensor(is_real), record="out_train")
+        case.eval("layer")
+        case.method("layer", "forward", case.tensor(x), case.tensor(is_real), record="out_eval")
+        case.method("layer", "forward", case.tensor(x), case.tensor(is_real), record="out_eval2")
+        cases.append(case)
+        return cases
+
+    def judge(self, result: Result):
+        for case_id in ("post", "pre", "b1", "train"):
+            _state_error(result, case_id, "EncoderLayer", ENCODER_NAMES)
+        outs = {}
+        for case_id in ("post", "post_pad", "pre", "pre_pad", "b1"):
+            case = result.cases[case_id]
+            outs[case_id] = result.get(case_id, "out", what="EncoderLayer's output", kind="tensor", dtype="float",
+                                       shape=case.data["x"].shape)
+        for name in ("post", "pre"):
+            is_real = result.cases[name].data["is_real"]
+            if not np.allclose(outs[name + "_pad"][is_real], outs[name][is_real], rtol=1e-5, atol=1e-5):
+                raise Fail(f"the real positions changed when only padded positions of x changed "
+                           f"({result.cases[name + '_pad'].desc}): padded keys are read. Turn src_is_real (B, S) "
+                           "into allowed = src_is_real[:, None, None, :] (B, 1, 1, S), on the key axis, and pass it "
+                           "to self_attn.")
+        for case_id in ("post", "pre", "b1"):
+            case = result.cases[case_id]
+            d = case.data
+            other = "pre-LN (norm_first=True)" if not d["norm_first"] else "post-LN (norm_first=False)"
+            candidates = {f"a {other} layer: check where the LayerNorms sit for norm_first={d['norm_first']}":
+                          _encoder_expected(d, norm_first=not d["norm_first"]),
+                          "a causal self-attention: the encoder reads the whole source, no causal mask here":
+                          _encoder_expected(d, causal=True)}
+            hint = _diagnose(outs[case_id], candidates) or (
+                "Post-LN (norm_first=False): x = norm(x + sublayer(x)); pre-LN (norm_first=True): "
+                "x = x + sublayer(norm(x)); self-attention first (norm1, dropout1), then the feed-forward "
+                "(norm2, dropout2).")
+            expect_close(outs[case_id], _encoder_expected(d),
+                         "EncoderLayer's output (vs nn.TransformerEncoderLayer with the same weights)", case.desc,
+                         hint=hint, rtol=1e-4, atol=1e-4)
+        after = result.get("post", "x_after", what="x after the call", kind="tensor")
+        if not np.array_equal(after, result.cases["post"].data["x"]):
+            raise Fail("EncoderLayer changed its input x in place: write x = x + ..., not x += ....")
+        train = result.cases["train"]
+        a = result.get("train", "out_eval", what="EncoderLayer's output in eval mode", kind="tensor")
+        b = result.get("train", "out_eval2", what="EncoderLayer's output in eval mode", kind="tensor")
+        t = result.get("train", "out_train", what="EncoderLayer's output in training mode", kind="tensor")
+        if not np.array_equal(a, b):
+            raise Fail(f"two eval-mode calls gave different outputs ({train.desc}): is dropout used outside "
+                       "nn.Dropout modules?")
+        if a.shape == t.shape and np.allclose(a, t):
+            raise Fail(f"with dropout=0.5 the training-mode output equals the eval-mode output ({train.desc}): "
+                       "pass dropout to the attention and the feed-forward, and apply dropout1 and dropout2.")
 
 
 # -- Decoder ---------------------------------------------------------------------------------------------------
@@ -447,10 +591,9 @@ def _torch_logits(state: dict, cfg: dict, src_ids, tgt_ids, src_is_real, tgt_is_
     S, T = src.shape[1], tgt.shape[1]
     enc_layers = []
     for i in range(N):
-        layer = nn.TransformerEncoderLayer(D, H, F, dropout=0.0, batch_first=True, norm_first=norm_first)
         prefix = f"encoder.layers.{i}."
-        layer.load_state_dict({k[len(prefix):]: v.float() for k, v in w.items() if k.startswith(prefix)})
-        enc_layers.append(layer.double().eval())
+        layer_state = {k[len(prefix):]: np.asarray(v) for k, v in state.items() if k.startswith(prefix)}
+        enc_layers.append(_torch_encoder_layer(layer_state, D, H, F, norm_first))
     dec_state = {k[len("decoder."):]: v.numpy() for k, v in w.items() if k.startswith("decoder.")}
     decoder = _torch_stack(dec_state, D, H, F, N, norm_first)
     # PyTorch's masks mean True = BLOCKED: our is_real masks are inverted here, at the boundary
@@ -491,17 +634,18 @@ class Seq2SeqTransformerCheck(Exercise):
     unchanged."""
 
     # the model is built from the lesson's own pieces, not from PyTorch's
-    forbidden = ("nn.Transformer", "nn.TransformerDecoder", "nn.TransformerDecoderLayer")
-    # it calls the student's PositionalEncoding and Decoder, as the contract says
-    uses = ("PositionalEncoding", "Decoder")
+    forbidden = ("nn.Transformer", "nn.TransformerDecoder", "nn.TransformerDecoderLayer", "nn.TransformerEncoder",
+                 "nn.TransformerEncoderLayer")
+    # it calls the student's PositionalEncoding, EncoderLayer (inside the given Encoder) and Decoder
+    uses = ("PositionalEncoding", "EncoderLayer", "Decoder")
     reference = ref
 
     def _build(self, case: Case, cfg: dict, state: dict | None, dropout: float = 0.1) -> None:
         case.call("Seq2SeqTransformer", cfg["V_src"], cfg["V_tgt"], cfg["D"], cfg["H"], cfg["F"], cfg["N"],
                   dropout=dropout, tie_weights=cfg["tie"], norm_first=cfg["norm_first"], max_len=cfg["max_len"],
                   scale_embedding=cfg["scale"], let="m")
-        if state is not None:  # the names inside the student's own PositionalEncoding and Decoder are theirs
-            case.load_state("m", state, lenient=("pos_encoding.", "decoder."))
+        if state is not None:  # the names inside the student's own PositionalEncoding, layers and Decoder are theirs
+            case.load_state("m", state, lenient=("pos_encoding.", "encoder.layers.", "decoder."))
         case.eval("m")
 
     def _forward(self, case: Case, src, tgt, src_is_real, tgt_is_real, record: str = "out") -> None:

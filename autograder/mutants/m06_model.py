@@ -1,10 +1,12 @@
 """Wrong answers to lesson 06-model.
 
 Each is written as a student would type it in the notebook, where ``math``, ``torch``, ``nn``,
-``sinusoidal_table``, ``PositionalEncoding``, ``Encoder``, ``Decoder`` and ``DecoderLayer`` exist.
+``sinusoidal_table``, ``PositionalEncoding``, ``MultiHeadAttention``, ``FeedForward``, ``EncoderLayer``, ``Encoder``,
+``Decoder`` and ``DecoderLayer`` exist.
 
-The order of the items (table, Decoder, model, PositionalEncoding) decides which items the demo's "typical
-mistakes" student gets wrong (every other item): the table and the model, whose neighbours do not build on them.
+The order of the items (table, Decoder, model, PositionalEncoding, EncoderLayer) decides which items the demo's
+"typical mistakes" student gets wrong (every other item): the table, the model and the encoder layer (the model,
+built on the student's encoder layer, is judged relative to it).
 """
 
 import math
@@ -13,8 +15,9 @@ import torch
 from torch import nn
 
 from autograder.mutants import mutant
-from autograder.reference.decoder_layer import DecoderLayer
+from autograder.reference.decoder_layer import DecoderLayer, FeedForward
 from autograder.reference.model import Encoder
+from autograder.reference.multi_head import MultiHeadAttention
 
 MUTANTS: list = []
 
@@ -326,3 +329,62 @@ class PositionalEncoding(nn.Module):  # noqa: F811
 # The mutants above call sinusoidal_table, PositionalEncoding and Decoder by name, as notebook code does. Here those
 # names must be the correct ones, so that each wrong answer is wrong in its own item only: rebind them last.
 from autograder.reference.model import Decoder, PositionalEncoding, sinusoidal_table  # noqa: E402, F401, F811
+
+
+# -- EncoderLayer --------------------------------------------------------------------------------------------
+@mutant(MUTANTS, "EncoderLayer", "the padding mask on the query axis (B, 1, S, 1), not on the keys")
+class EncoderLayer(nn.Module):
+    def __init__(self, d_model, n_heads, d_ff, dropout=0.1, norm_first=False):
+        super().__init__()
+        self.norm_first = norm_first
+        self.self_attn = MultiHeadAttention(d_model, n_heads, dropout)
+        self.feed_forward = FeedForward(d_model, d_ff, dropout)
+        self.norm1, self.norm2 = nn.LayerNorm(d_model), nn.LayerNorm(d_model)
+        self.dropout1, self.dropout2 = nn.Dropout(dropout), nn.Dropout(dropout)
+
+    def forward(self, x, src_is_real=None):
+        allowed = None if src_is_real is None else src_is_real[:, None, :, None]
+        if self.norm_first:
+            h = self.norm1(x)
+            x = x + self.dropout1(self.self_attn(h, h, h, allowed=allowed)[0])
+            return x + self.dropout2(self.feed_forward(self.norm2(x)))
+        x = self.norm1(x + self.dropout1(self.self_attn(x, x, x, allowed=allowed)[0]))
+        return self.norm2(x + self.dropout2(self.feed_forward(x)))
+
+
+@mutant(MUTANTS, "EncoderLayer", "a causal mask in the encoder, as in the decoder's self-attention")
+class EncoderLayer(nn.Module):  # noqa: F811
+    def __init__(self, d_model, n_heads, d_ff, dropout=0.1, norm_first=False):
+        super().__init__()
+        self.norm_first = norm_first
+        self.self_attn = MultiHeadAttention(d_model, n_heads, dropout)
+        self.feed_forward = FeedForward(d_model, d_ff, dropout)
+        self.norm1, self.norm2 = nn.LayerNorm(d_model), nn.LayerNorm(d_model)
+        self.dropout1, self.dropout2 = nn.Dropout(dropout), nn.Dropout(dropout)
+
+    def forward(self, x, src_is_real=None):
+        S = x.shape[1]
+        allowed = torch.ones(S, S, dtype=torch.bool, device=x.device).tril()
+        if src_is_real is not None:
+            allowed = allowed & src_is_real[:, None, None, :]
+        if self.norm_first:
+            h = self.norm1(x)
+            x = x + self.dropout1(self.self_attn(h, h, h, allowed=allowed)[0])
+            return x + self.dropout2(self.feed_forward(self.norm2(x)))
+        x = self.norm1(x + self.dropout1(self.self_attn(x, x, x, allowed=allowed)[0]))
+        return self.norm2(x + self.dropout2(self.feed_forward(x)))
+
+
+@mutant(MUTANTS, "EncoderLayer", "norm_first ignored: always post-LN")
+class EncoderLayer(nn.Module):  # noqa: F811
+    def __init__(self, d_model, n_heads, d_ff, dropout=0.1, norm_first=False):
+        super().__init__()
+        self.self_attn = MultiHeadAttention(d_model, n_heads, dropout)
+        self.feed_forward = FeedForward(d_model, d_ff, dropout)
+        self.norm1, self.norm2 = nn.LayerNorm(d_model), nn.LayerNorm(d_model)
+        self.dropout1, self.dropout2 = nn.Dropout(dropout), nn.Dropout(dropout)
+
+    def forward(self, x, src_is_real=None):
+        allowed = None if src_is_real is None else src_is_real[:, None, None, :]
+        x = self.norm1(x + self.dropout1(self.self_attn(x, x, x, allowed=allowed)[0]))
+        return self.norm2(x + self.dropout2(self.feed_forward(x)))

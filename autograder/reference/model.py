@@ -9,9 +9,9 @@ The model follows "Attention Is All You Need" with two marked departures:
   sinusoids (at most 1), drowning the position signal (lesson 07 measures the slowdown).
   ``scale_embedding=True`` restores the paper's scaling.
 
-Masks follow the course: boolean, True = "this query may attend to this key". The encoder is built from
-PyTorch's ``nn.TransformerEncoderLayer`` (given code), whose padding mask has the opposite polarity: we invert
-it there.
+Masks follow the course: boolean, True = "this query may attend to this key". The encoder is a stack of our
+own ``EncoderLayer`` (lesson 03's ``MultiHeadAttention`` and lesson 05's ``FeedForward``), equal to PyTorch's
+``nn.TransformerEncoderLayer`` with copied weights; no part of the model is PyTorch's.
 """
 
 import math
@@ -19,10 +19,11 @@ import math
 import torch
 from torch import nn
 
-from autograder.reference.decoder_layer import DecoderLayer
+from autograder.reference.decoder_layer import DecoderLayer, FeedForward
+from autograder.reference.multi_head import MultiHeadAttention, load_from_torch_mha
 
-EXERCISES = ("sinusoidal_table", "PositionalEncoding", "Decoder", "Seq2SeqTransformer")
-GIVEN = ("Encoder",)
+EXERCISES = ("sinusoidal_table", "PositionalEncoding", "EncoderLayer", "Decoder", "Seq2SeqTransformer")
+GIVEN = ("Encoder", "load_from_torch_encoder_layer")
 
 
 def sinusoidal_table(max_len: int, d_model: int) -> torch.Tensor:
@@ -77,8 +78,82 @@ class PositionalEncoding(nn.Module):
         ### END SOLUTION
 
 
+class EncoderLayer(nn.Module):
+    """An encoder layer: self-attention over the source, then a feed-forward; each with residual + LayerNorm.
+
+    A decoder layer without cross-attention and without a causal mask: every source position may read every
+    *real* source position (``src_is_real`` masks padding keys, on the key axis only). Submodules, by the
+    contract's names: ``self_attn`` (``MultiHeadAttention``), ``feed_forward`` (``FeedForward``), ``norm1``,
+    ``norm2`` (``nn.LayerNorm(D)``) and ``dropout1``, ``dropout2``, numbered in the order the sublayers run.
+    ``norm_first=False`` is the paper's post-LN (normalise the residual sum), ``True`` pre-LN (normalise each
+    sublayer's input). With copied weights it equals ``nn.TransformerEncoderLayer(batch_first=True,
+    norm_first=...)`` in eval mode, whose ``src_key_padding_mask`` is ``~src_is_real``. The input is unchanged.
+
+    Shape:
+        x: (B, S, D), src_is_real: (B, S) bool or None -> (B, S, D)
+    """
+
+    def __init__(self, d_model: int, n_heads: int, d_ff: int, dropout: float = 0.1, norm_first: bool = False):
+        super().__init__()
+        ### BEGIN SOLUTION
+        self.norm_first = norm_first
+        self.self_attn = MultiHeadAttention(d_model, n_heads, dropout)  # queries, keys, values: the source
+        self.feed_forward = FeedForward(d_model, d_ff, dropout)
+        # one LayerNorm and one dropout per sublayer, numbered in the order the sublayers run
+        self.norm1 = nn.LayerNorm(d_model)
+        self.norm2 = nn.LayerNorm(d_model)
+        self.dropout1 = nn.Dropout(dropout)
+        self.dropout2 = nn.Dropout(dropout)
+        ### END SOLUTION
+
+    def forward(self, x: torch.Tensor, src_is_real: torch.Tensor | None = None) -> torch.Tensor:
+        """Self-attention (padding keys masked), then feed-forward, each with its residual and LayerNorm.
+
+        Shape:
+            x: (B, S, D), src_is_real: (B, S) bool or None -> (B, S, D)
+        """
+        ### BEGIN SOLUTION
+        # padding is a property of the keys: (B, 1, 1, S) broadcasts over heads and queries; no causal mask
+        allowed = None if src_is_real is None else src_is_real.bool()[:, None, None, :]  # (B, 1, 1, S)
+
+        def sa_block(h):
+            out, _ = self.self_attn(h, h, h, allowed=allowed)  # (B, S, D)
+            return self.dropout1(out)
+
+        if self.norm_first:
+            # pre-LN (not the paper's): normalise the sublayer's input, add its output to the raw stream
+            x = x + sa_block(self.norm1(x))
+            x = x + self.dropout2(self.feed_forward(self.norm2(x)))
+        else:
+            # post-LN (the paper): add the sublayer's output to its input, then normalise the sum
+            x = self.norm1(x + sa_block(x))
+            x = self.norm2(x + self.dropout2(self.feed_forward(x)))
+        return x  # (B, S, D)
+        ### END SOLUTION
+
+
+def load_from_torch_encoder_layer(ours: EncoderLayer, torch_layer: nn.TransformerEncoderLayer) -> EncoderLayer:
+    """Copy an ``nn.TransformerEncoderLayer``'s weights into our ``EncoderLayer``.
+
+    Shape:
+        parameters only; ours must have the same d_model, n_heads and d_ff
+    """
+    load_from_torch_mha(ours.self_attn, torch_layer.self_attn)
+    pairs = [
+        (ours.feed_forward.linear1, torch_layer.linear1),
+        (ours.feed_forward.linear2, torch_layer.linear2),
+        (ours.norm1, torch_layer.norm1),
+        (ours.norm2, torch_layer.norm2),
+    ]
+    with torch.no_grad():
+        for mine, theirs in pairs:
+            mine.weight.copy_(theirs.weight)
+            mine.bias.copy_(theirs.bias)
+    return ours
+
+
 class Encoder(nn.Module):
-    """A stack of PyTorch encoder layers, with a final LayerNorm when pre-LN (given: we build the decoder).
+    """A stack of ``EncoderLayer`` s, with a final LayerNorm when pre-LN (given: it is built like ``Decoder``).
 
     Shape:
         x: (B, S, D), is_real: (B, S) bool or None -> (B, S, D)
@@ -94,27 +169,21 @@ class Encoder(nn.Module):
         norm_first: bool = True,
     ):
         super().__init__()
+        # N independent layers, each with its own weights
         self.layers = nn.ModuleList(
-            [
-                nn.TransformerEncoderLayer(
-                    d_model, n_heads, d_ff, dropout, batch_first=True, norm_first=norm_first
-                )
-                for _ in range(n_layers)
-            ]
+            [EncoderLayer(d_model, n_heads, d_ff, dropout, norm_first=norm_first) for _ in range(n_layers)]
         )
         # pre-LN leaves the residual stream unnormalised: one last LayerNorm (post-LN already ends with one)
         self.norm = nn.LayerNorm(d_model) if norm_first else nn.Identity()
 
     def forward(self, x: torch.Tensor, is_real: torch.Tensor | None = None) -> torch.Tensor:
-        """Encode the source; padding keys are ignored.
+        """Encode the source; padding keys are ignored in every layer.
 
         Shape:
             x: (B, S, D), is_real: (B, S) bool or None -> (B, S, D)
         """
-        # PyTorch's key padding mask has the opposite polarity (True = "ignore this key"): invert here only.
-        key_is_pad = None if is_real is None else ~is_real.bool()  # (B, S)
         for layer in self.layers:
-            x = layer(x, src_key_padding_mask=key_is_pad)  # (B, S, D)
+            x = layer(x, is_real)  # (B, S, D)
         return self.norm(x)
 
 

@@ -153,6 +153,84 @@ def check_positional_encoding(PositionalEncoding, sinusoidal_table=None) -> None
         )
 
 
+# -- EncoderLayer --------------------------------------------------------------------------------------------
+ENCODER_NAMES = "self_attn (q_proj, k_proj, v_proj, out_proj), feed_forward (linear1, linear2), norm1, norm2"
+
+
+def _encoder_state(theirs: nn.TransformerEncoderLayer) -> dict[str, torch.Tensor]:
+    """PyTorch's encoder layer's weights under the course's names (its packed in_proj split into q, k, v)."""
+    mha = theirs.self_attn
+    state = {}
+    for proj, w, b in zip(("q_proj", "k_proj", "v_proj"), mha.in_proj_weight.chunk(3), mha.in_proj_bias.chunk(3),
+                          strict=True):
+        state[f"self_attn.{proj}.weight"], state[f"self_attn.{proj}.bias"] = w, b
+    state["self_attn.out_proj.weight"], state["self_attn.out_proj.bias"] = mha.out_proj.weight, mha.out_proj.bias
+    for i in (1, 2):
+        linear, norm = getattr(theirs, f"linear{i}"), getattr(theirs, f"norm{i}")
+        state[f"feed_forward.linear{i}.weight"], state[f"feed_forward.linear{i}.bias"] = linear.weight, linear.bias
+        state[f"norm{i}.weight"], state[f"norm{i}.bias"] = norm.weight, norm.bias
+    return {key: value.detach().clone() for key, value in state.items()}
+
+
+def check_encoder_layer(EncoderLayer) -> None:
+    """Names, agreement with nn.TransformerEncoderLayer (both LN placements, padding), no leak from padding,
+    no causal mask, dropout, input unchanged."""
+    B, S, D, H, F_ = 2, 6, 16, 4, 24
+    src_is_real = torch.arange(S)[None, :] < torch.tensor([[S], [4]])  # (B, S): 2 pads in sequence 1
+    x = torch.randn(B, S, D, generator=torch.Generator().manual_seed(5)) * torch.tensor([0.5, 3.0])[:, None, None]
+    layers = {}
+    for norm_first in (False, True):
+        kind = "pre-LN" if norm_first else "post-LN"
+        with check(f"{kind}: EncoderLayer equals nn.TransformerEncoderLayer with the same weights (padding masked)"):
+            torch.manual_seed(3)
+            theirs = nn.TransformerEncoderLayer(D, H, F_, dropout=0.1, batch_first=True, norm_first=norm_first)
+            theirs = _randomized(theirs, 3 + norm_first).eval()
+            ours = EncoderLayer(D, H, F_, dropout=0.1, norm_first=norm_first)
+            _load(ours, _encoder_state(theirs), "EncoderLayer", ENCODER_NAMES)
+            ours.eval()
+            layers[norm_first] = ours
+            with torch.no_grad():
+                got = expect_inputs_unchanged(ours, x, src_is_real)
+                # PyTorch's key padding mask means True = ignore this key: invert at this boundary only
+                want = theirs(x, src_key_padding_mask=~src_is_real)
+                want_unmasked = theirs(x)
+            expect_type(got, torch.Tensor, "EncoderLayer's output")
+            expect_shape(got, (B, S, D), "EncoderLayer's output", names="B, S, D")
+            expect_finite(got, "EncoderLayer's output")
+            other = theirs.__class__(D, H, F_, dropout=0.1, batch_first=True, norm_first=not norm_first)
+            other.load_state_dict(theirs.state_dict())
+            with torch.no_grad():
+                if torch.allclose(got, other.eval()(x, src_key_padding_mask=~src_is_real), atol=1e-4):
+                    raise CheckFailed(f"your norm_first={norm_first} layer computes the "
+                                      f"{'pre' if not norm_first else 'post'}-LN wiring: post-LN is "
+                                      "x = norm(x + sublayer(x)), pre-LN x = x + sublayer(norm(x))")
+                if torch.allclose(got[1], want_unmasked[1], atol=1e-4):
+                    raise CheckFailed("the padded keys of sequence 1 were read: turn src_is_real (B, S) into "
+                                      "allowed (B, 1, 1, S) and pass it to self_attn")
+                causal = torch.ones(S, S, dtype=torch.bool).tril()
+                if torch.allclose(got[0], theirs(x, src_mask=~causal, src_key_padding_mask=~src_is_real)[0], atol=1e-4):
+                    raise CheckFailed("your encoder layer is causal: the source is given in full, every real "
+                                      "source token may read every other; no causal mask here")
+            expect_close(got, want, "EncoderLayer's output", rtol=1e-4, atol=1e-4,
+                         hint="self-attention on x (queries, keys, values) with allowed = src_is_real[:, None, "
+                         "None, :], then the feed-forward; norm1 and dropout1 with the attention, norm2 and "
+                         "dropout2 with the feed-forward")
+            with torch.no_grad():
+                expect_close(ours(x), want_unmasked, "EncoderLayer's output with src_is_real=None", rtol=1e-4,
+                             atol=1e-4, hint="src_is_real=None means no mask at all")
+    with check("padded source positions do not leak into the real ones"):
+        padding_leakage_probe(lambda t: layers[True](t, src_is_real), x, src_is_real,
+                              what="EncoderLayer's output at real positions", atol=1e-5)
+    with check("dropout is active after .train() and off after .eval()"):
+        layer = EncoderLayer(D, H, F_, dropout=0.5).train()
+        if torch.allclose(layer(x, src_is_real), layer(x, src_is_real)):
+            raise CheckFailed("two training-mode calls with dropout=0.5 gave the same output: pass dropout to the "
+                              "attention and the feed-forward, and apply dropout1 and dropout2")
+        layer.eval()
+        if not torch.equal(layer(x, src_is_real), layer(x, src_is_real)):
+            raise CheckFailed("two eval-mode calls differ: use nn.Dropout modules, which .eval() switches off")
+
+
 # -- Decoder -------------------------------------------------------------------------------------------------
 def _torch_decoder(D: int, H: int, F_: int, N: int, norm_first: bool, seed: int) -> nn.TransformerDecoder:
     """PyTorch's decoder stack with random, distinct weights in every layer, in eval mode."""
