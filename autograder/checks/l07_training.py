@@ -12,6 +12,7 @@ import torch
 import torch.nn.functional as F
 
 from autograder.checks.framework import Case, Exercise, Fail, Result, exercise, expect_close
+from autograder.reference import training as ref_training
 
 LESSON = "07-training"
 
@@ -306,3 +307,148 @@ class ExactMatch(Exercise):
                 after = result.get(case_id, name, what=f"{key} after the call", kind="tensor")
                 if not np.array_equal(after, d[key]):
                     raise Fail(f"exact_match changed its input `{key}_ids` in place ({case.desc}).")
+
+
+# -- train_step ------------------------------------------------------------------------------------------------
+STEP_MODEL = {"src_vocab": 13, "tgt_vocab": 13, "d_model": 16, "n_heads": 4, "d_ff": 24, "n_layers": 1,
+              "dropout": 0.0, "tie_weights": False, "norm_first": True}
+VECTOR = "decoder_course.visible.l07_training:parameter_vector"
+GRAD_NORM = "decoder_course.visible.l07_training:gradient_norm"
+
+
+def _step_model(state: dict | None = None, seed: int = 0):
+    from autograder.reference.model import Seq2SeqTransformer
+
+    with torch.random.fork_rng():
+        torch.manual_seed(seed)
+        model = Seq2SeqTransformer(**STEP_MODEL)
+    if state is not None:
+        model.load_state_dict({k: torch.from_numpy(v) for k, v in state.items()})
+    return model.train()
+
+
+def _optimizer(kind: str, params):
+    # SGD, not Adam: Adam's first step is about lr * sign(g), which would amplify rounding in tiny gradients
+    return torch.optim.SGD(params, lr=0.5) if kind == "SGD" else torch.optim.SGD(params, lr=0.3, weight_decay=0.1)
+
+
+def _reference_step(d: dict, *, clip: bool = True, zero_grad: bool = True) -> tuple[float, np.ndarray, float]:
+    """The reference train_step on the case's weights: (loss, parameters after, gradient norm after); the flags
+    make known mistakes (no clipping, stale gradients kept)."""
+    from decoder_course.visible.l07_training import gradient_norm, parameter_vector
+
+    model = _step_model(d["state"])
+    stale = d["stale"]  # an earlier backward pass, whose gradients are still in .grad
+    logits = model(torch.from_numpy(stale["src_ids"]), torch.from_numpy(stale["tgt_ids"]))
+    (logits * torch.from_numpy(stale["weights"])).sum().backward()
+    optimizer = _optimizer(d["optimizer"], model.parameters())
+    batch = {k: torch.from_numpy(v) for k, v in d["batch"].items()}
+    if zero_grad and clip:
+        loss = ref_training.train_step(model, batch, optimizer, d["clip_norm"], d["label_smoothing"])
+    else:  # the same step with one thing left out
+        logits = model(batch["src_ids"], ref_training.shift_right(batch["tgt_ids"], 1), batch["src_is_real"])
+        loss_t = ref_training.sequence_loss(logits, batch["tgt_ids"], 0, d["label_smoothing"])
+        if zero_grad:
+            optimizer.zero_grad()
+        loss_t.backward()
+        if clip:
+            torch.nn.utils.clip_grad_norm_(model.parameters(), d["clip_norm"])
+        optimizer.step()
+        loss = loss_t.item()
+    return loss, parameter_vector(model).numpy(), gradient_norm(model)
+
+
+@exercise(LESSON, "train_step", points=2)
+class TrainStep(Exercise):
+    """Against the reference step on copied weights (SGD with a clip that bites; SGD with weight decay, no
+    clipping, label smoothing; stale gradients left in .grad before the call): the same loss (a Python float, before the
+    update), the same parameters after exactly one step, the gradient norm at most clip_norm, the model's mode
+    and the batch unchanged."""
+
+    # it calls the student's shift_right and sequence_loss
+    uses = ("shift_right", "sequence_loss")
+    reference = ref_training
+
+    def cases(self, rng):
+        from decoder_course.conventions import EOS, PAD
+
+        cases = []
+        for case_id, optimizer, clip_norm, smoothing in (("sgd", "SGD", 0.05, 0.0), ("decay", "SGD_wd", 1e6, 0.1)):
+            state = {k: v.detach().numpy().copy() for k, v in
+                     _step_model(seed=int(rng.integers(2**31))).state_dict().items()}
+            B, S, T, V = 4, 6, 5, STEP_MODEL["tgt_vocab"]
+            src_real = np.arange(S)[None, :] < rng.integers(2, S + 1, size=B)[:, None]
+            src_real[0] = True
+            batch = {"src_ids": np.where(src_real, rng.integers(3, V, size=(B, S)), PAD).astype(np.int64),
+                     "src_is_real": src_real,
+                     "tgt_ids": _targets(rng, B, T, PAD, EOS).clip(max=V - 1).astype(np.int64)}
+            stale = {"src_ids": rng.integers(3, V, size=(2, S)), "tgt_ids": rng.integers(3, V, size=(2, T)),
+                     "weights": rng.normal(0.0, 1.0, (2, T, V)).astype(np.float32)}
+            what = ("SGD(lr=0.5), clip_norm=0.05 (below the gradient's norm)" if optimizer == "SGD" else
+                    "SGD(lr=0.3, weight_decay=0.1), clip_norm=1e6, label_smoothing=0.1")
+            desc = f"B={B}, S={S}, T={T}, a 1-layer model, {what}, stale gradients in .grad before the call"
+            case = Case(case_id, desc, data={"state": state, "batch": batch, "optimizer": optimizer,
+                                             "clip_norm": clip_norm, "label_smoothing": smoothing})
+            case.call("Seq2SeqTransformer", **STEP_MODEL, let="m")
+            case.load_state("m", state)
+            case.steps.append({"train": "m"})
+            case.method("m", "forward", case.tensor(stale["src_ids"]), case.tensor(stale["tgt_ids"]), let="junk")
+            case.backward("junk", stale["weights"])  # stale gradients: train_step must clear them
+            case.let("torch_", {"global": "torch"})
+            case.call({"attr": ["m", "parameters"]}, let="params")
+            kwargs = {"lr": 0.5} if optimizer == "SGD" else {"lr": 0.3, "weight_decay": 0.1}
+            case.call({"attr": ["torch_", "optim", "SGD"]}, {"ref": "params"}, let="opt", **kwargs)
+            case.let("batch", {"dict": {k: case.tensor(v) for k, v in batch.items()}})
+            extra = {"label_smoothing": smoothing} if smoothing else {}
+            case.call("train_step", {"ref": "m"}, {"ref": "batch"}, {"ref": "opt"}, clip_norm, record="loss",
+                      **extra)
+            case.record("training", {"attr": ["m", "training"]})
+            case.record("batch_after", {"ref": "batch"})
+            # what the step did to the weights follows the gradients of the student's own loss: "grad" names
+            case.record("grad_params", {"new": VECTOR, "args": [{"ref": "m"}]})
+            case.record("grad_norm", {"new": GRAD_NORM, "args": [{"ref": "m"}]})
+            case.data["stale"] = stale
+            cases.append(case)
+        return cases
+
+    def judge(self, result: Result):
+        for case in result.cases.values():
+            d = case.data
+            error = result.error(case.id)
+            if error is not None:
+                raise Fail(f"train_step raised an exception on a case with {case.desc}:\n    "
+                           f"{error.splitlines()[-1]}")
+            meta = result.meta(case.id, "loss")
+            if meta.get("type") != "float":
+                raise Fail(f"train_step should return the loss as a Python float (loss.item()), got "
+                           f"{meta.get('type')} ({case.desc}): a tensor would keep the step's graph alive.")
+            loss = float(result.get(case.id, "loss", what="train_step's loss"))
+            want_loss, want_params, _ = _reference_step(d)
+            _expect_scalar(loss, want_loss, "the loss train_step returned", case.desc,
+                           "The model reads shift_right(tgt_ids, BOS) with src_is_real; sequence_loss(logits, "
+                           "tgt_ids, PAD, label_smoothing) scores it; return it before the update.",
+                           rtol=1e-5, atol=1e-6)
+            if not bool(result.get(case.id, "training", what="model.training")):
+                raise Fail(f"train_step left the model in eval mode ({case.desc}): leave its mode as it is.")
+            for name, value in d["batch"].items():
+                after = result.get(case.id, f"batch_after/{name}", what=f"batch['{name}'] after the call")
+                if not np.array_equal(after, value):
+                    raise Fail(f"train_step changed batch['{name}'] in place ({case.desc}).")
+            got = result.get(case.id, "grad_params", what="the parameters after the step", kind="tensor",
+                             dtype="float", shape=want_params.shape)
+            if not np.allclose(got, want_params, rtol=1e-4, atol=1e-6):
+                variants = {
+                    "the step with unclipped gradients: call torch.nn.utils.clip_grad_norm_(model.parameters(), "
+                    "clip_norm) after loss.backward() and before optimizer.step()": _reference_step(d, clip=False),
+                    "the step with the stale gradients of an earlier step added in: call optimizer.zero_grad() "
+                    "before loss.backward()": _reference_step(d, zero_grad=False),
+                }
+                hint = next((f"Your parameters match {what}." for what, (_, params, _) in variants.items()
+                             if np.allclose(got, params, rtol=1e-4, atol=1e-6)),
+                            "Clear old gradients, backward, clip to clip_norm, then exactly one optimizer.step().")
+                raise Fail(f"the parameters after train_step are not those of one reference step on a case with "
+                           f"{case.desc}. {hint}")
+            norm = float(result.get(case.id, "grad_norm", what="the gradient norm after the step"))
+            if norm > d["clip_norm"] * (1 + 1e-4) + 1e-6:
+                raise Fail(f"after train_step the gradients' joint norm exceeds clip_norm ({case.desc}): clip them "
+                           "with torch.nn.utils.clip_grad_norm_(model.parameters(), clip_norm) before the step.")

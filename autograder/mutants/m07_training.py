@@ -1,12 +1,14 @@
 """Wrong answers to lesson 07-training.
 
-Each is written as a student would type it in the notebook, where ``torch`` and ``F`` exist.
+Each is written as a student would type it in the notebook, where ``torch``, ``F``, ``shift_right``,
+``sequence_loss``, ``BOS`` and ``PAD`` exist.
 """
 
 import torch
 import torch.nn.functional as F  # noqa: F401 - the notebook's namespace
 
 from autograder.mutants import mutant
+from decoder_course.conventions import BOS, PAD
 
 MUTANTS: list = []
 
@@ -102,3 +104,64 @@ def exact_match(pred_ids, target_ids, pad_id, eos_id):  # noqa: F811
     target = F.pad(target_ids, (0, L - target_ids.shape[1]), value=pad_id)
     from_eos = (target == eos_id).long().cumsum(dim=1) > 0
     return ((pred == target) | from_eos).all(dim=1).float().mean().item()
+
+
+# -- train_step ----------------------------------------------------------------------------------------------
+# (first the two whose loss is wrong: they are caught even on top of a wrong shift_right or sequence_loss)
+@mutant(MUTANTS, "train_step", "the decoder reads the target itself, not shift_right(target): it copies")
+def train_step(model, batch, optimizer, clip_norm, label_smoothing=0.0):
+    tgt = batch["tgt_ids"]
+    logits = model(batch["src_ids"], tgt, src_is_real=batch["src_is_real"])
+    loss = sequence_loss(logits, tgt, PAD, label_smoothing)
+    optimizer.zero_grad()
+    loss.backward()
+    torch.nn.utils.clip_grad_norm_(model.parameters(), clip_norm)
+    optimizer.step()
+    return loss.item()
+
+
+@mutant(MUTANTS, "train_step", "src_is_real not passed: the encoder and cross-attention read source padding")
+def train_step(model, batch, optimizer, clip_norm, label_smoothing=0.0):  # noqa: F811
+    tgt = batch["tgt_ids"]
+    logits = model(batch["src_ids"], shift_right(tgt, BOS))
+    loss = sequence_loss(logits, tgt, PAD, label_smoothing)
+    optimizer.zero_grad()
+    loss.backward()
+    torch.nn.utils.clip_grad_norm_(model.parameters(), clip_norm)
+    optimizer.step()
+    return loss.item()
+
+
+@mutant(MUTANTS, "train_step", "gradients clipped after optimizer.step(): the update used the unclipped ones")
+def train_step(model, batch, optimizer, clip_norm, label_smoothing=0.0):  # noqa: F811
+    tgt = batch["tgt_ids"]
+    logits = model(batch["src_ids"], shift_right(tgt, BOS), src_is_real=batch["src_is_real"])
+    loss = sequence_loss(logits, tgt, PAD, label_smoothing)
+    optimizer.zero_grad()
+    loss.backward()
+    optimizer.step()
+    torch.nn.utils.clip_grad_norm_(model.parameters(), clip_norm)
+    return loss.item()
+
+
+@mutant(MUTANTS, "train_step", "no optimizer.zero_grad(): gradients of earlier steps add up")
+def train_step(model, batch, optimizer, clip_norm, label_smoothing=0.0):  # noqa: F811
+    tgt = batch["tgt_ids"]
+    logits = model(batch["src_ids"], shift_right(tgt, BOS), src_is_real=batch["src_is_real"])
+    loss = sequence_loss(logits, tgt, PAD, label_smoothing)
+    loss.backward()
+    torch.nn.utils.clip_grad_norm_(model.parameters(), clip_norm)
+    optimizer.step()
+    return loss.item()
+
+
+@mutant(MUTANTS, "train_step", "returns the loss tensor, not loss.item()")
+def train_step(model, batch, optimizer, clip_norm, label_smoothing=0.0):  # noqa: F811
+    tgt = batch["tgt_ids"]
+    logits = model(batch["src_ids"], shift_right(tgt, BOS), src_is_real=batch["src_is_real"])
+    loss = sequence_loss(logits, tgt, PAD, label_smoothing)
+    optimizer.zero_grad()
+    loss.backward()
+    torch.nn.utils.clip_grad_norm_(model.parameters(), clip_norm)
+    optimizer.step()
+    return loss

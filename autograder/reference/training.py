@@ -4,8 +4,9 @@ Teacher forcing: the decoder reads the target shifted right by one (BOS first) a
 all positions in parallel; the causal mask keeps position t from reading the token it must predict. The loss
 ignores padding, and a generated sequence counts as correct only when it matches its target up to and
 including EOS. ``greedy_generate`` (the simplest generation loop; lesson 08 writes the real decoders),
-``evaluate_exact_match`` and ``train`` are given; ``PeekingSeq2SeqTransformer`` is the ablation that trains
-without the causal mask: its teacher-forced loss collapses, yet it cannot generate.
+``evaluate_exact_match`` and ``train`` (a loop around the student's ``train_step``) are given;
+``PeekingSeq2SeqTransformer`` is the ablation that trains without the causal mask: its teacher-forced loss
+collapses, yet it cannot generate.
 """
 
 import torch
@@ -15,7 +16,7 @@ from torch import nn
 from autograder.reference.model import Seq2SeqTransformer
 from decoder_course.conventions import BOS, EOS, PAD
 
-EXERCISES = ("shift_right", "sequence_loss", "exact_match")
+EXERCISES = ("shift_right", "sequence_loss", "exact_match", "train_step")
 GIVEN = ("greedy_generate", "evaluate_exact_match", "train", "PeekingSeq2SeqTransformer")
 
 
@@ -81,6 +82,38 @@ def exact_match(pred_ids: torch.Tensor, target_ids: torch.Tensor, pad_id: int, e
     # equal up to and including the target's EOS means the prediction also ended there
     row_ok = ((pred == target) | after_eos).all(dim=1)  # (B,)
     return row_ok.float().mean().item()
+    ### END SOLUTION
+
+
+def train_step(
+    model: nn.Module, batch: dict, optimizer: torch.optim.Optimizer, clip_norm: float, label_smoothing: float = 0.0
+) -> float:
+    """One optimiser step of teacher forcing: loss, backward, gradients clipped to ``clip_norm``, one update.
+
+    ``batch`` is what ``task.batches`` yields: ``src_ids`` (B, S), ``src_is_real`` (B, S) and ``tgt_ids`` (B, T)
+    (the target, its EOS, then PAD), on the model's device. The model reads ``shift_right(tgt_ids, BOS)`` and the
+    source with its padding (``src_is_real``); the loss is ``sequence_loss(logits, tgt_ids, PAD,
+    label_smoothing)``. Gradients left by an earlier step are cleared first (``optimizer.zero_grad()``), then
+    ``loss.backward()``, then ``torch.nn.utils.clip_grad_norm_(model.parameters(), clip_norm)`` (before the step:
+    the update uses the clipped gradient, whose total norm is at most ``clip_norm``), then exactly one
+    ``optimizer.step()``. The model's mode (train/eval) is left as it is. Returns the loss as a Python float
+    (``loss.item()``), the loss *before* the update.
+
+    Shape:
+        batch: src_ids (B, S), src_is_real (B, S) bool, tgt_ids (B, T) -> float
+    """
+    ### BEGIN SOLUTION
+    tgt = batch["tgt_ids"]  # (B, T): what the model must predict
+    # teacher forcing: the decoder reads BOS, y0, ..., y_{T-2}; padding sits after the real tokens, where the
+    # causal mask already hides it from every real query (no tgt_is_real needed)
+    logits = model(batch["src_ids"], shift_right(tgt, BOS), src_is_real=batch["src_is_real"])  # (B, T, V)
+    loss = sequence_loss(logits, tgt, PAD, label_smoothing)  # scalar: mean over real target tokens
+    optimizer.zero_grad(set_to_none=True)  # gradients accumulate in .grad: clear the last step's
+    loss.backward()
+    # rescale all gradients together so that their joint norm is at most clip_norm: same direction, capped size
+    torch.nn.utils.clip_grad_norm_(model.parameters(), clip_norm)
+    optimizer.step()
+    return loss.item()  # a float: holding the tensor would keep the whole graph alive
     ### END SOLUTION
 
 
@@ -186,11 +219,11 @@ def train(
     Stops after ``steps`` optimiser steps or ``seconds`` of training time (held-out evaluation and drawing the
     curves excluded; whichever comes first, one is needed),
     or as soon as held-out exact match reaches ``target_exact_match``. AdamW; the learning rate warms up
-    linearly to ``lr`` over ``warmup_steps``, then decays as 1/sqrt(step) (the paper's schedule); gradients
-    are clipped to norm ``grad_clip``. Every ``eval_every`` steps (and at the end) greedy decoding is scored
-    on ``eval_pairs`` held-out pairs. Shows a tqdm progress bar (``progress``) and live curves (``live``, via
-    ``decoder_course.plots.LiveCurves`` when it is available). The training time is printed at the end; the
-    model is left in eval mode.
+    linearly to ``lr`` over ``warmup_steps``, then decays as 1/sqrt(step) (the paper's schedule); each step
+    is ``train_step`` (yours, in the lesson), with gradients clipped to norm ``grad_clip``. Every
+    ``eval_every`` steps (and at the end) greedy decoding is scored on ``eval_pairs`` held-out pairs. Shows a
+    tqdm progress bar (``progress``) and live curves (``live``, via ``decoder_course.plots.LiveCurves`` when it
+    is available). The training time is printed at the end; the model is left in eval mode.
 
     ``device`` (default: where the model's parameters are) is where the model and every batch go; the clock
     synchronises it before each reading (``decoder_course.devices.timer``), so a GPU's queued work is counted.
@@ -240,39 +273,39 @@ def train(
         return score
 
     bar = tqdm(total=steps if steps is not None else None, disable=not progress, desc=f"train {task.name}")
+    # train_step returns the loss only; a forward hook keeps its logits for the token accuracy (no second pass)
+    seen = {}
+    hook = model.register_forward_hook(lambda module, inputs, logits: seen.__setitem__("logits", logits.detach()))
     model.train()
     step, training_time, started = 0, 0.0, clock()
     while (steps is None or step < steps) and (seconds is None or training_time < seconds):
         batch = {name: tensor.to(device) for name, tensor in next(batches).items()}  # made on the CPU
         tgt = batch["tgt_ids"]  # (B, T): the target followed by EOS, then PAD
-        # no tgt_is_real needed: padding sits after the real tokens, where the causal mask already hides it
-        logits = model(batch["src_ids"], shift_right(tgt, BOS), src_is_real=batch["src_is_real"])  # (B, T, V)
-        loss = sequence_loss(logits, tgt, PAD, label_smoothing)
-        optimizer.zero_grad(set_to_none=True)
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(model.parameters(), grad_clip)
-        optimizer.step()
+        loss = train_step(model, batch, optimizer, grad_clip, label_smoothing)  # your step: a float
         schedule.step()
         step += 1
         training_time = clock() - started
         is_real = tgt != PAD
-        accuracy = ((logits.argmax(-1) == tgt) & is_real).sum().item() / max(is_real.sum().item(), 1)
-        record("loss", step, loss.item())
+        logits = seen.pop("logits", None)  # (B, T, V), read by the hook from train_step's forward pass
+        accuracy = float("nan") if logits is None else (
+            ((logits.argmax(-1) == tgt) & is_real).sum().item() / max(is_real.sum().item(), 1))
+        record("loss", step, loss)
         record("token_accuracy", step, accuracy)
         if curves is not None:
             paused = clock()
-            curves.update(step, loss=loss.item(), token_accuracy=accuracy)  # redraws about once a second
+            curves.update(step, loss=loss, token_accuracy=accuracy)  # redraws about once a second
             started += clock() - paused  # drawing is not training: pause the clock
         bar.update(1)
-        bar.set_postfix(loss=f"{loss.item():.3f}", acc=f"{accuracy:.3f}")
+        bar.set_postfix(loss=f"{loss:.3f}", acc=f"{accuracy:.3f}")
         if step % eval_every == 0:
             # evaluation time is not training time: pause the clock
             paused = clock()
             score = evaluate(step)
             started += clock() - paused
-            bar.set_postfix(loss=f"{loss.item():.3f}", exact_match=f"{score:.3f}")
+            bar.set_postfix(loss=f"{loss:.3f}", exact_match=f"{score:.3f}")
             if target_exact_match is not None and score >= target_exact_match:
                 break
+    hook.remove()
     if not history["exact_match"][0] or history["exact_match"][0][-1] != step:
         evaluate(step)
     bar.close()

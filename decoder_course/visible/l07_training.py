@@ -144,3 +144,77 @@ def check_exact_match(exact_match) -> None:
             got = float(exact_match(torch.tensor(pred), torch.tensor(target), pad, eos))
             if abs(got - want) > 1e-9:
                 raise CheckFailed(f"exact_match(pred={pred}, target={target}) gave {got}, expected {want}: {why}")
+
+
+# -- train_step ----------------------------------------------------------------------------------------------
+def parameter_vector(model: torch.nn.Module) -> torch.Tensor:
+    """Every parameter of ``model``, flattened and joined in ``model.parameters()`` order (a copy).
+
+    Shape:
+        -> (number of parameters,)
+    """
+    return torch.cat([p.detach().reshape(-1).clone() for p in model.parameters()])
+
+
+def gradient_norm(model: torch.nn.Module) -> float:
+    """The joint L2 norm of every parameter's ``.grad`` (missing gradients count as zero)."""
+    norms = [p.grad.detach().norm() for p in model.parameters() if p.grad is not None]
+    return float(torch.linalg.vector_norm(torch.stack(norms))) if norms else 0.0
+
+
+def check_train_step(train_step, Seq2SeqTransformer) -> None:
+    """Returns the pre-step loss as a float (teacher forcing, source padding, padding ignored); the update uses
+    gradients of this batch only, clipped to clip_norm before one optimizer step; the model's mode is kept."""
+    import copy
+
+    from decoder_course.conventions import BOS, PAD
+
+    B, S, T, V = 3, 6, 5, 11
+    g = torch.Generator().manual_seed(7)
+    src_is_real = torch.arange(S)[None, :] < torch.tensor([[S], [4], [2]])  # (B, S)
+    src_ids = torch.randint(3, V, (B, S), generator=g).masked_fill(~src_is_real, PAD)
+    tgt_ids = torch.randint(3, V, (B, T), generator=g)
+    tgt_ids[1, 2], tgt_ids[1, 3:] = 2, PAD  # a target that ends early: EOS, then padding
+    batch = {"src_ids": src_ids, "src_is_real": src_is_real, "tgt_ids": tgt_ids}
+    torch.manual_seed(3)
+    start = Seq2SeqTransformer(V, V, 16, 4, 32, 1, dropout=0.0, tie_weights=False).train()
+
+    def expected(clip_norm):
+        """The same step done by hand with PyTorch's own loss: (loss, parameters after, gradient norm before)."""
+        model = copy.deepcopy(start)
+        decoder_in = torch.cat([torch.full((B, 1), BOS), tgt_ids[:, :-1]], dim=1)  # BOS, then all but the last
+        logits = model(src_ids, decoder_in, src_is_real=src_is_real)
+        loss = F.cross_entropy(logits.reshape(-1, V), tgt_ids.reshape(-1), ignore_index=PAD)
+        loss.backward()
+        norm = gradient_norm(model)
+        with torch.no_grad():
+            for p in model.parameters():  # plain SGD with lr = 1 on the clipped gradient
+                p -= p.grad * min(1.0, clip_norm / (norm + 1e-6))
+        return loss.item(), parameter_vector(model), norm
+
+    for clip_norm in (1e6, 0.05):
+        what = "no clipping (clip_norm=1e6)" if clip_norm > 1 else "clip_norm=0.05, below the gradient's norm"
+        with check(f"train_step with SGD(lr=1), {what}: the loss and the update"):
+            model = copy.deepcopy(start)
+            for p in model.parameters():  # stale gradients of an earlier step: train_step must clear them
+                p.grad = torch.full_like(p, 0.5)
+            before = {name: t.clone() for name, t in batch.items()}
+            loss = train_step(model, batch, torch.optim.SGD(model.parameters(), lr=1.0), clip_norm)
+            expect_type(loss, float, "train_step's return value (loss.item(), a Python float)")
+            want_loss, want_params, norm = expected(clip_norm)
+            if not all(torch.equal(batch[k], before[k]) for k in batch):
+                raise CheckFailed("train_step changed the batch it was given")
+            if not model.training:
+                raise CheckFailed("train_step switched the model to eval mode: leave its mode as it is")
+            expect_close(torch.tensor(loss), torch.tensor(want_loss), "the loss", rtol=1e-5, atol=1e-6,
+                         hint="the model reads shift_right(tgt_ids, BOS) and src_is_real; sequence_loss scores its "
+                         "logits against tgt_ids itself, with PAD ignored; return the loss before the step")
+            got = parameter_vector(model)
+            moved = (got - parameter_vector(start)).norm().item()
+            if clip_norm < norm and moved > clip_norm * 1.001 + 1e-6:
+                raise CheckFailed(f"with SGD(lr=1) and clip_norm={clip_norm} the parameters moved by {moved:.3g}, "
+                                  "more than clip_norm: clip the gradients with torch.nn.utils.clip_grad_norm_("
+                                  "model.parameters(), clip_norm) after backward and before optimizer.step()")
+            expect_close(got, want_params, "the parameters after the step", rtol=1e-4, atol=1e-6,
+                         hint="optimizer.zero_grad() first (stale gradients add up), then backward, clip, and "
+                         "exactly one optimizer.step()")
