@@ -405,9 +405,9 @@ for name, out in [("greedy", greedy_decode(tree_model, two_src, 6, BOS, EOS)),
 
 # %% given=decoder_layer:FeedForward,DecoderLayer
 
-# %% given=model:sinusoidal_table,PositionalEncoding,Encoder,Decoder,Seq2SeqTransformer
+# %% given=model:sinusoidal_table,PositionalEncoding,EncoderLayer,Encoder,Decoder,Seq2SeqTransformer
 
-# %% given=training:shift_right,sequence_loss,exact_match,greedy_generate,evaluate_exact_match,train
+# %% given=training:shift_right,sequence_loss,exact_match,train_step,greedy_generate,evaluate_exact_match,train
 
 # %%
 task = get_task("reverse", min_len=3, max_len=6)

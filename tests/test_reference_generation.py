@@ -546,3 +546,59 @@ def test_greedy_decode_cached_projects_memory_once_per_layer():
         hook.remove()
     assert out.shape == (2, 9)
     assert len(calls) == len(model.decoder.layers), f"cross-attention keys projected {len(calls)} times"
+
+
+def test_kv_cache_reorder_follows_the_beams_in_every_layer():
+    g = torch.Generator().manual_seed(4)
+    cache = kv.KVCache(n_layers=2)
+    ks = [torch.randn(3, 2, 4, 5, generator=g) for _ in range(2)]
+    vs = [torch.randn(3, 2, 4, 5, generator=g) for _ in range(2)]
+    for layer in range(2):
+        cache.update(ks[layer], vs[layer], layer)
+    index = torch.tensor([2, 2, 0, 1])  # a row repeated, a new batch size
+    cache.reorder(index)
+    assert cache.length == 4 and cache.positions.tolist() == [0, 1, 2, 3]
+    for layer in range(2):
+        assert torch.equal(cache.keys[layer], ks[layer][index]) and torch.equal(cache.values[layer], vs[layer][index])
+    # the repeated rows are separate tensors' rows: appending to one beam leaves the other alone
+    k_all, _ = cache.update(torch.ones(4, 2, 1, 5), torch.ones(4, 2, 1, 5), 0)
+    assert torch.equal(k_all[0, :, :4], ks[0][2]) and k_all.shape == (4, 2, 5, 5)
+    kv.KVCache(1).reorder(index)  # an empty cache: nothing to reorder, no error
+
+
+@pytest.mark.parametrize("norm_first", [True, False])
+def test_beam_search_cached_gives_beam_searchs_beams_and_scores(norm_first):
+    model = small_model(norm_first, seed=3)
+    src, is_real = padded_source([2, 6, 4, 5], V=20, seed=4)
+    src_before = src.clone()
+    endless = gen.greedy_decode(model, src, 10, BOS, eos_id=-1, src_is_real=is_real)
+    eos_ids = sorted(set(endless[:, 1:5].flatten().tolist()))[:2] + [-1]  # rows end at different steps, or never
+    for eos_id in eos_ids:
+        for beam_size, alpha, max_len, pad_id in ((3, 0.6, 10, 0), (1, 1.0, 6, 7), (5, 0.0, 1, 0)):
+            kwargs = dict(beam_size=beam_size, length_penalty=alpha, src_is_real=is_real, pad_id=pad_id)
+            plain = gen.beam_search(model, src, max_len, BOS, eos_id, **kwargs)
+            cached = kv.beam_search_cached(model, src, max_len, BOS, eos_id, **kwargs)
+            assert torch.equal(cached, plain), f"eos={eos_id}, K={beam_size}: cached {cached} vs {plain}"
+            with torch.no_grad():
+                torch.testing.assert_close(sequence_log_prob(model, src, cached, eos_id=eos_id, src_is_real=is_real),
+                                           sequence_log_prob(model, src, plain, eos_id=eos_id, src_is_real=is_real))
+    assert torch.equal(src, src_before), "beam_search_cached changed its input"
+    # no src_is_real at all, B = 1
+    one = src[:1, :2]
+    assert torch.equal(kv.beam_search_cached(model, one, 8, BOS, eos_ids[0], beam_size=4),
+                       gen.beam_search(model, one, 8, BOS, eos_ids[0], beam_size=4))
+
+
+def test_beam_search_cached_projects_memory_once_and_decodes_one_position_per_step():
+    model = small_model(True, seed=2)
+    src, is_real = padded_source([3, 6], V=20, seed=3)
+    calls, widths = [], []
+    hooks = [layer.cross_attn.k_proj.register_forward_hook(lambda *_: calls.append("k"))
+             for layer in model.decoder.layers]
+    hooks.append(model.tgt_embed.register_forward_hook(lambda mod, inputs, out: widths.append(inputs[0].shape[1])))
+    out = kv.beam_search_cached(model, src, 9, BOS, eos_id=-1, beam_size=3, src_is_real=is_real)
+    for hook in hooks:
+        hook.remove()
+    assert out.shape == (2, 9)
+    assert len(calls) == len(model.decoder.layers), f"cross-attention keys projected {len(calls)} times"
+    assert widths == [1] * 9, f"decoder inputs per step: {widths}"

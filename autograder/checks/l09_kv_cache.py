@@ -76,7 +76,8 @@ def _raise_with_dependencies(result: Result, case: Case, uses: str) -> None:
 @exercise(LESSON, "KVCache", points=2)
 class KVCacheCheck(Exercise):
     """Appends along the sequence axis, per layer; returns everything cached; length counts positions; positions
-    are 0 .. length - 1; one-layer update(k, v); the caller's k and v unchanged."""
+    are 0 .. length - 1; one-layer update(k, v); the caller's k and v unchanged; reorder(index) keeps batch
+    rows index (repeated or dropped) of every layer's keys and values."""
 
     def cases(self, rng):
         cases = []
@@ -107,10 +108,33 @@ class KVCacheCheck(Exercise):
             case.call({"attr": ["cache", "update"]}, case.tensor(k1[s]), case.tensor(v1[s]), record=f"out{s}0")
             case.record(f"len{s + 1}", {"attr": ["cache", "length"]})
         cases.append(case)
+        if getattr(self, "judged_as", ""):
+            return cases  # a find-the-bug cache judged by these cases has no reorder of its own
+        # reorder(index): beam search keeps rows index of every layer (a row repeated, one dropped, B changes)
+        B, n_layers = 3, 2
+        kr = [rng.standard_normal((B, 2, 4, 3)).astype(np.float32) for _ in range(n_layers)]
+        vr = [rng.standard_normal((B, 2, 4, 3)).astype(np.float32) for _ in range(n_layers)]
+        index = np.array([2, 0, 2, 1][: int(rng.integers(3, 5))], dtype=np.int64)
+        case = Case("reorder", f"KVCache(n_layers=2), (B, H, S, Dh) = (3, 2, 4, 3), then reorder(index) with "
+                               f"{len(index)} rows, one repeated, then one more update",
+                    data={"ks": kr, "vs": vr, "index": index})
+        case.call("KVCache", n_layers, let="cache")
+        for layer in range(n_layers):
+            case.call({"attr": ["cache", "update"]}, case.tensor(kr[layer]), case.tensor(vr[layer]), layer)
+        case.call({"attr": ["cache", "reorder"]}, case.tensor(index))
+        case.record("len", {"attr": ["cache", "length"]})
+        for layer in range(n_layers):
+            new = np.full((len(index), 2, 1, 3), float(layer + 1), dtype=np.float32)
+            case.call({"attr": ["cache", "update"]}, case.tensor(new), case.tensor(-new), layer, record=f"after{layer}")
+        cases.append(case)
         return cases
 
     def judge(self, result: Result):
+        if "reorder" in result.cases:
+            self._judge_reorder(result)
         for case in result.cases.values():
+            if case.id == "reorder":
+                continue
             d = case.data
             n_layers = len(d["ks"])
             error = result.error(case.id) or ""
@@ -158,6 +182,29 @@ class KVCacheCheck(Exercise):
                 after = result.get(case.id, "k00_after", what="k after update", kind="tensor")
                 if not np.array_equal(after, d["ks"][0][0]):
                     raise Fail("update modified the caller's k in place: build new tensors with torch.cat.")
+
+
+    @staticmethod
+    def _judge_reorder(result: Result) -> None:
+        case = result.cases["reorder"]
+        d = case.data
+        error = result.error(case.id)
+        if error is not None:
+            raise Fail(f"reorder raised an exception ({case.desc}):\n    {error.splitlines()[-1]}\nreorder(index) "
+                       "keeps batch rows index of every layer's keys and values: k.index_select(0, index).")
+        if int(result.get(case.id, "len", what="cache.length after reorder", kind="any")) != 4:
+            raise Fail(f"cache.length changed after reorder ({case.desc}): reorder picks batch rows (dim 0), the "
+                       "positions stay.")
+        for layer in range(len(d["ks"])):
+            for i, (what, parts) in enumerate((("keys", d["ks"]), ("values", d["vs"]))):
+                got = result.get(case.id, f"after{layer}/{i}", what=f"the {what} after reorder and update",
+                                 kind="tensor", dtype="float")
+                new = np.full((len(d["index"]), 2, 1, 3), float(layer + 1), dtype=np.float32) * (1 if i == 0 else -1)
+                want = np.concatenate([parts[layer][d["index"]], new], axis=2)
+                if got.shape != want.shape or not np.array_equal(got, want):
+                    raise Fail(f"after reorder(index) layer {layer}'s {what} are not rows index of the old ones "
+                               f"({case.desc}): reorder every layer, keys and values, along the batch axis "
+                               "(dim 0), in the order index gives; a row may appear twice.")
 
 
 # -- cached_causal_mask ------------------------------------------------------------------------------------------------
@@ -354,3 +401,78 @@ class GreedyDecodeCached(Exercise):
             after = result.get(case.id, "src_after", what="src_ids after the call", kind="tensor")
             if not np.array_equal(after, d["src"]):
                 raise Fail(f"greedy_decode_cached modified the caller's src_ids in place ({case.desc}).")
+
+
+# -- beam_search_cached ------------------------------------------------------------------------------------------------
+@exercise(LESSON, "beam_search_cached", points=2)
+class BeamSearchCached(Exercise):
+    """Beam for beam the reference beam_search (lesson 08) on a model with loaded weights (both norm placements,
+    beam sizes 1 to 4, length penalties 0 to 1, EOS ids that end rows at different steps and one never generated,
+    B = 1, pad_id != 0); the memory's keys projected once per layer; the caller's source unchanged."""
+
+    uses = ("KVCache", "cached_causal_mask", "decode_step")  # built from them
+    reference = ref
+
+    def cases(self, rng):
+        cases = []
+        specs = ((True, 3, 3, 0.6, int(rng.integers(3, 9))), (False, 2, 2, 1.0, 0),
+                 (bool(rng.integers(2)), 1, 4, 0.0, int(rng.integers(3, 9))), (True, 2, 1, 0.6, 0))
+        for index, (norm_first, B, K, alpha, pad_id) in enumerate(specs):
+            model, state = _random_model(rng, norm_first)
+            src, is_real = _source(rng, B, 7)
+            mask = is_real if B > 1 else None
+            endless = ref_gen.greedy_decode(model, _tensor(src), 10, BOS, -1, src_is_real=_tensor(mask))
+            # EOS ids from the later greedy tokens: beams run long enough for their order to change, then end
+            candidates = sorted(set(endless[:, 4:8].flatten().tolist()))
+            eos_id = 1 if index == 2 else int(rng.choice(candidates))  # BOS's id is never generated: no stop
+            max_len = 8 if eos_id == 1 else 10
+            want = ref_gen.beam_search(model, _tensor(src), max_len, BOS, eos_id, beam_size=K, length_penalty=alpha,
+                                       src_is_real=_tensor(mask), pad_id=pad_id).numpy()
+            name = "pre-LN" if norm_first else "post-LN"
+            desc = (f"{name}, B={B}, S=7, {'padded sources' if mask is not None else 'no src_is_real'}, "
+                    f"beam_size={K}, length_penalty={alpha}, max_len={max_len}, pad_id={pad_id}, "
+                    f"{'an EOS id never generated' if eos_id == 1 else 'beams ending at different steps'}")
+            case = Case(f"beam{index}", desc, data={"want": want, "src": src, "B": B, "eos_id": eos_id,
+                                                    "pad_id": pad_id})
+            _build(case, state, norm_first)
+            case.let("layers", {"attr": ["m", "decoder", "layers"]})
+            for i in range(LAYERS):
+                case.let(f"l{i}", {"index": ["layers", i]})
+                case.let(f"count{i}", {"new": COUNTER})
+                case.call({"attr": [f"l{i}", "cross_attn", "k_proj", "register_forward_hook"]}, {"ref": f"count{i}"})
+            case.let("src", case.tensor(src))
+            case.call("beam_search_cached", {"ref": "m"}, {"ref": "src"}, max_len, BOS, eos_id, beam_size=K,
+                      length_penalty=alpha, src_is_real=None if mask is None else case.tensor(mask), pad_id=pad_id,
+                      record="out")
+            for i in range(LAYERS):
+                case.record(f"calls{i}", {"attr": [f"count{i}", "calls"]})
+            case.record("src_after", {"ref": "src"})
+            cases.append(case)
+        return cases
+
+    def judge(self, result: Result):
+        for case in result.cases.values():
+            _raise_with_dependencies(result, case, "KVCache, cached_causal_mask and decode_step")
+            d = case.data
+            want = d["want"]
+            got = result.get(case.id, "out", what="beam_search_cached(...)", kind="tensor", dtype="int")
+            if got.ndim != 2 or got.shape[0] != d["B"]:
+                raise Fail(f"beam_search_cached should return (B, L) ids with B = {d['B']}, got shape "
+                           f"{tuple(got.shape)} ({case.desc}).")
+            if got.shape != want.shape or not np.array_equal(got, want):
+                if got.shape[1] == want.shape[1] + 1 and got.shape[1] > 0 and (got[:, 0] == BOS).all():
+                    hint = "Your output starts with BOS: return the generated tokens only."
+                else:
+                    hint = ("Feed each beam's newest token only, at position = the step; after the top-k, reorder "
+                            "the token histories and the cache with the same parent rows (cache.reorder(rows)); "
+                            "rank, stop and pad as beam_search does.")
+                raise Fail(f"beam_search_cached does not give beam_search's beams ({case.desc}). {hint}")
+            for i in range(LAYERS):
+                calls = int(result.get(case.id, f"calls{i}", what="the number of memory projections", kind="any"))
+                if calls > 1:
+                    raise Fail(f"layer {i}'s cross_attn.k_proj ran {calls} times in one search ({case.desc}): "
+                               "project the (repeated) memory once per layer before the loop and pass it to every "
+                               "step as memory_kv.")
+            after = result.get(case.id, "src_after", what="src_ids after the call", kind="tensor")
+            if not np.array_equal(after, d["src"]):
+                raise Fail(f"beam_search_cached modified the caller's src_ids in place ({case.desc}).")

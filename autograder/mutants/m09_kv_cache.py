@@ -27,6 +27,10 @@ class KVCache:
             self.values[layer_idx] = torch.cat([self.values[layer_idx], v], dim=1)
         return self.keys[layer_idx], self.values[layer_idx]
 
+    def reorder(self, index):
+        self.keys = [None if k is None else k[index] for k in self.keys]
+        self.values = [None if v is None else v[index] for v in self.values]
+
     @property
     def length(self):
         return 0 if self.keys[0] is None else self.keys[0].shape[2]
@@ -49,6 +53,10 @@ class KVCache:  # noqa: F811 - each mutant is a separate wrong answer
             self.k = torch.cat([self.k, k], dim=2)
             self.v = torch.cat([self.v, v], dim=2)
         return self.k, self.v
+
+    def reorder(self, index):
+        if self.k is not None:
+            self.k, self.v = self.k[index], self.v[index]
 
     @property
     def length(self):
@@ -76,9 +84,39 @@ class KVCache:  # noqa: F811
             self.values[layer_idx] = torch.cat([self.values[layer_idx], v], dim=2)
         return self.keys[layer_idx], self.values[layer_idx]
 
+    def reorder(self, index):
+        self.keys = [None if k is None else k[index] for k in self.keys]
+        self.values = [None if v is None else v[index] for v in self.values]
+
     @property
     def length(self):
         return self.calls
+
+    @property
+    def positions(self):
+        return torch.arange(self.length)
+
+
+@mutant(MUTANTS, "KVCache", "reorder moves the keys only: the values stay with the old beams")
+class KVCache:  # noqa: F811
+    def __init__(self, n_layers=1):
+        self.keys = [None] * n_layers
+        self.values = [None] * n_layers
+
+    def update(self, k, v, layer_idx=0):
+        if self.keys[layer_idx] is None:
+            self.keys[layer_idx], self.values[layer_idx] = k, v
+        else:
+            self.keys[layer_idx] = torch.cat([self.keys[layer_idx], k], dim=2)
+            self.values[layer_idx] = torch.cat([self.values[layer_idx], v], dim=2)
+        return self.keys[layer_idx], self.values[layer_idx]
+
+    def reorder(self, index):
+        self.keys = [None if k is None else k[index] for k in self.keys]
+
+    @property
+    def length(self):
+        return 0 if self.keys[0] is None else self.keys[0].shape[2]
 
     @property
     def positions(self):
@@ -261,3 +299,75 @@ def greedy_decode_cached(model, src_ids, max_len, bos_id, eos_id, src_is_real=No
 # The definitions above rebound these names to wrong answers; a wrong answer that calls another exercise must
 # find the correct one, as in a notebook where only that one exercise is wrong.
 from autograder.reference.kv_cache import KVCache, cached_causal_mask, decode_step  # noqa: E402, F401, F811
+
+# -- beam_search_cached ------------------------------------------------------------------------------------------------
+
+@mutant(MUTANTS, "beam_search_cached", "the cache is never reordered: each beam attends to another beam's past")
+@torch.no_grad()
+def beam_search_cached(model, src_ids, max_len, bos_id, eos_id, beam_size=4, length_penalty=1.0,
+                       src_is_real=None, pad_id=0):
+    B, K = src_ids.shape[0], beam_size
+    memory = model.encode(src_ids, src_is_real).repeat_interleave(K, dim=0)
+    beam_is_real = None if src_is_real is None else src_is_real.repeat_interleave(K, dim=0)
+    memory_kv = [layer.cross_attn.project_memory(memory) for layer in model.decoder.layers]
+    cache = KVCache(len(model.decoder.layers))
+    tgt = torch.full((B * K, 1), bos_id, dtype=torch.long)
+    scores = torch.full((B, K), float("-inf"))
+    scores[:, 0] = 0.0
+    finished = torch.zeros(B, K, dtype=torch.bool)
+    lengths = torch.zeros(B, K, dtype=torch.long)
+    for position in range(max_len):
+        logits, cache = decode_step(model, tgt[:, -1:], memory_kv, cache, position, beam_is_real)
+        log_probs = logits.float().log_softmax(-1).view(B, K, -1)
+        V = log_probs.shape[-1]
+        pad_only = torch.full((V,), float("-inf"))
+        pad_only[pad_id] = 0.0
+        log_probs = torch.where(finished[..., None], pad_only, log_probs)
+        scores, flat_idx = (scores[..., None] + log_probs).view(B, K * V).topk(K, dim=-1)
+        beam_idx, token = flat_idx // V, flat_idx % V
+        rows = (torch.arange(B)[:, None] * K + beam_idx).view(-1)
+        tgt = torch.cat([tgt[rows], token.view(-1, 1)], dim=1)
+        was_finished = finished.gather(1, beam_idx)
+        lengths = lengths.gather(1, beam_idx) + (~was_finished).long()
+        finished = was_finished | (token == eos_id)
+        if bool(finished.all()):
+            break
+    best = (scores / ((5.0 + lengths.float()) / 6.0) ** length_penalty).argmax(-1)
+    best_ids = tgt.view(B, K, -1)[torch.arange(B), best, 1:]
+    return best_ids[:, : int(lengths.gather(1, best[:, None]).max())]
+
+
+@mutant(MUTANTS, "beam_search_cached", "the cache reordered by beam_idx (0..K-1), not by row b * K + beam_idx")
+@torch.no_grad()
+def beam_search_cached(model, src_ids, max_len, bos_id, eos_id, beam_size=4, length_penalty=1.0,  # noqa: F811
+                       src_is_real=None, pad_id=0):
+    B, K = src_ids.shape[0], beam_size
+    memory = model.encode(src_ids, src_is_real).repeat_interleave(K, dim=0)
+    beam_is_real = None if src_is_real is None else src_is_real.repeat_interleave(K, dim=0)
+    memory_kv = [layer.cross_attn.project_memory(memory) for layer in model.decoder.layers]
+    cache = KVCache(len(model.decoder.layers))
+    tgt = torch.full((B * K, 1), bos_id, dtype=torch.long)
+    scores = torch.full((B, K), float("-inf"))
+    scores[:, 0] = 0.0
+    finished = torch.zeros(B, K, dtype=torch.bool)
+    lengths = torch.zeros(B, K, dtype=torch.long)
+    for position in range(max_len):
+        logits, cache = decode_step(model, tgt[:, -1:], memory_kv, cache, position, beam_is_real)
+        log_probs = logits.float().log_softmax(-1).view(B, K, -1)
+        V = log_probs.shape[-1]
+        pad_only = torch.full((V,), float("-inf"))
+        pad_only[pad_id] = 0.0
+        log_probs = torch.where(finished[..., None], pad_only, log_probs)
+        scores, flat_idx = (scores[..., None] + log_probs).view(B, K * V).topk(K, dim=-1)
+        beam_idx, token = flat_idx // V, flat_idx % V
+        rows = (torch.arange(B)[:, None] * K + beam_idx).view(-1)
+        tgt = torch.cat([tgt[rows], token.view(-1, 1)], dim=1)
+        cache.reorder(beam_idx.view(-1))
+        was_finished = finished.gather(1, beam_idx)
+        lengths = lengths.gather(1, beam_idx) + (~was_finished).long()
+        finished = was_finished | (token == eos_id)
+        if bool(finished.all()):
+            break
+    best = (scores / ((5.0 + lengths.float()) / 6.0) ** length_penalty).argmax(-1)
+    best_ids = tgt.view(B, K, -1)[torch.arange(B), best, 1:]
+    return best_ids[:, : int(lengths.gather(1, best[:, None]).max())]

@@ -15,7 +15,8 @@ from torch import nn
 from autograder.reference.model import Seq2SeqTransformer  # noqa: F401 - given in the lesson; graded by name
 from autograder.reference.multi_head import attention, merge_heads, split_heads
 
-EXERCISES = ("KVCache", "cached_causal_mask", "decode_step", "greedy_decode_cached")
+EXERCISES = ("KVCache", "cached_causal_mask", "decode_step", "greedy_decode_cached",
+             "beam_search_cached")
 GIVEN: tuple[str, ...] = ()
 
 
@@ -62,6 +63,21 @@ class KVCache:
         """Number of positions cached (in layer 0; every layer has the same count between decoding steps)."""
         ### BEGIN SOLUTION
         return 0 if self.keys[0] is None else self.keys[0].shape[2]
+        ### END SOLUTION
+
+    def reorder(self, index: torch.Tensor) -> None:
+        """Keep batch rows ``index`` of every layer, in that order (beam search: row i now holds row index[i]).
+
+        Rows may repeat (a beam extended twice) or disappear (a beam dropped); positions are unchanged.
+
+        Shape:
+            index: (B_new,) int64 -> every layer's k, v: (B, H, S, Dh) -> (B_new, H, S, Dh)
+        """
+        ### BEGIN SOLUTION
+        for i, (k, v) in enumerate(zip(self.keys, self.values, strict=True)):
+            if k is not None:
+                # the batch axis is dim 0; index_select makes new tensors, so no two rows share storage
+                self.keys[i], self.values[i] = k.index_select(0, index), v.index_select(0, index)
         ### END SOLUTION
 
     @property
@@ -196,4 +212,66 @@ def greedy_decode_cached(
     if not generated:
         return torch.zeros(B, 0, dtype=torch.long, device=src_ids.device)
     return torch.stack(generated, dim=1)  # (B, L)
+    ### END SOLUTION
+
+
+@torch.inference_mode()
+def beam_search_cached(
+    model: nn.Module,
+    src_ids: torch.Tensor,
+    max_len: int,
+    bos_id: int,
+    eos_id: int,
+    beam_size: int = 4,
+    length_penalty: float = 1.0,
+    src_is_real: torch.Tensor | None = None,
+    pad_id: int = 0,
+) -> torch.Tensor:
+    """Lesson 08's ``beam_search`` with a KV cache: the same beams, the same scores, one new position per step.
+
+    Every step runs ``decode_step`` on each beam's newest token only. After the top-k, beam j of row b continues
+    the beam it was extended from (``beam_idx``), so the cache is reordered with ``cache.reorder(rows)``, the
+    same row index that reorders the token histories. The memory's cross-attention keys and values are projected
+    once per layer, for all beams at once (the memory repeated beam_size times along the batch). Ranking, length
+    normalisation, EOS and padding are ``beam_search``'s; ``src_ids`` is unchanged.
+
+    Shape:
+        src_ids (B, S), src_is_real (B, S) bool or None -> ids (B, L), L <= max_len, without BOS,
+        ``pad_id`` after each row's EOS
+    """
+    ### BEGIN SOLUTION
+    B, K, device = src_ids.shape[0], beam_size, src_ids.device
+    memory = model.encode(src_ids, src_is_real).repeat_interleave(K, dim=0)  # (B*K, S, D): row b*K + j
+    beam_is_real = None if src_is_real is None else src_is_real.repeat_interleave(K, dim=0)  # (B*K, S)
+    memory_kv = [layer.cross_attn.project_memory(memory) for layer in model.decoder.layers]  # once per layer
+    cache = KVCache(len(model.decoder.layers))
+    tgt = torch.full((B * K, 1), bos_id, dtype=torch.long, device=device)  # (B*K, 1): histories, BOS first
+    scores = torch.full((B, K), float("-inf"), device=device)  # (B, K): only beam 0 alive at the start
+    scores[:, 0] = 0.0
+    finished = torch.zeros(B, K, dtype=torch.bool, device=device)  # (B, K)
+    lengths = torch.zeros(B, K, dtype=torch.long, device=device)  # (B, K): tokens generated up to EOS
+    for position in range(max_len):
+        # only the newest token of each beam: the cache holds the keys and values of all earlier positions
+        logits, cache = decode_step(model, tgt[:, -1:], memory_kv, cache, position, beam_is_real)  # (B*K, V)
+        log_probs = logits.float().log_softmax(-1).view(B, K, -1)  # (B, K, V)
+        V = log_probs.shape[-1]
+        pad_only = torch.full((V,), float("-inf"), device=device)  # a finished beam continues with PAD, free
+        pad_only[pad_id] = 0.0
+        log_probs = torch.where(finished[..., None], pad_only, log_probs)  # (B, K, V)
+        candidates = (scores[..., None] + log_probs).view(B, K * V)  # (B, K*V): every beam x every token
+        scores, flat_idx = candidates.topk(K, dim=-1)  # (B, K)
+        beam_idx, token = flat_idx // V, flat_idx % V  # (B, K): the parent beam and the new token
+        rows = (torch.arange(B, device=device)[:, None] * K + beam_idx).view(-1)  # (B*K,): parent rows
+        tgt = torch.cat([tgt[rows], token.view(-1, 1)], dim=1)  # (B*K, T + 1)
+        cache.reorder(rows)  # the cached keys/values follow their beams, exactly as the histories do
+        was_finished = finished.gather(1, beam_idx)  # (B, K)
+        lengths = lengths.gather(1, beam_idx) + (~was_finished).long()
+        finished = was_finished | (token == eos_id)
+        if bool(finished.all()):
+            break
+    normalised = scores / ((5.0 + lengths.float()) / 6.0) ** length_penalty  # (B, K): GNMT, as beam_search
+    best = normalised.argmax(-1)  # (B,)
+    best_ids = tgt.view(B, K, -1)[torch.arange(B, device=device), best, 1:]  # (B, steps): drop BOS
+    L = int(lengths.gather(1, best[:, None]).max())
+    return best_ids[:, :L]  # (B, L)
     ### END SOLUTION

@@ -80,6 +80,31 @@ def check_kv_cache(KVCache) -> None:
         expect_shape(k_all, (B, H, 3, Dh), "keys of KVCache().update(k, v)", names="B, H, S, Dh")
 
 
+def check_kv_cache_reorder(KVCache) -> None:
+    """reorder(index) keeps batch rows ``index`` (repeated, dropped) of every layer's keys and values."""
+    with check("reorder(index) keeps rows index of every layer, keys and values, in that order"):
+        g = torch.Generator().manual_seed(3)
+        cache = KVCache(2)
+        ks = [torch.randn(3, 2, 4, 5, generator=g) for _ in range(2)]
+        vs = [torch.randn(3, 2, 4, 5, generator=g) for _ in range(2)]
+        for layer in range(2):
+            cache.update(ks[layer], vs[layer], layer)
+        index = torch.tensor([2, 2, 0, 1])  # beam 2 continued twice: rows repeat, and the batch grows to 4
+        if not callable(getattr(cache, "reorder", None)):
+            raise CheckFailed("KVCache has no reorder(index) method: beam search needs it")
+        cache.reorder(index)
+        if cache.length != 4:
+            raise CheckFailed(f"after reorder the cache holds {cache.length} positions, not 4: reorder picks batch "
+                              "rows (dim 0); the positions stay")
+        for layer in range(2):
+            new = torch.full((4, 2, 1, 5), float(layer + 1))
+            k_all, v_all = cache.update(new, -new, layer)
+            expect_close(k_all, torch.cat([ks[layer][index], new], dim=2), f"layer {layer}'s keys after reorder",
+                         hint="reorder every layer along the batch axis: k.index_select(0, index)")
+            expect_close(v_all, torch.cat([vs[layer][index], -new], dim=2), f"layer {layer}'s values after reorder",
+                         hint="the values must follow their beams too, not only the keys")
+
+
 def check_cached_causal_mask(cached_causal_mask) -> None:
     """The lesson's example, the rows of the full causal mask, one query at the end, T == S."""
     with check("queries at positions 2, 3 over 4 keys"):
@@ -202,3 +227,38 @@ def check_greedy_decode_cached(greedy_decode_cached, greedy_decode, Seq2SeqTrans
         if max(calls) > 1:
             raise CheckFailed(f"cross_attn.k_proj ran {calls} times per layer for 9 steps: project the memory once "
                               "per layer before the loop (layer.cross_attn.project_memory) and pass memory_kv")
+
+
+def check_beam_search_cached(beam_search_cached, beam_search, Seq2SeqTransformer) -> None:
+    """Exactly beam_search's beams (several EOS ids, beam sizes, both norms), and the memory projected once."""
+    for norm_first in (True, False):
+        name = "pre-LN" if norm_first else "post-LN"
+        with check(f"{name}: the same beams as beam_search for several EOS ids and beam sizes"):
+            model = _small_model(Seq2SeqTransformer, norm_first, seed=1)
+            src, is_real = _source(B=3, seed=2)
+            endless = beam_search(model, src, 8, BOS, eos_id=-1, beam_size=2, src_is_real=is_real)
+            for eos_id in sorted(set(endless[:, 1:5].flatten().tolist()))[:2]:
+                for beam_size, alpha, pad_id in ((3, 0.6, 0), (2, 1.0, 5)):
+                    kwargs = dict(beam_size=beam_size, length_penalty=alpha, src_is_real=is_real, pad_id=pad_id)
+                    want = beam_search(model, src, 8, BOS, eos_id, **kwargs)
+                    got = expect_inputs_unchanged(beam_search_cached, model, src, 8, BOS, eos_id, **kwargs)
+                    expect_type(got, torch.Tensor, "beam_search_cached(...)")
+                    expect_close(got, want, f"beam_search_cached with eos_id={eos_id}, beam_size={beam_size}",
+                                 hint="feed each beam's newest token only; after the top-k reorder the histories "
+                                      "and the cache by the same parent rows b * K + beam_idx (cache.reorder)")
+    with check("the memory's keys and values are projected once per layer, not once per step"):
+        model = _small_model(Seq2SeqTransformer, True, seed=2)
+        src, is_real = _source(B=2, seed=3)
+        counters = [CallCounter() for _ in model.decoder.layers]
+        hooks = [layer.cross_attn.k_proj.register_forward_hook(c)
+                 for layer, c in zip(model.decoder.layers, counters, strict=True)]
+        try:
+            out = beam_search_cached(model, src, 9, BOS, eos_id=-1, beam_size=3, src_is_real=is_real)
+        finally:
+            for hook in hooks:
+                hook.remove()
+        expect_shape(out, (2, 9), "beam_search_cached(..., max_len=9) with an EOS that never comes")
+        calls = [c.calls for c in counters]
+        if max(calls) > 1:
+            raise CheckFailed(f"cross_attn.k_proj ran {calls} times per layer for 9 steps: project the repeated "
+                              "memory once per layer before the loop and pass memory_kv")
