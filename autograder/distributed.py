@@ -59,8 +59,8 @@ from autograder.nbgrader_plugins import TrustedExecute
 from autograder.pipeline import COURSE_ID, Limits, Outcome
 from autograder.text import shown
 
-__all__ = ["TASK_RETRIES", "ClusterUnavailable", "HeldSecretExecute", "fingerprint", "grade_on_cluster",
-           "grade_remote", "record"]
+__all__ = ["TASK_RETRIES", "ClusterUnavailable", "HeldSecretExecute", "check_scheduler", "fingerprint",
+           "grade_on_cluster", "grade_remote", "record"]
 
 TASK_RETRIES = 2  # a task that raises (not a lost worker: Dask reschedules those on its own) runs again
 CONNECT_TIMEOUT = 30  # s to reach the scheduler
@@ -286,6 +286,12 @@ def _client(scheduler: str):
         return Client(scheduler, timeout=CONNECT_TIMEOUT)
     except (OSError, TimeoutError) as exc:
         raise ClusterUnavailable(f"cannot reach the Dask scheduler at {scheduler}: {exc}") from exc
+
+
+def check_scheduler(scheduler: str) -> None:
+    """Raise :class:`ClusterUnavailable` unless the scheduler answers (before the canaries, to fail fast)."""
+    with _client(scheduler):
+        pass
 
 
 def grade_on_cluster(jobs, work: Path, db_url: str | None, scheduler: str, progress: bool = True, *,

@@ -319,6 +319,10 @@ def grade(submissions: Path, work: Path, lessons: list[str] | None = None, db_ur
     """
     lessons = lessons or notebooks.lessons()
     limits = limits or Limits()
+    if scheduler:
+        from autograder import distributed  # imports this module: only when asked for
+
+        distributed.check_scheduler(scheduler)  # before the canaries: an unreachable cluster fails at once
     grader, outcomes = prepare(work, lessons, db_url, verbose, sandbox, limits)
     with tempfile.TemporaryDirectory(prefix="collect-") as tmp:
         collected = intake.collect_submissions(submissions, lessons, Path(tmp), limits.notebook_bytes)
@@ -327,8 +331,6 @@ def grade(submissions: Path, work: Path, lessons: list[str] | None = None, db_ur
         jobs = [(student, lesson, collected.found[student][lesson])
                 for student in sorted(collected.found) for lesson in lessons if lesson in collected.found[student]]
         if scheduler:
-            from autograder import distributed  # imports this module: only when asked for
-
             outcomes += distributed.grade_on_cluster(jobs, work, db_url, scheduler, progress, verbose=verbose,
                                                      sandbox=sandbox, limits=limits)
         elif workers > 1:

@@ -335,10 +335,9 @@ def test_a_worker_with_another_checkout_refuses_the_task(prepared):
     assert distributed.fingerprint([lesson]) != distributed.fingerprint(LESSONS)
 
 
-def test_an_unreachable_scheduler_is_an_error_that_says_so(prepared, tmp_path, monkeypatch):
+def test_an_unreachable_scheduler_is_an_error_that_says_so_before_the_canaries(prepared, tmp_path, monkeypatch):
     work = tmp_path / "work"
-    shutil.copytree(prepared["root"] / "base", work)
     monkeypatch.setattr(distributed, "CONNECT_TIMEOUT", 2)
     with pytest.raises(distributed.ClusterUnavailable, match="cannot reach the Dask scheduler"):
-        distributed.grade_on_cluster(prepared["jobs"][:1], work, None, "tcp://127.0.0.1:9", progress=False,
-                                     limits=LIMITS)
+        pipeline.grade(prepared["incoming"], work, LESSONS, limits=LIMITS, scheduler="tcp://127.0.0.1:9")
+    assert not pipeline.canary_work(work).exists()
