@@ -217,6 +217,8 @@ def _names(source: str) -> tuple[set[str], set[str]]:
             (read if isinstance(node.ctx, ast.Load) else bound).add(node.id)
         elif isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
             bound.add(node.name)
+        elif isinstance(node, ast.arg):  # a parameter is the function's own name, not the notebook's
+            bound.add(node.arg)
         elif isinstance(node, (ast.Import, ast.ImportFrom)):
             bound |= {(a.asname or a.name).split(".")[0] for a in node.names}
     return bound, read

@@ -51,7 +51,7 @@ visible.check_causal_mask(causal_mask)
 # %% [markdown]
 # A picture says it faster: allowed cells are dark, blocked cells pale. Each row is what one query may see.
 
-# %%
+# %% demo
 plot_mask(causal_mask(6), title="causal_mask(6)");
 
 # %% [markdown]
@@ -94,7 +94,7 @@ visible.check_combine_masks(combine_masks)
 # %% [markdown]
 # Two sequences of a batch, the second with two pad tokens at the end: their columns go pale in every row.
 
-# %%
+# %% demo
 ids = np.array([[5, 6, 7, 8, 9], [5, 6, 7, PAD, PAD]])
 allowed = combine_masks(causal_mask(5), padding_mask(ids, PAD))
 plot_masks([allowed[0, 0], allowed[1, 0]], titles=["sequence 0", "sequence 1 (2 pads)"]);
