@@ -111,7 +111,7 @@ def cached_causal_mask(q_positions: torch.Tensor, k_len: int) -> torch.Tensor:
     ### END SOLUTION
 
 
-@torch.no_grad()
+@torch.inference_mode()  # no_grad, and no autograd bookkeeping of versions and views: a step is many tiny ops
 def decode_step(
     model: nn.Module,
     token_ids: torch.Tensor,
@@ -141,7 +141,8 @@ def decode_step(
     q_positions = torch.arange(position, position + T_new, device=token_ids.device)  # (T_new,) absolute
     # these tokens' position encodings are rows position .. position + T_new - 1 of the table, not rows 0..
     pe = model.pos_encoding
-    x = pe.dropout(model.tgt_embed(token_ids) * model.embed_scale + pe.pe[q_positions])  # (B, T_new, D)
+    rows = pe.pe[position : position + T_new]  # (T_new, D): a slice of the table, no index lookup
+    x = pe.dropout(model.tgt_embed(token_ids) * model.embed_scale + rows)  # (B, T_new, D)
     cross_allowed = None if src_is_real is None else src_is_real.bool()[:, None, None, :]  # (B, 1, 1, S)
     for i, layer in enumerate(model.decoder.layers):
         # the same three sublayers and residual wiring as DecoderLayer.forward; pre-LN normalises the
@@ -172,7 +173,7 @@ def decode_step(
     ### END SOLUTION
 
 
-@torch.no_grad()
+@torch.inference_mode()
 def greedy_decode_cached(
     model: nn.Module,
     src_ids: torch.Tensor,
