@@ -277,7 +277,7 @@ visible.check_sample(sample)
 # and 0.1 (then EOS). Draw 4000 first tokens per setting with one generator and compare the frequencies with what
 # each setting should give, computed from the definitions:
 
-# %%
+# %% demo
 first_model = ScriptedModel.from_tree({3: (0.4, None), 4: (0.3, None), 5: (0.2, None), 6: (0.1, None)},
                                       vocab_size=8, floor=1e-9)
 n_draws = 1000 if GRADING else 4000
@@ -409,7 +409,7 @@ for name, out in [("greedy", greedy_decode(tree_model, two_src, 6, BOS, EOS)),
 
 # %% given=training:shift_right,sequence_loss,exact_match,train_step,greedy_generate,evaluate_exact_match,train
 
-# %%
+# %% demo
 task = get_task("reverse", min_len=3, max_len=6)
 torch.manual_seed(0)
 model = Seq2SeqTransformer(len(task.src_vocab), len(task.tgt_vocab), d_model=64, n_heads=4, d_ff=256, n_layers=2,
@@ -424,7 +424,7 @@ plot_curves(history, title="reversal, a short training run");
 # Now decode 200 held-out sources with each setting. For every sampler we draw twice with different generators:
 # *varied* is the fraction of sources whose two samples differ (0 for the deterministic decoders).
 
-# %%
+# %% demo
 test_pairs = task.make_pairs(100 if GRADING else 200, rng=1, split="test")
 batch = {name: t.to(device) for name, t in task.make_batch(test_pairs).items()}  # where the model is
 src_ids, src_is_real, tgt_ids = batch["src_ids"], batch["src_is_real"], batch["tgt_ids"]  # (B, S), (B, S), (B, T)
@@ -479,7 +479,7 @@ print(f"\nvocabulary size V = {len(task.tgt_vocab)}: top-k 40 keeps every token 
 # Two sweeps, drawn: exact match against the beam size (and what it costs in time), and against the temperature,
 # with and without a nucleus.
 
-# %%
+# %% demo
 beam_sizes = [1, 2, 4, 8]
 beam_runs = [measure(beam_search, beam_size=k, length_penalty=0.6) for k in beam_sizes]
 temperatures = [0.3, 0.5, 0.7, 1.0, 1.5]
@@ -533,7 +533,7 @@ ax_temp.legend();
 # targets *should* repeat digits (`"33014"`). Greedy decoding with and without the penalty, on held-out targets with
 # and without a repeated digit:
 
-# %%
+# %% demo
 with_penalty = sample(model, src_ids, max_len, BOS, EOS, temperature=0, repetition_penalty=1.2,
                       src_is_real=src_is_real, pad_id=PAD)
 without = greedy_decode(model, src_ids, max_len, BOS, EOS, src_is_real=src_is_real, pad_id=PAD)

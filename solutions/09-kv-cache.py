@@ -189,7 +189,9 @@ visible.check_cached_causal_mask(cached_causal_mask)
 #   `layer.norm_first` asks for) and dropouts, as in `DecoderLayer.forward`, then the stack's final norm and the
 #   output projection, as in `decode`. Read those two given methods side by side with your function.
 #
-# Decorate it with `@torch.no_grad()`; dropout is called as in the layers (it does nothing after `model.eval()`).
+# Decorate it with `@torch.inference_mode()` (or `@torch.no_grad()`: both turn gradients off; inference mode also
+# skips autograd's bookkeeping of tensor versions and views, which a step made of many tiny operations feels);
+# dropout is called as in the layers (it does nothing after `model.eval()`).
 #
 # <details><summary>Hint: the pieces, one by one</summary>
 #
@@ -239,7 +241,7 @@ visible.check_greedy_decode_cached(greedy_decode_cached, greedy_decode, Seq2SeqT
 # %% [markdown]
 # The same tokens, on 64 random sources of different lengths, both LayerNorm placements:
 
-# %%
+# %% demo
 g = torch.Generator().manual_seed(1)
 many_src = torch.randint(3, 20, (64, 8), generator=g)  # (B, S)
 many_real = torch.arange(8)[None, :] < torch.randint(1, 9, (64, 1), generator=g)  # (B, S): random lengths
@@ -259,7 +261,7 @@ for norm_first in (True, False):
 # the best of up to three runs after a warm-up; expect some noise all the same. (While the notebook is graded
 # the lengths are shorter.)
 
-# %%
+# %% demo
 timing_model = Seq2SeqTransformer(16, 16, d_model=128, n_heads=4, d_ff=512, n_layers=2, dropout=0.0).to(device).eval()
 n_params = sum(p.numel() for p in timing_model.parameters())
 print(f"parameters: {n_params:,}, on {device}")
