@@ -235,7 +235,8 @@ def decide(plan: Plan, max_bytes: int = MAX_OUTPUT_BYTES) -> dict[str, Verdict]:
                 f"the grader refused to read what your notebook handed in for `{item}` ({unreadable}): it was not "
                 "written by the course's hidden checks. Do not write into the grading folder."))
         else:
-            decided[item] = run_judge(ex, plan.scratch / "outputs", cases)
+            passed = {name: verdict.passed for name, verdict in decided.items()}
+            decided[item] = run_judge(ex, plan.scratch / "outputs", cases, passed)
     return decided
 
 

@@ -288,14 +288,17 @@ class Exercise:
         raise NotImplementedError
 
 
-def run_judge(ex: Exercise, folder: Path, cases: list[Case]) -> Verdict:
-    """Judge one exercise from the kernel's outputs in ``folder``; any failure becomes a teaching verdict."""
+def run_judge(ex: Exercise, folder: Path, cases: list[Case], passed: dict[str, bool] | None = None) -> Verdict:
+    """Judge one exercise from the kernel's outputs in ``folder``; any failure becomes a teaching verdict.
+
+    ``passed`` holds the verdicts of the notebook's items judged before this one: an item built on the student's
+    other items (``uses``) whose building blocks all passed their own checks is judged by its own checks alone."""
     try:
         result = Result(folder, ex.name, cases)
         if ex.uses:
             from autograder.checks import relative
 
-            relative.judge(ex, result)
+            relative.judge(ex, result, passed)
         else:
             ex.judge(result)
     except Fail as fail:

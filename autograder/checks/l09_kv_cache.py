@@ -412,6 +412,12 @@ class BeamSearchCached(Exercise):
 
     uses = ("KVCache", "cached_causal_mask", "decode_step")  # built from them
     reference = ref
+    # Judged on a wrong KVCache or decode_step, the answers alone cannot show a cache that was never reordered
+    # (the student's recorded steps already saw their unreordered cache): the reorder calls themselves must match.
+    required_calls = ("KVCache.reorder",)
+    required_message = ("after each step's top-k, reorder the cache with cache.reorder(rows), the same parent rows "
+                        "(b * K + beam index) that reorder the token histories; your code did not make that call "
+                        "with those rows")
 
     def cases(self, rng):
         cases = []

@@ -169,9 +169,11 @@ class _DependencyRaised(Exception):
 
 # -- the replay ------------------------------------------------------------------------------------------------
 class _Replay:
-    def __init__(self, calls: dict[str, list[_Call]]):
+    def __init__(self, calls: dict[str, list[_Call]], required: tuple[str, ...] = ()):
         self.calls = calls
         self.differs: set[str] = set()
+        self.required = set(required)  # labels the student's code must call as the reference does
+        self.missing: list[str] = []
 
     def answer(self, label: str, signature: inspect.Signature | None, real_fn, args: tuple, kwargs: dict,
                skip_first: bool = False):
@@ -186,6 +188,8 @@ class _Replay:
             self.differs.add(label)
             return _merge(call.out, None)
         if call is None:
+            if label in self.required:
+                self.missing.append(label)
             return real
         if not call.returned:  # the student's raised where the reference's did not
             self.differs.add(label)
@@ -258,14 +262,14 @@ def _replayer(replay: _Replay, name: str, real: Any) -> Any:
     for attr, prop in vars(real).items():
         if isinstance(prop, property) and prop.fget is not None and not attr.startswith("_"):
 
-            def getter(self, _fn=prop.fget, _label=f"{name}.{attr}", _sig=_signature(prop.fget)):
+            def getter(self, _fn=prop.fget, _label=f"{name}.{attr}", _sig=_signature(prop.fget)):  # noqa: B008
                 return replay.answer(_label, _sig, _fn, (self,), {}, skip_first=True)
 
             body[attr] = property(getter)
     for attr in methods:
         fn = getattr(real, attr)
 
-        def method(self, *args, _fn=fn, _label=f"{name}.{attr}", _sig=_signature(fn), **kwargs):
+        def method(self, *args, _fn=fn, _label=f"{name}.{attr}", _sig=_signature(fn), **kwargs):  # noqa: B008
             return replay.answer(_label, _sig, _fn, (self, *args), kwargs, skip_first=True)
 
         body[attr] = method
@@ -295,14 +299,23 @@ def _rng_kept():
     return torch.random.fork_rng()
 
 
-def judge(ex, result: Result) -> None:
+def judge(ex, result: Result, passed: dict[str, bool] | None = None) -> None:
     """Judge ``ex`` (which declares ``uses`` and ``reference``) so that the student's other items cannot change
-    its verdict."""
+    its verdict.
+
+    When every building block is an item of the notebook that passed its own checks (``passed``), the student's
+    pieces are right: the exercise's own checks decide, as for any item. The replay is for the other case: it
+    cannot tell a wrong building block from a right one fed a different state by this item (a beam search that
+    never reorders its cache feeds the cache what the student's code gave it), so it only decides when a
+    building block is known to be wrong, or is not an item of this notebook."""
+    if passed is not None and all(passed.get(name) for name in ex.uses):
+        ex.judge(result)
+        return
     module: ModuleType = ex.reference
     names = [name for name in ex.uses if hasattr(module, name)]
     replays: dict[str, tuple[_Replay, dict, dict, str | None]] = {}
     for case in result.cases.values():
-        replay = _Replay(_recorded_calls(result, case.id))
+        replay = _Replay(_recorded_calls(result, case.id), tuple(getattr(ex, "required_calls", ())))
         if not replay.calls or case.data.get("relative") is False:
             continue  # the student's code used none of them here (or the case has no values to replay)
         stand_ins = {name: _replayer(replay, name, getattr(module, name)) for name in names}
@@ -313,6 +326,10 @@ def judge(ex, result: Result) -> None:
                 stack.enter_context(mock.patch.object(module, name, stand_in))
             meta, leaves, error = _run(case, namespace)
         replays[case.id] = (replay, meta, leaves, error)
+    for case_id, (replay, *_) in replays.items():
+        if replay.missing:  # a call that passes state on (a cache's reorder): answers alone cannot show it
+            raise Fail(f"{getattr(ex, 'required_message', 'a required call was not made')} "
+                       f"({result.cases[case_id].desc}).")
     differs = sorted({label.split(".")[0] for replay, *_ in replays.values() for label in replay.differs})
     if not differs:
         ex.judge(result)  # their building blocks answered as the reference's would: the usual checks decide
