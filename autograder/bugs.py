@@ -24,8 +24,13 @@ Where the bug lives:
 - the mutants: :func:`shown_bug` registers the release's version as one of the exercise's wrong answers, so the
   tests prove that the untouched release fails its item, and no other, and that the visible check catches it.
 
-A find-the-bug function or class is self-contained: it calls nothing the student writes in the lesson (given code
-only), so that its item cannot be lost for another exercise's mistake.
+A find-the-bug function either keeps the contract of one of the lesson's exercises and calls nothing the student
+writes (lesson 02's ``fixed_attention``, judged by that exercise's checks, :mod:`autograder.checks.find_the_bug`),
+or, so that its given code cannot spell out a main exercise's answer, it *combines* the student's own exercises
+and its bug lies in how (lesson 03's ``causal_self_attention`` hands the student's ``MultiHeadAttention`` a mask).
+The latter declares ``uses`` (every item it reaches, through the ones it calls too) and is judged relative to the
+student's answers (:mod:`autograder.checks.relative`), so that its item is not lost for another exercise's
+mistake, nor the other way round.
 """
 
 from __future__ import annotations

@@ -323,6 +323,31 @@ for name, theirs_out in paths.items():
 # Three code paths, two answers, one of them NaN, which would then spread through every later layer and into the
 # loss. That is why the course fixes one behaviour for fully masked rows (zeros) and tests it.
 #
+# ## 6. Find the bug
+#
+# Your `MultiHeadAttention` does exactly what its mask says, so every mistake in building that mask becomes a
+# model that runs, trains and is quietly wrong. Below is the self-attention block a decoder uses, written by
+# someone else on top of **your** module: it makes the causal mask, adds the padding to it and hands the result
+# to `mha`. It has **one** mistake, and on the batches its author tried (padding at the end) it gives the right
+# answer for every real token. It breaks on left padding, which is how batched generation pads its prompts.
+#
+# How would you find it? Ask what must hold whatever the batch: a real token's output cannot depend on the pad
+# vectors, and cannot depend on later tokens. Test it by changing only those positions and seeing which outputs
+# move; then print the mask the code hands to `mha` for the sequence that failed, as a grid, and read it row by
+# row against the docstring. The check under the cell does the first step for you, with a stand-in for `mha`
+# whose answers are PyTorch's, so that only the mask is on trial.
+#
+# **Exercise.** Find and fix the bug in `causal_self_attention(mha, x, is_real=None)`, in the given code. It is
+# graded with your own `MultiHeadAttention` as `mha`: a mistake in that class costs its own cell, not this one.
+
+# %% exercise=causal_self_attention
+
+# %% test=causal_self_attention points=1
+from decoder_course.visible import l03_multi_head as visible
+
+visible.check_causal_self_attention(causal_self_attention)
+
+# %% [markdown]
 # ## What you built
 #
 # | name | shape | idea |
@@ -331,6 +356,7 @@ for name, theirs_out in paths.items():
 # | `merge_heads(x)` | `(B, H, T, Dh) → (B, T, D)` | heads side by side again |
 # | `split_heads_reshape`, `merge_heads_reshape` | same | reshape cuts the last axis, then swap `T` and `H` |
 # | `MultiHeadAttention(d_model, n_heads, dropout)` | `(B, T, D), (B, S, D) → (B, T, D), (B, H, T, S)` | project, split, attend per head, merge, project |
+# | `causal_self_attention(mha, x, is_real)` (fixed) | `(B, T, D) → (B, T, D), (B, H, T, T)` | padding is masked on the key axis |
 #
 # And one habit: **one mask convention inside the code, inverted only at PyTorch's boundary, with a comment.**
 #

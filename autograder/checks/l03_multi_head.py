@@ -515,3 +515,82 @@ class MultiHeadAttentionCheck(Exercise):
                                f"({case.desc}): the dropout argument is ignored. Keep an nn.Dropout(dropout) and "
                                "apply it to the attention weights (nn.Dropout is off after .eval()).")
                 self._judge_dropout_place(result, case, out_train)
+
+
+# ------------------------------------------------------------------------------------------------------------
+# causal_self_attention: find the bug (autograder.bugs), judged relative to the student's MultiHeadAttention
+# ------------------------------------------------------------------------------------------------------------
+@exercise(LESSON, "causal_self_attention")
+class CausalSelfAttention(Exercise):
+    """The given block hands the student's ``MultiHeadAttention`` a mask; the shown bug puts the padding on the
+    query axis. Judged by MultiHeadAttention's own output check with the right mask (causal, key padding), after
+    two checks of the mask alone that say which keys were wrongly allowed or blocked."""
+
+    # built on the student's own module, and through it on their split_heads and merge_heads (a module judged
+    # relative to a wrong split_heads passes its own cell): their mistakes cost their own cells
+    uses = ("MultiHeadAttention", "split_heads", "merge_heads")
+    reference = ref
+
+    def _case(self, rng, cid, desc, B, T, H, Dh, is_real):
+        D = H * Dh
+        state = random_mha_state(rng, D)
+        x = rng.normal(size=(B, T, D)).astype(np.float32)
+        allowed = ref_masks.causal_mask(T)[None, None] if is_real is None else \
+            ref_masks.combine_masks(ref_masks.causal_mask(T), is_real)  # (B or 1, 1, T, T)
+        case = Case(cid, desc, data={"state": state, "H": H, "x": x, "is_real": is_real, "allowed": allowed})
+        case.call("MultiHeadAttention", D, H, let="m")
+        case.load_state("m", state)
+        case.eval("m")
+        case.let("x", case.tensor(x))
+        if is_real is not None:
+            case.let("is_real", case.tensor(is_real))
+        case.call("causal_self_attention", {"ref": "m"}, {"ref": "x"},
+                  {"ref": "is_real"} if is_real is not None else None, record="res")
+        case.record("x_after", {"ref": "x"})
+        if is_real is not None:
+            case.record("is_real_after", {"ref": "is_real"})
+        return case
+
+    def cases(self, rng):
+        B, T, H, Dh = 3, int(rng.choice([5, 6])), 2, 4
+        right = _right_padded(rng, B, T, min_real=2)  # (B, T): real tokens, then padding
+        B2, T2 = 3, int(rng.choice([5, 6]))
+        left = _right_padded(rng, B2, T2, min_real=2)[:, ::-1].copy()  # (B, T): padding, then real tokens
+        return [
+            self._case(rng, "right", f"B={B}, T={T}, H={H}, Dh={Dh}, padding at the end of the sequences",
+                       B, T, H, Dh, right),
+            self._case(rng, "left", f"B={B2}, T={T2}, H=3, Dh=2, padding at the start of the sequences (left "
+                       "padding)", B2, T2, 3, 2, left),
+            self._case(rng, "none", "B=2, T=4, H=2, Dh=3, is_real=None", 2, 4, 2, 3, None),
+        ]
+
+    def judge(self, result: Result):
+        what = "causal_self_attention"
+        for case in result.cases.values():
+            raise_module_error(result, case.id)
+            d = case.data
+            B, T, _ = d["x"].shape
+            get_pair(result, case.id, "res", what)
+            weights = result.get(case.id, "res/1", what=f"the weights of {what}", kind="tensor", dtype="float",
+                                 shape=(B, d["H"], T, T))
+            full = np.broadcast_to(d["allowed"], weights.shape)  # (B, H, T, T): the mask it should hand mha
+            real = np.ones((B, T), dtype=bool) if d["is_real"] is None else d["is_real"]
+            leaked = (np.abs(weights) > 1e-6) & ~full
+            if leaked.any():
+                b, _, t, s = (int(i) for i in np.argwhere(leaked)[0])
+                why = ("a padded key" if not real[b, s] else f"a later key (s = {s} > t = {t}): the future leaks")
+                raise Fail(f"{what} lets query {t} of sequence {b} attend to key {s}, {why} ({case.desc}). Print "
+                           "the mask it hands mha for one padded sequence as a T × T grid (rows are queries, "
+                           "columns keys) and compare it with what the docstring allows.")
+            starved = full.any(axis=-1) & (np.abs(weights).sum(axis=-1) < 1e-6)  # (B, H, T)
+            if starved.any():
+                b, _, t = (int(i) for i in np.argwhere(starved)[0])
+                raise Fail(f"query {t} of sequence {b} attends to nothing, although it may attend to the real keys "
+                           f"at or before it ({case.desc}). Padding is masked on the key axis only: a padded "
+                           "query still attends, like any other.")
+            judge_attention_output(result, case.id, "res", d["state"], d["H"], d["x"], d["x"], d["x"],
+                                   d["allowed"], what)
+            unchanged = {"x_after": d["x"]}
+            if d["is_real"] is not None:
+                unchanged["is_real_after"] = d["is_real"]
+            check_unchanged(result, case.id, unchanged, what)

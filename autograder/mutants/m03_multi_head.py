@@ -10,7 +10,7 @@ import torch
 from einops import rearrange
 from torch import nn
 
-from autograder.mutants import mutant
+from autograder.mutants import mutant, shown_bug
 from autograder.reference.multi_head import attention, merge_heads, split_heads
 
 MUTANTS: list = []
@@ -245,3 +245,26 @@ class MultiHeadAttention(nn.Module):  # noqa: F811
             weights = weights.masked_fill(~allowed, 0.0)
         weights = self.dropout(weights)
         return self.out_proj(merge_heads(weights @ v)), weights
+
+
+# -- causal_self_attention (find the bug) --------------------------------------------------------------------------
+shown_bug(MUTANTS, "03-multi-head", "causal_self_attention",
+          "the padding broadcast on the query axis: real queries attend to padded keys")
+
+
+@mutant(MUTANTS, "causal_self_attention", "a wrong fix: padding on both axes, so padded queries attend to nothing")
+def causal_self_attention(mha, x, is_real=None):
+    T = x.shape[1]
+    allowed = torch.ones(T, T, dtype=torch.bool, device=x.device).tril()
+    if is_real is not None:
+        allowed = allowed & is_real[:, None, :, None] & is_real[:, None, None, :]
+    return mha(x, x, x, allowed)
+
+
+@mutant(MUTANTS, "causal_self_attention", "a wrong fix: the key padding joined with | instead of &: the future leaks")
+def causal_self_attention(mha, x, is_real=None):  # noqa: F811
+    T = x.shape[1]
+    allowed = torch.ones(T, T, dtype=torch.bool, device=x.device).tril()
+    if is_real is not None:
+        allowed = allowed | is_real[:, None, None, :]
+    return mha(x, x, x, allowed)

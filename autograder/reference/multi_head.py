@@ -3,7 +3,9 @@
 ``split_heads`` / ``merge_heads`` work on NumPy arrays and PyTorch tensors alike. ``attention`` is lesson 02's
 scaled dot-product attention ported to PyTorch (given, not graded). ``MultiHeadAttention`` takes a boolean
 ``allowed`` mask (True = may attend); PyTorch's ``nn.MultiheadAttention`` uses the opposite polarity, which is
-why ``load_from_torch_mha`` exists only to copy weights and never touches a mask.
+why ``load_from_torch_mha`` exists only to copy weights and never touches a mask. ``causal_self_attention`` is a
+find-the-bug exercise (autograder.bugs): given code built on the student's ``MultiHeadAttention``, with one mistake
+in the mask it hands it.
 """
 
 import math
@@ -13,7 +15,8 @@ import torch
 from einops import rearrange
 from torch import nn
 
-EXERCISES = ["split_heads", "merge_heads", "split_heads_reshape", "merge_heads_reshape", "MultiHeadAttention"]
+EXERCISES = ["split_heads", "merge_heads", "split_heads_reshape", "merge_heads_reshape", "MultiHeadAttention",
+             "causal_self_attention"]
 GIVEN = ["attention", "load_from_torch_mha"]
 
 
@@ -174,3 +177,27 @@ def load_from_torch_mha(ours: MultiHeadAttention, torch_mha: nn.MultiheadAttenti
         ours.out_proj.weight.copy_(torch_mha.out_proj.weight)
         ours.out_proj.bias.copy_(torch_mha.out_proj.bias)
     return ours
+
+
+def causal_self_attention(mha: MultiHeadAttention, x: torch.Tensor, is_real: torch.Tensor | None = None):
+    """A decoder's masked self-attention (find the bug): each position attends to itself and earlier real tokens.
+
+    ``mha`` is a ``MultiHeadAttention``; the queries, keys and values are all ``x``. Query t may attend to key s
+    when s <= t and token s is real (``is_real[b, s]``; None: every token is real). The padding may sit at the
+    end of a sequence or at its start (left padding, as batched generation uses). Padding is masked on the key
+    axis only: a padded query attends as any query does (its output is ignored downstream), and a query with no
+    allowed key gets what ``mha`` gives such a row. ``x`` and ``is_real`` are unchanged.
+
+    Shape:
+        x: (B, T, D), is_real: (B, T) bool or None -> out: (B, T, D), weights: (B, H, T, T)
+    """
+    T = x.shape[1]
+    allowed = torch.ones(T, T, dtype=torch.bool, device=x.device).tril()  # (T, T): key s <= query t
+    if is_real is not None:
+        ### BEGIN SOLUTION
+        allowed = allowed & is_real[:, None, None, :]  # (B, 1, T, T): a padded key is blocked for every query
+        ### END SOLUTION
+        ### BEGIN BUG
+        # allowed = allowed & is_real[:, None, :, None]  # (B, 1, T, T)
+        ### END BUG
+    return mha(x, x, x, allowed)  # (B, T, D), (B, H, T, T)

@@ -303,3 +303,92 @@ def check_multi_head_attention(MultiHeadAttention) -> None:
     with check("MultiHeadAttention(10, 3) is refused with a ValueError"):
         _expect_value_error(lambda: MultiHeadAttention(10, 3), "MultiHeadAttention(10, 3): d_model=10 cannot be cut "
                             "into 3 equal heads")
+
+
+class _TorchAttention(nn.Module):
+    """A stand-in for a MultiHeadAttention: PyTorch's own module behind the course's mask polarity (True = may
+    attend), which remembers the last mask it was handed (``seen``), so a check can show it."""
+
+    def __init__(self, D: int, H: int, seed: int):
+        super().__init__()
+        torch.manual_seed(seed)
+        self.H, self.torch_mha = H, nn.MultiheadAttention(D, H, batch_first=True).eval()
+        with torch.no_grad():
+            self.torch_mha.in_proj_bias.normal_()
+            self.torch_mha.out_proj.bias.normal_()
+        self.seen = None
+
+    def forward(self, query, key, value, allowed=None):
+        B, T, _ = query.shape
+        S = key.shape[1]
+        self.seen = None if allowed is None else allowed.detach().clone()
+        if allowed is None:
+            allowed = torch.ones(T, S, dtype=torch.bool)
+        full = torch.broadcast_to(allowed, (B, self.H, T, S))  # (B, H, T, S)
+        empty = ~full.any(dim=-1, keepdim=True)  # (B, H, T, 1): a query that may attend to nothing
+        # PyTorch's boundary: True = blocked; an empty row is opened here and zeroed below (its answer is NaN)
+        blocked = ~(full | empty)
+        with torch.no_grad():
+            _, weights = self.torch_mha(query, key, value, attn_mask=blocked.reshape(B * self.H, T, S),
+                                        average_attn_weights=False)  # (B, H, T, S)
+            weights = weights.masked_fill(empty, 0.0)
+            w_v = self.torch_mha.in_proj_weight[2 * query.shape[-1]:]
+            b_v = self.torch_mha.in_proj_bias[2 * query.shape[-1]:]
+            v = (value @ w_v.T + b_v).reshape(B, S, self.H, -1).transpose(1, 2)  # (B, H, S, Dh)
+            heads = (weights @ v).transpose(1, 2).reshape(B, T, -1)  # (B, T, D)
+            return self.torch_mha.out_proj(heads), weights
+
+
+def _grid(mask) -> str:
+    return "\n".join("        " + " ".join("1" if a else "." for a in row) for row in mask.tolist())
+
+
+def check_causal_self_attention(causal_self_attention) -> None:
+    """Find the bug: the probe first (padding must not leak), then the future, then PyTorch's own answer."""
+    D, H = 8, 2
+    mha = _TorchAttention(D, H, seed=5)  # a stand-in whose answers are PyTorch's: only the mask is tested
+    g = torch.Generator().manual_seed(4)
+
+    with check("the probe: with left padding, changing only the pad positions of x changes no real output"):
+        x = torch.randn(2, 5, D, generator=g)  # (B, T, D)
+        is_real = torch.tensor([[True] * 5, [False, False, True, True, True]])  # (B, T): sequence 1 left-padded
+        x2 = x.clone()
+        x2[~is_real] = 50.0 * torch.randn(int((~is_real).sum()), D, generator=g)  # new pad vectors only
+        out, weights = expect_inputs_unchanged(causal_self_attention, mha, x, is_real)
+        expect_shape(out, (2, 5, D), "out", names="B, T, D")
+        expect_shape(weights, (2, H, 5, 5), "weights", names="B, H, T, T")
+        seen = mha.seen
+        out2, _ = causal_self_attention(mha, x2, is_real)
+        changed = (out2 - out).abs().amax(dim=-1) > 1e-4  # (B, T)
+        if (changed & is_real).any():
+            shown = "" if seen is None else (
+                "\n    The mask it handed mha for sequence 1 (rows: queries 0-4, columns: keys 0-4, 1 = may attend):\n"
+                + _grid(torch.broadcast_to(seen, (2, 1, 5, 5))[1, 0]))
+            raise CheckFailed(
+                f"real positions {torch.nonzero(changed[1] & is_real[1]).flatten().tolist()} of sequence 1 "
+                "changed when only its pad positions 0 and 1 changed: a real query attends to a padded key."
+                + shown + "\n    Which columns should be empty? Which line builds the padding part?")
+
+    with check("the future does not leak: changing positions > 2 changes no output at positions <= 2"):
+        x = torch.randn(2, 6, D, generator=g)
+        is_real = torch.tensor([[True] * 6, [True] * 4 + [False] * 2])
+        x2 = x.clone()
+        x2[:, 3:] += 5.0 * torch.randn(2, 3, D, generator=g)
+        out, _ = causal_self_attention(mha, x, is_real)
+        out2, _ = causal_self_attention(mha, x2, is_real)
+        expect_close(out2[:, :3], out[:, :3], "the outputs at positions 0-2",
+                     hint="query t may attend to keys s <= t only: the causal part of the mask must survive "
+                          "combining it with the padding (both must allow a key)")
+
+    with check("equal to nn.MultiheadAttention with a causal mask and key padding (padded queries included)"):
+        x = torch.randn(3, 5, D, generator=g)
+        is_real = torch.tensor([[True] * 5, [True] * 3 + [False] * 2, [True] * 2 + [False] * 3])  # right padding
+        out, weights = causal_self_attention(mha, x, is_real)
+        causal = torch.ones(5, 5, dtype=torch.bool).tril()
+        with torch.no_grad():  # PyTorch's boundary: its masks say True = blocked
+            want, want_w = mha.torch_mha(x, x, x, attn_mask=~causal, key_padding_mask=~is_real,
+                                         average_attn_weights=False)
+        expect_close(weights, want_w, "the weights",
+                     hint="a padded query is not blocked itself: it attends to the real keys at or before it "
+                          "(only the key axis is masked for padding)")
+        expect_close(out, want, "out")
