@@ -118,6 +118,10 @@ class HeldSecretExecute(TrustedExecute):
         return _SECRET["secret"]
 
 
+if not callable(getattr(TrustedExecute, "_secret", None)):  # HeldSecretExecute would hold nothing
+    raise ImportError("autograder.nbgrader_plugins.TrustedExecute no longer reads its secret with _secret()")
+
+
 def _worker_api(scratch: Path, task: dict) -> NbGraderAPI:
     """:func:`autograder.pipeline.api` for the scratch tree, with :class:`HeldSecretExecute` in place of
     ``TrustedExecute``; everything else is the course's configuration."""
@@ -125,6 +129,8 @@ def _worker_api(scratch: Path, task: dict) -> NbGraderAPI:
                                       limits=Limits(**task["limits"]))
     config.Autograde.autograde_preprocessors = [HeldSecretExecute if step is TrustedExecute else step
                                                 for step in config.Autograde.autograde_preprocessors]
+    # never a file: were the secret read from one after all, this path cannot be made, and grading stops
+    config.TrustedExecute.secret_file = str(scratch / "gradebook.db" / "no-secret-file-on-workers")
     return NbGraderAPI(coursedir=CourseDirectory(config=config), config=config)
 
 
