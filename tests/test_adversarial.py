@@ -57,6 +57,7 @@ class Attack:
     log: tuple[str, ...] = ()  # regexes the grading log for this student must match
     refused: str = ""  # a regex of the message when the notebook must not be graded at all
     source: str = ""  # the attack cell
+    later: str = ""  # a cell appended at the end of the notebook (after a `# %% a later cell` line in the file)
 
 
 def _names(text: str) -> tuple[str, ...]:
@@ -65,12 +66,12 @@ def _names(text: str) -> tuple[str, ...]:
 
 def load_attack(path: Path) -> Attack:
     """An attack file: the cell source; its docstring says the attack, then `key: value` lines say the outcome."""
-    source = path.read_text()
+    source, _, later = path.read_text().partition("\n# %% a later cell\n")
     doc = ast.get_docstring(ast.parse(source)) or ""
     fields = dict(re.findall(r"^(target|zero|full|log): *(.*)$", doc, re.M))
     return Attack(student=f"x-{path.stem.replace('_', '-')}", doc=doc.splitlines()[0], target=fields["target"],
                   zero=_names(fields.get("zero", "")), full=_names(fields.get("full", "")),
-                  log=(fields["log"],), source=source)
+                  log=(fields["log"],), source=source, later=later)
 
 
 ATTACKS = [load_attack(path) for path in sorted(ATTACKS_DIR.glob("*.py"))]
@@ -160,6 +161,8 @@ def attack_notebook(attack: Attack) -> nbformat.NotebookNode:
     for cell in nb.cells:
         if cell.metadata.get("course", {}).get("exercise") == [attack.target]:
             cell.source = attack.source
+            if attack.later:
+                nb.cells.append(nbformat.v4.new_code_cell(attack.later))
             return nb
     raise AssertionError(f"no exercise cell {attack.target!r} in {LESSON}")
 
@@ -624,6 +627,26 @@ def test_an_item_printing_its_hidden_inputs_still_passes_and_shows_none(run):
     assert "token_ids:" in printed, "the visible check's calls should still print"
     for value in _hidden_values(run, "x-print-hidden-inputs"):
         assert value not in printed
+
+
+def test_hidden_inputs_kept_by_a_correct_function_are_gone_in_later_cells(run):
+    """A correct padding_mask keeps its arguments (globals, closure, class, module and builtins attributes); the
+    hidden cases ran in a forked child, so a later cell finds only what the visible checks passed it."""
+    student = "x-stash-hidden-inputs"
+    assert _scores(run, student)["padding_mask"] == 1
+    path = run["work"] / "autograded" / student / LESSON / f"{LESSON}.ipynb"
+    notebook = nbformat.read(path, as_version=4)
+    later = "".join(out.get("text", "") for out in notebook.cells[-1].get("outputs", []))
+    sizes = re.search(r"stash sizes: \[(\d+), \1, \1, \1, \1\]", later)
+    assert sizes and "kept:" in later, f"the later cell did not print what was kept: {later[:300]!r}"
+    shown = [out.get("text", "") + out.get("evalue", "") + "".join(out.get("traceback", []))
+             + "".join(v if isinstance(v, str) else "".join(map(str, v)) for v in out.get("data", {}).values())
+             for cell in notebook.cells for out in cell.get("outputs", [])]
+    shown.append(_text(run["work"] / "feedback" / student / LESSON / f"{LESSON}.html"))
+    values = _hidden_values(run, student)
+    assert len(values) > 10
+    for value in values:
+        assert not any(value in text for text in shown), f"a hidden input or reference value was shown: {value[:80]!r}"
 
 
 def test_the_sandbox_uid_can_read_what_plotting_needs(tmp_path):

@@ -1,11 +1,12 @@
 """While its own cell is collected, plant a link to the grader's secret and a FIFO (it blocks a reader) where
 the harvest writes causal_mask's outputs.
 
-The grader reads these files after the kernel ends: it must refuse them, neither hang nor follow them.
+The harvest writes its files under temporary names and renames them into place: the planted ones are replaced,
+never followed nor opened, and the correct answer keeps its mark. (Were they left, the grader would refuse them:
+tests/test_harvest_fork.py.)
 target: causal_mask
-zero: causal_mask
-full: padding_mask, combine_masks, mask_to_bias
-log: causal_mask: failed: the grader refused to read
+full: causal_mask, padding_mask, combine_masks, mask_to_bias
+log: causal_mask: passed
 """
 import os
 
