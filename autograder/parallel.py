@@ -25,6 +25,8 @@ take milliseconds next to its seconds of execution. Switch to PostgreSQL (``--db
 driver, psycopg 3, is in the grader extra) when several machines or graders write one gradebook at once (SQLite's
 file locks are not reliable on network file systems), or when nbgrader's formgrader runs on a JupyterHub for
 several teaching assistants while grading goes on. ``.ci/postgres.sh start DIR`` starts a local server to try it.
+Grading on several machines is :mod:`autograder.distributed` (a Dask cluster): there the instructor's process
+stays the gradebook's only writer, so SQLite is fine too.
 """
 
 from __future__ import annotations

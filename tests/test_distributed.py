@@ -250,6 +250,8 @@ def test_a_worker_was_killed_while_it_graded(on_cluster):
     killed = on_cluster["killed"]
     assert killed, "worker-a never ran a student's kernel: the test killed nothing\n" + on_cluster["logs"]["worker-a"]
     assert killed["sandboxes"]
+    # that kernel's notebook could not come back from worker-a: every outcome is graded (the next tests), so it
+    # was graded again by worker-b
     assert on_cluster["cluster"].processes["worker-a"].returncode == -signal.SIGKILL
 
 
