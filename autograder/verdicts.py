@@ -223,7 +223,8 @@ def unreadable_outputs(folder: Path, item: str, max_bytes: int = MAX_OUTPUT_BYTE
 
 def decide(plan: Plan, max_bytes: int = MAX_OUTPUT_BYTES) -> dict[str, Verdict]:
     """Judge every planned exercise: first the static policy on its submitted source, then its outputs."""
-    decided = {}
+    decided: dict[str, Verdict] = {}
+    sound: dict[str, bool] = {}
     for item, (ex, cases) in plan.items.items():
         own = plan.sources.get(item, "")
         broken = policy.violations(plan.cells or [own], [own], [item], tuple(getattr(ex, "forbidden", ())))
@@ -235,8 +236,10 @@ def decide(plan: Plan, max_bytes: int = MAX_OUTPUT_BYTES) -> dict[str, Verdict]:
                 f"the grader refused to read what your notebook handed in for `{item}` ({unreadable}): it was not "
                 "written by the course's hidden checks. Do not write into the grading folder."))
         else:
-            passed = {name: verdict.passed for name, verdict in decided.items()}
-            decided[item] = run_judge(ex, plan.scratch / "outputs", cases, passed)
+            decided[item] = run_judge(ex, plan.scratch / "outputs", cases, sound)
+        # sound: passed, and so did everything it is built on (an item judged relative to a wrong building block
+        # can pass while the pieces it calls are wrong: what calls it must not take it for right)
+        sound[item] = decided[item].passed and all(sound.get(name, False) for name in getattr(ex, "uses", ()))
     return decided
 
 
