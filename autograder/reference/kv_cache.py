@@ -142,7 +142,11 @@ def decode_step(
     # these tokens' position encodings are rows position .. position + T_new - 1 of the table, not rows 0..
     pe = model.pos_encoding
     rows = pe.pe[position : position + T_new]  # (T_new, D): a slice of the table, no index lookup
-    x = pe.dropout(model.tgt_embed(token_ids) * model.embed_scale + rows)  # (B, T_new, D)
+    x = model.tgt_embed(token_ids) * model.embed_scale + rows  # (B, T_new, D)
+    # dropout is the identity in eval mode, as in generation: skip its calls there (each costs time, and a
+    # cached step is dozens of tiny calls); in train mode it is applied exactly as in the layers
+    train = model.training
+    x = pe.dropout(x) if train else x
     cross_allowed = None if src_is_real is None else src_is_real.bool()[:, None, None, :]  # (B, 1, 1, S)
     for i, layer in enumerate(model.decoder.layers):
         # the same three sublayers and residual wiring as DecoderLayer.forward; pre-LN normalises the
@@ -156,17 +160,19 @@ def decode_step(
         k, v = cache.update(k_new, v_new, i)  # (B, H, S_self, Dh): every position so far
         # aligned to absolute positions: new query t sees cached keys 0 .. position + t
         allowed = cached_causal_mask(q_positions, k.shape[2])  # (T_new, S_self)
-        out, _ = attention(q, k, v, allowed, dropout=attn.dropout)  # (B, H, T_new, Dh)
-        sa = layer.dropout1(attn.out_proj(merge_heads(out)))  # (B, T_new, D)
+        out, _ = attention(q, k, v, allowed, dropout=attn.dropout if train else None)  # (B, H, T_new, Dh)
+        sa = attn.out_proj(merge_heads(out))  # (B, T_new, D)
+        sa = layer.dropout1(sa) if train else sa
         x = x + sa if pre else layer.norm1(x + sa)
         # 2. cross-attention with the memory's keys/values projected once, before decoding started
         h = layer.norm2(x) if pre else x
         out, _ = layer.cross_attn(h, memory_kv=memory_kv[i], allowed=cross_allowed)  # (B, T_new, D)
-        ca = layer.dropout2(out)
+        ca = layer.dropout2(out) if train else out
         x = x + ca if pre else layer.norm2(x + ca)
         # 3. feed-forward, position by position
         h = layer.norm3(x) if pre else x
-        ff = layer.dropout3(layer.feed_forward(h))  # (B, T_new, D)
+        ff = layer.feed_forward(h)  # (B, T_new, D)
+        ff = layer.dropout3(ff) if train else ff
         x = x + ff if pre else layer.norm3(x + ff)
     logits = model.out_proj(model.decoder.norm(x[:, -1]))  # (B, V): only the last position predicts
     return logits, cache
