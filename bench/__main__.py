@@ -93,6 +93,9 @@ def main(argv: list[str] | None = None) -> int:
                         help="class size for section 3 (default 10, quick 2; the table also scales it to 100)")
     parser.add_argument("--workers", type=int, default=2, help="workers for section 3 (default 2)")
     parser.add_argument("--output", type=Path, default=None, help="also write the markdown to this file")
+    parser.add_argument("--publish", action="store_true",
+                        help="merge this run's sections into the committed bench/results.json and regenerate the "
+                             "README's block from it (every run is also kept in bench/results/latest.json)")
     args = parser.parse_args(argv)
 
     from bench.common import machine
@@ -107,9 +110,11 @@ def main(argv: list[str] | None = None) -> int:
     except ImportError:
         pass
     mode = "quick (one repeat, smaller sizes)" if args.quick else f"full, medians of {args.repeats} repeats"
-    out = [f"Measured {machine()}. Mode: {mode}."]
+    measured = machine()
+    out = [f"Measured {measured}. Mode: {mode}."]
     print(out[0], flush=True)
     status = 0
+    done: dict[str, tuple[str, str, float]] = {}
     for name in args.sections:
         started = time.perf_counter()
         try:
@@ -117,12 +122,22 @@ def main(argv: list[str] | None = None) -> int:
         except Exception:  # one broken section must not hide the others
             body = "failed:\n\n```\n" + traceback.format_exc(limit=5) + "```"
             status = 1
-        text = f"\n### {SECTIONS[name]}\n\n{body}\n\n_(section took {time.perf_counter() - started:.0f} s)_"
+        took = time.perf_counter() - started
+        text = f"\n### {SECTIONS[name]}\n\n{body}\n\n_(section took {took:.0f} s)_"
         print(text, flush=True)
         out.append(text)
+        if not body.startswith("failed:"):
+            done[name] = (SECTIONS[name], body, took)
     if args.output:
         args.output.parent.mkdir(parents=True, exist_ok=True)
         args.output.write_text("\n".join(out) + "\n")
+    from bench import publish
+
+    record = publish.run_record(measured, mode, done)
+    publish.write_latest(record)
+    if args.publish:
+        publish.publish(record)
+        print(f"\npublished {', '.join(done) or 'nothing'} into {publish.RESULTS.relative_to(ROOT)} and README.md")
     return status
 
 
