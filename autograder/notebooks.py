@@ -66,6 +66,7 @@ REFERENCE_MODULES = {
     "09-kv-cache": "kv_cache",
     "10-numerics": "numerics",
     "11-gpt": "gpt",
+    "12-modern": "modern",
 }
 
 # Where students get the course: the public repository of the *student edition* (``./course student-edition``:

@@ -44,6 +44,7 @@ LESSON_CHECK_MODULES = {
     "09-kv-cache": "autograder.checks.l09_kv_cache",
     "10-numerics": "autograder.checks.l10_numerics",
     "11-gpt": "autograder.checks.l11_gpt",
+    "12-modern": "autograder.checks.l12_modern",
 }
 
 _ANSI = re.compile(r"\x1b\[[0-9;]*[A-Za-z]")

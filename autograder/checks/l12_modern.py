@@ -1,0 +1,582 @@
+"""Hidden checks of lesson 12-modern (PyTorch): RMSNorm, RoPE, SwiGLU, grouped-query attention, the sliding
+window and the modern block.
+
+- ``RMSNorm`` against ``torch.nn.RMSNorm`` with the same (random) weight and an ``eps`` that matters on rows of
+  tiny scale, a 4-D input, bfloat16 in and out, a fresh module's weight of ones and no bias;
+- ``rotary_embedding`` against the paper's complex-number form (computed here in float64) on scattered, large
+  positions, another base, a float64 input kept float64; the common mistakes (half-split pairs, positions
+  ignored, the wrong frequencies, the opposite rotation) are recognised; an odd width raises;
+- ``SwiGLUFeedForward`` loaded (strictly: three bias-free matrices by their names) and compared with the formula;
+- ``GroupedQueryAttention`` against the reference (itself proven equal to SDPA with ``enable_gqa=True``) for GQA,
+  MQA and MHA, with and without RoPE, a random mask with a fully masked row (zeros), the cache path holding only
+  the key/value heads, bad sizes raising; judged relative to the student's ``rotary_embedding``;
+- ``sliding_window_mask`` by its definition (windows of 1, inside and beyond T), ``window = 0`` raising;
+- ``ModernBlock`` against the reference, relative to the student's ``RMSNorm``, ``GroupedQueryAttention`` and
+  ``SwiGLUFeedForward``; pre-norm wiring, positions reaching the attention, the cache path.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+from torch import nn
+from torch.nn import functional as F
+
+from autograder.checks.framework import Case, Exercise, Fail, Result, exercise, expect_close
+from autograder.reference import modern as ref
+
+LESSON = "12-modern"
+
+
+def _state(module: nn.Module) -> dict[str, np.ndarray]:
+    return {key: value.detach().numpy().astype(np.float32) for key, value in module.state_dict().items()}
+
+
+# -- RMSNorm -----------------------------------------------------------------------------------------------------------
+@exercise(LESSON, "RMSNorm")
+class RMSNormCheck(Exercise):
+    """Equal to torch.nn.RMSNorm with the same weight (eps inside the root, rows of tiny and huge scale, 4-D input);
+    bfloat16 in, bfloat16 out; weight (D,) of ones and nothing else; x unchanged."""
+
+    forbidden = ("nn.RMSNorm", "F.rms_norm", "rms_norm")
+
+    def cases(self, rng):
+        cases = []
+        D, eps = 12, 1e-2
+        weight = rng.normal(1.0, 0.5, size=D).astype(np.float32)
+        x = rng.normal(size=(3, 5, D)).astype(np.float32) * np.array([1e-3, 1.0, 50.0], np.float32)[:, None, None]
+        case = Case("values", f"RMSNorm(D={D}, eps={eps}) with a random weight, x (3, 5, {D}) whose rows have scales "
+                              "1e-3, 1 and 50", data={"x": x, "weight": weight, "eps": eps})
+        case.call("RMSNorm", D, eps, let="m")
+        case.load_state("m", {"weight": weight})
+        case.let("x", case.tensor(x))
+        case.call({"ref": "m"}, {"ref": "x"}, record="out")
+        case.record("x_after", {"ref": "x"})
+        cases.append(case)
+        x4 = rng.normal(size=(2, 3, 4, 6)).astype(np.float32) * 3
+        weight4 = rng.normal(1.0, 0.3, size=6).astype(np.float32)
+        case = Case("four_d", "RMSNorm(D=6, eps=1e-6), x (2, 3, 4, 6)", data={"x": x4, "weight": weight4, "eps": 1e-6})
+        case.call("RMSNorm", 6, 1e-6, let="m")
+        case.load_state("m", {"weight": weight4})
+        case.call({"ref": "m"}, case.tensor(x4), record="out")
+        cases.append(case)
+        xb = rng.normal(size=(2, 3, 8)).astype(np.float32)
+        case = Case("bf16", "a fresh RMSNorm(8), x (2, 3, 8) in bfloat16", data={"x": xb})
+        case.call("RMSNorm", 8, let="m")
+        case.call({"ref": "m"}, case.tensor(xb, dtype="bfloat16"), record="out")
+        case.record("weight", {"attr": ["m", "weight", "data"]})
+        cases.append(case)
+        return cases
+
+    def judge(self, result: Result):
+        for case_id in ("values", "four_d"):
+            case = result.cases[case_id]
+            _load_error(result, case, "RMSNorm has one parameter, `weight` (D,), and no bias.")
+            d = case.data
+            x, w = torch.from_numpy(d["x"]), torch.from_numpy(d["weight"])
+            theirs = nn.RMSNorm(x.shape[-1], eps=d["eps"])
+            with torch.no_grad():
+                theirs.weight.copy_(w)
+                want = theirs(x).numpy()
+                variants = {
+                    "the mean was subtracted: that is LayerNorm. RMSNorm divides by sqrt(mean(x²) + eps) only":
+                        ((x - x.mean(-1, keepdim=True)) / torch.sqrt(x.var(-1, unbiased=False, keepdim=True)
+                                                                     + d["eps"]) * w),
+                    "eps was added outside the square root: sqrt(mean(x²) + eps), not sqrt(mean(x²)) + eps":
+                        x / (x.pow(2).mean(-1, keepdim=True).sqrt() + d["eps"]) * w,
+                    "the weight was not applied: multiply the normalised x by self.weight": theirs(x) / w,
+                }
+            got = result.get(case.id, "out", what="RMSNorm's output", kind="tensor", dtype="float", shape=want.shape)
+            hint = "x / sqrt(mean(x², last axis) + eps) * weight."
+            for idea, alt in variants.items():
+                if np.allclose(got, alt.numpy(), rtol=1e-4, atol=1e-5):
+                    hint = f"Your output matches a version where {idea}."
+            expect_close(got, want, "RMSNorm's output", case.desc, hint=hint, rtol=1e-4, atol=1e-5)
+        case = result.cases["values"]
+        after = result.get(case.id, "x_after", what="x after the call", kind="tensor")
+        if not np.array_equal(after, case.data["x"]):
+            raise Fail(f"RMSNorm changed the caller's x ({case.desc}): compute a new tensor, never in place.")
+        case = result.cases["bf16"]
+        got = result.get(case.id, "out", what="RMSNorm's output on bfloat16", kind="tensor")
+        dtype = result.meta(case.id, "out").get("dtype")
+        if dtype != "torch.bfloat16":
+            raise Fail(f"RMSNorm returned {dtype} for a bfloat16 input ({case.desc}): compute in float32 if you "
+                       "like, then return x's dtype (.to(x.dtype)); a float32 weight promotes the product.")
+        x = torch.from_numpy(case.data["x"]).to(torch.bfloat16)
+        want = nn.RMSNorm(8, eps=1e-6)(x.float()).detach().numpy()
+        expect_close(got, want, "RMSNorm's output on bfloat16", case.desc, rtol=2e-2, atol=2e-2)
+        weight = result.get(case.id, "weight", what="a fresh RMSNorm's weight", kind="tensor", shape=(8,))
+        if not np.allclose(weight, 1.0):
+            raise Fail(f"a fresh RMSNorm's weight should start at ones, as LayerNorm's ({case.desc}).")
+
+
+def _load_error(result: Result, case: Case, names: str) -> None:
+    error = result.error(case.id)
+    if error is not None and "state_dict" in error:
+        raise Fail(f"the weights could not be loaded into your module ({case.desc}):\n    "
+                   f"{error.splitlines()[-1]}\nThe names are part of the contract: {names}")
+
+
+# -- rotary_embedding --------------------------------------------------------------------------------------------------
+def _rope(x: np.ndarray, positions: np.ndarray, base: float, *, pairing: str = "interleaved", sign: float = 1.0,
+          exponent: float = 2.0) -> np.ndarray:
+    """RoPE in float64 as complex numbers, and the variants common mistakes compute."""
+    x = x.astype(np.float64)
+    Dh = x.shape[-1]
+    theta = base ** (-exponent * np.arange(Dh // 2) / Dh)  # (Dh/2,)
+    angles = sign * positions.astype(np.float64)[:, None] * theta  # (T, Dh/2)
+    if pairing == "interleaved":
+        z = x[..., 0::2] + 1j * x[..., 1::2]
+    else:  # dimension i with i + Dh/2
+        z = x[..., : Dh // 2] + 1j * x[..., Dh // 2:]
+    z = z * np.exp(1j * angles)
+    out = np.empty_like(x)
+    if pairing == "interleaved":
+        out[..., 0::2], out[..., 1::2] = z.real, z.imag
+    else:
+        out[..., : Dh // 2], out[..., Dh // 2:] = z.real, z.imag
+    return out
+
+
+@exercise(LESSON, "rotary_embedding", points=2)
+class RotaryEmbedding(Exercise):
+    """Equal to the complex-number form with interleaved pairs (2i, 2i+1), θ_i = base^(-2i/Dh), at the given
+    (scattered, large) positions; another base; dtype kept (float64); x and positions unchanged; odd Dh raises."""
+
+    def cases(self, rng):
+        cases = []
+        x = rng.normal(size=(2, 3, 7, 10)).astype(np.float32)
+        positions = np.sort(rng.choice(600, size=7, replace=False)).astype(np.int64)
+        positions[0] = 0
+        case = Case("values", "x (B=2, H=3, T=7, Dh=10), scattered positions up to 600, base 10000",
+                    data={"x": x, "positions": positions, "base": 10000.0})
+        case.let("x", case.tensor(x))
+        case.let("positions", case.tensor(positions))
+        case.call("rotary_embedding", {"ref": "x"}, {"ref": "positions"}, record="out")
+        case.record("x_after", {"ref": "x"})
+        case.record("positions_after", {"ref": "positions"})
+        cases.append(case)
+        x = rng.normal(size=(3, 2, 5, 6)).astype(np.float32)
+        positions = (np.arange(5) + int(rng.integers(3, 20))).astype(np.int64)
+        case = Case("base", "x (B=3, H=2, T=5, Dh=6), positions starting past 0, base=500",
+                    data={"x": x, "positions": positions, "base": 500.0})
+        case.call("rotary_embedding", case.tensor(x), case.tensor(positions), base=500.0, record="out")
+        cases.append(case)
+        x = rng.normal(size=(2, 2, 4, 8))
+        positions = np.arange(4, dtype=np.int64) * 3
+        case = Case("float64", "x (2, 2, 4, 8) in float64, positions 0, 3, 6, 9",
+                    data={"x": x, "positions": positions, "base": 10000.0})
+        case.call("rotary_embedding", case.tensor(x), case.tensor(positions), record="out")
+        cases.append(case)
+        case = Case("odd", "x with Dh=5", data={"expect_error": True})
+        case.call("rotary_embedding", case.tensor(rng.normal(size=(1, 2, 3, 5)).astype(np.float32)),
+                  case.tensor(np.arange(3, dtype=np.int64)), record="out")
+        cases.append(case)
+        return cases
+
+    def judge(self, result: Result):
+        for case_id in ("values", "base", "float64"):
+            case = result.cases[case_id]
+            d = case.data
+            want = _rope(d["x"], d["positions"], d["base"])
+            got = result.get(case.id, "out", what="rotary_embedding(x, positions)", kind="tensor", dtype="float",
+                             shape=want.shape)
+            hint = ("Rotate pair (x[2i], x[2i+1]) by the angle position · base^(-2i/Dh): (a, b) -> (a cos - b sin, "
+                    "a sin + b cos).")
+            T = d["x"].shape[2]
+            for idea, alt in (
+                ("pairs dimension i with i + Dh/2 (the rotate-half layout): this lesson pairs neighbours, (2i, 2i+1)",
+                 _rope(d["x"], d["positions"], d["base"], pairing="half")),
+                ("ignores `positions` and uses 0 .. T-1: rotate by the positions you are given (with a cache they "
+                 "start at cache.length)", _rope(d["x"], np.arange(T), d["base"])),
+                ("uses θ_i = base^(-i/Dh): the exponent is -2i/Dh (i counts pairs)",
+                 _rope(d["x"], d["positions"], d["base"], exponent=1.0)),
+                ("rotates the wrong way: (a, b) -> (a cos - b sin, a sin + b cos)",
+                 _rope(d["x"], d["positions"], d["base"], sign=-1.0)),
+            ):
+                if np.allclose(got, alt, rtol=1e-3, atol=1e-3):
+                    hint = f"Your output matches a version that {idea}."
+            expect_close(got, want, "rotary_embedding(x, positions)", case.desc, hint=hint, rtol=1e-3, atol=1e-3)
+        case = result.cases["float64"]
+        dtype = result.meta(case.id, "out").get("dtype")
+        if dtype != "torch.float64":
+            raise Fail(f"rotary_embedding returned {dtype} for a float64 x ({case.desc}): return x's dtype.")
+        case = result.cases["values"]
+        for name, key in (("x", "x_after"), ("positions", "positions_after")):
+            after = result.get(case.id, key, what=f"{name} after the call", kind="tensor")
+            if not np.array_equal(after, case.data[name]):
+                raise Fail(f"rotary_embedding changed the caller's {name} ({case.desc}): build new tensors.")
+        if result.error("odd") is None:
+            raise Fail("rotary_embedding returned for an odd Dh = 5: there is no pair for the last dimension; raise "
+                       "ValueError.")
+
+
+# -- SwiGLUFeedForward -------------------------------------------------------------------------------------------------
+@exercise(LESSON, "SwiGLUFeedForward")
+class SwiGLUCheck(Exercise):
+    """down_proj(silu(gate_proj(x)) * up_proj(x)) with the three bias-free matrices loaded by name (strictly: a
+    bias is an unexpected parameter); x unchanged."""
+
+    def cases(self, rng):
+        cases = []
+        D, Fw = 8, 12
+        state = {"gate_proj.weight": rng.normal(0, 0.5, (Fw, D)), "up_proj.weight": rng.normal(0, 0.5, (Fw, D)),
+                 "down_proj.weight": rng.normal(0, 0.5, (D, Fw))}
+        state = {k: v.astype(np.float32) for k, v in state.items()}
+        x = rng.normal(size=(3, 4, D)).astype(np.float32) * 2
+        case = Case("values", f"SwiGLUFeedForward(D={D}, F={Fw}) with random weights, x (3, 4, {D})",
+                    data={"state": state, "x": x})
+        case.call("SwiGLUFeedForward", D, Fw, let="m")
+        case.load_state("m", state)
+        case.let("x", case.tensor(x))
+        case.call({"ref": "m"}, {"ref": "x"}, record="out")
+        case.record("x_after", {"ref": "x"})
+        cases.append(case)
+        return cases
+
+    def judge(self, result: Result):
+        case = result.cases["values"]
+        _load_error(result, case, "gate_proj, up_proj (D -> F) and down_proj (F -> D), nn.Linear without bias.")
+        w = {k: torch.from_numpy(v) for k, v in case.data["state"].items()}
+        x = torch.from_numpy(case.data["x"])
+        gate, up = x @ w["gate_proj.weight"].T, x @ w["up_proj.weight"].T  # (B, T, F)
+        down = w["down_proj.weight"].T
+        want = ((F.silu(gate) * up) @ down).numpy()
+        got = result.get(case.id, "out", what="SwiGLUFeedForward's output", kind="tensor", dtype="float",
+                         shape=want.shape)
+        hint = "down_proj(silu(gate_proj(x)) * up_proj(x))."
+        for idea, alt in (("ReLU gates the up projection: SwiGLU's gate is SiLU, x · sigmoid(x)",
+                           torch.relu(gate) * up),
+                          ("SiLU is applied to the up projection instead of the gate: silu(gate_proj(x)) * up_proj(x)",
+                           gate * F.silu(up)),
+                          ("the gate is a plain sigmoid (GLU): SwiGLU uses SiLU, x · sigmoid(x)",
+                           torch.sigmoid(gate) * up),
+                          ("there is no up projection: multiply the gate by up_proj(x)", F.silu(gate))):
+            if np.allclose(got, (alt @ down).numpy(), rtol=1e-4, atol=1e-5):
+                hint = f"Your output matches a version where {idea}."
+        expect_close(got, want, "SwiGLUFeedForward's output", case.desc, hint=hint, rtol=1e-4, atol=1e-5)
+        after = result.get(case.id, "x_after", what="x after the call", kind="tensor")
+        if not np.array_equal(after, case.data["x"]):
+            raise Fail(f"SwiGLUFeedForward changed the caller's x ({case.desc}).")
+
+
+# -- GroupedQueryAttention ---------------------------------------------------------------------------------------------
+def _gqa_state(rng: np.random.Generator, D: int, H: int, Hkv: int) -> dict[str, np.ndarray]:
+    Dh = D // H
+    shapes = {"q_proj.weight": (D, D), "k_proj.weight": (Hkv * Dh, D), "v_proj.weight": (Hkv * Dh, D),
+              "out_proj.weight": (D, D)}
+    return {k: rng.normal(0, 0.4, s).astype(np.float32) for k, s in shapes.items()}
+
+
+def _gqa_variant(state: dict, H: int, Hkv: int, x: np.ndarray, positions, allowed, *, tile: bool = False,
+                 rope: str = "both", scale_by: str = "Dh") -> np.ndarray:
+    """Grouped-query attention written out in float64, and the variants common mistakes compute."""
+    w = {k: torch.from_numpy(v).double() for k, v in state.items()}
+    xt = torch.from_numpy(x).double()
+    B, T, D = xt.shape
+    Dh = D // H
+    q = (xt @ w["q_proj.weight"].T).view(B, T, H, Dh).transpose(1, 2)
+    k = (xt @ w["k_proj.weight"].T).view(B, T, Hkv, Dh).transpose(1, 2)
+    v = (xt @ w["v_proj.weight"].T).view(B, T, Hkv, Dh).transpose(1, 2)
+    if positions is not None:
+        pos = np.asarray(positions)
+        q = torch.from_numpy(_rope(q.numpy(), pos, 10000.0))
+        if rope == "both":
+            k = torch.from_numpy(_rope(k.numpy(), pos, 10000.0))
+    group = H // Hkv
+    k = k.repeat(1, group, 1, 1) if tile else k.repeat_interleave(group, dim=1)
+    v = v.repeat(1, group, 1, 1) if tile else v.repeat_interleave(group, dim=1)
+    scores = q @ k.transpose(-2, -1) / np.sqrt(Dh if scale_by == "Dh" else D)
+    if allowed is not None:
+        mask = torch.from_numpy(np.asarray(allowed))
+        scores = scores.masked_fill(~mask, float("-inf"))
+        weights = torch.softmax(scores, -1).nan_to_num(0.0)
+    else:
+        weights = torch.softmax(scores, -1)
+    out = (weights @ v).transpose(1, 2).reshape(B, T, D)
+    return (out @ w["out_proj.weight"].T).numpy()
+
+
+@exercise(LESSON, "GroupedQueryAttention", points=3)
+class GroupedQueryAttentionCheck(Exercise):
+    """Against the reference (= SDPA with enable_gqa=True) with copied weights: GQA (groups of consecutive query
+    heads), MQA, MHA; RoPE on queries and keys at the given positions; 1/sqrt(Dh); a random mask with a fully
+    masked row (zeros); the cache holds (B, n_kv_heads, S, Dh) and gives the full forward's output; bad sizes
+    raise; x unchanged."""
+
+    forbidden = ("scaled_dot_product_attention", "enable_gqa", "nn.MultiheadAttention")
+    uses = ("rotary_embedding",)  # queries and keys are rotated by the student's own RoPE
+    reference = ref
+
+    def _build(self, case: Case, D: int, H: int, Hkv: int, state: dict) -> None:
+        case.call("GroupedQueryAttention", D, H, Hkv, let="m")
+        case.load_state("m", state)
+        case.eval("m")
+
+    def cases(self, rng):
+        cases = []
+        specs = [("gqa", 24, 6, 2, 3, 7, "positions", "random"),
+                 ("mqa", 16, 4, 1, 2, 6, "positions", "causal"),
+                 ("mha", 12, 3, 3, 2, 5, None, "causal"),
+                 ("gqa_plain", 16, 4, 2, 2, 5, None, "random")]
+        for case_id, D, H, Hkv, B, T, pos_kind, mask_kind in specs:
+            state = _gqa_state(rng, D, H, Hkv)
+            x = rng.normal(size=(B, T, D)).astype(np.float32)
+            positions = None
+            if pos_kind:
+                positions = (np.arange(T) + int(rng.integers(0, 40))).astype(np.int64)
+            if mask_kind == "causal":
+                allowed = np.tril(np.ones((T, T), dtype=bool))
+            else:
+                allowed = rng.random((B, 1, T, T)) < 0.6
+                allowed[..., 0] = True
+                allowed[-1, 0, 1] = False  # one fully masked query row: zeros before out_proj
+            what = {"gqa": "GQA", "mqa": "MQA (n_kv_heads=1)", "mha": "MHA (n_kv_heads=n_heads)",
+                    "gqa_plain": "GQA"}[case_id]
+            desc = (f"{what}: D={D}, n_heads={H}, n_kv_heads={Hkv}, B={B}, T={T}, "
+                    f"{'RoPE at positions from ' + str(int(positions[0])) if positions is not None else 'no positions'}"
+                    f", {'a causal mask' if mask_kind == 'causal' else 'a random mask with a fully masked row'}")
+            case = Case(case_id, desc, data={"state": state, "H": H, "Hkv": Hkv, "x": x, "positions": positions,
+                                             "allowed": allowed})
+            self._build(case, D, H, Hkv, state)
+            case.let("x", case.tensor(x))
+            kwargs = {"allowed": case.tensor(allowed)}
+            if positions is not None:
+                kwargs["positions"] = case.tensor(positions)
+            case.call({"ref": "m"}, {"ref": "x"}, record="out", **kwargs)
+            case.record("x_after", {"ref": "x"})
+            cases.append(case)
+        # the cache: a prefill of 3 positions, then 2 single ones
+        D, H, Hkv, B, T = 16, 4, 2, 2, 5
+        state = _gqa_state(rng, D, H, Hkv)
+        x = rng.normal(size=(B, T, D)).astype(np.float32)
+        case = Case("cache", f"GQA D={D}, n_heads={H}, n_kv_heads={Hkv}, B={B}: a KVCache prefilled with 3 positions "
+                             "(RoPE at 0 .. 2), then 2 single positions", data={"state": state, "x": x, "H": H,
+                                                                                "Hkv": Hkv})
+        self._build(case, D, H, Hkv, state)
+        case.call({"global": "KVCache"}, 1, let="cache")
+        case.call({"ref": "m"}, case.tensor(x[:, :3]), case.tensor(np.arange(3)), case.tensor(np.tril(np.ones((3, 3),
+                  bool))), {"ref": "cache"}, record="step0")
+        for t in (3, 4):
+            case.call({"ref": "m"}, case.tensor(x[:, t:t + 1]), case.tensor(np.array([t])),
+                      case.tensor(np.ones((1, t + 1), bool)), {"ref": "cache"}, record=f"step{t - 2}")
+        case.record("cached", {"attr": ["cache", "keys"]})
+        cases.append(case)
+        for case_id, args in (("bad_heads", (16, 3, 1)), ("bad_groups", (16, 4, 3))):
+            case = Case(case_id, f"GroupedQueryAttention{args}", data={"expect_error": True, "relative": False})
+            case.call("GroupedQueryAttention", *args, let="m")
+            case.record("made", {"attr": ["m", "training"]})
+            cases.append(case)
+        return cases
+
+    def judge(self, result: Result):
+        for case_id in ("gqa", "mqa", "mha", "gqa_plain"):
+            case = result.cases[case_id]
+            d = case.data
+            _load_error(result, case, "q_proj (D -> D), k_proj and v_proj (D -> n_kv_heads·Dh), out_proj (D -> D), "
+                                      "nn.Linear without bias.")
+            want = _gqa_variant(d["state"], d["H"], d["Hkv"], d["x"], d["positions"], d["allowed"])
+            got = result.get(case.id, "out", what="GroupedQueryAttention's output", kind="tensor", dtype="float",
+                             shape=want.shape)
+            hint = ("Project, split into n_heads query and n_kv_heads key/value heads, rotate q and k at the "
+                    "positions, repeat each key/value head for its group (repeat_interleave on the head axis), "
+                    "attend with the mask, merge, out_proj.")
+            variants = [("tile", "tiles the key/value heads (kv head h % n_kv_heads for query head h): query heads "
+                                 "h·g .. h·g + g - 1 share kv head h, so repeat_interleave(g, dim=1), not repeat")]
+            if d["positions"] is not None:
+                variants += [("q_only", "rotates the queries only: rotate the keys at their positions too, or the "
+                                        "score depends on absolute positions"),
+                             ("no_rope", "ignores `positions`: rotate q and k with rotary_embedding(.., positions)")]
+            variants.append(("scale_D", "scales the scores by 1/sqrt(D): the scale is 1/sqrt(Dh), the head width"))
+            for kind, idea in variants:
+                kwargs = {"tile": kind == "tile", "rope": "q_only" if kind == "q_only" else "both",
+                          "scale_by": "D" if kind == "scale_D" else "Dh"}
+                positions = None if kind == "no_rope" else d["positions"]
+                alt = _gqa_variant(d["state"], d["H"], d["Hkv"], d["x"], positions, d["allowed"], **kwargs)
+                if np.allclose(got, alt, rtol=1e-4, atol=1e-4):
+                    hint = f"Your output matches a version that {idea}."
+            expect_close(got, want, "GroupedQueryAttention's output", case.desc, hint=hint, rtol=1e-4, atol=1e-4)
+            after = result.get(case.id, "x_after", what="x after the call", kind="tensor")
+            if not np.array_equal(after, d["x"]):
+                raise Fail(f"GroupedQueryAttention changed the caller's x ({case.desc}).")
+        case = result.cases["gqa"]
+        d = case.data
+        got = result.get(case.id, "out", what="GroupedQueryAttention's output", kind="tensor")
+        if not np.allclose(got[-1, 1], 0.0, atol=1e-6):
+            raise Fail(f"a fully masked query row should give zeros ({case.desc}): zero its weights, as lesson 03's "
+                       "attention does (out_proj has no bias, so the output row is zero).")
+        case = result.cases["cache"]
+        d = case.data
+        _load_error(result, case, "q_proj, k_proj, v_proj, out_proj, nn.Linear without bias.")
+        T = d["x"].shape[1]
+        want = _gqa_variant(d["state"], d["H"], d["Hkv"], d["x"], np.arange(T), np.tril(np.ones((T, T), bool)))
+        B, D = d["x"].shape[0], d["x"].shape[2]
+        parts = [result.get(case.id, "step0", what="the output on the prefill", kind="tensor", dtype="float",
+                            shape=(B, 3, D))]
+        for s in (1, 2):
+            parts.append(result.get(case.id, f"step{s}", what=f"the output at cached step {s}", kind="tensor",
+                                    dtype="float", shape=(B, 1, D)))
+        expect_close(np.concatenate(parts, axis=1), want, "GroupedQueryAttention's output with a KVCache", case.desc,
+                     rtol=1e-4, atol=1e-4, hint="Rotate the new keys at their positions, then cache.update(k, v, "
+                                                "layer_idx) with the n_kv_heads heads, then repeat them for the "
+                                                "groups and attend over everything cached.")
+        k_all = result.get(case.id, "cached/0", what="the cached keys", kind="tensor")
+        if k_all.shape != (B, d["Hkv"], T, D // d["H"]):
+            raise Fail(f"the cache holds keys of shape {k_all.shape}, should be (B, n_kv_heads, S, Dh) = "
+                       f"{(B, d['Hkv'], T, D // d['H'])} ({case.desc}): cache the n_kv_heads heads, before repeating "
+                       "them for the query groups; that is where the memory is saved.")
+        for case_id in ("bad_heads", "bad_groups"):
+            if result.error(case_id) is None:
+                raise Fail(f"{result.cases[case_id].desc} did not raise: D must divide into n_heads heads and "
+                           "n_heads into n_kv_heads groups; raise ValueError.")
+
+
+# -- sliding_window_mask -----------------------------------------------------------------------------------------------
+@exercise(LESSON, "sliding_window_mask")
+class SlidingWindowMask(Exercise):
+    """Query t may attend to keys t - window < s <= t: causal, window keys at most; window = 1 (itself only),
+    window >= T (plain causal); bool (T, T); window < 1 raises."""
+
+    def cases(self, rng):
+        cases = []
+        T = int(rng.integers(7, 10))
+        for case_id, T_, window in (("mid", T, int(rng.integers(2, 5))), ("one", 6, 1), ("all", 5, 5),
+                                    ("beyond", 4, 9)):
+            case = Case(case_id, f"T={T_}, window={window}", data={"T": T_, "window": window})
+            case.call("sliding_window_mask", T_, window, record="out")
+            cases.append(case)
+        case = Case("zero", "window=0", data={"expect_error": True})
+        case.call("sliding_window_mask", 5, 0, record="out")
+        cases.append(case)
+        return cases
+
+    def judge(self, result: Result):
+        for case_id in ("mid", "one", "all", "beyond"):
+            case = result.cases[case_id]
+            T, window = case.data["T"], case.data["window"]
+            t, s = np.arange(T)[:, None], np.arange(T)[None, :]
+            want = (s <= t) & (t - s < window)
+            got = result.get(case.id, "out", what="sliding_window_mask", kind="array", dtype="bool", shape=(T, T))
+            hint = "Query t sees keys t - window + 1 .. t: itself and window - 1 positions back."
+            if np.array_equal(got, (s <= t) & (t - s <= window)):
+                hint = "Your window holds window + 1 keys: t - window < s, so the query and window - 1 earlier keys."
+            elif np.array_equal(got, np.abs(t - s) < window):
+                hint = "Your window lets queries see later keys: it must stay causal (s <= t)."
+            elif np.array_equal(got, s >= t):
+                hint = "Your mask is transposed: rows are queries, columns keys, True = may attend."
+            expect_close(got, want, "sliding_window_mask", case.desc, hint=hint)
+        if result.error("zero") is None:
+            raise Fail("sliding_window_mask(5, 0) returned: a window must hold at least the query itself; raise "
+                       "ValueError.")
+
+
+# -- ModernBlock -------------------------------------------------------------------------------------------------------
+def _block_state(rng: np.random.Generator, D: int, H: int, Hkv: int, Fw: int) -> dict[str, np.ndarray]:
+    with torch.random.fork_rng():
+        torch.manual_seed(int(rng.integers(2**31)))
+        block = ref.ModernBlock(D, H, Hkv, Fw, eps=1e-5)
+        with torch.no_grad():
+            for name, p in block.named_parameters():
+                if "norm" in name:
+                    p.normal_(1.0, 0.3)  # two different norms, far from ones
+                else:
+                    p.normal_(0.0, 0.3)
+    return _state(block)
+
+
+def _block_variants(state: dict, cfg: tuple, x: np.ndarray, positions: np.ndarray, allowed) -> dict[str, np.ndarray]:
+    D, H, Hkv, Fw = cfg
+    block = ref.ModernBlock(D, H, Hkv, Fw, eps=1e-5)
+    block.load_state_dict({k: torch.from_numpy(v) for k, v in state.items()})
+    xt, pos = torch.from_numpy(x), torch.from_numpy(positions)
+    mask = None if allowed is None else torch.from_numpy(allowed)
+    with torch.no_grad():
+        want = block(xt, pos, mask)
+        h = block.attn_norm(xt + block.attn(xt, pos, mask))
+        post = block.ffn_norm(h + block.feed_forward(h))
+        h = xt + block.attn(block.attn_norm(xt), None, mask)
+        no_pos = h + block.feed_forward(block.ffn_norm(h))
+        h = xt + block.attn(block.attn_norm(xt), pos, mask)
+        one_norm = h + block.feed_forward(block.attn_norm(h))
+    return {"want": want.numpy(), "post": post.numpy(), "no_pos": no_pos.numpy(), "one_norm": one_norm.numpy()}
+
+
+@exercise(LESSON, "ModernBlock", points=2)
+class ModernBlockCheck(Exercise):
+    """Against the reference with copied weights (two different norms): pre-norm, each sublayer added to the
+    stream; positions reach the attention (RoPE); the mask passed on; the cache path equals the full forward;
+    judged relative to the student's RMSNorm, GroupedQueryAttention and SwiGLUFeedForward; x unchanged."""
+
+    uses = ("RMSNorm", "GroupedQueryAttention", "SwiGLUFeedForward")
+    reference = ref
+
+    def _build(self, case: Case, cfg: tuple, state: dict) -> None:
+        case.call("ModernBlock", *cfg, eps=1e-5, let="m")
+        case.load_state("m", state, lenient=("attn_norm.", "ffn_norm.", "attn.", "feed_forward."))
+        case.eval("m")
+
+    def cases(self, rng):
+        cases = []
+        for case_id, cfg, B, T, causal in (("gqa", (16, 4, 2, 24), 3, 6, True), ("mha", (8, 2, 2, 12), 2, 5, False)):
+            state = _block_state(rng, *cfg)
+            x = rng.normal(size=(B, T, cfg[0])).astype(np.float32)
+            positions = (np.arange(T) + int(rng.integers(1, 30))).astype(np.int64)
+            allowed = np.tril(np.ones((T, T), bool)) if causal else None
+            D, H, Hkv, Fw = cfg
+            case = Case(case_id, f"ModernBlock(D={D}, n_heads={H}, n_kv_heads={Hkv}, d_ff={Fw}, eps=1e-5) with random "
+                                 f"weights, B={B}, T={T}, positions from {int(positions[0])}, "
+                                 f"{'a causal mask' if causal else 'no mask'}",
+                        data={"variants": _block_variants(state, cfg, x, positions, allowed), "x": x})
+            self._build(case, cfg, state)
+            case.let("x", case.tensor(x))
+            case.call({"ref": "m"}, {"ref": "x"}, case.tensor(positions),
+                      None if allowed is None else case.tensor(allowed), record="out")
+            case.record("x_after", {"ref": "x"})
+            cases.append(case)
+        cfg, B, T = (16, 4, 1, 24), 2, 5
+        state = _block_state(rng, *cfg)
+        x = rng.normal(size=(B, T, cfg[0])).astype(np.float32)
+        full = _block_variants(state, cfg, x, np.arange(T), np.tril(np.ones((T, T), bool)))["want"]
+        case = Case("cache", "ModernBlock(16, 4, 1, 24), B=2: a KVCache prefilled with 3 positions, then 2 single ones",
+                    data={"want": full})
+        self._build(case, cfg, state)
+        case.call({"global": "KVCache"}, 1, let="cache")
+        case.call({"ref": "m"}, case.tensor(x[:, :3]), case.tensor(np.arange(3)),
+                  case.tensor(np.tril(np.ones((3, 3), bool))), {"ref": "cache"}, 0, record="step0")
+        for t in (3, 4):
+            case.call({"ref": "m"}, case.tensor(x[:, t:t + 1]), case.tensor(np.array([t])),
+                      case.tensor(np.ones((1, t + 1), bool)), {"ref": "cache"}, 0, record=f"step{t - 2}")
+        cases.append(case)
+        return cases
+
+    def judge(self, result: Result):
+        for case_id in ("gqa", "mha"):
+            case = result.cases[case_id]
+            _load_error(result, case, "attn_norm, ffn_norm (RMSNorm), attn (GroupedQueryAttention), feed_forward "
+                                      "(SwiGLUFeedForward).")
+            v = case.data["variants"]
+            got = result.get(case.id, "out", what="ModernBlock's output", kind="tensor", dtype="float",
+                             shape=v["want"].shape)
+            hint = "x + attn(attn_norm(x), positions, allowed), then + feed_forward(ffn_norm(x))."
+            for kind, idea in (("post", "normalises after adding (post-norm): pre-norm normalises each sublayer's "
+                                        "input and adds its output to the unnormalised stream"),
+                               ("no_pos", "does not pass `positions` to the attention: without them RoPE never "
+                                          "happens and the block cannot tell positions apart"),
+                               ("one_norm", "uses attn_norm before the feed-forward too: each sublayer has its own "
+                                            "norm (ffn_norm)")):
+                if np.allclose(got, v[kind], rtol=1e-4, atol=1e-4):
+                    hint = f"Your output matches a block that {idea}."
+            expect_close(got, v["want"], "ModernBlock's output", case.desc, hint=hint, rtol=1e-4, atol=1e-4)
+            after = result.get(case.id, "x_after", what="x after the call", kind="tensor")
+            if not np.array_equal(after, case.data["x"]):
+                raise Fail(f"ModernBlock changed the caller's x ({case.desc}): write x = x + ..., never x += ....")
+        case = result.cases["cache"]
+        want = case.data["want"]
+        B, T, D = want.shape
+        parts = [result.get(case.id, "step0", what="the output on the prefill", kind="tensor", dtype="float",
+                            shape=(B, 3, D))]
+        for s in (1, 2):
+            parts.append(result.get(case.id, f"step{s}", what=f"the output at cached step {s}", kind="tensor",
+                                    dtype="float", shape=(B, 1, D)))
+        expect_close(np.concatenate(parts, axis=1), want, "ModernBlock's output with a KVCache", case.desc, rtol=1e-4,
+                     atol=1e-4, hint="Pass cache and layer_idx on to the attention.")

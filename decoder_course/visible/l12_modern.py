@@ -1,0 +1,270 @@
+"""Visible checks of lesson 12-modern: RMSNorm, rotary embeddings, SwiGLU, grouped-query attention, the sliding
+window and the modern block.
+
+No reference answer is needed: ``RMSNorm`` is compared with ``torch.nn.RMSNorm`` holding the student's weight;
+RoPE with the paper's complex-number form (``torch.view_as_complex`` times ``torch.polar``) and by its defining
+property (scores depend only on the position difference); SwiGLU and the block with their formulas written over
+the student's own weights and submodules; grouped-query attention with ``F.scaled_dot_product_attention(...,
+enable_gqa=True)`` fed the student's own projections; the sliding window with a worked example.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+from torch.nn import functional as F  # noqa: N812
+
+from decoder_course.checks import CheckFailed, check, expect_close, expect_dtype, expect_shape, expect_type
+
+
+def _randomise(module: nn.Module, seed: int) -> None:
+    """Weights far from their initial values (norm gains around 1), so that every part shows."""
+    g = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for name, p in module.named_parameters():
+            noise = torch.randn(p.shape, generator=g) * 0.3
+            p.copy_(noise + 1.0 if "norm" in name else noise)
+
+
+# -- RMSNorm -----------------------------------------------------------------------------------------------------------
+def check_rms_norm(RMSNorm) -> None:  # noqa: N803 - the class under test
+    """One parameter of ones; equal to nn.RMSNorm (eps inside the root shows on tiny rows); dtype kept."""
+    with check("RMSNorm(d, eps) has one parameter, `weight` (d,), starting at ones, and no bias"):
+        norm = RMSNorm(6, 1e-5)
+        names = [name for name, _ in norm.named_parameters()]
+        if names != ["weight"]:
+            raise CheckFailed(f"RMSNorm's parameters are {names}, should be ['weight']: no bias, no mean")
+        if not torch.equal(norm.weight.detach(), torch.ones(6)):
+            raise CheckFailed("RMSNorm's weight should start at ones")
+    with check("equal to torch.nn.RMSNorm with the same weight, on rows of scale 1e-3, 1 and 50 (eps=1e-2)"):
+        torch.manual_seed(0)
+        ours, theirs = RMSNorm(12, 1e-2), nn.RMSNorm(12, eps=1e-2)
+        with torch.no_grad():
+            ours.weight.normal_(1.0, 0.5)
+            theirs.weight.copy_(ours.weight)
+            x = torch.randn(3, 4, 12) * torch.tensor([1e-3, 1.0, 50.0])[:, None, None]
+            got, want = ours(x), theirs(x)
+        expect_type(got, torch.Tensor, "RMSNorm(...)(x)")
+        expect_shape(got, (3, 4, 12), "RMSNorm's output", names="B T D")
+        expect_close(got, want, "RMSNorm's output", atol=1e-5, rtol=1e-4,
+                     hint="x / sqrt(mean(x², last axis) + eps) * weight: no mean subtracted, and eps inside the "
+                          "square root (the tiny rows show where it goes)")
+    with check("a bfloat16 input comes back bfloat16"):
+        with torch.no_grad():
+            out = RMSNorm(8)(torch.randn(2, 3, 8).to(torch.bfloat16))
+        expect_dtype(out, torch.bfloat16, "RMSNorm(8)(x in bfloat16)")
+
+
+# -- rotary_embedding --------------------------------------------------------------------------------------------------
+def _complex_rotation(x: torch.Tensor, positions: torch.Tensor, base: float) -> torch.Tensor:
+    """The paper's form: pair (2i, 2i+1) as a complex number, multiplied by exp(j · position · base^(-2i/Dh))."""
+    Dh = x.shape[-1]
+    theta = base ** (-torch.arange(0, Dh, 2, dtype=torch.float64) / Dh)  # (Dh/2,)
+    angles = positions.double()[:, None] * theta  # (T, Dh/2)
+    z = torch.view_as_complex(x.double().reshape(*x.shape[:-1], Dh // 2, 2).contiguous())  # (..., T, Dh/2)
+    return torch.view_as_real(z * torch.polar(torch.ones_like(angles), angles)).flatten(-2)
+
+
+def check_rotary_embedding(rotary_embedding) -> None:
+    """The complex-number form at scattered positions, lengths kept, the relative property, dtype, odd Dh."""
+    torch.manual_seed(0)
+    x = torch.randn(2, 3, 5, 8)
+    positions = torch.tensor([0, 2, 3, 7, 50])
+    with check("position 0 leaves a vector unchanged; every rotation keeps its length"):
+        out = rotary_embedding(x, positions)
+        expect_type(out, torch.Tensor, "rotary_embedding(x, positions)")
+        expect_shape(out, (2, 3, 5, 8), "rotary_embedding(x, positions)", names="B H T Dh")
+        expect_close(out[:, :, 0], x[:, :, 0], "the rotation at position 0", atol=1e-6,
+                     hint="the angle is position · θ_i: zero at position 0")
+        expect_close(out.norm(dim=-1), x.norm(dim=-1), "the lengths after rotating", atol=1e-4, rtol=1e-4,
+                     hint="rotate each pair (a, b) -> (a cos - b sin, a sin + b cos): a rotation keeps lengths")
+    with check("equal to the complex form: pair (x[2i], x[2i+1]) times exp(j · position · base^(-2i/Dh))"):
+        for base in (10000.0, 100.0):
+            got = rotary_embedding(x, positions, base=base)
+            expect_close(got.double(), _complex_rotation(x, positions, base), f"RoPE with base={base:g}",
+                         atol=1e-4, rtol=1e-4,
+                         hint="neighbours are pairs, (0, 1), (2, 3), ... (not i with i + Dh/2); θ_i = base^(-2i/Dh) "
+                              "with i counting pairs; rotate by the positions given, not by 0 .. T-1")
+    with check("the score of q at position m and k at n depends only on m - n"):
+        q, k = torch.randn(1, 1, 1, 8), torch.randn(1, 1, 1, 8)
+
+        def score(m, n):
+            return float((rotary_embedding(q, torch.tensor([m])) * rotary_embedding(k, torch.tensor([n]))).sum())
+
+        for m, n in ((5, 2), (9, 9)):
+            for shift in (1, 20):
+                if abs(score(m + shift, n + shift) - score(m, n)) > 1e-3:
+                    raise CheckFailed(f"the score of q at {m + shift} and k at {n + shift} differs from q at {m} and k "
+                                      f"at {n}: rotate both by their own positions with the same frequencies")
+    with check("x's dtype is kept (float64 in, float64 out); an odd Dh raises ValueError"):
+        expect_dtype(rotary_embedding(x.double(), positions), torch.float64, "rotary_embedding(x in float64, ...)")
+        try:
+            rotary_embedding(torch.randn(1, 1, 2, 5), torch.arange(2))
+        except ValueError:
+            pass
+        else:
+            raise CheckFailed("rotary_embedding ran on Dh = 5: the last dimension has no partner; raise ValueError")
+
+
+# -- SwiGLUFeedForward -------------------------------------------------------------------------------------------------
+def check_swiglu(SwiGLUFeedForward) -> None:  # noqa: N803 - the class under test
+    """Three bias-free matrices by name, the SwiGLU formula over the student's own weights."""
+    ff = SwiGLUFeedForward(8, 12)
+    with check("gate_proj, up_proj (D -> F) and down_proj (F -> D), nn.Linear without bias: 3·D·F parameters"):
+        shapes = {name: tuple(p.shape) for name, p in ff.named_parameters()}
+        want = {"gate_proj.weight": (12, 8), "up_proj.weight": (12, 8), "down_proj.weight": (8, 12)}
+        if shapes != want:
+            raise CheckFailed(f"the parameters are {shapes}, should be {want}")
+    _randomise(ff, 0)
+    with check("down_proj(silu(gate_proj(x)) * up_proj(x))"):
+        x = torch.randn(3, 4, 8) * 2
+        with torch.no_grad():
+            got = ff(x)
+            gate, up = x @ ff.gate_proj.weight.T, x @ ff.up_proj.weight.T  # (B, T, F)
+            want = (gate * torch.sigmoid(gate) * up) @ ff.down_proj.weight.T
+        expect_shape(got, (3, 4, 8), "SwiGLUFeedForward's output", names="B T D")
+        expect_close(got, want, "SwiGLUFeedForward's output", atol=1e-4, rtol=1e-4,
+                     hint="SiLU (x · sigmoid(x), F.silu) of the gate, not ReLU or a plain sigmoid, and not of the up "
+                          "projection; multiply element-wise by up_proj(x), then down_proj")
+
+
+# -- GroupedQueryAttention ---------------------------------------------------------------------------------------------
+def _sdpa_twin(attn, x, positions, allowed, n_heads, n_kv_heads):
+    """PyTorch's grouped-query attention over the student's own projections (RoPE in the complex form)."""
+    B, T, D = x.shape
+    Dh = D // n_heads
+    q = attn.q_proj(x).view(B, T, n_heads, Dh).transpose(1, 2)  # (B, H, T, Dh)
+    k = attn.k_proj(x).view(B, T, n_kv_heads, Dh).transpose(1, 2)  # (B, H_kv, T, Dh)
+    v = attn.v_proj(x).view(B, T, n_kv_heads, Dh).transpose(1, 2)
+    if positions is not None:
+        q, k = _complex_rotation(q, positions, 10000.0).float(), _complex_rotation(k, positions, 10000.0).float()
+    out = F.scaled_dot_product_attention(q, k, v, attn_mask=allowed, enable_gqa=True)  # True = may attend
+    return attn.out_proj(out.transpose(1, 2).reshape(B, T, D))
+
+
+def check_gqa(GroupedQueryAttention, KVCache) -> None:  # noqa: N803 - the classes under test
+    """Projection sizes, equal to SDPA with enable_gqa=True (MHA, GQA, MQA; with RoPE), a fully masked row, the
+    cache holding only the key/value heads, bad sizes."""
+    with check("q_proj, out_proj (D -> D); k_proj, v_proj (D -> n_kv_heads·Dh); no bias"):
+        attn = GroupedQueryAttention(24, 6, 2)
+        shapes = {name: tuple(p.shape) for name, p in attn.named_parameters()}
+        want = {"q_proj.weight": (24, 24), "k_proj.weight": (8, 24), "v_proj.weight": (8, 24),
+                "out_proj.weight": (24, 24)}
+        if shapes != want:
+            raise CheckFailed(f"GroupedQueryAttention(24, 6, 2) has parameters {shapes}, should be {want} "
+                              "(Dh = 4: the keys and values have 2 heads of 4)")
+    torch.manual_seed(0)
+    x = torch.randn(3, 6, 24)
+    causal = torch.ones(6, 6, dtype=torch.bool).tril()
+    for H_kv, what in ((2, "GQA, 6 query heads in 2 groups"), (1, "MQA, n_kv_heads=1"), (6, "MHA, n_kv_heads=6")):
+        with check(f"{what}: equal to F.scaled_dot_product_attention(..., enable_gqa=True), causal, with RoPE"):
+            attn = GroupedQueryAttention(24, 6, H_kv)
+            _randomise(attn, H_kv)
+            positions = torch.arange(6) + 3
+            with torch.no_grad():
+                plain, want_plain = attn(x, allowed=causal), _sdpa_twin(attn, x, None, causal, 6, H_kv)
+                got, want = attn(x, positions, causal), _sdpa_twin(attn, x, positions, causal, 6, H_kv)
+            expect_type(plain, torch.Tensor, "GroupedQueryAttention's output (one tensor)")
+            expect_shape(plain, (3, 6, 24), "GroupedQueryAttention's output", names="B T D")
+            expect_close(plain, want_plain, "the output without positions", atol=1e-4, rtol=1e-4,
+                         hint="query head h uses kv head h // (n_heads // n_kv_heads): repeat_interleave the kv heads "
+                              "on the head axis (not repeat); scale the scores by 1/sqrt(Dh)")
+            expect_close(got, want, "the output with positions", atol=1e-4, rtol=1e-4,
+                         hint="rotate the queries *and* the keys with rotary_embedding(..., positions), before the "
+                              "scores (and before caching the keys)")
+    with check("a fully masked query row gives zeros; the rest is unchanged"):
+        attn = GroupedQueryAttention(24, 6, 2)
+        allowed = causal.clone()
+        allowed[2] = False
+        with torch.no_grad():
+            out = attn(x, allowed=allowed)
+        if not torch.allclose(out[:, 2], torch.zeros(24), atol=1e-6) or not torch.isfinite(out).all():
+            raise CheckFailed("query row 2 has no allowed key: its output should be zeros (lesson 03's attention), "
+                              "never NaN")
+    with check("with a KVCache: the cache holds (B, n_kv_heads, S, Dh), and prefill + one at a time = full"):
+        attn = GroupedQueryAttention(24, 6, 2)
+        _randomise(attn, 7)
+        cache = KVCache(1)
+        positions = torch.arange(6)
+        with torch.no_grad():
+            full = attn(x, positions, causal)
+            parts = [attn(x[:, :4], positions[:4], causal[:4, :4], cache)]
+            for t in (4, 5):
+                parts.append(attn(x[:, t:t + 1], positions[t:t + 1], causal[t:t + 1, :t + 1], cache))
+        if cache.keys[0] is None or tuple(cache.keys[0].shape) != (3, 2, 6, 4):
+            shape = None if cache.keys[0] is None else tuple(cache.keys[0].shape)
+            raise CheckFailed(f"the cache holds keys of shape {shape}, should be (B, n_kv_heads, S, Dh) = "
+                              "(3, 2, 6, 4): cache.update(k, v, layer_idx) with the n_kv_heads heads, before "
+                              "repeating them")
+        expect_close(torch.cat(parts, dim=1), full, "the cached outputs", atol=1e-4, rtol=1e-4,
+                     hint="rotate the new keys at their positions, cache them, attend over everything cached")
+    with check("D not divisible by n_heads, or n_heads not by n_kv_heads, raises ValueError"):
+        for args in ((24, 5, 1), (24, 6, 4)):
+            try:
+                GroupedQueryAttention(*args)
+            except ValueError:
+                continue
+            raise CheckFailed(f"GroupedQueryAttention{args} did not raise ValueError")
+
+
+# -- sliding_window_mask -----------------------------------------------------------------------------------------------
+def check_sliding_window_mask(sliding_window_mask) -> None:
+    """A worked example, window 1 and window >= T, window 0."""
+    with check("T=5, window=2: each query sees itself and the one key before it"):
+        got = sliding_window_mask(5, 2)
+        expect_type(got, torch.Tensor, "sliding_window_mask(5, 2)")
+        expect_dtype(got, torch.bool, "sliding_window_mask(5, 2)")
+        want = torch.tensor([[1, 0, 0, 0, 0],
+                             [1, 1, 0, 0, 0],
+                             [0, 1, 1, 0, 0],
+                             [0, 0, 1, 1, 0],
+                             [0, 0, 0, 1, 1]], dtype=torch.bool)
+        if not torch.equal(got, want):
+            raise CheckFailed(f"sliding_window_mask(5, 2) is\n{got.int()}\nshould be\n{want.int()}\n(rows are "
+                              "queries: causal, and window keys at most, the query itself included)")
+    with check("window=1 is the diagonal; window >= T is the causal mask"):
+        if not torch.equal(sliding_window_mask(4, 1), torch.eye(4, dtype=torch.bool)):
+            raise CheckFailed("sliding_window_mask(4, 1) should let each query see itself only")
+        if not torch.equal(sliding_window_mask(4, 9), torch.ones(4, 4, dtype=torch.bool).tril()):
+            raise CheckFailed("sliding_window_mask(4, 9) should be the plain causal mask")
+    with check("window=0 raises ValueError"):
+        try:
+            sliding_window_mask(4, 0)
+        except ValueError:
+            pass
+        else:
+            raise CheckFailed("sliding_window_mask(4, 0) returned: a window holds at least the query itself")
+
+
+# -- ModernBlock -------------------------------------------------------------------------------------------------------
+def check_modern_block(ModernBlock, KVCache) -> None:  # noqa: N803 - the classes under test
+    """Submodules by name, the pre-norm wiring over the student's own submodules, positions reaching RoPE, the cache."""
+    block = ModernBlock(16, 4, 2, 24)
+    with check("submodules attn_norm, attn, ffn_norm, feed_forward"):
+        for name in ("attn_norm", "attn", "ffn_norm", "feed_forward"):
+            if not hasattr(block, name):
+                raise CheckFailed(f"ModernBlock has no `{name}`: the names are part of the contract")
+    _randomise(block, 3)  # two different norm gains
+    block.eval()
+    torch.manual_seed(1)
+    x = torch.randn(2, 6, 16)
+    positions, causal = torch.arange(6) + 2, torch.ones(6, 6, dtype=torch.bool).tril()
+    with check("x + attn(attn_norm(x), positions, allowed), then + feed_forward(ffn_norm(.)): pre-norm"):
+        with torch.no_grad():
+            got = block(x, positions, causal)
+            h = x + block.attn(block.attn_norm(x), positions, causal)
+            want = h + block.feed_forward(block.ffn_norm(h))
+        expect_type(got, torch.Tensor, "ModernBlock(...)(x, positions)")
+        expect_shape(got, (2, 6, 16), "ModernBlock's output", names="B T D")
+        expect_close(got, want, "ModernBlock's output", atol=1e-4, rtol=1e-4,
+                     hint="normalise each sublayer's input (attn_norm, then ffn_norm: one norm each) and add its "
+                          "output to the unnormalised stream; pass positions and allowed on to the attention")
+    with check("with a KVCache: prefill + one at a time = the full forward"):
+        cache = KVCache(1)
+        p0 = torch.arange(6)
+        with torch.no_grad():
+            full = block(x, p0, causal)
+            parts = [block(x[:, :4], p0[:4], causal[:4, :4], cache, 0)]
+            parts += [block(x[:, t:t + 1], p0[t:t + 1], causal[t:t + 1, :t + 1], cache, 0) for t in (4, 5)]
+        expect_close(torch.cat(parts, dim=1), full, "the cached outputs", atol=1e-4, rtol=1e-4,
+                     hint="pass cache and layer_idx on to the attention")
