@@ -3,13 +3,14 @@
 #
 # Lesson 06's model turns ids into logits, but it has never seen data. This lesson trains it on a toy task,
 # **reversing a string of digits** (`"30417" → "71403"`), on a CPU, within a minute, and then breaks it
-# on purpose to see why each piece matters. You write the three pieces a training loop needs from you:
+# on purpose to see why each piece matters. You write the four pieces a training loop needs from you:
 #
 # 1. `shift_right`: **teacher forcing**, the decoder's input during training;
 # 2. `sequence_loss`: cross-entropy that **ignores padding**, with optional **label smoothing**;
-# 3. `exact_match`: the metric that counts whole sequences generated right.
+# 3. `exact_match`: the metric that counts whole sequences generated right;
+# 4. `train_step`: one optimiser step (loss, gradients clipped, one update), the step the training loop runs.
 #
-# The loop itself (AdamW, learning-rate warm-up, a progress bar and live curves) is given. Then three measured
+# The loop around your step (AdamW, learning-rate warm-up, a progress bar and live curves) is given. Then three measured
 # ablations: training **without the causal mask**, **without cross-attention**, and with the paper's **`√D`
 # embedding scaling**.
 #
@@ -78,7 +79,7 @@ print("graded run: every training run is cut to 3 s" if GRADING else "full run: 
 
 # %% given=decoder_layer:FeedForward,DecoderLayer
 
-# %% given=model:sinusoidal_table,PositionalEncoding,Encoder,Decoder,Seq2SeqTransformer
+# %% given=model:sinusoidal_table,PositionalEncoding,EncoderLayer,Encoder,Decoder,Seq2SeqTransformer
 
 # %% [markdown]
 # ## 1. The task and its batches
@@ -222,8 +223,9 @@ visible.check_exact_match(exact_match)
 # %% [markdown]
 # ## 6. The training loop
 #
-# `train` (given, read it) repeats one step: draw a fresh batch, feed `shift_right(tgt)` to the model, score
-# the logits against `tgt` with `sequence_loss`, back-propagate, clip the gradient norm to 1, step **AdamW**.
+# `train` (given, read it) repeats one step, **yours**, `train_step` (below): feed `shift_right(tgt)` to the
+# model, score the logits against `tgt` with `sequence_loss`, back-propagate, clip the gradient norm to 1, step
+# **AdamW**. Around it, `train` draws a fresh batch per step and schedules the learning rate.
 # Three choices deserve a word:
 #
 # - **Learning-rate warm-up.** The learning rate rises linearly from ~0 to `5e-3` over the first 25 steps, then
@@ -264,6 +266,35 @@ for tie in (True, False):
 # With tied weights the model first has to unlearn that confidence, and it needs more steps to reach 99 % on
 # this task (try it: `tie_weights=True` in the next run, and compare the step count it prints). The paper's
 # remedy is to start the embeddings small. We train untied.
+#
+# ### One training step
+#
+# Everything the model learns happens in one step: a forward pass on the shifted target, the loss against the
+# target, gradients, an update. Two details decide whether it works. PyTorch *adds* each backward pass into
+# `.grad`, so the previous step's gradients must go first, or every step also pushes in the directions of all
+# the earlier batches. And the gradient is clipped (all parameters together, to a joint norm of at most
+# `clip_norm`: same direction, capped size) between the backward pass and the update, because clipping after
+# the update changes nothing that was used. Return the loss as a Python float: holding the tensor would keep the
+# step's whole graph alive in the history.
+#
+# <details><summary>Hint: the PyTorch calls, in order</summary>
+#
+# `optimizer.zero_grad()`, `loss.backward()`, `torch.nn.utils.clip_grad_norm_(…)`, `optimizer.step()`, and
+# `loss.item()` for the value returned.
+#
+# </details>
+#
+# **Exercise.** Write `train_step(model, batch, optimizer, clip_norm, label_smoothing=0.0)`; `batch` is a dict
+# with `src_ids`, `src_is_real` and `tgt_ids`, as `task.batches` yields it. Leave the model's mode (train or
+# eval) as it is and the batch unchanged. The grader runs one step of yours and one of its own on copied weights
+# and compares the loss, the parameters after the step and the gradient norm.
+
+# %% exercise=train_step
+
+# %% test=train_step points=2
+from decoder_course.visible import l07_training as visible
+
+visible.check_train_step(train_step, Seq2SeqTransformer)
 
 # %% given=train
 

@@ -50,9 +50,9 @@ GRADING = decoder_course.grading()  # True while nbgrader grades this notebook: 
 
 # %% given=decoder_layer:FeedForward,DecoderLayer
 
-# %% given=model:sinusoidal_table,PositionalEncoding,Encoder,Decoder,Seq2SeqTransformer
+# %% given=model:sinusoidal_table,PositionalEncoding,EncoderLayer,Encoder,Decoder,Seq2SeqTransformer
 
-# %% given=generation:greedy_decode
+# %% given=generation:greedy_decode,beam_search
 
 # %% [markdown]
 # ## 1. What changes from one step to the next, and what does not
@@ -118,9 +118,13 @@ print("max change of the first 5 positions' logits:", (long_logits[:, :5] - shor
 # - `update(k, v, layer_idx=0)` appends this step's `k, v` (`(B, H, T_new, Dh)`) to layer `layer_idx`'s entries
 #   along the **sequence axis** (dim 2) and returns that layer's full keys and values;
 # - `length`: the number of cached positions (layer 0's, which every layer matches between steps);
-# - `positions`: the absolute positions held, `torch.arange(length)`.
+# - `positions`: the absolute positions held, `torch.arange(length)`;
+# - `reorder(index)`: keep batch rows `index` of every layer's keys and values, in that order (`index` is
+#   `(B_new,)`; rows may repeat or vanish). Beam search needs it in section 7: when beams are reordered, their
+#   cached past must follow them.
 #
-# **Exercise.** Write `KVCache`. (`torch.cat` along `dim=2` appends; keep a list with one slot per layer.)
+# **Exercise.** Write `KVCache`. (`torch.cat` along `dim=2` appends; keep a list with one slot per layer;
+# `k.index_select(0, index)` picks batch rows.)
 
 # %% exercise=KVCache
 
@@ -128,6 +132,7 @@ print("max change of the first 5 positions' logits:", (long_logits[:, :5] - shor
 from decoder_course.visible import l09_kv_cache as visible
 
 visible.check_kv_cache(KVCache)
+visible.check_kv_cache_reorder(KVCache)
 
 # %% [markdown]
 # ## 3. The causal mask, aligned to absolute positions
@@ -323,15 +328,54 @@ plt.show()
 #
 # (Production decoders also pre-allocate the cache to a fixed length and mask the unused part: `torch.cat`
 # copies the whole cache at every step, and fixed shapes let the same kernels run at every step.)
+
+# %% [markdown]
+# ## 7. Beam search with the cache
+#
+# Lesson 08's `beam_search` re-runs the decoder on every beam's whole history at every step. With a cache it
+# feeds only each beam's newest token, exactly as greedy decoding does: the `B * K` beams are simply a batch of
+# `B * K` rows. One thing is new. After the top-k, beam `j` of row `b` continues the beam it was extended from,
+# and its history is gathered from that parent: `tgt = tgt[rows]` with `rows = b * K + beam_idx`. The cache
+# holds the parents' keys and values in the same row order, so it must be gathered **by the same rows**:
+# `cache.reorder(rows)`, which keeps batch rows `rows` of every layer (a row may appear twice, when two
+# continuations of one beam survive, and another may vanish). Skip it and each beam attends to some other beam's
+# past: plausible tokens, wrong beams.
+#
+# **Exercise.** With your `KVCache.reorder` (section 2), write
+# `beam_search_cached(model, src_ids, max_len, bos_id, eos_id, beam_size=4, length_penalty=1.0,
+# src_is_real=None, pad_id=0)`: lesson 08's `beam_search` (given above, read it) with `decode_step` on the newest
+# tokens, the memory repeated `beam_size` times and projected once per layer, and the cache reordered after every
+# top-k. It must return exactly `beam_search`'s beams: the same ranking, scores, length normalisation, EOS and
+# padding.
+
+# %% exercise=beam_search_cached
+
+# %% test=beam_search_cached points=2
+from decoder_course.visible import l09_kv_cache as visible
+
+visible.check_beam_search_cached(beam_search_cached, beam_search, Seq2SeqTransformer)
+
+# %% [markdown]
+# And measured, on the timing model of section 6, batch 2 with 4 beams each (8 rows), an EOS that never comes:
+
+# %% demo
+n_beam = 16 if GRADING else 64
+beam_src = torch.randint(3, 16, (2, 10), device=device)  # (B, S)
+seconds(beam_search, beam_src, 8), seconds(beam_search_cached, beam_src, 8)  # warm-up
+plain_s, cached_s = seconds(beam_search, beam_src, n_beam), seconds(beam_search_cached, beam_src, n_beam)
+same = torch.equal(beam_search(timing_model, beam_src, n_beam, BOS, NEVER),
+                   beam_search_cached(timing_model, beam_src, n_beam, BOS, NEVER))
+print(f"beam search, batch 2 x 4 beams, {n_beam} tokens: {plain_s:.2f} s without cache, {cached_s:.2f} s with: "
+      f"{plain_s / cached_s:.1f}x faster; the same beams: {same}")
 #
 # ## What you built
 #
 # | piece | what it does |
 # |---|---|
-# | `KVCache` | per layer, the self-attention keys and values of every decoded position; `update` appends, `length`, `positions` |
+# | `KVCache` | per layer, the self-attention keys and values of every decoded position; `update` appends, `length`, `positions`, `reorder` follows the beams |
 # | `cached_causal_mask(q_positions, k_len)` | key `k` allowed for a query at absolute position `q` iff `k ≤ q`: the bottom-right triangle |
 # | `decode_step` | the decoder on the new token(s) only, with the past from the cache and the memory's K/V projected once |
 # | `greedy_decode_cached` | exactly `greedy_decode`'s tokens, in linear instead of quadratic work |
+# | `beam_search_cached` | exactly `beam_search`'s beams, the cache reordered with them (`cache.reorder(rows)`) |
 #
-# The same cache serves sampling and beam search: sampling changes only how the next token is chosen, and beam
-# search reorders the cache rows with the beams (`k[rows]`), exactly as it reorders the token histories.
+# The same cache serves sampling too: sampling changes only how the next token is chosen.

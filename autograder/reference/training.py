@@ -91,13 +91,13 @@ def train_step(
     """One optimiser step of teacher forcing: loss, backward, gradients clipped to ``clip_norm``, one update.
 
     ``batch`` is what ``task.batches`` yields: ``src_ids`` (B, S), ``src_is_real`` (B, S) and ``tgt_ids`` (B, T)
-    (the target, its EOS, then PAD), on the model's device. The model reads ``shift_right(tgt_ids, BOS)`` and the
-    source with its padding (``src_is_real``); the loss is ``sequence_loss(logits, tgt_ids, PAD,
-    label_smoothing)``. Gradients left by an earlier step are cleared first (``optimizer.zero_grad()``), then
-    ``loss.backward()``, then ``torch.nn.utils.clip_grad_norm_(model.parameters(), clip_norm)`` (before the step:
-    the update uses the clipped gradient, whose total norm is at most ``clip_norm``), then exactly one
-    ``optimizer.step()``. The model's mode (train/eval) is left as it is. Returns the loss as a Python float
-    (``loss.item()``), the loss *before* the update.
+    (the target, its EOS, then PAD), on the model's device. The model reads the shifted target (``shift_right``
+    with ``BOS``) and the source with its padding (``src_is_real``); the loss is ``sequence_loss`` against
+    ``tgt_ids`` with ``PAD`` ignored and the given ``label_smoothing``. Gradients left by an earlier step are
+    cleared first; after the backward pass the gradients of all parameters together are rescaled to a joint norm
+    of at most ``clip_norm`` (``torch.nn.utils.clip_grad_norm_``), before the update, which happens exactly once.
+    The model's mode (train/eval) and the batch are left as they are. Returns the loss as a Python float, the loss
+    *before* the update.
 
     Shape:
         batch: src_ids (B, S), src_is_real (B, S) bool, tgt_ids (B, T) -> float
