@@ -260,7 +260,21 @@ def _mutant_lines() -> set[str]:
     for folder in (ROOT / "autograder" / "reference", ROOT / "decoder_course"):
         for p in folder.rglob("*.py"):
             public |= _distinctive(p.read_text().splitlines())
-    return lines - public - _given_lines(demos=True)
+    return lines - public - _given_lines(demos=True) - _shown_bug_lines()
+
+
+def _shown_bug_lines() -> set[str]:
+    """Lines a find-the-bug exercise's release shows on purpose (its bug), which a wrong answer may repeat."""
+    from autograder import bugs
+
+    lines = set()
+    for lesson, module_name in notebooks.REFERENCE_MODULES.items():
+        module = notebooks.reference_object(lesson, f"{module_name}:EXERCISES")
+        for name in module:
+            source = inspect.getsource(notebooks.reference_object(lesson, name))
+            if bugs.regions(textwrap.dedent(source)) is not None:
+                lines |= _distinctive(notebooks.buggy_source(lesson, name).splitlines())
+    return lines
 
 
 def _code_lines(path: Path) -> set[str]:

@@ -297,8 +297,8 @@ class HashedLM(nn.Module):
     ``KVCache`` of ``len(model.layers)`` slots treats ``ids`` as the positions after those already cached: it
     keeps its past *only* in the cache (each layer's "keys" are the token ids), so feeding a token twice, or a
     prompt again, changes the answer, exactly as it would for a real model with a cache. ``positions_run``
-    counts the positions scored per row (a forward on (B, T) adds T); ``calls`` counts forwards. More than ``max_len`` positions raise
-    ``ValueError``, as ``GPT`` does.
+    counts the positions scored per row (a forward on (B, T) adds T); ``calls`` counts forwards. More than
+    ``max_len`` positions raise ``ValueError``, as ``GPT`` does.
 
     Args:
         vocab_size: V.

@@ -367,12 +367,13 @@ same = torch.equal(beam_search(timing_model, beam_src, n_beam, BOS, NEVER),
                    beam_search_cached(timing_model, beam_src, n_beam, BOS, NEVER))
 print(f"beam search, batch 2 x 4 beams, {n_beam} tokens: {plain_s:.2f} s without cache, {cached_s:.2f} s with: "
       f"{plain_s / cached_s:.1f}x faster; the same beams: {same}")
-#
+
+# %% [markdown]
 # ## What you built
 #
 # | piece | what it does |
 # |---|---|
-# | `KVCache` | per layer, the self-attention keys and values of every decoded position; `update` appends, `length`, `positions`, `reorder` follows the beams |
+# | `KVCache` | per layer, the keys and values of every decoded position; `update` appends; `length`, `positions`; `reorder` follows the beams |
 # | `cached_causal_mask(q_positions, k_len)` | key `k` allowed for a query at absolute position `q` iff `k ≤ q`: the bottom-right triangle |
 # | `decode_step` | the decoder on the new token(s) only, with the past from the cache and the memory's K/V projected once |
 # | `greedy_decode_cached` | exactly `greedy_decode`'s tokens, in linear instead of quadratic work |

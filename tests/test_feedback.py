@@ -441,5 +441,6 @@ def test_graded_feedback_of_a_hostile_notebook_is_inert_and_the_verdicts_are_the
     assert len(framed) >= 2 and all("not a grader's verdict" in box.get_text() for box in framed)
     soup = _soup(page)
     plots = [img for img in soup.find_all("img") if img.get("src", "").startswith("data:image/png;base64,")]
-    assert len(plots) >= 3, "the lesson's mask plots and the attack cell's plot still render"
+    # the lesson's own mask plots are demonstration cells, skipped while grading: the attack cell's plot is the one
+    assert len(plots) >= 1, "the attack cell's plot still renders"
     assert soup.find("b", string="bold") is not None

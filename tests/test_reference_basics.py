@@ -23,7 +23,7 @@ SEEDS = [0, 1, 2]
 def test_contract_names():
     assert warmup.EXERCISES == ["flatten_batch", "time_major", "split_last"]
     assert masks.EXERCISES == ["causal_mask", "padding_mask", "combine_masks", "mask_to_bias"]
-    assert attention.EXERCISES == ["softmax", "masked_softmax", "scaled_dot_product_attention"]
+    assert attention.EXERCISES == ["softmax", "masked_softmax", "scaled_dot_product_attention", "fixed_attention"]
 
 
 # ----------------------------------------------------------------------------------------------------

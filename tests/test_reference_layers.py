@@ -97,6 +97,7 @@ def test_contract_names():
         "split_heads_reshape",
         "merge_heads_reshape",
         "MultiHeadAttention",
+        "causal_self_attention",
     }
     assert set(multi_head.GIVEN) == {"attention", "load_from_torch_mha"}
     assert set(cross_attention.EXERCISES) == {"cross_attention_mask", "CrossAttention"}

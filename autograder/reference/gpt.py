@@ -300,8 +300,8 @@ def generate(model: nn.Module, prompt_ids: torch.Tensor, max_new_tokens: int, te
 
     One ``KVCache`` with a slot per layer (``len(model.layers)``); ``model(prompt_ids, cache)`` fills it with the
     whole prompt once; then each new token alone is fed with the cache (``model(next_ids, cache)``, (B, 1)):
-    never the whole sequence again. Per step, from the last position's logits: ``temperature == 0`` takes the argmax (greedy);
-    otherwise divide by the temperature, keep the ``top_k`` largest (lesson 08's ``top_k_filter``, when
+    never the whole sequence again. Per step, from the last position's logits: ``temperature == 0`` takes the
+    argmax (greedy); otherwise divide by the temperature, keep the ``top_k`` largest (lesson 08's ``top_k_filter``, when
     ``top_k`` is not None), and draw one token per row with ``torch.multinomial(softmax, 1,
     generator=generator)``, so a seeded generator reproduces the draws whatever the global random state.
     Needs ``T + max_new_tokens <= model.max_len``. Call ``model.eval()`` first; ``prompt_ids`` is unchanged.
