@@ -110,7 +110,7 @@ def _unzip(source: Path, dest: Path, max_bytes: int, out: Collected, archive_byt
             total += written
             if written > limit:  # the declared size lied
                 target.unlink()
-                target.with_name(target.name + ".too-large").write_text(f">{limit}")
+                target.with_name(target.name + ".too-large").write_text(str(written))  # at least limit + 1
 
 
 # -- finding notebooks -------------------------------------------------------------------------------------------
@@ -193,8 +193,7 @@ def collect_submissions(source: Path, lessons: list[str], scratch: Path, max_byt
 
     for (student, lesson), size in sorted(too_large.items()):
         if student not in clashing:
-            declared = int(size) if size.isdigit() else max_bytes + 1
-            out.refuse(student, lesson, _too_big(declared, max_bytes))
+            out.refuse(student, lesson, _too_big(int(size), max_bytes))
     for (student, lesson), paths in sorted(candidates.items()):
         if student in clashing or lesson in out.refused.get(student, {}):
             continue

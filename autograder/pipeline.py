@@ -43,14 +43,13 @@ from sqlalchemy.exc import SAWarning
 from traitlets.config import Config
 
 from autograder import bugs, intake, nbgrader_plugins, notebooks, parallel
-from autograder.intake import STUDENT_ID, BadSubmission, Collected, collect_submissions, read_submission
+from autograder.intake import BadSubmission
 from autograder.nbgrader_plugins import RestoreGradingMetadata, StripHiddenTests, TrustedExecute
 from autograder.sandbox import Limits, SandboxUnavailable, check_available
 from autograder.text import csv_cell, shown
 
-__all__ = ["CANARY", "STUDENT_ID", "BadSubmission", "Collected", "Limits", "Outcome", "SandboxUnavailable", "api",
-           "collect_submissions", "grade", "grade_many", "grade_one", "nbgrader_config", "prepare",
-           "read_submission", "release", "score_table", "summary"]
+__all__ = ["CANARY", "BadSubmission", "Limits", "Outcome", "SandboxUnavailable", "api", "grade", "grade_many",
+           "grade_one", "nbgrader_config", "prepare", "release", "score_table", "summary", "tools_config"]
 
 ROOT = notebooks.ROOT
 LESSONS_DIR = ROOT / "lessons"
@@ -225,7 +224,7 @@ def grade_one(grader: NbGraderAPI, work: Path, db_url: str | None, student: str,
     started = time.perf_counter()
     nbgrader_plugins.NOTES.pop((lesson, student), None)
     outcome = _grade_one(grader, work, db_url, student, lesson, notebook)
-    outcome.notes = [shown(text) for text in nbgrader_plugins.NOTES.pop((lesson, student), [])]
+    outcome.notes = nbgrader_plugins.NOTES.pop((lesson, student), [])  # escaped by nbgrader_plugins.note
     outcome.message = shown(outcome.message)
     outcome.seconds = time.perf_counter() - started
     return outcome

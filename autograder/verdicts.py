@@ -117,11 +117,6 @@ def solution_sources(nb: NotebookNode) -> dict[str, str]:
     return sources
 
 
-def forbidden_uses(source: str, forbidden: tuple[str, ...]) -> list[str]:
-    """The rules of ``forbidden`` that ``source`` breaks on its own (see :mod:`autograder.policy`)."""
-    return sorted(policy.violations([source], [source], [], forbidden))
-
-
 def policy_message(item: str, broken: dict[str, str]) -> str:
     """What the student reads when the exercise reaches what it must be written without."""
     uses = "; ".join(f"`{rule.rstrip('.')}` ({how})" if how else f"`{rule.rstrip('.')}`"
@@ -222,14 +217,14 @@ def unreadable_outputs(folder: Path, item: str, max_bytes: int = MAX_OUTPUT_BYTE
     return None
 
 
-def decide(plan: Plan, max_bytes: int = MAX_OUTPUT_BYTES) -> dict[str, Verdict]:
+def decide(plan: Plan) -> dict[str, Verdict]:
     """Judge every planned exercise: first the static policy on its submitted source, then its outputs."""
     decided: dict[str, Verdict] = {}
     sound: dict[str, bool] = {}
     for item, (ex, cases) in plan.items.items():
         own = plan.sources.get(item, "")
         broken = policy.violations(plan.cells or [own], [own], [item], tuple(getattr(ex, "forbidden", ())))
-        unreadable = unreadable_outputs(plan.scratch / "outputs", item, max_bytes)
+        unreadable = unreadable_outputs(plan.scratch / "outputs", item)
         if broken:
             decided[item] = Verdict(False, policy_message(item, broken))
         elif unreadable:

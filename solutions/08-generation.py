@@ -47,7 +47,7 @@ from decoder_course.testing import HashedLogitsModel, ScriptedModel, sequence_lo
 
 _ = torch.manual_seed(0)  # reproducible demos; the exercises do not depend on it
 GRADING = decoder_course.grading()  # True while nbgrader grades this notebook: keep demos short
-# the trained model of section 8 runs here: cuda if there is a GPU, else mps, else cpu (DECODER_COURSE_DEVICE)
+# the trained model of section 4 runs here: cuda if there is a GPU, else mps, else cpu (DECODER_COURSE_DEVICE)
 device = decoder_course.device()
 
 # %% [markdown]

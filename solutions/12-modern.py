@@ -13,7 +13,7 @@
 # 5. `sliding_window_mask`: each query sees only the last few positions;
 # 6. `ModernBlock`: the pre-norm block made from them.
 #
-# Then the modern block trains beside lesson 11's, on the same text, at the same parameter count.
+# Then the modern block trains beside lesson 11's, on the same text, at about the same parameter count (printed).
 
 # %%
 import math
@@ -80,8 +80,8 @@ visible.check_rms_norm(RMSNorm)
 # (0, 1), (2, 3), …, read as one complex number `x[2i] + j·x[2i+1]` — and at position p turn pair i by the angle
 # `p·θ_i`, with `θ_i = base^(-2i/Dh)`: pair 0 turns one radian per position, the last pair barely moves.
 #
-# Why rotations? A query rotated by mθ and a key rotated by nθ have the dot product of the unrotated pair turned by
-# (m − n)θ: **the score depends only on the distance m − n**, never on where the two tokens sit. Shift a whole
+# Why rotations? A query rotated by mθ against a key rotated by nθ scores the same as the query rotated by (m − n)θ
+# against the unrotated key: **the score depends only on the distance m − n**, never on where the two tokens sit. Shift a whole
 # sentence and the scores do not change.
 #
 # As complex numbers, pair by pair: `rotated = z · exp(j·p·θ_i)`; in real arithmetic, `(a, b) -> (a cos − b sin,
@@ -219,7 +219,8 @@ visible.check_modern_block(ModernBlock, KVCache)
 # ## 7. KV-cache memory: MHA, GQA, MQA
 #
 # The same model three times — 8 query heads, and 8, 2 or 1 key/value heads — runs a prompt with a cache; the
-# cache's own tensors say how many bytes each token costs. Lesson 11's GPT, with a cache, for comparison.
+# cache's own tensors say how many bytes each token costs (lesson 11's GPT appears in the comparison table of
+# section 8).
 
 # %%
 B_CACHE, T_CACHE = 2, 32
@@ -358,10 +359,12 @@ for name, model in [("classic", classic), ("modern", modern)]:
           f"{seconds:8.1f} {cache_bytes_per_token(cache, 1):13,.0f}")
 
 # %% [markdown]
-# Read the table above: the same parameter count, the same batches, the same number of steps, so the gap in
-# held-out loss is the blocks' doing (one short run and one seed: change `torch.manual_seed` and rerun to see how
-# much of it is noise). The cache column needs no training to read: half the key/value heads, half the bytes per
-# token, and no position table, so nothing but memory ties the modern model to the length it trained on.
+# Read the table above: about the same parameter count, the same batches, the same number of steps. Part of the
+# gap in held-out loss may still be noise of one short run: change the seeds (the two `torch.manual_seed` calls
+# for the initialisation, the generator in `train` for the batches) and rerun to see how much. The cache column
+# needs no training to read: half the key/value heads, half the bytes per token. And no learned position table
+# caps the length (`max_len` is only a guard); whether the model generalises past the length it trained on is
+# another question, taken up below.
 #
 # ## What you built
 #

@@ -29,7 +29,7 @@ import numpy as np
 import pytest
 from nbgrader.api import Gradebook
 
-from autograder import notebooks, pipeline, samples, sandbox, verdicts
+from autograder import intake, notebooks, pipeline, samples, sandbox, verdicts
 from autograder.nbgrader_plugins import HIDDEN_BEGIN
 from autograder.reference import masks as ref
 from tests.conftest import ROOT
@@ -674,7 +674,7 @@ def test_a_planted_nested_notebook_impersonates_nobody(tmp_path):
     _put(root, f"aa/{LESSON}/zz/{LESSON}/{LESSON}.ipynb", samples.untouched(LESSON))
     _put(root, f"aa/{LESSON}/deeper/{LESSON}/x/{LESSON}.ipynb", samples.untouched(LESSON))
     _put(root, f"aa/{LESSON}.ipynb", samples.untouched(LESSON))  # a notebook outside a lesson folder
-    collected = pipeline.collect_submissions(root, [LESSON], tmp_path / "scratch")
+    collected = intake.collect_submissions(root, [LESSON], tmp_path / "scratch")
     assert collected.found == {"zz": {LESSON: real}, "aa": {LESSON: own}}, collected.found
     assert not collected.refused
     planted = [p for p in collected.problems if "not in the layout student/lesson/notebook.ipynb" in p]
@@ -685,7 +685,7 @@ def test_ids_that_differ_only_by_case_are_refused_and_reported(tmp_path):
     root = tmp_path / "in"
     for student in ("Bob", "bob", "alice"):
         _put(root, f"{student}/{LESSON}/{LESSON}.ipynb", samples.perfect(LESSON))
-    collected = pipeline.collect_submissions(root, [LESSON], tmp_path / "scratch")
+    collected = intake.collect_submissions(root, [LESSON], tmp_path / "scratch")
     assert set(collected.found) == {"alice"}
     assert set(collected.refused) == {"Bob", "bob"}
     assert all("differ only by case" in why for why in (collected.refused["Bob"][LESSON],
@@ -711,7 +711,7 @@ def test_a_zip_bomb_is_judged_before_and_while_extracting(tmp_path):
             archive.writestr(f"s{i:02d}_{LESSON}.ipynb", b" " * (1536 << 10))
     assert bomb.stat().st_size < 4 << 20
     limit = 2 << 20
-    collected = pipeline.collect_submissions(bomb, [LESSON], tmp_path / "scratch", max_bytes=limit,
+    collected = intake.collect_submissions(bomb, [LESSON], tmp_path / "scratch", max_bytes=limit,
                                              archive_bytes=24 << 20)
     assert _disk_usage(tmp_path / "scratch") <= 24 << 20, "the archive's cap did not hold"
     assert "over the 2 MB limit" in collected.refused["bomber"][LESSON]
@@ -847,3 +847,19 @@ def test_nbgraders_own_tools_keep_the_course_grading(run):
     assert done.returncode == 0, done.stderr[-2000:]
     students = {line.split(",")[3] for line in export.read_text().splitlines()[1:]}
     assert student in students and pipeline.CANARY not in students, students
+
+
+def test_nbgrader_stops_before_reading_an_oversized_notebook(tmp_path):
+    """nbgrader's own autograde reads a notebook whole: the course's pre-convert hook stops it first, naming
+    the command that refuses the notebook and grades the others."""
+    big = tmp_path / f"{LESSON}.ipynb"
+    with open(big, "wb") as handle:
+        handle.truncate(pipeline.Limits().notebook_bytes + 1)
+    with pytest.raises(SystemExit, match=r"over the 16 MB limit.*\./course grade"):
+        pipeline.refuse_oversized(LESSON, "s", [str(big)])
+    small = tmp_path / "small.ipynb"
+    small.write_text("{}")
+    pipeline.refuse_oversized(LESSON, "s", [str(small)])  # a notebook within the limit goes on to nbgrader
+    config = pipeline.tools_config(pipeline.Config(), tmp_path / "work")
+    assert config.Autograde.pre_convert_hook is pipeline.refuse_oversized
+    assert config.TrustedExecute.sandbox is True

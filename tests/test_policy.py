@@ -2,28 +2,33 @@
 
 import nbformat
 
-from autograder import verdicts
+from autograder import policy, verdicts
 from autograder.checks.framework import Case, Exercise, Verdict
 
 FORBIDDEN = ("F.scaled_dot_product_attention", "nn.MultiheadAttention")
 
 
+def forbidden_uses(source: str, forbidden: tuple[str, ...]) -> list[str]:
+    """The rules a cell breaks on its own (the exercise's code is the whole notebook)."""
+    return sorted(policy.violations([source], [source], [], forbidden))
+
+
 def test_aliases_attributes_and_imports_are_found():
-    assert verdicts.forbidden_uses(
+    assert forbidden_uses(
         "import torch.nn.functional as Fn\ndef f(q, k, v):\n    return Fn.scaled_dot_product_attention(q, k, v)",
         FORBIDDEN) == ["F.scaled_dot_product_attention"]
-    assert verdicts.forbidden_uses("from torch.nn import MultiheadAttention as M", FORBIDDEN) == \
+    assert forbidden_uses("from torch.nn import MultiheadAttention as M", FORBIDDEN) == \
         ["nn.MultiheadAttention"]
-    assert verdicts.forbidden_uses("%time x = nn.MultiheadAttention(4, 2)", FORBIDDEN) == ["nn.MultiheadAttention"]
+    assert forbidden_uses("%time x = nn.MultiheadAttention(4, 2)", FORBIDDEN) == ["nn.MultiheadAttention"]
 
 
 def test_honest_code_is_not_flagged():
     honest = "def attention(q, k, v):\n    scores = q @ k.transpose(-2, -1)  # scaled dot product\n    return scores"
-    assert verdicts.forbidden_uses(honest, FORBIDDEN) == []
-    assert verdicts.forbidden_uses("x = nn.MultiheadAttention(4, 2)", ()) == []
+    assert forbidden_uses(honest, FORBIDDEN) == []
+    assert forbidden_uses("x = nn.MultiheadAttention(4, 2)", ()) == []
     # The student's own function of the same short name is not PyTorch's.
     own = "def scaled_dot_product_attention(q, k, v):\n    return q\n\nscaled_dot_product_attention(1, 2, 3)"
-    assert verdicts.forbidden_uses(own, FORBIDDEN) == []
+    assert forbidden_uses(own, FORBIDDEN) == []
 
 
 class _Passing(Exercise):
@@ -60,7 +65,7 @@ ANSWER = "def robust_attention(q, k, v, allowed=None):\n    return {call}\n"
 
 
 def _reached(cells, answer, rules=SDPA, name="robust_attention"):
-    return verdicts.policy.violations([*cells, answer], [answer], [name], rules)
+    return policy.violations([*cells, answer], [answer], [name], rules)
 
 
 def test_an_alias_imported_in_another_cell_is_followed():
@@ -123,5 +128,5 @@ def test_the_reference_solutions_break_no_rule():
         cells = [c.source for c in nb.cells if c.cell_type == "code"]
         sources = verdicts.solution_sources(nb)
         for item, ex in verdicts.exercises_for(lesson).items():
-            broken = verdicts.policy.violations(cells, [sources.get(item, "")], [item], tuple(ex.forbidden))
+            broken = policy.violations(cells, [sources.get(item, "")], [item], tuple(ex.forbidden))
             assert broken == {}, f"{lesson}/{item}: the reference breaks its own policy: {broken}"

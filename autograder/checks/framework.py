@@ -279,6 +279,10 @@ class Exercise:
     # reference module that defines them: the verdict is made relative to the student's own answers of those
     # (autograder.checks.relative), so that a mistake there costs only its own item.
     uses: tuple[str, ...] = ()
+    # Calls that pass state on (a beam search's cache.reorder): judged relative to wrong building blocks, the
+    # recorded answers cannot show them, so the replay requires the student's code to make each of them too.
+    required_calls: tuple[str, ...] = ()
+    required_message: str = "a call your code must make, as the exercise's docstring says, was not made"
     reference: Any = None
 
     def cases(self, rng: np.random.Generator) -> list[Case]:

@@ -315,7 +315,7 @@ def judge(ex, result: Result, passed: dict[str, bool] | None = None) -> None:
     names = [name for name in ex.uses if hasattr(module, name)]
     replays: dict[str, tuple[_Replay, dict, dict, str | None]] = {}
     for case in result.cases.values():
-        replay = _Replay(_recorded_calls(result, case.id), tuple(getattr(ex, "required_calls", ())))
+        replay = _Replay(_recorded_calls(result, case.id), ex.required_calls)
         if not replay.calls or case.data.get("relative") is False:
             continue  # the student's code used none of them here (or the case has no values to replay)
         stand_ins = {name: _replayer(replay, name, getattr(module, name)) for name in names}
@@ -328,7 +328,7 @@ def judge(ex, result: Result, passed: dict[str, bool] | None = None) -> None:
         replays[case.id] = (replay, meta, leaves, error)
     for case_id, (replay, *_) in replays.items():
         if replay.missing:  # a call that passes state on (a cache's reorder): answers alone cannot show it
-            raise Fail(f"{getattr(ex, 'required_message', 'a required call was not made')} "
+            raise Fail(f"{ex.required_message} "
                        f"({result.cases[case_id].desc}).")
     differs = sorted({label.split(".")[0] for replay, *_ in replays.values() for label in replay.differs})
     if not differs:
