@@ -54,6 +54,7 @@ from nbgrader.preprocessors import AssignLatePenalties, SaveAutoGrades
 from tqdm.auto import tqdm
 
 from autograder import intake, notebooks, parallel, pipeline
+from autograder import lessons as lessons_registry
 from autograder.intake import BadSubmission
 from autograder.nbgrader_plugins import TrustedExecute
 from autograder.pipeline import COURSE_ID, Limits, Outcome
@@ -86,11 +87,8 @@ def fingerprint(lessons) -> str:
     paths = [*shared, root / "autograder" / "verdicts.py", root / "autograder" / "policy.py",
              root / "decoder_course" / "harvest.py", root / "decoder_course" / "__init__.py"]
     for lesson in sorted(set(lessons)):
-        number = lesson.split("-", 1)[0]
         paths.append(notebooks.solution_path(lesson))
-        paths.append(root / "autograder" / "reference" / f"{notebooks.REFERENCE_MODULES[lesson]}.py")
-        for folder in (root / "autograder" / "checks", root / "decoder_course" / "visible"):
-            paths += sorted(folder.glob(f"l{number}_*.py"))
+        paths += [lessons_registry.path(lesson, kind) for kind in ("reference", "checks", "visible")]
     for path in paths:
         digest.update(str(path.relative_to(root)).encode() + b"\0")
         digest.update(path.read_bytes() if path.exists() else b"(missing)")

@@ -46,28 +46,15 @@ import nbformat
 from nbformat import NotebookNode
 
 from autograder import bugs
+from autograder import lessons as lessons_registry
 from decoder_course import __version__ as _package_version
 
 ROOT = Path(__file__).resolve().parent.parent
 SOLUTIONS = ROOT / "solutions"
 ASSETS = ROOT / "assets"  # the course's figures, drawn by assets/draw_figures.py
 
-# Each lesson's reference module, in autograder/reference.
-REFERENCE_MODULES = {
-    "00-setup": "warmup",
-    "01-masks": "masks",
-    "02-attention": "attention",
-    "03-multi-head": "multi_head",
-    "04-cross-attention": "cross_attention",
-    "05-decoder-layer": "decoder_layer",
-    "06-model": "model",
-    "07-training": "training",
-    "08-generation": "generation",
-    "09-kv-cache": "kv_cache",
-    "10-numerics": "numerics",
-    "11-gpt": "gpt",
-    "12-modern": "modern",
-}
+# Each lesson's reference module, in autograder/reference (autograder.lessons: named after the lesson's id).
+REFERENCE_MODULES = {lesson: lessons_registry.slug(lesson) for lesson in lessons_registry.ids()}
 
 # Where students get the course: the public repository of the *student edition* (``./course student-edition``:
 # lessons and the companion package, never solutions, references or hidden checks). The Colab badge of every
@@ -134,7 +121,7 @@ _MARKERS = re.compile(r"^\s*### (BEGIN|END) SOLUTION\s*\n", re.M)
 
 def lessons() -> list[str]:
     """Lesson ids that have a percent source."""
-    return sorted(p.stem for p in SOLUTIONS.glob("*.py") if p.stem in REFERENCE_MODULES)
+    return lessons_registry.ids()
 
 
 def reference_object(lesson: str, name: str):

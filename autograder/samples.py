@@ -8,7 +8,6 @@
 
 from __future__ import annotations
 
-import importlib
 import inspect
 import re
 import textwrap
@@ -16,7 +15,7 @@ from pathlib import Path
 
 import nbformat
 
-from autograder import notebooks
+from autograder import lessons, notebooks
 
 ROOT = notebooks.ROOT
 STUDENTS = ("ada", "grace", "alan")
@@ -25,8 +24,7 @@ _NOQA = re.compile(r"\s*# noqa[^\n]*")
 
 
 def mutants_of(lesson: str) -> list:
-    module = "m" + lesson.split("-", 1)[0] + "_" + notebooks.REFERENCE_MODULES[lesson]
-    return importlib.import_module(f"autograder.mutants.{module}").MUTANTS
+    return lessons.module(lesson, "mutants").MUTANTS
 
 
 def mutant_source(obj) -> str:
@@ -62,7 +60,7 @@ def notebook_namespace(lesson: str, wrong: dict | None = None) -> dict:
     """What a notebook's kernel holds: the lesson's reference code typed into cells, then ``wrong`` answers
     (a mutant's replacement) typed after it. Every function looks its helpers up in this one namespace, as a
     student's do: a wrong ``softmax`` is what the student's ``masked_softmax`` calls."""
-    module = importlib.import_module(f"autograder.reference.{notebooks.REFERENCE_MODULES[lesson]}")
+    module = lessons.module(lesson, "reference")
     namespace: dict = {"__name__": "__main__"}
     exec(compile(inspect.getsource(module), f"<{lesson} cells>", "exec"), namespace)  # noqa: S102 - our own code
     for obj in (wrong or {}).values():

@@ -15,7 +15,6 @@ The flow for one notebook (see docs/ARCHITECTURE.md):
 from __future__ import annotations
 
 import hashlib
-import importlib
 import math
 import os
 import re
@@ -27,35 +26,16 @@ from pathlib import Path
 import numpy as np
 from nbformat import NotebookNode
 
-from autograder import policy
+from autograder import lessons, policy
 from autograder.checks.framework import MAX_REPORT_BYTES, REGISTRY, Case, Exercise, Verdict, run_judge, write_cases
 from decoder_course import harvest
-
-LESSON_CHECK_MODULES = {
-    "00-setup": "autograder.checks.l00_setup",
-    "01-masks": "autograder.checks.l01_masks",
-    "02-attention": "autograder.checks.l02_attention",
-    "03-multi-head": "autograder.checks.l03_multi_head",
-    "04-cross-attention": "autograder.checks.l04_cross_attention",
-    "05-decoder-layer": "autograder.checks.l05_decoder_layer",
-    "06-model": "autograder.checks.l06_model",
-    "07-training": "autograder.checks.l07_training",
-    "08-generation": "autograder.checks.l08_generation",
-    "09-kv-cache": "autograder.checks.l09_kv_cache",
-    "10-numerics": "autograder.checks.l10_numerics",
-    "11-gpt": "autograder.checks.l11_gpt",
-    "12-modern": "autograder.checks.l12_modern",
-}
 
 _ANSI = re.compile(r"\x1b\[[0-9;]*[A-Za-z]")
 
 
 def exercises_for(lesson: str) -> dict[str, type[Exercise]]:
     """The registered exercises of ``lesson`` (importing its check module on first use)."""
-    module = LESSON_CHECK_MODULES.get(lesson)
-    if module is None:
-        raise KeyError(f"unknown lesson {lesson!r}; known: {', '.join(LESSON_CHECK_MODULES)}")
-    importlib.import_module(module)
+    lessons.module(lesson, "checks")
     return REGISTRY.get(lesson, {})
 
 

@@ -17,7 +17,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from autograder import notebooks, verdicts
+from autograder import lessons, notebooks, verdicts
 from autograder.checks.framework import run_judge, write_cases
 from decoder_course import harvest
 
@@ -242,7 +242,7 @@ def _comparable(report: dict) -> dict:
     return report
 
 
-@pytest.mark.parametrize("lesson", [lesson for lesson in verdicts.LESSON_CHECK_MODULES if lesson != "00-setup"])
+@pytest.mark.parametrize("lesson", [lesson for lesson in lessons.ids() if lesson != "00-setup"])
 def test_outputs_are_those_of_the_in_process_harvest(folder, lesson):
     """Seeds, generators, autocast and torch's thread pool behave in the child as they did in the kernel."""
     torch = pytest.importorskip("torch")

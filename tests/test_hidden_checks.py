@@ -7,16 +7,12 @@ the items whose code calls it (they are judged relative to the student's own ans
 ``autograder.checks.relative``), with a message that says what broke.
 """
 
-import importlib
 
 import pytest
 
-from autograder import notebooks, samples, verdicts
+from autograder import lessons, notebooks, samples, verdicts
 
-LESSONS = [
-    lesson for lesson in verdicts.LESSON_CHECK_MODULES
-    if importlib.util.find_spec(verdicts.LESSON_CHECK_MODULES[lesson]) is not None
-]
+LESSONS = lessons.ids()
 
 
 def _reference_namespace(lesson: str) -> dict:
@@ -49,7 +45,7 @@ def test_reference_passes_every_hidden_check(lesson, secret):
 
 @pytest.mark.parametrize("lesson", LESSONS)
 def test_every_reference_exercise_has_hidden_checks(lesson):
-    module = importlib.import_module(f"autograder.reference.{notebooks.REFERENCE_MODULES[lesson]}")
+    module = lessons.module(lesson, "reference")
     registered = verdicts.exercises_for(lesson)
     graded = set(module.EXERCISES)
     # Names of test cells may differ from object names only where a check grades one object twice.
@@ -60,7 +56,7 @@ def test_every_reference_exercise_has_hidden_checks(lesson):
 @pytest.mark.parametrize("lesson", LESSONS)
 def test_untouched_release_fails_every_item(lesson):
     ns = _reference_namespace(lesson)
-    module = importlib.import_module(f"autograder.reference.{notebooks.REFERENCE_MODULES[lesson]}")
+    module = lessons.module(lesson, "reference")
     for name in module.EXERCISES:
         ns[name] = _stub(ns[name])
     decided = verdicts.judge_namespace(lesson, ns)
@@ -130,3 +126,20 @@ def test_wrong_answer_on_a_wrong_building_block_is_still_caught(lesson, item, be
     decided = verdicts.judge_namespace(lesson, namespace, items=[item])
     assert not decided[item].passed, (
         f"'{wrong[1]}' passed {item} when {below[0]} was also wrong ('{below[1]}')")
+
+
+def test_every_lesson_has_its_four_modules_and_nothing_is_stray():
+    """autograder.lessons: a lesson's modules are named after its id; none is missing, none belongs to no lesson."""
+    ids = lessons.ids()
+    assert ids[0] == "00-setup" and len(ids) >= 13
+    for lesson in ids:
+        for kind in ("reference", "checks", "visible", "mutants"):
+            assert lessons.path(lesson, kind).is_file(), f"{lesson} has no {kind} module"
+    known = {lessons.path(lesson, kind).name for lesson in ids for kind in ("checks", "visible", "mutants")}
+    for folder, prefix in (("autograder/checks", "l"), ("decoder_course/visible", "l"), ("autograder/mutants", "m")):
+        stray = [p.name for p in (notebooks.ROOT / folder).glob(f"{prefix}[0-9][0-9]_*.py") if p.name not in known]
+        assert not stray, f"{folder} holds modules of no lesson: {stray}"
+    with pytest.raises(ValueError, match="NN-name"):
+        lessons.slug("setup")
+    with pytest.raises(KeyError, match="unknown lesson"):
+        lessons.module("99-nothing", "checks")

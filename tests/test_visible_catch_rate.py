@@ -17,7 +17,7 @@ import warnings
 import matplotlib
 import pytest
 
-from autograder import notebooks, samples, verdicts
+from autograder import lessons, notebooks, samples, verdicts
 
 matplotlib.use("Agg")
 TARGET = 0.95
@@ -66,7 +66,7 @@ def _caught(lesson: str, item: str, replacement: dict, cell: str) -> bool:
     return _run(lesson, item, replacement, cell) is not None
 
 
-@pytest.mark.parametrize("lesson", list(verdicts.LESSON_CHECK_MODULES))
+@pytest.mark.parametrize("lesson", list(lessons.ids()))
 def test_reference_passes_every_visible_check(lesson):
     cells = _test_cells(lesson)
     failed = {item: _run(lesson, item, None, cells[item]) for item in verdicts.exercises_for(lesson)}
@@ -77,7 +77,7 @@ def test_reference_passes_every_visible_check(lesson):
 def test_visible_checks_catch_at_least_95_percent_of_each_lessons_mutants(capsys):
     caught_all = total = 0
     lines, missed, under = [], [], []
-    for lesson in verdicts.LESSON_CHECK_MODULES:
+    for lesson in lessons.ids():
         cells = _test_cells(lesson)
         mutants = samples.mutants_of(lesson)
         caught = 0
@@ -99,7 +99,7 @@ def test_visible_checks_catch_at_least_95_percent_of_each_lessons_mutants(capsys
     assert caught_all / total >= TARGET, f"the visible checks catch {caught_all}/{total}; missed: {missed}"
 
 
-@pytest.mark.parametrize("lesson", list(verdicts.LESSON_CHECK_MODULES))
+@pytest.mark.parametrize("lesson", list(lessons.ids()))
 def test_every_graded_item_has_a_visible_test_cell(lesson):
     missing = set(verdicts.exercises_for(lesson)) - set(_test_cells(lesson))
     assert not missing, f"graded items without a visible test cell in solutions/{lesson}.py: {sorted(missing)}"

@@ -10,7 +10,7 @@ from __future__ import annotations
 import numpy as np
 
 from autograder.checks.framework import Case, Exercise, Fail, Result, exercise, expect_close
-from autograder.reference import warmup as ref
+from autograder.reference import setup as ref
 
 LESSON = "00-setup"
 
