@@ -10,7 +10,8 @@ course layer and PyTorch's layer therefore differ only by parameter names and th
 
 ``kind`` is ``"attention"`` (``MultiHeadAttention`` / ``CrossAttention`` ↔ ``nn.MultiheadAttention``),
 ``"encoder"`` (``EncoderLayer`` ↔ ``nn.TransformerEncoderLayer``) or ``"decoder"`` (``DecoderLayer`` ↔
-``nn.TransformerDecoderLayer``). Values may be tensors or NumPy arrays; they are not copied.
+``nn.TransformerDecoderLayer``). Values may be tensors or NumPy arrays; they are not copied. Entries with no twin on
+the other side (a buffer a student added, say) are left out.
 """
 
 from __future__ import annotations
@@ -39,11 +40,6 @@ def _chunk(packed, n: int = 3):
     return np.split(packed, n) if isinstance(packed, np.ndarray) else packed.chunk(n)
 
 
-def _rest(key: str) -> str:
-    """A non-attention parameter's PyTorch name: the feed-forward's linears sit on the layer itself."""
-    return key.removeprefix("feed_forward.")
-
-
 def to_torch(state: dict, kind: str) -> dict:
     """A course state dict under PyTorch's names (``in_proj`` packed from q, k, v)."""
     attentions, mapped = _kind(kind), {}
@@ -51,12 +47,9 @@ def to_torch(state: dict, kind: str) -> dict:
         for what in ("weight", "bias"):
             mapped[f"{theirs}in_proj_{what}"] = _cat([state[f"{ours}{p}.{what}"] for p in QKV])  # (3 D, ...)
             mapped[f"{theirs}out_proj.{what}"] = state[f"{ours}out_proj.{what}"]
-    for key, value in state.items():
-        if not any(key.startswith(ours) for ours in attentions if ours):
-            if kind != "attention":
-                mapped[_rest(key)] = value
-            elif key.split(".")[0] not in (*QKV, "out_proj"):
-                mapped[key] = value
+    for key, value in state.items():  # the layers' feed-forward and norms; any other entry has no twin
+        if kind != "attention" and key.startswith(("feed_forward.linear1.", "feed_forward.linear2.", "norm")):
+            mapped[key.removeprefix("feed_forward.")] = value
     return mapped
 
 
@@ -69,10 +62,10 @@ def from_torch(state: dict, kind: str) -> dict:
                 mapped[f"{ours}{proj}.{what}"] = part
             mapped[f"{ours}out_proj.{what}"] = state[f"{theirs}out_proj.{what}"]
     for key, value in state.items():
-        if any(key.startswith(theirs) for theirs in attentions.values() if theirs) or \
-                (kind == "attention" and key.split(".")[0] in ("in_proj_weight", "in_proj_bias", "out_proj")):
-            continue
-        mapped[f"feed_forward.{key}" if key.startswith(("linear1.", "linear2.")) else key] = value
+        if kind != "attention" and key.startswith(("linear1.", "linear2.")):
+            mapped[f"feed_forward.{key}"] = value
+        elif kind != "attention" and key.startswith("norm"):
+            mapped[key] = value
     return mapped
 
 

@@ -58,6 +58,13 @@ def test_round_trip_on_tensors_and_arrays(kind, module):
         np.testing.assert_array_equal(arrays[key], theirs[key].numpy())
 
 
+def test_entries_without_a_twin_are_left_out():
+    ours = _randomised(MultiHeadAttention(D, H), 3)
+    ours.register_buffer("scale", torch.tensor(2.0))  # a student's own extra state
+    assert "scale" not in twins.to_torch(ours.state_dict(), "attention")
+    twins.torch_twin(ours.state_dict(), "attention", H)  # loads strictly: nothing missing, nothing extra
+
+
 def test_unknown_kind_is_refused():
     with pytest.raises(ValueError, match="kind is one of"):
         twins.to_torch({}, "decoder-only")

@@ -15,6 +15,7 @@ from torch import nn
 from autograder.checks.framework import Case, Exercise, Fail, Result, exercise, expect_close
 from autograder.reference import masks as ref_masks
 from autograder.reference import multi_head as ref
+from decoder_course import twins
 
 LESSON = "03-multi-head"
 
@@ -38,15 +39,8 @@ def _t64(a) -> torch.Tensor:
 
 
 def torch_mha(state: dict[str, np.ndarray], H: int) -> nn.MultiheadAttention:
-    """PyTorch's module in float64, eval mode, holding ``state`` (its packed in_proj stacks q, k, v)."""
-    D = state["q_proj.weight"].shape[0]
-    mha = nn.MultiheadAttention(D, H, batch_first=True, dtype=torch.float64).eval()
-    with torch.no_grad():
-        mha.in_proj_weight.copy_(torch.cat([_t64(state[f"{p}_proj.weight"]) for p in "qkv"]))
-        mha.in_proj_bias.copy_(torch.cat([_t64(state[f"{p}_proj.bias"]) for p in "qkv"]))
-        mha.out_proj.weight.copy_(_t64(state["out_proj.weight"]))
-        mha.out_proj.bias.copy_(_t64(state["out_proj.bias"]))
-    return mha
+    """PyTorch's module in float64, eval mode, holding ``state`` (decoder_course.twins packs its in_proj)."""
+    return twins.torch_twin(state, "attention", H, dtype=torch.float64)
 
 
 def torch_mha_expected(state, H, query, key, value, allowed=None) -> tuple[np.ndarray, np.ndarray]:

@@ -13,6 +13,7 @@ import numpy as np
 import torch
 from torch import nn
 
+from decoder_course import twins
 from decoder_course.checks import (
     CheckFailed,
     causal_leakage_probe,
@@ -141,18 +142,6 @@ def check_merge_heads_reshape(merge_heads_reshape) -> None:
 
 # -- MultiHeadAttention ------------------------------------------------------------------------------------------
 _NAMES = ("q_proj", "k_proj", "v_proj", "out_proj")
-
-
-def _torch_copy(ours: nn.Module, H: int) -> nn.MultiheadAttention:
-    """PyTorch's module holding our weights (its in_proj stacks the q, k, v projections)."""
-    D = ours.q_proj.in_features
-    theirs = nn.MultiheadAttention(D, H, batch_first=True).eval()
-    with torch.no_grad():
-        theirs.in_proj_weight.copy_(torch.cat([ours.q_proj.weight, ours.k_proj.weight, ours.v_proj.weight]))
-        theirs.in_proj_bias.copy_(torch.cat([ours.q_proj.bias, ours.k_proj.bias, ours.v_proj.bias]))
-        theirs.out_proj.weight.copy_(ours.out_proj.weight)
-        theirs.out_proj.bias.copy_(ours.out_proj.bias)
-    return theirs
 
 
 def _randomised(MultiHeadAttention, D: int, H: int, seed: int, dropout: float | None = None) -> nn.Module:
@@ -288,7 +277,7 @@ def check_multi_head_attention(MultiHeadAttention) -> None:
         x = query
         is_real = torch.tensor([[True] * T, [True] * 3 + [False]])
         allowed = torch.ones(T, T, dtype=torch.bool).tril()[None, None] & is_real[:, None, None, :]  # (B,1,T,T)
-        theirs = _torch_copy(mha, H)
+        theirs = twins.torch_twin(mha.state_dict(), "attention", H)  # PyTorch's module, our weights
         with torch.no_grad():
             out, weights = mha(x, x, x, allowed=allowed)
             # PyTorch's boundary: its attn_mask says True = blocked, so our `allowed` is inverted here
