@@ -24,6 +24,10 @@ class Fail(Exception):
     """A hidden check failed; the message is shown to the student and must say which idea broke."""
 
 
+class Raised(Fail):
+    """The student's code raised where it should have returned: nothing of what it computes can be observed."""
+
+
 def exercise(lesson: str, name: str, points: float = 1.0):
     """Register an exercise class under ``lesson`` and its graded cell id ``name``."""
 
@@ -54,6 +58,9 @@ class Case:
     steps: list[dict] = field(default_factory=list)
     arrays: dict[str, np.ndarray] = field(default_factory=dict)
     data: dict[str, Any] = field(default_factory=dict)  # trusted side only: anything judge() needs
+    # judged relative to the student's building blocks (autograder.checks.relative) when the item ``uses`` any;
+    # False for a case whose verdict no wrong building block can change (a constructor's ValueError, say)
+    relative: bool = True
 
     def _key(self) -> str:
         return f"{self.id}_a{len(self.arrays)}"
@@ -176,7 +183,7 @@ class Result:
         error = self.error(case_id)
         if error is not None:
             desc = self.cases[case_id].desc
-            raise Fail(f"your code raised an exception on a case with {desc}:\n    {error.splitlines()[-1]}")
+            raise Raised(f"your code raised an exception on a case with {desc}:\n    {error.splitlines()[-1]}")
 
     def meta(self, case_id: str, name: str) -> dict:
         self.raise_if_error(case_id)
@@ -265,6 +272,7 @@ def expect_close(got: np.ndarray, want: np.ndarray, what: str, desc: str, hint: 
 class Verdict:
     passed: bool
     message: str
+    raised: bool = False  # failed because the student's code raised (tests/test_hidden_checks.py's double faults)
 
 
 class Exercise:
@@ -292,11 +300,24 @@ class Exercise:
         raise NotImplementedError
 
 
+def _quotes_an_error(result: Result | None, message: str) -> bool:
+    """Whether a verdict quotes an exception the student's code raised on one of its cases."""
+    for case_id in (result.cases if result is not None else {}):
+        try:
+            error = result.error(case_id)
+        except Fail:
+            continue
+        if error and error.strip() and error.strip().splitlines()[-1] in message:
+            return True
+    return False
+
+
 def run_judge(ex: Exercise, folder: Path, cases: list[Case], passed: dict[str, bool] | None = None) -> Verdict:
     """Judge one exercise from the kernel's outputs in ``folder``; any failure becomes a teaching verdict.
 
     ``passed`` holds the verdicts of the notebook's items judged before this one: an item built on the student's
     other items (``uses``) whose building blocks all passed their own checks is judged by its own checks alone."""
+    result = None
     try:
         result = Result(folder, ex.name, cases)
         if ex.uses:
@@ -306,7 +327,7 @@ def run_judge(ex: Exercise, folder: Path, cases: list[Case], passed: dict[str, b
         else:
             ex.judge(result)
     except Fail as fail:
-        return Verdict(False, str(fail))
+        return Verdict(False, str(fail), raised=isinstance(fail, Raised) or _quotes_an_error(result, str(fail)))
     except Exception as exc:  # a grader bug must not look like the student's fault; say so plainly
         return Verdict(False, f"the grader could not judge this exercise ({type(exc).__name__}: {exc}); "
                               "tell your instructor.")

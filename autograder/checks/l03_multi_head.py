@@ -12,7 +12,7 @@ import numpy as np
 import torch
 from torch import nn
 
-from autograder.checks.framework import Case, Exercise, Fail, Result, exercise, expect_close
+from autograder.checks.framework import Case, Exercise, Fail, Raised, Result, exercise, expect_close
 from autograder.reference import masks as ref_masks
 from autograder.reference import multi_head as ref
 from decoder_course import twins
@@ -91,7 +91,7 @@ def raise_module_error(result: Result, case_id: str) -> None:
     if error is not None:
         hint = module_error_hint(error)
         desc = result.cases[case_id].desc
-        raise Fail(f"your code raised an exception on a case with {desc}:\n    {error.splitlines()[-1]}"
+        raise Raised(f"your code raised an exception on a case with {desc}:\n    {error.splitlines()[-1]}"
                    + (f"\n{hint}" if hint else ""))
 
 

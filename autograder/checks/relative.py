@@ -26,7 +26,7 @@ from unittest import mock
 
 import numpy as np
 
-from autograder.checks.framework import Case, Fail, Result
+from autograder.checks.framework import Case, Fail, Raised, Result
 
 _OPAQUE = object()  # a recorded value that was described, not handed back (a model, a cache)
 _RTOL, _ATOL = 1e-4, 1e-5
@@ -316,7 +316,7 @@ def judge(ex, result: Result, passed: dict[str, bool] | None = None) -> None:
     replays: dict[str, tuple[_Replay, dict, dict, str | None]] = {}
     for case in result.cases.values():
         replay = _Replay(_recorded_calls(result, case.id), ex.required_calls)
-        if not replay.calls or case.data.get("relative") is False:
+        if not replay.calls or not case.relative or case.data.get("relative") is False:  # TODO(me): l06, l12
             continue  # the student's code used none of them here (or the case has no values to replay)
         stand_ins = {name: _replayer(replay, name, getattr(module, name)) for name in names}
         namespace = {**vars(module), **stand_ins}
@@ -346,7 +346,7 @@ def _consistent(result: Result, case: Case, meta: dict, leaves: dict, error: str
            "one)")
     student_error = result.error(case.id)
     if student_error is not None and error is None:
-        raise Fail(f"your code raised an exception on a case with {case.desc}, although built on your own {own} "
+        raise Raised(f"your code raised an exception on a case with {case.desc}, although built on your own {own} "
                    f"it should not:\n    {student_error.splitlines()[-1]}")
     if error is not None and student_error is None:
         raise Fail(f"built on your own {own}, this case ({case.desc}) should end in an exception, but your code "
