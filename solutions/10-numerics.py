@@ -364,6 +364,37 @@ print(f"\nthe fully masked query averaged over its keys instead of zeros would b
 # zeroing. The robust version's errors are each dtype's own rounding: float16 keeps about 3 significant digits,
 # bfloat16 about 2.
 #
+# ## 8. Find the bug: a log-sum-exp
+#
+# The softmax's denominator has uses of its own. Its log, `log Σ exp(score)` over a query's allowed keys, is what
+# a cross-entropy loss subtracts from the target's score, and what fused attention kernels keep for every query:
+# the backward pass needs it, and so does merging attention computed over separate blocks of keys. Written as it
+# reads it overflows as soon as a score passes the threshold section 1 printed, so it is computed with the
+# softmax's own trick: `m + log Σ exp(score − m)`, where `m` is a largest score. Every term is then at most 1, and
+# the largest is exactly 1.
+#
+# Below is a colleague's `masked_logsumexp(scores, allowed)`, built on **your** `mask_fill_value`. It has **one**
+# mistake. On the batches its author tried (random scores of ordinary size, a few blocked keys) it agreed with
+# `torch.logsumexp`. It goes wrong, silently, on batches every real model meets: a query whose keys are all
+# padding, and a head whose queries score on very different scales (one confident query, one that is not).
+#
+# How would you find it? The docstring promises that a query's result depends on its own row of scores only.
+# Test that promise directly: change one row (add a large number to its scores) and look at which results move.
+# Then, for a row that went wrong, print the pieces: the `m` the code subtracted, and the terms `exp(score − m)`
+# it summed. Does every row have a term equal to 1, as the trick promised? The check under the cell runs the
+# probe for you and compares with `torch.logsumexp`.
+#
+# **Exercise.** Find and fix the bug in `masked_logsumexp(scores, allowed=None)`, in the given code. It is graded
+# with your own `mask_fill_value`: a mistake there costs its own cell, not this one.
+
+# %% exercise=masked_logsumexp
+
+# %% test=masked_logsumexp points=1
+from decoder_course.visible import l10_numerics as visible
+
+visible.check_masked_logsumexp(masked_logsumexp)
+
+# %% [markdown]
 # ## What you built
 #
 # | function | what it guarantees |
@@ -371,6 +402,7 @@ print(f"\nthe fully masked query averaged over its keys instead of zeros would b
 # | `mask_fill_value(dtype)` | the most negative *finite* number of the dtype: never `-inf`, never out of range |
 # | `robust_masked_softmax(scores, allowed)` | float32 inside, replace-not-add, blocked weights exactly 0, fully masked rows zeros, the scores' dtype out |
 # | `robust_attention(q, k, v, allowed)` | `q` scaled before the product; NaN-free in float16, bfloat16 and autocast; equal to `F.scaled_dot_product_attention` |
+# | `masked_logsumexp(scores, allowed)` (fixed) | each query subtracts its own largest score: no row's result depends on another row's scale |
 #
 # The common advice, "mask with a large negative fill; `-inf` breaks under mixed precision", is now something you
 # have watched happen: `-inf` gives NaN, `-1e9` overflows float16 or averages

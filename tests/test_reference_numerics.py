@@ -140,3 +140,39 @@ def test_naive_masking_fails_exactly_as_the_lesson_says():
         scores.half().masked_fill(~allowed, big)
     # the robust version: zeros
     assert nm.robust_masked_softmax(scores.half(), allowed)[1].tolist() == [0.0, 0.0, 0.0]
+
+
+@pytest.mark.parametrize("dtype", ALL)
+def test_masked_logsumexp_equals_torch_logsumexp_on_rows_far_apart_and_fully_masked_rows(dtype):
+    _, _, _, allowed = masked_inputs()  # (B, 1, T, S) with two fully masked rows
+    g = torch.Generator().manual_seed(3)
+    offsets = torch.tensor([0.0, 300.0, -200.0, 20.0, 0.0])[:, None]  # (T, 1): rows far apart
+    if dtype == torch.float16:
+        offsets = offsets * 60  # up to 18000: exp overflows float32 without the max
+    scores = (torch.randn(2, 3, 5, 7, generator=g, dtype=torch.float64) * 3 + offsets).to(dtype)
+    before = scores.clone()
+    got = nm.masked_logsumexp(scores, allowed)
+    assert torch.equal(scores, before), "masked_logsumexp changed its input"
+    kept = torch.float64 if dtype == torch.float64 else torch.float32
+    assert got.dtype == kept and got.shape == (2, 3, 5)
+    dead = fully_masked(allowed).expand(2, 3, 5)
+    # PyTorch's own: torch.logsumexp over the allowed keys (blocked ones at -inf), in float64
+    want = scores.double().masked_fill(~allowed, float("-inf")).logsumexp(-1)
+    torch.testing.assert_close(got.double()[~dead], want[~dead], rtol=1e-6, atol=1e-9)
+    assert bool((got[dead] == torch.finfo(kept).min).all()), "a fully masked row is the result dtype's finfo.min"
+    # and what F.cross_entropy subtracts: -log_softmax at a target = logsumexp - score
+    rows = scores.double().reshape(-1, 7)
+    target = torch.zeros(rows.shape[0], dtype=torch.long)
+    ce = F.cross_entropy(rows, target, reduction="none")
+    torch.testing.assert_close(nm.masked_logsumexp(rows).double() - rows[:, 0], ce, rtol=1e-6, atol=1e-6)
+
+
+def test_masked_logsumexp_of_a_row_depends_on_that_row_only():
+    scores = torch.randn(6, 9, generator=torch.Generator().manual_seed(4))
+    before = nm.masked_logsumexp(scores)
+    moved = scores.clone()
+    moved[2] += 500.0
+    after = nm.masked_logsumexp(moved)
+    keep = torch.arange(6) != 2
+    assert torch.equal(after[keep], before[keep])
+    torch.testing.assert_close(after[2], before[2] + 500.0)

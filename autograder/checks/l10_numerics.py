@@ -337,3 +337,109 @@ class RobustAttention(Exercise):
                     after = result.get(case.id, f"{name}_after", what=f"{name} after the call", kind="tensor")
                     if not np.array_equal(after.astype(np.float64), d[name]):
                         raise Fail(f"robust_attention changed the caller's {name} in place ({case.desc}).")
+
+
+# -- masked_logsumexp: find the bug (autograder.bugs), judged relative to the student's mask_fill_value --------------
+def _lse_variants(scores: np.ndarray, allowed: np.ndarray | None, dtype: str) -> dict[str, np.ndarray]:
+    """What the shown bug and the usual wrong fixes compute, in the working dtype, for the diagnosis."""
+    work = torch.from_numpy(scores).to(torch.promote_types(_torch_dtype(dtype), torch.float32))
+    if allowed is not None:
+        work = work.masked_fill(~torch.from_numpy(np.broadcast_to(allowed, scores.shape).copy()),
+                                torch.finfo(work.dtype).min)
+    out = {}
+    for name, top in (("tensor", work.amax()), ("matrix", work.amax(dim=(-2, -1), keepdim=True))):
+        out[name] = (top + (work - top).exp().sum(-1, keepdim=True).log()).squeeze(-1).numpy()
+    out["no_max"] = work.exp().sum(-1).log().numpy()
+    return out
+
+
+@exercise(LESSON, "masked_logsumexp")
+class MaskedLogSumExp(Exercise):
+    """The given log-sum-exp subtracts a max before exp; the shown bug takes the whole tensor's. Against float64
+    torch.logsumexp over the allowed keys on rows of very different scale, fully masked rows (the result dtype's
+    most negative finite number), huge half precision scores, T = S, allowed=None; float32 for half precision
+    scores; scores unchanged."""
+
+    uses = ("mask_fill_value",)  # the given code fills the blocked keys with it
+    reference = ref
+
+    def cases(self, rng):
+        specs = [
+            # (id, scores shape, mask shape or None, dtype, row offsets, situation)
+            ("f32", (2, 3, 5, 7), (2, 1, 5, 7), "float32", [0.0, 250.0, -120.0, 40.0, 0.0],
+             "rows far apart (offsets up to 250), two fully masked rows"),
+            ("f16", (2, 2, 4, 6), (4, 6), "float16", [0.0, 20000.0, -20000.0, 5000.0],
+             "scores up to ±20000, a (T, S) mask broadcast over B and H, a fully masked row"),
+            ("bf16", (3, 5), (3, 5), "bfloat16", [0.0, 300.0, -300.0], "rows far apart, a fully masked row"),
+            ("square", (2, 6, 6), (6, 6), "float32", [0.0, 0.0, 150.0, 0.0, -150.0, 0.0],
+             "T = S = 6 with a causal mask, rows far apart"),
+            ("f64", (1, 4, 6), None, "float64", [0.0, 1500.0, -1500.0, 0.0], "allowed=None, rows 1500 apart"),
+        ]
+        cases = []
+        for case_id, shape, mask_shape, dtype, offsets, what in specs:
+            scores = rng.standard_normal(shape) * 3 + np.asarray(offsets)[:, None]  # (..., T, S)
+            scores = _round(scores, dtype)
+            if case_id == "square":
+                allowed = np.tril(np.ones(mask_shape, bool))
+            else:
+                allowed = None if mask_shape is None else _allowed(rng, mask_shape, n_dead=1 if len(mask_shape) < 4
+                                                                   else 2)
+            desc = f"scores {shape} in {dtype}, " + (f"allowed {mask_shape}, " if mask_shape else "") + what
+            case = Case(case_id, desc, data={"scores": scores, "allowed": allowed, "dtype": dtype})
+            case.let("scores", case.tensor(scores.astype(np.float32) if dtype != "float64" else scores,
+                                           dtype=dtype))
+            case.call("masked_logsumexp", {"ref": "scores"}, None if allowed is None else case.tensor(allowed),
+                      record="out")
+            case.record("scores_after", {"ref": "scores"})
+            cases.append(case)
+        return cases
+
+    def judge(self, result: Result):
+        what = "masked_logsumexp(scores, allowed)"
+        for case in result.cases.values():
+            scores, allowed, dtype = case.data["scores"], case.data["allowed"], case.data["dtype"]
+            _raise_overflow(result, case)
+            got = result.get(case.id, "out", what=what, kind="tensor", dtype="float", shape=scores.shape[:-1],
+                             finite=False).astype(np.float64)
+            kept = "float64" if dtype == "float64" else "float32"
+            declared = result.meta(case.id, "out").get("dtype")
+            if declared != f"torch.{kept}":
+                raise Fail(f"{what} returned {declared} for {dtype} scores ({case.desc}): the result is float32 for "
+                           "float16, bfloat16 and float32 scores, float64 for float64 ones.")
+            mask = np.ones(scores.shape, bool) if allowed is None else np.broadcast_to(allowed, scores.shape)
+            dead = ~mask.any(-1)  # (..., T): queries with no allowed key
+            s = torch.from_numpy(np.asarray(scores, np.float64))
+            want = s.masked_fill(~torch.from_numpy(mask.copy()), -np.inf).logsumexp(-1).numpy()
+            want[dead] = torch.finfo(_torch_dtype(kept)).min
+            hint = "Subtract each query's own largest score (the max over the last axis, keepdim) before exp."
+            variants = _lse_variants(scores, allowed, dtype)
+            for variant, idea in (("tensor", "subtracts one max shared by many queries (the largest score of the "
+                                             "whole tensor, or of each (T, S) matrix)"),
+                                  ("matrix", "subtracts the largest score of each (T, S) matrix"),
+                                  ("no_max", "subtracts no max at all")):
+                if np.allclose(got, variants[variant], rtol=1e-5, atol=1e-4):
+                    hint = (f"Your output matches a version that {idea}: each query must subtract the max of its "
+                            "own row of scores (amax over the last axis, keepdim=True).")
+                    break
+            if np.isnan(got).any():
+                raise Fail(f"{what} contains NaN ({case.desc}): a fill of -inf gives -inf - (-inf) = NaN; the "
+                           "given code fills with mask_fill_value, which must be finite. " + hint)
+            if np.isposinf(got).any():
+                raise Fail(f"{what} contains +inf ({case.desc}): exp of a large score overflowed. " + hint)
+            wrong_dead = dead & (got != want)
+            if wrong_dead.any():
+                index = tuple(int(i) for i in np.argwhere(wrong_dead)[0])
+                raise Fail(f"query {index} has no allowed key and gave {got[index]:.6g}, not {kept}'s most negative "
+                           f"finite number ({case.desc}): its filled scores minus the max it subtracts must be 0, "
+                           "so that the row sums to S terms of exp(0) = 1. " + hint)
+            lost = np.isneginf(got) & ~dead
+            if lost.any():
+                index = tuple(int(i) for i in np.argwhere(lost)[0])
+                raise Fail(f"query {index} has allowed keys but gave -inf ({case.desc}): each of its terms "
+                           "exp(score - max) underflowed to 0, because its scores are far below the max the code "
+                           "subtracted, so log(0) = -inf. A query's log-sum-exp depends on its own row only. " + hint)
+            expect_close(got, want, "the log-sum-exp (vs torch.logsumexp in float64 over the allowed keys)",
+                         case.desc, rtol=1e-5, atol=1e-4 if kept == "float64" else 2e-3, hint=hint)
+            after = result.get(case.id, "scores_after", what="scores after the call", kind="tensor", finite=False)
+            if not np.array_equal(after.astype(np.float64), scores):
+                raise Fail(f"masked_logsumexp changed the caller's scores in place ({case.desc}).")

@@ -8,7 +8,7 @@ import math
 
 import torch
 
-from autograder.mutants import mutant
+from autograder.mutants import mutant, patched, shown_bug
 from autograder.reference.numerics import mask_fill_value, robust_masked_softmax
 
 MUTANTS: list = []
@@ -110,6 +110,21 @@ def robust_attention(q, k, v, allowed=None):  # noqa: F811
     q, k, v = q.float(), k.float(), v.float()
     weights = robust_masked_softmax((q / math.sqrt(q.shape[-1])) @ k.transpose(-2, -1), allowed)
     return weights @ v, weights
+
+
+# -- masked_logsumexp (find the bug) -------------------------------------------------------------------------------
+shown_bug(MUTANTS, "10-numerics", "masked_logsumexp",
+          "the max of the whole tensor subtracted: rows far below it, and fully masked rows, give -inf")
+patched(MUTANTS, "10-numerics", "masked_logsumexp",
+        "a wrong fix: the max of each (T, S) matrix, still not each query's own",
+        ("work.amax(dim=-1, keepdim=True)", "work.amax(dim=(-2, -1), keepdim=True)"))
+patched(MUTANTS, "10-numerics", "masked_logsumexp",
+        "a wrong fix: no max at all (float32 is wide enough?): exp overflows, fully masked rows give -inf",
+        ("(top + (work - top).exp().sum(dim=-1, keepdim=True).log()).squeeze(-1)", "work.exp().sum(dim=-1).log()"))
+patched(MUTANTS, "10-numerics", "masked_logsumexp",
+        "a wrong fix: the whole tensor's max kept, the sum clamped away from 0: finite, and wrong",
+        ("work.amax(dim=-1, keepdim=True)", "work.amax()"),
+        ("keepdim=True).log()", "keepdim=True).clamp_min(1e-30).log()"))
 
 
 # The definitions above rebound these names to wrong answers; a wrong answer that calls another exercise must

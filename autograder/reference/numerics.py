@@ -16,13 +16,16 @@ fill               float32                                      float16 / bfloat
 The robust recipe: fill with ``torch.finfo(dtype).min`` (finite, and ``exp(min - max)`` underflows to exactly
 0), take the softmax in float32 when the input is half precision (its sums lose fewer bits), then set blocked
 weights to 0, which turns a fully blocked row into zeros, the course's convention.
+
+``masked_logsumexp`` is a find-the-bug exercise (autograder.bugs): given code built on the student's
+``mask_fill_value``, with one mistake in the max it subtracts before ``exp``.
 """
 
 import math
 
 import torch
 
-EXERCISES = ("mask_fill_value", "robust_masked_softmax", "robust_attention")
+EXERCISES = ("mask_fill_value", "robust_masked_softmax", "robust_attention", "masked_logsumexp")
 GIVEN = ("naive_masked_softmax",)
 
 
@@ -101,3 +104,30 @@ def robust_attention(
     weights = robust_masked_softmax(scores, allowed)  # (..., T, S), the scores' dtype
     return weights @ v, weights  # (..., T, Dv), (..., T, S)
     ### END SOLUTION
+
+
+def masked_logsumexp(scores: torch.Tensor, allowed: torch.Tensor | None = None) -> torch.Tensor:
+    """The log of each query's softmax denominator, ``log Σ exp(score)`` over its allowed keys (find the bug).
+
+    Attention kernels keep it per query (the backward pass and the merging of key blocks need it), and a
+    cross-entropy loss subtracts it from the target's score. Each query's value depends on its own row of
+    ``scores`` only, and is right whatever the scale of the other rows. Worked in float32 for float16 or
+    bfloat16 scores (the result stays float32: a log-sum-exp can exceed float16's range), else in the scores'
+    dtype. A blocked key adds nothing; a query with no allowed key gives the most negative finite number of the
+    result's dtype (the log of an empty sum, kept finite). ``allowed`` broadcasts to ``scores``; None: every key
+    is allowed. ``scores`` is unchanged.
+
+    Shape:
+        scores: (..., T, S), allowed: bool broadcastable to scores or None -> (..., T), float32 or float64
+    """
+    work = scores.to(torch.promote_types(scores.dtype, torch.float32))  # float32 for half scores, float64 kept
+    if allowed is not None:
+        work = torch.where(allowed, work, mask_fill_value(work.dtype))  # a blocked key: exp(min - max) = 0
+    ### BEGIN SOLUTION
+    top = work.amax(dim=-1, keepdim=True)  # (..., T, 1): each query's own largest score
+    ### END SOLUTION
+    ### BEGIN BUG
+    # top = work.amax()  # the largest score
+    ### END BUG
+    # every exp(work - top) is at most 1, so nothing overflows; the row's own largest term is exp(0) = 1
+    return (top + (work - top).exp().sum(dim=-1, keepdim=True).log()).squeeze(-1)  # (..., T)

@@ -1,9 +1,11 @@
-"""Visible checks of lesson 10-numerics: the fill value, a robust masked softmax and a robust attention.
+"""Visible checks of lesson 10-numerics: the fill value, a robust masked softmax, a robust attention and a
+log-sum-exp to fix.
 
 Worked examples use numbers you can check by hand; the rest are properties any correct answer has (finite in
 every dtype, blocked keys weigh exactly 0, fully masked rows are zeros, the scores' dtype comes back, huge
 scores stay finite) and agreement with PyTorch's own ``F.scaled_dot_product_attention``, whose boolean mask has
-the course's polarity and which returns zeros for a query with no allowed key.
+the course's polarity and which returns zeros for a query with no allowed key. The log-sum-exp is compared with
+``torch.logsumexp`` and probed: changing one row of the scores must not move any other row's result.
 """
 
 from __future__ import annotations
@@ -188,3 +190,69 @@ def check_robust_attention(robust_attention) -> None:
             expect_finite(t.grad, f"the gradient of {name}",
                           hint="a -inf that reaches the softmax gives NaN gradients even when the output was "
                                "zeroed: use a finite fill")
+
+
+def _logsumexp64(scores, allowed) -> torch.Tensor:
+    """PyTorch's log-sum-exp in float64 over the allowed keys; a row with no allowed key is -inf there."""
+    s = scores.double()
+    return s.logsumexp(-1) if allowed is None else s.masked_fill(~allowed, -math.inf).logsumexp(-1)
+
+
+def check_masked_logsumexp(masked_logsumexp) -> None:
+    """Find the bug: PyTorch's torch.logsumexp, then the probe (one row changed, the others must not move), a fully
+    blocked row, huge half precision scores, broadcasting."""
+    with check("worked example: equals torch.logsumexp over the allowed keys, in float32"):
+        scores = torch.tensor([[1.0, 2.0, 3.0], [-1.0, 0.5, 4.0]])  # (T, S)
+        allowed = torch.tensor([[True, False, True], [True, True, True]])
+        got = expect_inputs_unchanged(masked_logsumexp, scores, allowed)
+        expect_type(got, torch.Tensor, "masked_logsumexp(scores, allowed)")
+        expect_shape(got, (2,), "masked_logsumexp(scores, allowed)", names="T")
+        expect_dtype(got, torch.float32, "the log-sum-exp of float32 scores")
+        expect_close(got, _logsumexp64(scores, allowed), "the log-sum-exp", atol=1e-5, rtol=1e-6,
+                     hint="row 0 is log(e¹ + e³), key 1 blocked; row 1 is log(e⁻¹ + e^0.5 + e⁴)")
+    with check("the probe: changing only row 2 of the scores changes no other row's result"):
+        g = torch.Generator().manual_seed(0)
+        scores = torch.randn(4, 5, generator=g)  # (T, S): ordinary scores
+        allowed = torch.ones(4, 5, dtype=torch.bool)
+        before = masked_logsumexp(scores, allowed)
+        moved = scores.clone()
+        moved[2] += 200.0  # one query's scores, far above the others (a confident head)
+        after = masked_logsumexp(moved, allowed)
+        changed = (after - before).abs() > 1e-4  # (T,)
+        changed[2] = False
+        if bool(changed.any()):
+            rows = torch.nonzero(changed).flatten().tolist()
+            raise CheckFailed(
+                f"rows {rows} changed when only row 2's scores changed: before {before[rows].tolist()}, after "
+                f"{after[rows].tolist()}. A query's log-sum-exp depends on its own scores only; print the max "
+                "your code subtracts before exp, and the terms exp(score - max) of row 0. Which max should a row "
+                "subtract?")
+        expect_close(after[2], _logsumexp64(moved, allowed)[2], "row 2 after the change", atol=1e-4, rtol=1e-6)
+    with check("a query with no allowed key gives float32's most negative finite number, next to ordinary rows"):
+        scores = torch.tensor([[0.5, -1.0, 2.0], [3.0, 1.0, 0.0], [-2.0, 0.0, 1.0]])
+        allowed = torch.tensor([[True, True, False], [False, False, False], [True, True, True]])
+        got = masked_logsumexp(scores, allowed)
+        expect_shape(got, (3,), "masked_logsumexp(scores, allowed)", names="T")
+        if not bool(torch.isfinite(got).all()):
+            raise CheckFailed(f"got {got.tolist()}: the fully blocked row 1 (or another) is not finite. The fill "
+                              "is finite; follow it through the code for that row: its max, then exp(score - max)")
+        if float(got[1]) != torch.finfo(torch.float32).min:
+            raise CheckFailed(f"row 1 has no allowed key and gave {float(got[1])}, expected float32's most "
+                              f"negative finite number {torch.finfo(torch.float32).min:.4g}")
+        expect_close(got[[0, 2]], _logsumexp64(scores, allowed)[[0, 2]], "rows 0 and 2", atol=1e-5, rtol=1e-6)
+    with check("float16 scores up to ±30000 (exp overflows above 88.7 in float32): finite, float32, right"):
+        g = torch.Generator().manual_seed(1)
+        scores = (torch.randn(2, 3, 4, 6, generator=g) * 10000).clamp(-30000, 30000).half()  # (B, H, T, S)
+        allowed = torch.rand(4, 6, generator=g) > 0.3  # (T, S), broadcast over B and H
+        allowed[:, 0] = True
+        got = masked_logsumexp(scores, allowed)
+        expect_shape(got, (2, 3, 4), "masked_logsumexp(scores, allowed)", names="B, H, T")
+        expect_dtype(got, torch.float32, "the log-sum-exp of float16 scores")
+        expect_finite(got, "the log-sum-exp", hint="exp of a huge score overflows: subtract a max first")
+        expect_close(got, _logsumexp64(scores, allowed), "the log-sum-exp", atol=1e-2, rtol=1e-6)
+    with check("float64 scores, allowed=None: equals torch.logsumexp, float64 kept"):
+        g = torch.Generator().manual_seed(2)
+        scores = torch.randn(3, 5, generator=g, dtype=torch.float64) * torch.tensor([[1.0], [30.0], [0.1]])
+        got = masked_logsumexp(scores, None)
+        expect_dtype(got, torch.float64, "the log-sum-exp of float64 scores")
+        expect_close(got, scores.logsumexp(-1), "the log-sum-exp", atol=1e-10, rtol=1e-12)
