@@ -439,6 +439,34 @@ else:
     print("skipped: set RUN_DATES = True to train on dates")
 
 # %% [markdown]
+# ## 11. Find the bug
+#
+# Exact match says whether the model can do the task; the **held-out loss** says how sure it is of the right
+# tokens, and it is the number one compares across runs and watches for overfitting. Below is
+# `validation_loss`, written by a colleague on top of **your** `shift_right` and `sequence_loss`: it runs the
+# model in eval mode on a list of held-out batches and averages what `sequence_loss` says. It has **one**
+# mistake. It runs, it returns a loss of the right size, and on the batches its author tried (batches of the
+# same size, drawn at random) it is close to the right value. It goes wrong when batches differ: a small last
+# batch (the remainder, when the pairs do not divide evenly), or batches grouped by length, as fast data loaders
+# make them. Two runs batched differently then compare their batching, not their models.
+#
+# How would you find it? Ask what must hold whatever the batching: the loss of a set of pairs belongs to the
+# pairs and the model, not to how they were cut into batches. Test that: the same pairs in one batch, then cut
+# into two batches of unequal size, must give the same number. Then print, for each batch, its `sequence_loss`
+# and its number of real target tokens, and work out by hand the mean over every token of the set. The check
+# under the cell does the first step for you.
+#
+# **Exercise.** Find and fix the bug in `validation_loss(model, batches)`, in the given code. It is graded with
+# your own `shift_right` and `sequence_loss`: a mistake in those costs their own cells, not this one.
+
+# %% exercise=validation_loss
+
+# %% test=validation_loss points=1
+from decoder_course.visible import l07_training as visible
+
+visible.check_validation_loss(validation_loss, Seq2SeqTransformer)
+
+# %% [markdown]
 # ## What you built
 #
 # | piece | shape | what it does |
@@ -446,6 +474,8 @@ else:
 # | `shift_right(tgt_ids, bos_id)` | `(B, T) → (B, T)` | the decoder's input in training: `BOS`, then the target without its last token |
 # | `sequence_loss(logits, targets, pad_id, label_smoothing)` | `(B, T, V), (B, T) → ()` | mean cross-entropy over real tokens; equals `F.cross_entropy(..., ignore_index, label_smoothing)` |
 # | `exact_match(pred, target, pad_id, eos_id)` | `(B, L), (B, L') → float` | the fraction of sequences right up to and including `EOS` |
+# | `train_step(model, batch, optimizer, clip_norm)` | `batch → float` | one step: loss on the shifted target, backward, clip, one update |
+# | `validation_loss(model, batches)` (fixed) | `batches → float` | the mean over every real token of the set, whatever the batching |
 #
 # What you measured: the model reverses held-out digit strings with ≥ 99 % exact match after the number of
 # steps section 6 printed; without the causal mask its training loss is excellent and its generations are wrong;

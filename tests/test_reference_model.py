@@ -422,6 +422,40 @@ def test_train_step_equals_a_step_written_with_torch_ops(clip_norm):
     assert all(torch.equal(batch[k], before[k]) for k in batch), "train_step changed the batch"
 
 
+def test_validation_loss_is_torchs_mean_over_every_real_token_whatever_the_batching():
+    # PyTorch's own loss, summed over the real tokens of every batch; the same pairs batched otherwise agree;
+    # the buggy version the release shows (autograder.bugs) is right on batches of equal token counts only
+    from autograder import notebooks
+
+    task = get_task("reverse")
+    pairs = task.make_pairs(11, rng=3, split="test")
+    model = make_model(seed=2, src_vocab=len(task.src_vocab), tgt_vocab=len(task.tgt_vocab), dropout=0.3).train()
+    cuts = {"one batch": [pairs], "4 + 7": [pairs[:4], pairs[4:]], "6 + 3 + 2": [pairs[:6], pairs[6:9], pairs[9:]]}
+    values = {}
+    for name, groups in cuts.items():
+        batches = [task.make_batch(group) for group in groups]
+        before = [{k: t.clone() for k, t in batch.items()} for batch in batches]
+        values[name] = tr.validation_loss(model, batches)
+        assert isinstance(values[name], float)
+        assert model.training, "validation_loss must put back the model's mode"
+        assert all(torch.equal(b[k], a[k]) for b, a in zip(batches, before, strict=True) for k in b)
+    model.eval()
+    with torch.no_grad():
+        batch = task.make_batch(pairs)
+        tgt = batch["tgt_ids"]
+        decoder_in = torch.cat([torch.full_like(tgt[:, :1], BOS), tgt[:, :-1]], dim=1)
+        logits = model(batch["src_ids"], decoder_in, src_is_real=batch["src_is_real"])
+        want = F.cross_entropy(logits.reshape(-1, logits.shape[-1]), tgt.reshape(-1), ignore_index=0).item()
+    for name, value in values.items():
+        assert value == pytest.approx(want, rel=1e-5), name
+    assert tr.validation_loss(model, []) == 0.0
+    namespace = dict(vars(tr))
+    exec(notebooks.buggy_source("07-training", "validation_loss"), namespace)  # noqa: S102 - our own code
+    buggy = namespace["validation_loss"]
+    assert buggy(model, [task.make_batch(pairs)]) == pytest.approx(want, rel=1e-5), "one batch: the bug is silent"
+    assert abs(buggy(model, [task.make_batch(g) for g in cuts["6 + 3 + 2"]]) - want) > 1e-3, "the bug shows"
+
+
 def test_quick_training_learns_to_copy_three_digits():
     # a tiny model, a few seconds on one core: proves that the loop, the loss and the masks work together
     task = get_task("copy", min_len=3, max_len=3)

@@ -452,3 +452,122 @@ class TrainStep(Exercise):
             if norm > d["clip_norm"] * (1 + 1e-4) + 1e-6:
                 raise Fail(f"after train_step the gradients' joint norm exceeds clip_norm ({case.desc}): clip them "
                            "with torch.nn.utils.clip_grad_norm_(model.parameters(), clip_norm) before the step.")
+
+
+# -- validation_loss: find the bug (autograder.bugs), judged relative to the student's shift_right, sequence_loss --
+LOSS_MODEL = {**STEP_MODEL, "dropout": 0.3}  # dropout that would shake the loss, were the model left in train mode
+
+
+def _loss_batch(rng: np.random.Generator, B: int, S: int, T: int) -> dict[str, np.ndarray]:
+    """A batch as task.make_batch makes it: padded sources and targets (the target, EOS, then PAD)."""
+    from decoder_course.conventions import EOS, PAD
+
+    V = LOSS_MODEL["tgt_vocab"]
+    src_real = np.arange(S)[None, :] < rng.integers(1, S + 1, size=B)[:, None]
+    src_real[0] = True
+    return {"src_ids": np.where(src_real, rng.integers(3, V, size=(B, S)), PAD).astype(np.int64),
+            "src_is_real": src_real, "tgt_ids": _targets(rng, B, T, PAD, EOS).clip(max=V - 1).astype(np.int64)}
+
+
+def _batch_losses(state: dict, batches: list[dict]) -> list[tuple[float, int, int, int]]:
+    """Per batch, with PyTorch's own loss on the eval-mode model: (sum of the real tokens' losses, real tokens,
+    sequences, positions)."""
+    from decoder_course.conventions import BOS, PAD
+
+    with torch.random.fork_rng():
+        torch.manual_seed(0)
+        model = ref_training.Seq2SeqTransformer(**LOSS_MODEL)
+    model.load_state_dict({k: torch.from_numpy(v) for k, v in state.items()})
+    model.eval()
+    rows = []
+    with torch.no_grad():
+        for batch in batches:
+            tgt = torch.from_numpy(batch["tgt_ids"])
+            decoder_in = torch.cat([torch.full((tgt.shape[0], 1), BOS), tgt[:, :-1]], dim=1)  # (B, T)
+            logits = model(torch.from_numpy(batch["src_ids"]), decoder_in, torch.from_numpy(batch["src_is_real"]))
+            total = F.cross_entropy(logits.transpose(1, 2).double(), tgt, ignore_index=PAD, reduction="sum")
+            rows.append((total.item(), int((tgt != PAD).sum()), tgt.shape[0], tgt.numel()))
+    return rows
+
+
+@exercise(LESSON, "validation_loss", points=1)
+class ValidationLoss(Exercise):
+    """The given loop runs the student's shift_right and sequence_loss; the shown bug averages the batches' losses.
+    Against PyTorch's own loss summed over every real token of the set (batches of different sizes, a small last
+    one, short and long targets), a model with dropout left in train mode; the mode put back, the batches
+    unchanged; known wrong averages named."""
+
+    uses = ("shift_right", "sequence_loss")
+    reference = ref_training
+
+    def cases(self, rng):
+        cases = []
+        specs = (("sizes", "3 batches of 4, 4 and 2 sequences (a small last batch), targets of different lengths",
+                  [(4, 6, 6), (4, 5, 5), (2, 4, 7)]),
+                 ("buckets", "2 batches of 3 sequences, one of short targets and one of long ones (batches grouped "
+                             "by length)", [(3, 5, 2), (3, 6, 9)]),
+                 ("one", "a single batch of 3 sequences", [(3, 6, 6)]))
+        for case_id, what, shapes in specs:
+            with torch.random.fork_rng():
+                torch.manual_seed(int(rng.integers(2**31)))
+                model = ref_training.Seq2SeqTransformer(**LOSS_MODEL)
+            state = {k: v.detach().numpy().copy() for k, v in model.state_dict().items()}
+            batches = [_loss_batch(rng, B, S, T) for B, S, T in shapes]
+            desc = f"{what}, a 1-layer model with dropout 0.3 in train mode"
+            case = Case(case_id, desc, data={"state": state, "batches": batches})
+            case.call("Seq2SeqTransformer", **LOSS_MODEL, let="m")
+            case.load_state("m", state)
+            case.steps.append({"train": "m"})
+            case.let("batches", {"list": [{"dict": {k: case.tensor(v) for k, v in b.items()}} for b in batches]})
+            case.call("validation_loss", {"ref": "m"}, {"ref": "batches"}, record="loss")
+            if case_id == "one":  # the same batch again: dropout left on would change the value
+                case.call("validation_loss", {"ref": "m"}, {"ref": "batches"}, record="again")
+            case.record("training", {"attr": ["m", "training"]})
+            case.record("batches_after", {"ref": "batches"})
+            cases.append(case)
+        return cases
+
+    def judge(self, result: Result):
+        for case in result.cases.values():
+            error = result.error(case.id)
+            if error is not None:
+                raise Fail(f"validation_loss raised an exception on a case with {case.desc}:\n    "
+                           f"{error.splitlines()[-1]}\nIt runs your shift_right and sequence_loss: if one of "
+                           "their checks fails, fix it first.")
+        case = result.cases["one"]
+        first, again = (float(result.get("one", name, what="validation_loss(...)", kind="any", dtype="float",
+                                         shape=())) for name in ("loss", "again"))
+        if abs(first - again) > 1e-6 * (1 + abs(first)):
+            raise Fail(f"two calls on the same batch gave different losses ({case.desc}): dropout is acting. "
+                       "Evaluate in eval mode (model.eval()), then put back the mode the model had.")
+        for case in result.cases.values():
+            d = case.data
+            got = float(result.get(case.id, "loss", what="validation_loss(...)", kind="any", dtype="float",
+                                   shape=()))
+            rows = _batch_losses(d["state"], d["batches"])
+            sums, reals, seqs, cells = (np.array(column, dtype=np.float64) for column in zip(*rows, strict=True))
+            want = float(sums.sum() / max(reals.sum(), 1))
+            means = sums / np.maximum(reals, 1)  # each batch's own loss
+            mistakes = {
+                "the mean of the batches' losses: every batch weighs the same, whatever number of real tokens "
+                "it holds": float(means.mean()),
+                "the batches' losses weighted by their number of sequences: a long target's tokens count less "
+                "than a short one's": float((means * seqs).sum() / seqs.sum()),
+                "the batches' losses weighted by all their B × T positions: padded positions count":
+                    float((means * cells).sum() / cells.sum()),
+            }
+            hint = next((f"Your value is {mistake}." for mistake, value in mistakes.items()
+                         if abs(got - value) <= 1e-5 * (1 + abs(value)) and abs(value - want) > 1e-4), "")
+            _expect_scalar(got, want, "validation_loss(...)", case.desc,
+                           hint or "The loss of the whole set is the sum of every real token's loss divided by the "
+                                   "number of real tokens, whichever batch each sits in; the model runs in eval "
+                                   "mode.", rtol=1e-5, atol=1e-6)
+            if not bool(result.get(case.id, "training", what="model.training")):
+                raise Fail(f"validation_loss left the model in eval mode ({case.desc}): put back the mode it "
+                           "found (model.train(was_training)).")
+            for i, batch in enumerate(d["batches"]):
+                for name, value in batch.items():
+                    after = result.get(case.id, f"batches_after/{i}/{name}", what=f"batch {i}'s {name} after "
+                                       "the call", finite=False)
+                    if not np.array_equal(after, value):
+                        raise Fail(f"validation_loss changed batch {i}'s {name} in place ({case.desc}).")

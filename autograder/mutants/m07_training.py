@@ -7,7 +7,7 @@ Each is written as a student would type it in the notebook, where ``torch``, ``F
 import torch
 import torch.nn.functional as F  # noqa: F401 - the notebook's namespace
 
-from autograder.mutants import mutant
+from autograder.mutants import mutant, patched, shown_bug
 from decoder_course.conventions import BOS, PAD
 
 MUTANTS: list = []
@@ -165,3 +165,16 @@ def train_step(model, batch, optimizer, clip_norm, label_smoothing=0.0):  # noqa
     torch.nn.utils.clip_grad_norm_(model.parameters(), clip_norm)
     optimizer.step()
     return loss
+
+
+# -- validation_loss (find the bug) ----------------------------------------------------------------------------
+shown_bug(MUTANTS, "07-training", "validation_loss",
+          "the mean of the batches' losses: a batch of few real tokens weighs as much as a batch of many")
+
+REAL_TOKENS = "n_real = int((tgt != PAD).sum())  # the batch's loss is a mean over its real tokens"
+patched(MUTANTS, "07-training", "validation_loss",
+        "a wrong fix: each batch weighted by its number of sequences, not of real tokens",
+        (REAL_TOKENS, "n_real = tgt.shape[0]  # the batch's size"))
+patched(MUTANTS, "07-training", "validation_loss",
+        "a wrong fix: each batch weighted by all its B × T positions: padding counts",
+        (REAL_TOKENS, "n_real = tgt.numel()  # the batch's positions"))

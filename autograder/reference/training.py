@@ -6,7 +6,8 @@ ignores padding, and a generated sequence counts as correct only when it matches
 including EOS. ``greedy_generate`` (the simplest generation loop; lesson 08 writes the real decoders),
 ``evaluate_exact_match`` and ``train`` (a loop around the student's ``train_step``) are given;
 ``PeekingSeq2SeqTransformer`` is the ablation that trains without the causal mask: its teacher-forced loss
-collapses, yet it cannot generate.
+collapses, yet it cannot generate. ``validation_loss`` is the find-the-bug exercise: a held-out loss built on the
+student's ``shift_right`` and ``sequence_loss`` whose shown version averages the batches' losses.
 """
 
 import torch
@@ -16,7 +17,7 @@ from torch import nn
 from autograder.reference.model import Seq2SeqTransformer
 from decoder_course.conventions import BOS, EOS, PAD
 
-EXERCISES = ("shift_right", "sequence_loss", "exact_match", "train_step")
+EXERCISES = ("shift_right", "sequence_loss", "exact_match", "train_step", "validation_loss")
 GIVEN = ("greedy_generate", "evaluate_exact_match", "train", "PeekingSeq2SeqTransformer")
 
 
@@ -115,6 +116,40 @@ def train_step(
     optimizer.step()
     return loss.item()  # a float: holding the tensor would keep the whole graph alive
     ### END SOLUTION
+
+
+@torch.no_grad()
+def validation_loss(model: nn.Module, batches) -> float:
+    """The held-out loss (find the bug): the mean cross-entropy per real target token over all ``batches``.
+
+    ``batches`` is a list of batches as ``task.make_batch`` gives them (``src_ids``, ``src_is_real``, ``tgt_ids``),
+    on the model's device; they may differ in size and in padding. The model reads ``shift_right(tgt_ids, BOS)``
+    and the source with its padding, in eval mode (no dropout) and without gradients, and its mode is put back
+    afterwards; ``sequence_loss`` with ``PAD`` scores it, without label smoothing. Every real target token of the
+    set counts once, whatever batch it sits in: cutting the same pairs into other batches gives the same value.
+    0.0 when there is no real token. The batches are unchanged.
+
+    Shape:
+        batches: each src_ids (B, S), src_is_real (B, S) bool, tgt_ids (B, T) -> float
+    """
+    was_training = model.training
+    model.eval()  # dropout off: the loss of the model itself, not of a random part of it
+    total, count = 0.0, 0
+    for batch in batches:
+        tgt = batch["tgt_ids"]  # (B, T): the target, its EOS, then PAD
+        logits = model(batch["src_ids"], shift_right(tgt, BOS), src_is_real=batch["src_is_real"])  # (B, T, V)
+        loss = sequence_loss(logits, tgt, PAD)  # scalar: this batch's loss
+        ### BEGIN SOLUTION
+        n_real = int((tgt != PAD).sum())  # the batch's loss is a mean over its real tokens
+        total += loss.item() * n_real  # back to their sum: every token counts once, whatever its batch
+        count += n_real
+        ### END SOLUTION
+        ### BEGIN BUG
+        # total += loss.item()
+        # count += 1
+        ### END BUG
+    model.train(was_training)
+    return total / max(count, 1)
 
 
 class PeekingSeq2SeqTransformer(Seq2SeqTransformer):

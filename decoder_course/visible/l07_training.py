@@ -218,3 +218,82 @@ def check_train_step(train_step, Seq2SeqTransformer) -> None:
             expect_close(got, want_params, "the parameters after the step", rtol=1e-4, atol=1e-6,
                          hint="optimizer.zero_grad() first (stale gradients add up), then backward, clip, and "
                          "exactly one optimizer.step()")
+
+
+# -- validation_loss (find the bug) --------------------------------------------------------------------------
+def _loss_batch(src_lengths, tgt_lengths, S, T, seed, V=11):
+    """A batch as task.make_batch makes it: real tokens, then PAD; each target ends with EOS (2)."""
+    from decoder_course.conventions import EOS, PAD
+
+    g = torch.Generator().manual_seed(seed)
+    src_is_real = torch.arange(S)[None, :] < torch.tensor(src_lengths)[:, None]  # (B, S)
+    src_ids = torch.randint(3, V, (len(src_lengths), S), generator=g).masked_fill(~src_is_real, PAD)
+    tgt_ids = torch.randint(3, V, (len(tgt_lengths), T), generator=g)
+    for b, n in enumerate(tgt_lengths):  # n real tokens: n - 1 digits, then EOS
+        tgt_ids[b, n - 1], tgt_ids[b, n:] = EOS, PAD
+    return {"src_ids": src_ids, "src_is_real": src_is_real, "tgt_ids": tgt_ids}
+
+
+def _rows(batch, rows):
+    """Some rows of a batch, trimmed to their longest target (as make_batch pads to the longest of a batch)."""
+    from decoder_course.conventions import PAD
+
+    part = {name: t[rows] for name, t in batch.items()}
+    T = int((part["tgt_ids"] != PAD).sum(-1).max())
+    part["tgt_ids"] = part["tgt_ids"][:, :T]
+    return part
+
+
+def check_validation_loss(validation_loss, Seq2SeqTransformer) -> None:
+    """Find the bug: the same pairs cut into other batches give the same loss; PyTorch's own mean over every
+    real token of the set; eval mode, the mode put back, the batches unchanged."""
+    from decoder_course.conventions import BOS, PAD
+
+    V = 11
+    torch.manual_seed(5)
+    model = Seq2SeqTransformer(V, V, 16, 4, 32, 1, dropout=0.3, tie_weights=False).train()  # dropout, train mode
+    whole = _loss_batch([6, 4, 5, 2], [6, 2, 5, 3], S=6, T=6, seed=11)  # 4 pairs, 16 real target tokens
+
+    with check("the probe: the same 4 pairs, in one batch or cut in two, give the same loss"):
+        before = {name: t.clone() for name, t in whole.items()}
+        one = validation_loss(model, [whole])
+        expect_type(one, float, "validation_loss(...) (a Python float)")
+        if abs(validation_loss(model, [whole]) - one) > 1e-6 * (1 + abs(one)):
+            raise CheckFailed("two calls on the same batch gave different losses: dropout is acting. Evaluate in "
+                              "eval mode (model.eval()), then put back the mode the model had")
+        if not all(torch.equal(whole[name], before[name]) for name in whole):
+            raise CheckFailed("validation_loss changed the batch it was given")
+        if not model.training:
+            raise CheckFailed("validation_loss left the model in eval mode: put back the mode it found "
+                              "(model.train(was_training))")
+        cuts = [([0], [1, 2, 3]), ([0, 1, 2], [3])]
+        for first, second in cuts:
+            parts = [_rows(whole, first), _rows(whole, second)]
+            two = validation_loss(model, parts)
+            if abs(two - one) > 1e-5 * (1 + abs(one)):
+                counts = [int((p["tgt_ids"] != PAD).sum()) for p in parts]
+                raise CheckFailed(
+                    f"one batch of 4 pairs gives {one:.5f}; the same pairs cut into batches of {len(first)} and "
+                    f"{len(second)} sequences ({counts[0]} and {counts[1]} real target tokens) give {two:.5f}. "
+                    "The loss of a set of pairs cannot depend on how they were batched. Print each batch's "
+                    "sequence_loss and its number of real target tokens: what mean of the whole set do they make, "
+                    "and what does the code compute from them?")
+
+    with check("equal to PyTorch's loss summed over every real token of three batches, divided by their number"):
+        batches = [whole, _loss_batch([3, 6], [6, 6], S=6, T=6, seed=12),
+                   _loss_batch([2, 5, 4], [2, 3, 2], S=5, T=3, seed=13)]
+        got = validation_loss(model, batches)
+        model.eval()
+        total, count = 0.0, 0
+        with torch.no_grad():
+            for batch in batches:
+                tgt = batch["tgt_ids"]
+                decoder_in = torch.cat([torch.full((tgt.shape[0], 1), BOS), tgt[:, :-1]], dim=1)  # (B, T)
+                logits = model(batch["src_ids"], decoder_in, src_is_real=batch["src_is_real"])  # (B, T, V)
+                total += F.cross_entropy(logits.reshape(-1, V), tgt.reshape(-1), ignore_index=PAD,
+                                         reduction="sum").item()
+                count += int((tgt != PAD).sum())
+        model.train()
+        expect_close(torch.tensor(got), torch.tensor(total / count), "validation_loss(...)", rtol=1e-5, atol=1e-6,
+                     hint="every real target token counts once, whichever batch it sits in; the model runs in eval "
+                          "mode (no dropout), on shift_right(tgt_ids, BOS) and src_is_real")
