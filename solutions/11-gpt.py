@@ -304,9 +304,40 @@ print(f"same tokens: {torch.equal(with_cache, without)}; with the cache {middle 
       f"{end - middle:.3f} s ({(end - middle) / (middle - start):.1f}x) for {n_new} tokens, batch 8")
 
 # %% [markdown]
+# ## 6. Find the bug: writing past `max_len`
+#
+# `generate` stops at `max_len`: the model learned one vector per position, and there is none for position
+# `max_len`. To write more, forget the oldest tokens: start again from the latest `keep` tokens with a fresh cache,
+# and continue. The cache cannot be carried over: when the window slides, every token it keeps moves to a new
+# position, so every key and value cached for it is stale. (Lesson 12's rotary positions change that story:
+# there a position is only a rotation, and nothing is learned per position.)
+#
+# Below is a colleague's `generate_long`, which calls **your** `generate` once per round. It has **one** mistake.
+# Its author tried a short continuation, one round, where it gives exactly `generate`'s tokens; then a longer
+# greedy run, which came back repetitive, as greedy text often is, so nothing looked wrong.
+#
+# How would you find it? A round must see the latest tokens, whatever came before. So print, for every round,
+# the prompt it hands `generate` beside the sequence so far, with positions: are they its *last* `keep` tokens? And
+# look at where the repetition starts: a greedy model handed the same prompt twice writes the same continuation
+# twice. The check under the cell wraps your `generate` in a spy that records what each round hands it, so only
+# the rounds are on trial.
+#
+# **Exercise.** Find and fix the bug in `generate_long(model, prompt_ids, max_new_tokens, keep, temperature=1.0,
+# top_k=None, generator=None)`, in the given code. It is graded with your own `generate`: a mistake there costs
+# its own cell, not this one.
+
+# %% exercise=generate_long
+
+# %% test=generate_long points=1
+from decoder_course.visible import l11_gpt as visible
+
+visible.check_generate_long(generate_long)
+
+# %% [markdown]
 # ## What you built
 #
 # A tokenizer that learned Python's vocabulary from frequency alone, a GPT built from the course's own decoder
-# layer, and generation with a cache. What GPT-2 adds is mostly scale (48 layers, D = 1600, 50 257 tokens, a
+# layer, generation with a cache, and `generate_long` (fixed: each round starts from the latest `keep` tokens) to
+# write past `max_len`. What GPT-2 adds is mostly scale (48 layers, D = 1600, 50 257 tokens, a
 # pre-tokenising regex so merges stay inside words) and GELU instead of ReLU. Lesson 12 replaces the block's parts
 # with the modern ones (RMSNorm, rotary positions, SwiGLU, grouped-query attention) and trains it beside this one.

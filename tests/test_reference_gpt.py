@@ -17,6 +17,7 @@ from autograder.reference.gpt import (
     KVCache,
     causal_allowed,
     generate,
+    generate_long,
     lm_batches,
     load_from_torch_encoder_layers,
     merge_pair,
@@ -204,3 +205,32 @@ def test_generate_runs_each_position_once_and_respects_top_k():
     model = HashedLM(12, seed=1, max_len=4)
     out = generate(model, torch.full((500, 1), 3), 1, top_k=3, generator=torch.Generator().manual_seed(0))
     assert set(out[:, 1].tolist()) == set(model.next_logits([3]).topk(3).indices.tolist())
+
+
+@pytest.mark.parametrize("T, keep", [(3, 6), (9, 5)])
+def test_generate_long_is_greedy_decoding_that_forgets_all_but_the_latest_tokens(T, keep):
+    """Against the full forward of a GPT (PyTorch's encoder layers inside): each round sees only its window, the
+    last keep tokens when it started, and never more than max_len positions."""
+    model = _gpt_from(_torch_stack(8)).float()
+    prompt = torch.randint(0, V, (2, T), generator=torch.Generator().manual_seed(T))
+    before = prompt.clone()
+    new = 3 * M  # several rounds: max_len M = 20
+    out = generate_long(model, prompt, new, keep, temperature=0)
+    assert torch.equal(prompt, before) and out.shape == (2, T + new) and torch.equal(out[:, :T], prompt)
+    ids, rounds = prompt, 0
+    with torch.no_grad():
+        while ids.shape[1] < T + new:
+            window = ids[:, -keep:]  # what the round sees
+            for _ in range(min(M - window.shape[1], T + new - ids.shape[1])):
+                step = model(window)[:, -1].argmax(-1, keepdim=True)  # no cache: every position run again
+                window, ids = torch.cat([window, step], dim=1), torch.cat([ids, step], dim=1)
+            rounds += 1
+    assert rounds >= 3
+    assert torch.equal(out, ids)
+
+
+def test_generate_long_in_one_round_is_generate():
+    model = HashedLM(12, seed=2, n_layers=2, max_len=12)
+    prompt = torch.randint(0, 12, (3, 4), generator=torch.Generator().manual_seed(0))
+    assert torch.equal(generate_long(model, prompt, 8, keep=6, temperature=0), generate(model, prompt, 8,
+                                                                                         temperature=0))

@@ -605,3 +605,77 @@ class Generate(Exercise):
 
 
 _ = nn  # torch.nn is imported for the policy's names only
+
+
+# -- generate_long: find the bug (autograder.bugs), judged relative to the student's generate -----------------------
+def _windows_by_start(model: HashedLM, prompt: np.ndarray, new: int, keep: int) -> np.ndarray:
+    """What the shown bug computes (each round handed the first ``keep`` tokens), for the diagnosis."""
+    ids = torch.from_numpy(prompt)
+    T = ids.shape[1]
+    while ids.shape[1] < T + new:
+        context = ids[:, :keep]
+        n = min(model.max_len - context.shape[1], T + new - ids.shape[1])
+        ids = torch.cat([ids, ref.generate(model, context, n, temperature=0)[:, context.shape[1]:]], dim=1)
+    return ids.numpy()
+
+
+@exercise(LESSON, "generate_long")
+class GenerateLong(Exercise):
+    """The given rounds call the student's generate; the shown bug hands each round the first keep tokens instead of
+    the last. Greedy on HashedLM (logits fixed by the tokens a cache was fed): one round, several rounds with a
+    prompt shorter than keep, a prompt longer than keep; the output (B, T + max_new_tokens) against the reference
+    built on the student's generate; the prompt unchanged."""
+
+    uses = ("generate",)
+    reference = ref
+
+    def cases(self, rng):
+        cases = []
+        for case_id, B, T, new, keep, max_len, what in (
+                ("one", 2, 3, 5, 6, 10, "one round: the continuation fits in max_len"),
+                ("rounds", 3, 3, int(rng.integers(13, 17)), 5, 8, "several rounds, a prompt shorter than keep"),
+                ("long_prompt", 2, 7, 6, 4, 9, "a prompt longer than keep")):
+            seed = int(rng.integers(2**31))
+            prompt = rng.integers(0, 14, size=(B, T))
+            model = HashedLM(14, seed, n_layers=2, max_len=max_len)
+            case = Case(case_id, f"B={B}, a prompt of T={T}, max_new_tokens={new}, keep={keep}, a stand-in model "
+                                 f"with max_len={max_len}, temperature=0 ({what})",
+                        data={"prompt": prompt, "new": new, "keep": keep,
+                              "want": ref.generate_long(model, torch.from_numpy(prompt), new, keep,
+                                                        temperature=0).numpy(),
+                              "first": _windows_by_start(model, prompt, new, keep)})
+            _lm(case, "m", seed, n_layers=2, max_len=max_len)
+            case.let("prompt", case.tensor(prompt))
+            case.call("generate_long", {"ref": "m"}, {"ref": "prompt"}, new, keep, temperature=0, record="out")
+            case.record("prompt_after", {"ref": "prompt"})
+            cases.append(case)
+        return cases
+
+    def judge(self, result: Result):
+        for case in result.cases.values():
+            d = case.data
+            error = result.error(case.id)
+            if error is not None and "max_len" in error:
+                raise Fail(f"a round handed generate more tokens than fit ({case.desc}):\n    "
+                           f"{error.splitlines()[-1]}\nEach round's prompt is at most keep tokens and asks for "
+                           "min(max_len - len(prompt), tokens still due) new ones.")
+            want = d["want"]
+            got = result.get(case.id, "out", what="generate_long(...)", kind="tensor", dtype="int")
+            if got.shape != want.shape:
+                raise Fail(f"generate_long should return (B, T + max_new_tokens) = {want.shape}, got {got.shape} "
+                           f"({case.desc}): the whole prompt, then every round's new tokens (each round's output "
+                           "minus the prompt it was handed).")
+            if not np.array_equal(got[:, :d["prompt"].shape[1]], d["prompt"]):
+                raise Fail(f"the first T columns of generate_long's output are not the prompt ({case.desc}).")
+            if not np.array_equal(got, want):
+                hint = ("Each round's prompt is the last keep tokens of the sequence so far (the prompt, then every "
+                        "earlier round's new tokens), and only the round's new tokens are appended.")
+                if np.array_equal(got, d["first"]):
+                    hint = ("Your output matches rounds that are handed the *first* keep tokens of the sequence: "
+                            "every round continues the start of the text again (a greedy model then writes the same "
+                            "continuation twice). Hand each round the latest tokens, the last keep of them.")
+                first = int(np.argwhere((got != want).any(axis=0))[0][0])
+                raise Fail(f"generate_long's tokens are wrong from position {first} on ({case.desc}). {hint}")
+            after = result.get(case.id, "prompt_after", what="the prompt after the call", kind="tensor")
+            if not np.array_equal(after, d["prompt"]):
+                raise Fail(f"generate_long changed the caller's prompt_ids ({case.desc}).")

@@ -8,7 +8,7 @@ Each is written as a student would type it in the notebook, where ``torch``, ``n
 import torch
 from torch import nn
 
-from autograder.mutants import mutant
+from autograder.mutants import mutant, patched, shown_bug
 
 MUTANTS: list = []
 
@@ -374,3 +374,17 @@ def generate(model, prompt_ids, max_new_tokens, temperature=1.0, top_k=None, gen
         if step + 1 < max_new_tokens:
             logits = model(next_id[:, None], cache)[:, -1]
     return ids
+
+
+# -- generate_long (find the bug) ----------------------------------------------------------------------------------
+shown_bug(MUTANTS, "11-gpt", "generate_long",
+          "each round is handed the first keep tokens, not the last: the text restarts from its beginning")
+patched(MUTANTS, "11-gpt", "generate_long",
+        "a wrong fix: ids[:, len - keep:], a negative start (too few tokens) while the sequence is shorter than keep",
+        ("ids[:, -keep:]", "ids[:, ids.shape[1] - keep:]"))
+patched(MUTANTS, "11-gpt", "generate_long",
+        "a wrong fix: appends out[:, keep:], as if every round's prompt held keep tokens",
+        ("out[:, context.shape[1]:]", "out[:, keep:]"))
+patched(MUTANTS, "11-gpt", "generate_long",
+        "a wrong fix: every round asks for max_len - keep tokens, fewer than fit after a shorter prompt",
+        ("n = min(model.max_len - context.shape[1],", "n = min(model.max_len - keep,"))

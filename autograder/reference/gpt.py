@@ -12,7 +12,9 @@ Four pieces, in the order the lesson builds them:
   *is* a decoder-only layer;
 - ``lm_batches``: random windows of a token stream, the targets shifted by one;
 - ``generate``: temperature and top-k sampling with lesson 09's ``KVCache``: the prompt fills the cache once,
-  then each step runs one new position.
+  then each step runs one new position;
+- ``generate_long``, a find-the-bug exercise (autograder.bugs): given code that calls the student's ``generate``
+  in rounds to write past ``max_len``, with one mistake in the tokens it hands each round.
 
 Departures from GPT-2, marked: ReLU instead of GELU in the feed-forward (lesson 05's block), biases everywhere
 (GPT-2 has them too; many newer models drop them), no pre-tokenising regex (merges may cross word boundaries).
@@ -28,7 +30,7 @@ from autograder.reference.generation import top_k_filter
 from autograder.reference.kv_cache import KVCache, cached_causal_mask
 from autograder.reference.multi_head import MultiHeadAttention, attention, merge_heads, split_heads  # noqa: F401
 
-EXERCISES = ("train_bpe", "BPETokenizer", "GPT", "lm_batches", "generate")
+EXERCISES = ("train_bpe", "BPETokenizer", "GPT", "lm_batches", "generate", "generate_long")
 GIVEN = ("pair_counts", "merge_pair", "causal_allowed", "load_from_torch_encoder_layers")
 
 
@@ -326,3 +328,34 @@ def generate(model: nn.Module, prompt_ids: torch.Tensor, max_new_tokens: int, te
             logits = model(next_id[:, None], cache)[:, -1]  # one new position; the past comes from the cache
     return ids
     ### END SOLUTION
+
+
+@torch.no_grad()
+def generate_long(model: nn.Module, prompt_ids: torch.Tensor, max_new_tokens: int, keep: int,
+                  temperature: float = 1.0, top_k: int | None = None,
+                  generator: torch.Generator | None = None) -> torch.Tensor:
+    """Write past the model's ``max_len`` with your ``generate``, in rounds (find the bug).
+
+    A model with learned positions has none past ``max_len - 1``, so one cache holds at most ``max_len``
+    positions. Each round therefore starts a fresh ``generate`` call whose prompt is the **last** ``keep`` tokens
+    of the sequence so far (all of it while it is shorter): the oldest tokens are forgotten, the latest are always
+    seen. The round asks for as many new tokens as fit, ``min(model.max_len - len(prompt), tokens still due)``,
+    passes ``temperature``, ``top_k`` and ``generator`` on unchanged, and its new tokens are appended to the
+    sequence. Needs ``1 <= keep < model.max_len``; ``prompt_ids`` is unchanged.
+
+    Shape:
+        prompt_ids: (B, T) int64 -> ids (B, T + max_new_tokens): the whole prompt, then the new tokens
+    """
+    T = prompt_ids.shape[1]
+    ids = prompt_ids  # (B, T): grows by each round's new tokens
+    while ids.shape[1] < T + max_new_tokens:
+        ### BEGIN SOLUTION
+        context = ids[:, -keep:]  # (B, <= keep): the latest tokens, the only ones this round sees
+        ### END SOLUTION
+        ### BEGIN BUG
+        # context = ids[:, :keep]  # (B, <= keep)
+        ### END BUG
+        n = min(model.max_len - context.shape[1], T + max_new_tokens - ids.shape[1])  # new tokens that fit
+        out = generate(model, context, n, temperature, top_k, generator)  # (B, len(context) + n)
+        ids = torch.cat([ids, out[:, context.shape[1]:]], dim=1)  # append this round's new tokens only
+    return ids

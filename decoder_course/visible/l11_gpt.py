@@ -5,11 +5,15 @@ the lesson), round trips and merge order are properties; ``GPT`` is compared wit
 ``nn.TransformerEncoderLayer(norm_first=True)`` stack run with a causal mask, into which the student's weights are
 copied, and probed for leakage; the batches are read back from a stream of distinct ids; generation runs on
 ``decoder_course.testing.HashedLM``, whose logits are fixed by the prefix and whose past lives only in its cache.
+``generate_long`` runs there too, with a spy around the student's own ``generate`` (the notebook's, put back
+after the check) that records what each round hands it: only the rounds are on trial.
 """
 
 from __future__ import annotations
 
+import inspect
 from collections import Counter
+from unittest import mock
 
 import torch
 from torch import nn
@@ -295,3 +299,81 @@ def check_generate(generate) -> None:
             raise CheckFailed(f"frequencies {[round(f, 3) for f in freq.tolist()]} vs softmax(logits / 0.5) "
                               f"{[round(w, 3) for w in want.tolist()]}: divide the logits by the temperature before "
                               "the softmax")
+
+
+class _GenerateSpy:
+    """Your own ``generate``, recording what each call was handed and what it returned."""
+
+    def __init__(self, generate):
+        self.generate, self.calls = generate, []
+
+    def __call__(self, model, prompt_ids, max_new_tokens, *args, **kwargs):
+        out = self.generate(model, prompt_ids, max_new_tokens, *args, **kwargs)
+        self.calls.append((prompt_ids.clone(), int(max_new_tokens), out.clone()))
+        return out
+
+
+def _rounds(generate_long, model, prompt, new: int, keep: int) -> tuple[torch.Tensor, list]:
+    """Run ``generate_long`` greedily with a spy in place of the notebook's ``generate`` (restored after)."""
+    names = inspect.unwrap(generate_long).__globals__  # the notebook's names (under torch.no_grad's wrapper)
+    if "generate" not in names:
+        raise CheckFailed("generate_long calls generate, which is not defined: run generate's cell first")
+    spy = _GenerateSpy(names["generate"])
+    with mock.patch.dict(names, {"generate": spy}):
+        out = generate_long(model, prompt, new, keep, temperature=0)
+    return out, spy.calls
+
+
+def _follow(out, calls, prompt, new: int, keep: int, max_len: int) -> None:
+    """Each round must be handed the last ``keep`` tokens so far and append only its new tokens."""
+    seq = prompt.clone()  # (B, L): the sequence as it must be after each round
+    for r, (handed, n, answer) in enumerate(calls, start=1):
+        L, want = seq.shape[1], seq[:, -keep:]
+        if tuple(handed.shape) != tuple(want.shape) or not torch.equal(handed, want):
+            width = handed.shape[1]
+            start = next((s for s in range(L - width + 1) if torch.equal(seq[:, s:s + width], handed)), None)
+            where = (f"positions {start}..{start + width - 1}" if start is not None else
+                     f"{width} tokens that are no window")
+            raise CheckFailed(
+                f"round {r} handed generate {where} of the {L} tokens so far (the prompt, then each earlier round's "
+                f"new tokens, all of them), expected the last {want.shape[1]}: positions {L - want.shape[1]}..{L - 1}. "
+                "A round that is not handed the latest tokens continues another part of the text; a greedy model "
+                "fed a window twice writes the same continuation twice. Print each round's prompt beside the "
+                "sequence.")
+        due = min(max_len - handed.shape[1], prompt.shape[1] + new - L)
+        if n != due:
+            raise CheckFailed(f"round {r} asked generate for {n} new tokens, expected min(max_len - len(prompt), "
+                              f"tokens still due) = {due}")
+        seq = torch.cat([seq, answer[:, handed.shape[1]:]], dim=1)  # this round's new tokens
+    expect_shape(out, tuple(seq.shape), "generate_long(...)", names=["B", "T + max_new_tokens"])
+    if not torch.equal(out, seq):
+        raise CheckFailed("the output is not the prompt followed by every round's new tokens (each round's output "
+                          "minus the prompt it was handed), in order")
+
+
+def check_generate_long(generate_long) -> None:
+    """Find the bug: a spy around your own ``generate`` records what each round hands it, so only the rounds are on
+    trial: the latest ``keep`` tokens each time, as many new tokens as fit, every new token kept."""
+    with check("one round (the continuation fits in max_len): exactly your generate's tokens, the prompt unchanged"):
+        model = HashedLM(11, seed=5, n_layers=2, max_len=12)
+        prompt = torch.tensor([[3, 4, 5], [6, 7, 8]])
+        out, calls = _rounds(generate_long, model, prompt, 6, keep=8)
+        expect_type(out, torch.Tensor, "generate_long(...)")
+        expect_shape(out, (2, 9), "generate_long(...)", names=["B", "T + max_new_tokens"])
+        if not torch.equal(prompt, torch.tensor([[3, 4, 5], [6, 7, 8]])):
+            raise CheckFailed("generate_long changed the caller's prompt_ids")
+        _follow(out, calls, prompt, 6, 8, 12)
+        if len(calls) != 1:
+            raise CheckFailed(f"generate was called {len(calls)} times: 6 new tokens after 3 fit in max_len = 12")
+    with check("the probe: 14 new tokens with max_len = 8 and keep = 5; every round sees the latest 5 tokens"):
+        model = HashedLM(11, seed=3, n_layers=2, max_len=8)
+        prompt = torch.tensor([[1, 2, 3], [9, 9, 4]])
+        out, calls = _rounds(generate_long, model, prompt, 14, keep=5)
+        _follow(out, calls, prompt, 14, 5, 8)
+        if len(calls) != 4:
+            raise CheckFailed(f"generate was called {len(calls)} times, expected 4 rounds (5, 3, 3 and 3 new tokens)")
+    with check("a prompt longer than keep: the first round already sees only its last keep tokens"):
+        model = HashedLM(11, seed=4, n_layers=1, max_len=8)
+        prompt = torch.tensor([[1, 2, 3, 4, 5, 6], [6, 5, 4, 3, 2, 1]])
+        out, calls = _rounds(generate_long, model, prompt, 5, keep=4)
+        _follow(out, calls, prompt, 5, 4, 8)
