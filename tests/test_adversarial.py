@@ -658,6 +658,19 @@ def test_the_sandbox_uid_can_read_what_plotting_needs(tmp_path):
     assert result.stdout.splitlines() == ["True True", "''"], result.stdout + result.stderr
 
 
+def test_matplotlib_finds_its_font_list_and_cannot_change_it(tmp_path):
+    """The font list is built once outside (autograder.sandbox.font_cache), not again in every kernel; the
+    kernel can read it but not rewrite it for the next student (each sandbox binds it read-only)."""
+    code = ("import os, time; t = time.perf_counter(); import matplotlib.font_manager as fm; "
+            "d = os.environ['MPLCONFIGDIR']; names = sorted(os.listdir(d)); print(names); "
+            "print(os.access(os.path.join(d, names[0]), os.W_OK)); print(len(fm.fontManager.ttflist) > 0)")
+    result = _run_boxed(tmp_path, code)
+    lines = result.stdout.splitlines()
+    assert lines[0] == repr([sandbox.font_cache().name]) and lines[1:] == ["False", "True"], (
+        result.stdout + result.stderr)
+    assert "building the font cache" not in result.stderr
+
+
 # -- issue 10: the paths around the sandbox ----------------------------------------------------------------------
 def _put(root: Path, rel: str, nb) -> Path:
     path = root / rel
