@@ -548,6 +548,34 @@ for name, mask in [("targets with a repeated digit", has_repeat), ("targets with
 # only cost accuracy; where it is a loop (the scripted model above) it helps. Pick decoding settings per task,
 # and measure them on held-out data, as you just did.
 #
+# ## 5. Find the bug
+#
+# Several samples per source are what the *varied* column above needed, and what reranking, majority votes and
+# "pass@k" are made of. Drawing them one call at a time wastes the batch; `sample_n` below, written by a colleague
+# on top of **your** `sample`, draws all `n` samples of all `B` sources in one call: it repeats the sources `n`
+# times, hands that batch of `B·n` rows to `sample`, and reads the result back as `(B, n, L)`. It has **one**
+# mistake. It runs, the shape is right, every sample is a plausible sequence, and on the case its author tried,
+# one source, the samples are exactly what they should be. It breaks with two sources or more, which is every
+# real batch.
+#
+# How would you find it? Ask what must hold whatever the batch: sample `j` of source `b` is a sample of source
+# `b`, whatever the other sources are. With `temperature=0` sampling is greedy, so every sample of a source must
+# be what that source gives on its own, with `B = 1`: compare the two for a few sources of different lengths.
+# Then print the batch the code hands to `sample`, row by row, next to the row of the output each sample is
+# read from, and check that they are the same source (with the same padding). The check under the cell does the
+# comparison for you.
+#
+# **Exercise.** Find and fix the bug in `sample_n(model, src_ids, n, max_len, bos_id, eos_id, ...)`, in the given
+# code. It is graded with your own `sample` and filters: a mistake in those costs their own cells, not this one.
+
+# %% exercise=sample_n
+
+# %% test=sample_n points=1
+from decoder_course.visible import l08_generation as visible
+
+visible.check_sample_n(sample_n)
+
+# %% [markdown]
 # ## What you built
 #
 # | function | what it does |
@@ -558,6 +586,7 @@ for name, mask in [("targets with a repeated digit", has_repeat), ("targets with
 # | `apply_repetition_penalty` | CTRL's penalty: divide positive, multiply negative logits of seen tokens, once |
 # | `sample` | penalty → temperature → top-k → top-p → one reproducible draw per row |
 # | `beam_search` | `K` beams per row, finished beams kept, GNMT length normalisation to pick the winner |
+# | `sample_n` (fixed) | `n` samples of every source in one batched call of `sample`, each read back under its own source |
 #
 # Every one of these re-runs the decoder over the whole prefix at every step: generating `L` tokens costs
 # `1 + 2 + … + L` positions of decoder work. Lesson 09 caches what does not change and makes each step cost one

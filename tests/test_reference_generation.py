@@ -428,6 +428,36 @@ def test_beam_batch_matches_each_row_alone_and_pads_after_eos(pad_id):
         assert out[b, : alone.shape[1]].tolist() == alone[0].tolist(), f"row {b} differs from its solo run"
 
 
+def test_sample_n_gives_every_source_its_own_samples():
+    # each source's first-token frequencies follow PyTorch's softmax of that source's own logits; at temperature 0
+    # every sample is the source's walked greedy path; the buggy release is right for one source only
+    from autograder import notebooks
+
+    model = HashedLogitsModel(8, seed=4, scale=1.5)
+    src, is_real = padded_source([6, 3, 2], V=8, seed=2)
+    n = 3000
+    out = gen.sample_n(model, src, n, 1, BOS, EOS, generator=torch.Generator().manual_seed(0), src_is_real=is_real)
+    assert out.shape == (3, n, 1)
+    reals = [src[b][is_real[b]].tolist() for b in range(3)]
+    for b in range(3):
+        want = torch.softmax(model.next_logits(reals[b], [BOS]).double(), -1)  # (V,)
+        freq = torch.bincount(out[b, :, 0], minlength=8).double() / n
+        assert torch.all((freq - want).abs() <= 5 * (want * (1 - want) / n).sqrt() + 1e-3), f"source {b}"
+    greedy = gen.sample_n(model, src, 2, 6, BOS, EOS, temperature=0, src_is_real=is_real)
+    for b in range(3):
+        path = walk_greedy(lambda prefix, b=b: model.next_logits(reals[b], [BOS] + prefix), 6, EOS)
+        for j in range(2):
+            row = greedy[b, j].tolist()
+            assert row[: len(path)] == path and all(t == 0 for t in row[len(path):]), (b, j)
+    namespace = dict(vars(gen))
+    exec(notebooks.buggy_source("08-generation", "sample_n"), namespace)  # noqa: S102 - our own code
+    buggy = namespace["sample_n"]
+    one = (model, src[1:2], 2, 6, BOS, EOS)
+    assert torch.equal(buggy(*one, temperature=0, src_is_real=is_real[1:2]),
+                       gen.sample_n(*one, temperature=0, src_is_real=is_real[1:2])), "one source: the bug is silent"
+    assert not torch.equal(buggy(model, src, 2, 6, BOS, EOS, temperature=0, src_is_real=is_real), greedy)
+
+
 # ------------------------------------------------------------------------------------------------------------
 # KV cache (lesson 09)
 # ------------------------------------------------------------------------------------------------------------

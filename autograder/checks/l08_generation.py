@@ -751,3 +751,173 @@ class BeamSearch(Exercise):
                 _same_tokens(got, d["want"], "beam_search's output", case.desc, hint)
             if "src" in d:
                 _unchanged(result, case, "src_after", d["src"], "src_ids")
+
+
+# -- sample_n: find the bug (autograder.bugs), judged relative to the student's sample and its filters ----------------
+def _sample_rows(src: np.ndarray, is_real: np.ndarray | None, n: int, how: str):
+    """The batch handed to sample: n copies of each source side by side ("interleave"), or the batch tiled n
+    times ("tile"); its padding the same way, or the other way ("mixed": rows interleaved, padding tiled)."""
+    rows = np.repeat(src, n, axis=0) if how in ("interleave", "mixed") else np.tile(src, (n, 1))
+    if is_real is None:
+        return rows, None
+    return rows, np.repeat(is_real, n, axis=0) if how == "interleave" else np.tile(is_real, (n, 1))
+
+
+def _layouts(model, src, is_real, n, max_len, pad_id) -> dict[str, np.ndarray]:
+    """What known wrong layouts return at temperature 0 (greedy rows), as (B, n, L) ids."""
+    B = src.shape[0]
+    outs = {}
+    for how in ("tile", "mixed"):
+        rows, real = _sample_rows(src, is_real, n, how)
+        outs[how] = _run(ref.greedy_decode, model, rows, real, max_len, BOS, EOS, pad_id=pad_id).reshape(B, n, -1)
+    rows, real = _sample_rows(src, is_real, n, "interleave")
+    flat = _run(ref.greedy_decode, model, rows, real, max_len, BOS, EOS, pad_id=pad_id)
+    outs["transposed"] = flat.reshape(n, B, -1).transpose(1, 0, 2)  # right rows, read back as (n, B)
+    return outs
+
+
+@exercise(LESSON, "sample_n")
+class SampleN(Exercise):
+    """The given function hands the student's sample n copies of every source; the shown bug tiles the batch
+    (repeat) where view(B, n) expects copies side by side (repeat_interleave). Temperature 0 on padded sources
+    against the reference (every sample of a source is its greedy answer), known wrong layouts named; sampled
+    cases judged by what any correct sampler gives (every token one that source's settings allow, samples that
+    vary); B = 1, src_is_real None; the caller's tensors unchanged."""
+
+    # it calls the student's sample, and through it their three filters
+    uses = ("sample", "top_k_filter", "top_p_filter", "apply_repetition_penalty")
+    reference = ref
+
+    def cases(self, rng):
+        cases = []
+        # 1. temperature 0: deterministic, so every sample of source b is source b's greedy answer
+        pad_id = int(rng.integers(4, 9))
+        for _ in range(50):
+            seed = int(rng.integers(2**31))
+            src, is_real = _padded_source(rng, [6, int(rng.integers(2, 5)), int(rng.integers(1, 4))], 6, 14, pad_id)
+            model = HashedLogitsModel(14, seed, eos_bias=0.5, pad_id=pad_id)
+            want = _run(ref.greedy_decode, model, src, is_real, 8, BOS, EOS, pad_id=pad_id)
+            if len({tuple(row) for row in want.tolist()}) == 3:
+                break  # three sources, three different answers: a sample of the wrong source shows
+        n = 2  # n != B: a tiled batch and rows read back as (n, B) give different wrong answers
+        case = Case("greedy", f"B=3 padded sources of different lengths, n={n}, temperature 0, pad_id={pad_id}",
+                    data={"B": 3, "n": n, "max_len": 8, "pad_id": pad_id, "src": src, "is_real": is_real,
+                          "want": np.repeat(want[:, None], n, axis=1),
+                          "layouts": _layouts(model, src, is_real, n, 8, pad_id)})
+        _hashed(case, "m", 14, seed, eos_bias=0.5, pad_id=pad_id)
+        case.let("src", case.tensor(src))
+        case.let("real", case.tensor(is_real))
+        case.call("sample_n", {"ref": "m"}, {"ref": "src"}, n, 8, BOS, EOS, temperature=0,
+                  src_is_real={"ref": "real"}, pad_id=pad_id, record="out")
+        case.record("src_after", {"ref": "src"})
+        case.record("real_after", {"ref": "real"})
+        cases.append(case)
+        # 2. sampling with top-k 2: every token of sample (b, j) must be one of source b's two best
+        pad_id = int(rng.integers(4, 9))
+        src, is_real = _padded_source(rng, [6, int(rng.integers(2, 6)), int(rng.integers(1, 5))], 6, 14, pad_id)
+        seed, n = int(rng.integers(2**31)), 4
+        settings = {"temperature": 1.0, "top_k": 2}
+        case = Case("sampled", f"B=3 padded sources, n={n}, temperature 1, top_k 2, a seeded generator, "
+                               f"pad_id={pad_id}",
+                    data={"B": 3, "n": n, "max_len": 8, "pad_id": pad_id, "src": src, "is_real": is_real,
+                          "model": HashedLogitsModel(14, seed, eos_bias=0.2, pad_id=pad_id), "settings": settings})
+        _hashed(case, "m", 14, seed, eos_bias=0.2, pad_id=pad_id)
+        case.call("sample_n", {"ref": "m"}, case.tensor(src), n, 8, BOS, EOS, generator={"generator": seed},
+                  src_is_real=case.tensor(is_real), pad_id=pad_id, record="out", **settings)
+        cases.append(case)
+        # 3. one source, where any layout is right
+        src = rng.integers(3, 12, size=(1, 5))
+        seed = int(rng.integers(2**31))
+        settings = {"temperature": 0.8, "top_p": 0.9}
+        case = Case("b1", "B=1, n=5, src_is_real=None, temperature 0.8, top_p 0.9",
+                    data={"B": 1, "n": 5, "max_len": 7, "pad_id": 0, "src": src, "is_real": np.ones_like(src, bool),
+                          "model": HashedLogitsModel(12, seed, eos_bias=0.3), "settings": settings})
+        _hashed(case, "m", 12, seed, eos_bias=0.3)
+        case.call("sample_n", {"ref": "m"}, case.tensor(src), 5, 7, BOS, EOS, generator={"generator": seed},
+                  record="out", **settings)
+        cases.append(case)
+        # 4. no padding information, temperature 0
+        src = rng.integers(3, 12, size=(2, 4))
+        model = HashedLogitsModel(12, int(rng.integers(2**31)), eos_bias=0.4)
+        case = Case("nomask", "B=2, S=4, n=2, src_is_real=None, temperature 0",
+                    data={"B": 2, "n": 2, "max_len": 6, "pad_id": 0, "src": src, "is_real": None,
+                          "want": np.repeat(_run(ref.greedy_decode, model, src, None, 6, BOS, EOS)[:, None], 2, 1),
+                          "layouts": _layouts(model, src, None, 2, 6, 0)})
+        _hashed(case, "m", 12, model.seed, eos_bias=0.4)
+        case.call("sample_n", {"ref": "m"}, case.tensor(src), 2, 6, BOS, EOS, temperature=0, record="out")
+        cases.append(case)
+        return cases
+
+    @staticmethod
+    def _samples(result: Result, case: Case) -> np.ndarray:
+        d = case.data
+        error = result.error(case.id)
+        if error is not None:
+            raise Fail(f"your code raised an exception on a case with {case.desc}:\n    {error.splitlines()[-1]}\n"
+                       "sample_n runs your sample (and its filters): if one of their checks fails, fix it first.")
+        got = result.get(case.id, "out", what="sample_n(...)", kind="tensor", dtype="int")
+        if got.ndim != 3 or got.shape[:2] != (d["B"], d["n"]):
+            raise Fail(f"sample_n should return (B, n, L) = ({d['B']}, {d['n']}, L) ids, got shape "
+                       f"{tuple(got.shape)} ({case.desc}).")
+        if got.shape[2] > d["max_len"]:
+            raise Fail(f"sample_n returned {got.shape[2]} tokens per sample, more than max_len = {d['max_len']} "
+                       f"({case.desc}).")
+        _structure(got.reshape(d["B"] * d["n"], -1), EOS, d["pad_id"], d["max_len"], "sample_n's output",
+                   case.desc)
+        return got
+
+    def judge(self, result: Result):
+        for case in result.cases.values():
+            self._samples(result, case)
+        for case_id in ("greedy", "nomask"):
+            case = result.cases[case_id]
+            d = case.data
+            got = self._samples(result, case)
+            if got.shape == d["want"].shape and np.array_equal(got, d["want"]):
+                continue
+            mistakes = {
+                "tile": "the batch tiled (repeat: all sources, then all again), while view(B, n) reads n copies of "
+                        "each source side by side: sample j of source b came from another source",
+                "mixed": "the sources copied side by side but their padding tiled: each copy reads another "
+                         "source's src_is_real",
+                "transposed": "the right rows read back as (n, B): sample j of source b is row b * n + j of "
+                              "sample's output, so view(B, n) is right once the rows are",
+            }
+            hint = next((f"Your output is that of {why}." for how, why in mistakes.items()
+                         if d["layouts"][how].shape == got.shape and np.array_equal(d["layouts"][how], got)),
+                        "Row b * n + j of the batch given to sample must hold source b and its own padding "
+                        "(repeat_interleave copies each row n times side by side; repeat tiles the batch).")
+            bad = [(b, j) for b in range(d["B"]) for j in range(d["n"])
+                   if got.shape != d["want"].shape or not np.array_equal(got[b, j], d["want"][b, j])]
+            b, j = bad[0] if bad else (0, 0)
+            raise Fail(f"at temperature 0 every sample of a source is that source's greedy answer, but sample "
+                       f"{j} of source {b} is not ({case.desc}). {hint}")
+        for case_id in ("sampled", "b1"):
+            case = result.cases[case_id]
+            self._check_draws(self._samples(result, case), case)
+        case = result.cases["greedy"]
+        for name, key in (("src_after", "src"), ("real_after", "is_real")):
+            _unchanged(result, case, name, case.data[key], "src_ids" if key == "src" else "src_is_real")
+
+    @staticmethod
+    def _check_draws(got: np.ndarray, case: Case) -> None:
+        """Every token of sample (b, j) is one that source b's settings allow; some samples differ."""
+        d = case.data
+        s = {"temperature": 1.0, "top_k": None, "top_p": None, **d["settings"]}
+        for b in range(d["B"]):
+            real = d["src"][b][d["is_real"][b]].tolist()
+            for j, row in enumerate(got[b].tolist()):
+                prefix: list[int] = []
+                for token in row:
+                    if prefix and prefix[-1] == EOS:
+                        break
+                    allowed = _allowed_tokens(d["model"].next_logits(real, [BOS] + prefix), prefix,
+                                              s["temperature"], s["top_k"], s["top_p"], 1.0)
+                    if token not in allowed:
+                        raise Fail(f"sample {j} of source {b} holds a token that source {b}'s settings exclude "
+                                   f"(step {len(prefix)}; {case.desc}): it was drawn for another source. Row "
+                                   "b * n + j of the batch given to sample must hold source b and its own padding.")
+                    prefix.append(token)
+        if d["n"] > 1 and all(len({tuple(row) for row in got[b].tolist()}) == 1 for b in range(d["B"])):
+            raise Fail(f"the {d['n']} samples of every source are identical ({case.desc}): draw them in one call "
+                       "of sample on n copies of each source, with the generator, not one sample copied n times.")

@@ -6,7 +6,7 @@ Each is written as a student would type it in the notebook, where ``torch``, ``n
 
 import torch
 
-from autograder.mutants import mutant
+from autograder.mutants import mutant, patched, shown_bug
 
 MUTANTS: list = []
 
@@ -456,3 +456,13 @@ from autograder.reference.generation import (  # noqa: E402, F401, F811
     top_k_filter,
     top_p_filter,
 )
+
+# -- sample_n (find the bug) -------------------------------------------------------------------------------------
+shown_bug(MUTANTS, "08-generation", "sample_n",
+          "the batch tiled with repeat, read back with view(B, n): samples of one source come from others")
+patched(MUTANTS, "08-generation", "sample_n",
+        "a wrong fix: the sources copied side by side, their padding still tiled",
+        ("src_is_real.repeat_interleave(n, dim=0)", "src_is_real.repeat(n, 1)"))
+patched(MUTANTS, "08-generation", "sample_n",
+        "a wrong fix: the rows put right, and the output read back as (n, B) then transposed",
+        ("return out.view(B, n, -1)", "return out.view(n, B, -1).transpose(0, 1)"))

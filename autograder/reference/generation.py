@@ -23,6 +23,7 @@ EXERCISES = (
     "apply_repetition_penalty",
     "sample",
     "beam_search",
+    "sample_n",
 )
 GIVEN: tuple[str, ...] = ()
 
@@ -249,3 +250,45 @@ def beam_search(
     L = int(lengths.gather(1, best[:, None]).max())
     return best_ids[:, :L]  # (B, L)
     ### END SOLUTION
+
+
+@torch.no_grad()
+def sample_n(
+    model: nn.Module,
+    src_ids: torch.Tensor,
+    n: int,
+    max_len: int,
+    bos_id: int,
+    eos_id: int,
+    temperature: float = 1.0,
+    top_k: int | None = None,
+    top_p: float | None = None,
+    repetition_penalty: float = 1.0,
+    generator: torch.Generator | None = None,
+    src_is_real: torch.Tensor | None = None,
+    pad_id: int = 0,
+) -> torch.Tensor:
+    """Draw ``n`` samples for every source, in one batched call of ``sample`` (find the bug).
+
+    ``sample`` gets ``n`` copies of each source side by side: row ``b * n + j`` of its batch is sample ``j`` of
+    source ``b`` (the layout beam search gives its beams), reading source ``b`` and its own ``src_is_real`` row;
+    ``out[b, j]`` is that row. The settings, ``generator`` and ``pad_id`` go to ``sample`` as they are. The
+    caller's tensors are unchanged.
+
+    Shape:
+        src_ids (B, S), src_is_real (B, S) bool or None -> ids (B, n, L), L <= max_len, without BOS,
+        ``pad_id`` after each sample's EOS
+    """
+    B = src_ids.shape[0]
+    ### BEGIN SOLUTION
+    rows = src_ids.repeat_interleave(n, dim=0)  # (B*n, S): n copies of source 0, then n of source 1, ...
+    rows_real = None if src_is_real is None else src_is_real.repeat_interleave(n, dim=0)  # (B*n, S)
+    ### END SOLUTION
+    ### BEGIN BUG
+    # rows = src_ids.repeat(n, 1)  # (B*n, S)
+    # rows_real = None if src_is_real is None else src_is_real.repeat(n, 1)  # (B*n, S)
+    ### END BUG
+    out = sample(model, rows, max_len, bos_id, eos_id, temperature=temperature, top_k=top_k, top_p=top_p,
+                 repetition_penalty=repetition_penalty, generator=generator, src_is_real=rows_real,
+                 pad_id=pad_id)  # (B*n, L)
+    return out.view(B, n, -1)  # (B, n, L)

@@ -204,6 +204,7 @@ def check_sample(sample) -> None:
             return sample(model, src, 10, BOS, EOS, generator=torch.Generator().manual_seed(seed),
                           src_is_real=is_real)
 
+        torch.manual_seed(321)
         out = run(7)
         _expect_ids(out, 16, 10, "sample(...)")
         _expect_eos_padding(out, EOS, 0, 10, "sample(...)")
@@ -321,3 +322,60 @@ def check_beam_search(beam_search) -> None:
                               "penalty should lengthen some row. Pick each row's winner by "
                               "log_prob / ((5 + len) / 6) ** length_penalty, which favours longer sequences as the "
                               "penalty grows")
+
+
+# -- sample_n (find the bug) -----------------------------------------------------------------------------------------
+def _trimmed(row) -> list[int]:
+    """A generated row up to and including its first EOS."""
+    row = row.tolist()
+    return row[: row.index(EOS) + 1] if EOS in row else row
+
+
+def check_sample_n(sample_n) -> None:
+    """Find the bug: the probe first (at temperature 0 every sample of a source is what that source gives alone),
+    then sampling (every token one that its own source's top-k allows), reproducibility and variety."""
+    model = HashedLogitsModel(12, seed=6, eos_bias=0.4)
+    src, is_real = _padded_source([6, 3, 2], seed=9)  # (B, S): three sources of different lengths
+
+    with check("the probe: at temperature 0, each of the n = 2 samples of a source is what it gives alone"):
+        out = expect_inputs_unchanged(sample_n, model, src, 2, 8, BOS, EOS, temperature=0, src_is_real=is_real)
+        expect_type(out, torch.Tensor, "sample_n(...)")
+        expect_dtype(out, "integer", "sample_n(...)")
+        if out.dim() != 3 or tuple(out.shape[:2]) != (3, 2):
+            raise CheckFailed(f"sample_n(..., n=2) on 3 sources should have shape (B, n, L) = (3, 2, L), got "
+                              f"{tuple(out.shape)}")
+        _expect_eos_padding(out.reshape(6, -1), EOS, 0, 8, "sample_n(...) (its samples as rows)")
+        alone = [_trimmed(sample_n(model, src[b:b + 1], 1, 8, BOS, EOS, temperature=0,
+                                   src_is_real=is_real[b:b + 1])[0, 0]) for b in range(3)]
+        got = [[_trimmed(out[b, j]) for j in range(2)] for b in range(3)]
+        if any(got[b][j] != alone[b] for b in range(3) for j in range(2)):
+            source_of = [[next((str(c) for c in range(3) if got[b][j] == alone[c]), "none") for j in range(2)]
+                         for b in range(3)]
+            raise CheckFailed(
+                "at temperature 0 (greedy) a sample of source b must be what source b gives alone, with B = 1. "
+                "Which source, alone, gives each sample (rows: sources 0-2, columns: samples 0-1):\n"
+                + "\n".join(f"        source {b}: {'  '.join(source_of[b])}" for b in range(3))
+                + "\n    Print the batch the code hands to sample, row by row: which source and which padding "
+                  "does row b * n + j hold?")
+
+    with check("sampling with top_k=2: every token of a sample is one of its own source's two best"):
+        out = sample_n(model, src, 4, 8, BOS, EOS, top_k=2, generator=torch.Generator().manual_seed(3),
+                       src_is_real=is_real)
+        for b in range(3):
+            real = src[b][is_real[b]].tolist()
+            for j in range(4):
+                prefix = [BOS]
+                for token in _trimmed(out[b, j]):
+                    best = model.next_logits(real, prefix).topk(2).indices.tolist()
+                    if token not in best:
+                        raise CheckFailed(f"sample {j} of source {b} holds {token} after {prefix[1:]}, which "
+                                          f"source {b}'s top-2 ({best}) excludes: it was drawn for another source")
+                    prefix.append(token)
+        again = sample_n(model, src, 4, 8, BOS, EOS, top_k=2, generator=torch.Generator().manual_seed(3),
+                         src_is_real=is_real)
+        if not torch.equal(again, out):
+            raise CheckFailed("two calls with generator seed 3 gave different samples: pass the generator on to "
+                              "sample")
+        if all(len({tuple(_trimmed(out[b, j])) for j in range(4)}) == 1 for b in range(3)):
+            raise CheckFailed("the 4 samples of every source are identical: n samples are n draws, not one draw "
+                              "copied n times")
