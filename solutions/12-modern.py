@@ -366,9 +366,39 @@ for name, model in [("classic", classic), ("modern", modern)]:
 # caps the length (`max_len` is only a guard); whether the model generalises past the length it trained on is
 # another question, taken up below.
 #
+# ## 9. Find the bug: from multi-head to grouped-query attention
+#
+# A GQA model need not be trained from scratch. Ainslie et al. (2023) start from a trained multi-head checkpoint:
+# keep its query and output projections, replace the key and value heads of each group by their **mean**, then
+# train briefly to recover what the averaging lost. The cache saving is GQA's; the knowledge is the checkpoint's.
+#
+# Below is a colleague's `mha_to_gqa(mha, n_heads, n_kv_heads)`. It takes a `GroupedQueryAttention` with
+# `n_kv_heads = n_heads` (plain multi-head attention, one end of **your** class) and builds one with fewer
+# key/value heads, also from your class. It has **one** mistake. Its author tried both ends, `n_kv_heads = 1`
+# (MQA) and `n_kv_heads = n_heads`, and both came out right; the mistake lives only in between.
+#
+# How would you find it? Your `GroupedQueryAttention` decides which query heads each key/value head serves
+# (section 4): the conversion must average exactly those. Two tests need no reference answer. Label the heads:
+# fill the key rows of head h with the number h, convert, and print the number each pooled head holds. And convert
+# an `mha` whose heads already agree within each group: nothing is lost, so its outputs must not change. The check
+# under the cell does both, and computes the outputs with PyTorch's `F.scaled_dot_product_attention(...,
+# enable_gqa=True)` over the converted weights, so that only the conversion is on trial.
+#
+# **Exercise.** Find and fix the bug in `mha_to_gqa(mha, n_heads, n_kv_heads)`, in the given code. It is graded
+# with your own `GroupedQueryAttention`: a mistake there costs its own cell, not this one.
+
+# %% exercise=mha_to_gqa
+
+# %% test=mha_to_gqa points=1
+from decoder_course.visible import l12_modern as visible
+
+visible.check_mha_to_gqa(mha_to_gqa, GroupedQueryAttention)
+
+# %% [markdown]
 # ## What you built
 #
 # Every part of a LLaMA-style block: RMSNorm, rotary positions, a SwiGLU feed-forward and grouped-query attention
-# with a cache that stores only the shared key/value heads, and a sliding window. What separates it from a
+# with a cache that stores only the shared key/value heads, and a sliding window; and `mha_to_gqa` (fixed: each
+# key/value head averages the consecutive query heads it serves) to turn a multi-head checkpoint into GQA. What separates it from a
 # released model is mostly scale, and for long contexts a RoPE base raised or rescaled so that the slowest pairs
 # still tell far positions apart.

@@ -17,6 +17,7 @@ from autograder.reference.modern import (
     RMSNorm,
     SwiGLUFeedForward,
     cache_bytes_per_token,
+    mha_to_gqa,
     rotary_embedding,
     sliding_window_mask,
 )
@@ -168,3 +169,38 @@ def test_block_is_pre_norm_and_model_cache_equals_full_forward():
     torch.testing.assert_close(torch.cat(parts, 1), full)
     assert cache_bytes_per_token(cache, 2) == 2 * 2 * 1 * 4 * 4  # (k + v) · layers · H_kv · Dh · float32
     assert model.out_proj.weight is model.tok_embed.weight
+
+
+@pytest.mark.parametrize("n_kv_heads", [1, 2, 3, 6])
+def test_mha_to_gqa_equals_sdpa_over_the_group_means_of_the_projected_keys(n_kv_heads):
+    """Against PyTorch: SDPA(enable_gqa=True), whose query head h reads kv head h // g, fed keys and values that are
+    the mean of the multi-head model's *projected* keys and values over each group of consecutive heads."""
+    torch.manual_seed(1)
+    mha = GroupedQueryAttention(24, 6, 6)
+    before = {name: p.detach().clone() for name, p in mha.named_parameters()}
+    gqa = mha_to_gqa(mha, 6, n_kv_heads)
+    assert all(torch.equal(p, before[name]) for name, p in mha.named_parameters()), "mha changed"
+    B, T, D, g, Dh = 2, 7, 24, 6 // n_kv_heads, 4
+    x = torch.randn(B, T, D)
+    positions, causal = torch.arange(T) + 3, torch.ones(T, T, dtype=torch.bool).tril()
+    with torch.no_grad():
+        q = _complex_rope(mha.q_proj(x).view(B, T, 6, Dh).transpose(1, 2), positions).float()  # (B, H, T, Dh)
+        k, v = (proj(x).view(B, T, n_kv_heads, g, Dh).mean(dim=3).transpose(1, 2)  # (B, H_kv, T, Dh)
+                for proj in (mha.k_proj, mha.v_proj))
+        k = _complex_rope(k, positions).float()
+        out = F.scaled_dot_product_attention(q, k, v, attn_mask=causal, enable_gqa=True)  # True = may attend
+        want = mha.out_proj(out.transpose(1, 2).reshape(B, T, D))
+        torch.testing.assert_close(gqa(x, positions, causal), want)
+
+
+def test_mha_to_gqa_is_exact_when_the_heads_of_each_group_agree():
+    torch.manual_seed(2)
+    mha = GroupedQueryAttention(24, 6, 6)
+    with torch.no_grad():
+        for proj in (mha.k_proj, mha.v_proj):
+            w = proj.weight.view(3, 2, 4, 24)  # (groups, g, Dh, D)
+            w.copy_(w[:, :1].clone().expand(3, 2, 4, 24))
+    x = torch.randn(2, 5, 24)
+    causal = torch.ones(5, 5, dtype=torch.bool).tril()
+    with torch.no_grad():
+        torch.testing.assert_close(mha_to_gqa(mha, 6, 3)(x, torch.arange(5), causal), mha(x, torch.arange(5), causal))

@@ -580,3 +580,107 @@ class ModernBlockCheck(Exercise):
                                     dtype="float", shape=(B, 1, D)))
         expect_close(np.concatenate(parts, axis=1), want, "ModernBlock's output with a KVCache", case.desc, rtol=1e-4,
                      atol=1e-4, hint="Pass cache and layer_idx on to the attention.")
+
+
+# -- mha_to_gqa: find the bug (autograder.bugs), judged relative to the student's GroupedQueryAttention --------------
+def _pooled(w: np.ndarray, H: int, Hkv: int, how: str = "groups") -> np.ndarray:
+    """k_proj/v_proj (H·Dh, D) pooled into Hkv heads: the right groups, and what the usual mistakes compute."""
+    D = w.shape[-1]
+    Dh, g = w.shape[0] // H, H // Hkv
+    heads = {"groups": lambda: w.reshape(Hkv, g, Dh, D).mean(1),  # consecutive heads j·g .. j·g + g - 1
+             "strided": lambda: w.reshape(g, Hkv, Dh, D).mean(0),  # heads j, j + Hkv, ...: repeat's layout
+             "first": lambda: w.reshape(Hkv, g, Dh, D)[:, 0],
+             "sum": lambda: w.reshape(Hkv, g, Dh, D).sum(1),
+             "rows": lambda: w.reshape(Hkv, Dh, g, D).mean(2)}[how]()
+    return heads.reshape(Hkv * Dh, D)
+
+
+def _grouped_state(rng: np.random.Generator, D: int, H: int, Hkv: int) -> dict[str, np.ndarray]:
+    """A multi-head state whose key/value heads already agree within each group of consecutive heads."""
+    state = _gqa_state(rng, D, H, H)
+    Dh, g = D // H, H // Hkv
+    for name in ("k_proj.weight", "v_proj.weight"):
+        heads = state[name].reshape(Hkv, g, Dh, D)
+        state[name] = np.repeat(heads[:, :1], g, axis=1).reshape(H * Dh, D)
+    return state
+
+
+@exercise(LESSON, "mha_to_gqa")
+class MHAToGQA(Exercise):
+    """The given conversion builds the student's GroupedQueryAttention and mean-pools key/value heads; the shown bug
+    pools heads j, j + n_kv_heads, ... (repeat's layout) instead of the consecutive heads kv head j serves. Pooled
+    weights against the consecutive groups' means, q/out copied; the converted module's output against the
+    reference (GQA in float64) with RoPE and a causal mask; a model whose heads agree per group converts exactly;
+    MQA; mha unchanged."""
+
+    uses = ("GroupedQueryAttention", "rotary_embedding")  # built from the student's class, run with positions
+    reference = ref
+
+    def cases(self, rng):
+        cases = []
+        for case_id, (D, H, Hkv), grouped, what in (
+                ("gqa", (24, 6, 2), False, "6 query heads in 2 groups of 3, random weights"),
+                ("gqa4", (32, 8, 4), False, "8 query heads in 4 groups of 2, random weights"),
+                ("grouped", (24, 6, 3), True, "6 heads in 3 groups of 2 whose keys and values already agree per "
+                                              "group (the conversion is exact)"),
+                ("mqa", (16, 4, 1), False, "n_kv_heads=1 (MQA): every head averaged")):
+            state = _grouped_state(rng, D, H, Hkv) if grouped else _gqa_state(rng, D, H, H)
+            B, T = 2, 5
+            x = rng.normal(size=(B, T, D)).astype(np.float32)
+            positions = (np.arange(T) + int(rng.integers(0, 20))).astype(np.int64)
+            causal = np.tril(np.ones((T, T), bool))
+            case = Case(case_id, f"mha = GroupedQueryAttention(D={D}, n_heads={H}, n_kv_heads={H}), converted to "
+                                 f"n_kv_heads={Hkv}: {what}; its output on x ({B}, {T}, {D}) with positions and a "
+                                 "causal mask",
+                        data={"state": state, "H": H, "Hkv": Hkv, "x": x, "positions": positions, "causal": causal})
+            case.call("GroupedQueryAttention", D, H, H, let="mha")
+            case.load_state("mha", state)
+            case.call("mha_to_gqa", {"ref": "mha"}, H, Hkv, let="gqa")
+            for name in ("q_proj", "k_proj", "v_proj", "out_proj"):
+                case.record(name, {"attr": ["gqa", name, "weight", "data"]})
+            case.call({"ref": "gqa"}, case.tensor(x), case.tensor(positions), case.tensor(causal), record="out")
+            case.record("mha_k_after", {"attr": ["mha", "k_proj", "weight", "data"]})
+            cases.append(case)
+        return cases
+
+    def judge(self, result: Result):
+        for case in result.cases.values():
+            d = case.data
+            state, H, Hkv = d["state"], d["H"], d["Hkv"]
+            _load_error(result, case, "q_proj, k_proj, v_proj, out_proj, nn.Linear without bias.")
+            for name in ("q_proj", "out_proj"):
+                got = result.get(case.id, name, what=f"the converted {name}.weight", kind="tensor", dtype="float",
+                                 shape=state[f"{name}.weight"].shape)
+                expect_close(got, state[f"{name}.weight"], f"the converted {name}.weight", case.desc, rtol=0,
+                             atol=0, hint="the query and output projections are copied from mha unchanged.")
+            for name in ("k_proj", "v_proj"):
+                w = state[f"{name}.weight"]
+                want = _pooled(w, H, Hkv)
+                got = result.get(case.id, name, what=f"the converted {name}.weight", kind="tensor", dtype="float",
+                                 shape=want.shape)
+                hint = (f"kv head j is the mean of mha's heads j·g .. j·g + g - 1 (g = {H // Hkv}), the query "
+                        "heads it serves.")
+                for how, idea in (
+                        ("strided", "averages heads j, j + n_kv_heads, j + 2·n_kv_heads, ... (the layout of "
+                                    "repeat): your GroupedQueryAttention gives kv head j to the consecutive query "
+                                    "heads j·g .. j·g + g - 1 (repeat_interleave), so those are the heads to average"),
+                        ("first", "keeps the first head of each group: average all g of them"),
+                        ("sum", "sums each group's heads: average them (a sum scales the scores and outputs by g)"),
+                        ("rows", "averages rows across heads: a head is Dh consecutive rows, so cut the rows into "
+                                 "whole heads first, then average the g heads of each group")):
+                    if not np.allclose(want, _pooled(w, H, Hkv, how), atol=1e-6) and \
+                            np.allclose(got, _pooled(w, H, Hkv, how), atol=1e-5):
+                        hint = f"Your conversion {idea}."
+                expect_close(got, want, f"the converted {name}.weight", case.desc, rtol=1e-5, atol=1e-6, hint=hint)
+            pooled = {**state, "k_proj.weight": _pooled(state["k_proj.weight"], H, Hkv),
+                      "v_proj.weight": _pooled(state["v_proj.weight"], H, Hkv)}
+            want = _gqa_variant(pooled, H, Hkv, d["x"], d["positions"], d["causal"])
+            if case.id == "grouped":  # nothing is lost: the same outputs as mha itself
+                want = _gqa_variant(state, H, H, d["x"], d["positions"], d["causal"])
+            got = result.get(case.id, "out", what="the converted module's output", kind="tensor", dtype="float",
+                             shape=want.shape)
+            expect_close(got, want, "the converted module's output", case.desc, rtol=1e-4, atol=1e-4,
+                         hint="the weights above decide it: pooled key/value heads, copied q_proj and out_proj.")
+            after = result.get(case.id, "mha_k_after", what="mha's k_proj.weight after the call", kind="tensor")
+            if not np.array_equal(after, state["k_proj.weight"]):
+                raise Fail(f"mha_to_gqa changed mha's weights ({case.desc}): read them, write the new module's.")

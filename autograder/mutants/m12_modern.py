@@ -8,7 +8,7 @@ import torch
 from torch import nn
 from torch.nn import functional as F  # noqa: N812
 
-from autograder.mutants import mutant
+from autograder.mutants import mutant, patched, shown_bug
 
 MUTANTS: list = []
 
@@ -266,6 +266,18 @@ class ModernBlock(nn.Module):  # noqa: F811
     def forward(self, x, positions, allowed=None, cache=None, layer_idx=0):
         x = x + self.attn(self.attn_norm(x), positions, allowed, cache, layer_idx)
         return x + self.feed_forward(self.attn_norm(x))
+
+
+# -- mha_to_gqa (find the bug) -----------------------------------------------------------------------------------------
+shown_bug(MUTANTS, "12-modern", "mha_to_gqa",
+          "pools heads j, j + n_kv_heads, ... (repeat's layout), not the consecutive heads kv head j serves")
+patched(MUTANTS, "12-modern", "mha_to_gqa", "a wrong fix: keeps the first head of each group instead of the mean",
+        ("pooled = heads.mean(dim=1)", "pooled = heads[:, 0]"))
+patched(MUTANTS, "12-modern", "mha_to_gqa", "a wrong fix: sums each group's heads instead of averaging them",
+        ("pooled = heads.mean(dim=1)", "pooled = heads.sum(dim=1)"))
+patched(MUTANTS, "12-modern", "mha_to_gqa",
+        "a wrong fix: (n_kv_heads, Dh, g, D): averages rows across a group's heads, not whole heads",
+        ("heads = w.reshape(n_kv_heads, group, Dh, D)", "heads = w.reshape(n_kv_heads, Dh, group, D).transpose(1, 2)"))
 
 
 # The definitions above rebound these names to wrong answers; a wrong answer that calls another exercise must

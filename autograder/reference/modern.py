@@ -14,7 +14,10 @@ head). The block of LLaMA, Mistral and most open models since swaps each part:
   of query heads: the KV cache shrinks by ``n_heads / n_kv_heads``. ``n_kv_heads = 1`` is multi-query attention
   (Shazeer 2019), ``n_kv_heads = n_heads`` is plain multi-head attention;
 - ``sliding_window_mask`` (Mistral): each query sees only the last ``window`` positions;
-- ``ModernBlock``: pre-norm with RMSNorm, RoPE inside the attention, SwiGLU; ``ModernGPT`` stacks it.
+- ``ModernBlock``: pre-norm with RMSNorm, RoPE inside the attention, SwiGLU; ``ModernGPT`` stacks it;
+- ``mha_to_gqa``, a find-the-bug exercise (autograder.bugs): given code that turns the student's multi-head
+  ``GroupedQueryAttention`` into one with fewer key/value heads by mean-pooling groups (Ainslie et al. 2023),
+  with one mistake in which heads it pools together.
 
 Departures, marked: no bias anywhere (as LLaMA), and the attention's fully masked rows give zeros (the course's
 convention), where SDPA gives NaN.
@@ -28,7 +31,7 @@ from autograder.reference.kv_cache import KVCache, cached_causal_mask  # noqa: F
 from autograder.reference.multi_head import attention, merge_heads, split_heads  # noqa: F401 - given
 
 EXERCISES = ("RMSNorm", "rotary_embedding", "SwiGLUFeedForward", "GroupedQueryAttention", "sliding_window_mask",
-             "ModernBlock")
+             "ModernBlock", "mha_to_gqa")
 GIVEN = ("ModernGPT", "cache_bytes_per_token")
 
 
@@ -284,3 +287,34 @@ def cache_bytes_per_token(cache: KVCache, batch: int) -> float:
     held = sum(k.nbytes + v.nbytes for k, v in zip(cache.keys, cache.values, strict=True) if k is not None)
     return held / (batch * cache.length)
 
+
+def mha_to_gqa(mha: GroupedQueryAttention, n_heads: int, n_kv_heads: int) -> GroupedQueryAttention:
+    """Turn multi-head attention into grouped-query attention by mean-pooling key/value heads (find the bug).
+
+    As Ainslie et al. (2023) convert a trained multi-head checkpoint (then train it briefly): ``mha`` is a
+    ``GroupedQueryAttention(D, n_heads, n_heads)``; the result is a new ``GroupedQueryAttention(D, n_heads,
+    n_kv_heads)`` whose ``q_proj`` and ``out_proj`` are copies of ``mha``'s, and whose key (and value) head j is
+    the mean of ``mha``'s key (value) heads ``j·g .. j·g + g - 1``, g = n_heads // n_kv_heads: exactly the query
+    heads it will serve. So an ``mha`` whose heads already agree within each group converts exactly (the same
+    outputs). ``mha`` is unchanged.
+
+    Shape:
+        k_proj, v_proj weights (n_heads·Dh, D) -> (n_kv_heads·Dh, D); q_proj, out_proj (D, D) copied
+    """
+    D = mha.q_proj.in_features
+    Dh, group = D // n_heads, n_heads // n_kv_heads
+    gqa = GroupedQueryAttention(D, n_heads, n_kv_heads)
+    with torch.no_grad():
+        gqa.q_proj.weight.copy_(mha.q_proj.weight)
+        gqa.out_proj.weight.copy_(mha.out_proj.weight)
+        for name in ("k_proj", "v_proj"):
+            w = getattr(mha, name).weight  # (H·Dh, D): head h owns rows h·Dh .. (h+1)·Dh - 1
+            ### BEGIN SOLUTION
+            heads = w.reshape(n_kv_heads, group, Dh, D)  # (H_kv, g, Dh, D): group j holds heads j·g .. j·g + g - 1
+            ### END SOLUTION
+            ### BEGIN BUG
+            # heads = w.reshape(group, n_kv_heads, Dh, D).transpose(0, 1)  # (H_kv, g, Dh, D)
+            ### END BUG
+            pooled = heads.mean(dim=1)  # (H_kv, Dh, D): each group's heads averaged
+            getattr(gqa, name).weight.copy_(pooled.reshape(n_kv_heads * Dh, D))
+    return gqa

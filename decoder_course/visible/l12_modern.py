@@ -5,7 +5,9 @@ No reference answer is needed: ``RMSNorm`` is compared with ``torch.nn.RMSNorm``
 RoPE with the paper's complex-number form (``torch.view_as_complex`` times ``torch.polar``) and by its defining
 property (scores depend only on the position difference); SwiGLU and the block with their formulas written over
 the student's own weights and submodules; grouped-query attention with ``F.scaled_dot_product_attention(...,
-enable_gqa=True)`` fed the student's own projections; the sliding window with a worked example.
+enable_gqa=True)`` fed the student's own projections; the sliding window with a worked example. The MHA-to-GQA
+conversion by labelled heads read back after pooling, and by PyTorch's attention over the converted weights (so
+only the conversion is on trial, not the student's forward).
 """
 
 from __future__ import annotations
@@ -268,3 +270,75 @@ def check_modern_block(ModernBlock, KVCache) -> None:  # noqa: N803 - the classe
             parts += [block(x[:, t:t + 1], p0[t:t + 1], causal[t:t + 1, :t + 1], cache, 0) for t in (4, 5)]
         expect_close(torch.cat(parts, dim=1), full, "the cached outputs", atol=1e-4, rtol=1e-4,
                      hint="pass cache and layer_idx on to the attention")
+
+
+# -- mha_to_gqa (find the bug) -----------------------------------------------------------------------------------------
+def _labelled_mha(GroupedQueryAttention, D: int, H: int):  # noqa: N803 - the class under test
+    """An MHA whose key head h is filled with the number h and value head h with 10·h: pooled heads read back."""
+    mha = GroupedQueryAttention(D, H, H)
+    Dh = D // H
+    with torch.no_grad():
+        heads = torch.arange(H, dtype=torch.float32).repeat_interleave(Dh)[:, None]  # (H·Dh, 1): row -> its head
+        mha.k_proj.weight.copy_(heads.expand(H * Dh, D))
+        mha.v_proj.weight.copy_(10 * heads.expand(H * Dh, D))
+    return mha
+
+
+def _read_heads(weight, Dh: int, scale: float = 1.0) -> list:
+    """Each head's rows of a labelled projection: the one number it holds, or None when its rows differ."""
+    rows = weight.detach().reshape(-1, Dh, weight.shape[-1]) / scale  # (heads, Dh, D)
+    return [round(float(r[0, 0]), 3) if bool((r == r[0, 0]).all()) else None for r in rows]
+
+
+def check_mha_to_gqa(mha_to_gqa, GroupedQueryAttention) -> None:  # noqa: N803 - the class under test
+    """Find the bug: labelled heads read back after pooling (which heads each group averages), then the exact
+    conversion of a model whose heads already agree per group, compared with PyTorch's attention over the weights
+    (only the conversion is on trial), and both ends (MQA, MHA)."""
+    with check("shapes: q_proj, out_proj copied; k_proj, v_proj (n_kv_heads·Dh, D); mha unchanged"):
+        mha = GroupedQueryAttention(24, 6, 6)
+        _randomise(mha, 11)
+        before = {name: p.detach().clone() for name, p in mha.named_parameters()}
+        gqa = mha_to_gqa(mha, 6, 2)
+        expect_type(gqa, GroupedQueryAttention, "mha_to_gqa(mha, 6, 2)")
+        for name in ("k_proj", "v_proj"):
+            expect_shape(getattr(gqa, name).weight, (8, 24), f"the converted {name}.weight",
+                         names="n_kv_heads·Dh, D")
+        for name in ("q_proj", "out_proj"):
+            expect_close(getattr(gqa, name).weight, getattr(mha, name).weight, f"the converted {name}.weight",
+                         atol=0, rtol=0, hint="the query and output projections are copied unchanged")
+        for name, p in mha.named_parameters():
+            if not torch.equal(p.detach(), before[name]):
+                raise CheckFailed(f"mha_to_gqa changed mha's {name}: build the new module's weights, copy from mha")
+    with check("labelled heads: 4 heads in 2 groups; kv head 0 averages heads 0 and 1, kv head 1 heads 2 and 3"):
+        mha = _labelled_mha(GroupedQueryAttention, 8, 4)  # key head h holds the number h, value head h 10·h
+        gqa = mha_to_gqa(mha, 4, 2)
+        keys, values = _read_heads(gqa.k_proj.weight, 2), _read_heads(gqa.v_proj.weight, 2, scale=10.0)
+        if keys != [0.5, 2.5] or values != [0.5, 2.5]:
+            raise CheckFailed(
+                f"key head h of mha holds the number h (value head h: 10·h); after pooling, the two key heads hold "
+                f"{keys} and the value heads / 10 {values} (None: a head's rows mix different heads), expected "
+                "[0.5, 2.5]: the mean of heads 0 and 1, then of heads 2 and 3. Which query heads does kv head j "
+                "serve in your GroupedQueryAttention, and which heads did the conversion average for it?")
+    with check("a model whose heads already agree per group converts exactly (PyTorch's SDPA with enable_gqa=True)"):
+        mha = GroupedQueryAttention(24, 6, 6)
+        _randomise(mha, 12)
+        with torch.no_grad():
+            for name in ("k_proj", "v_proj"):  # heads 0-2 share one key/value head, heads 3-5 another
+                w = getattr(mha, name).weight.view(2, 3, 4, 24)  # (groups, g, Dh, D)
+                w.copy_(w[:, :1].clone().expand(2, 3, 4, 24))
+        gqa = mha_to_gqa(mha, 6, 2)
+        torch.manual_seed(2)
+        x, positions = torch.randn(3, 5, 24), torch.arange(5) + 2
+        causal = torch.ones(5, 5, dtype=torch.bool).tril()
+        with torch.no_grad():
+            got = _sdpa_twin(gqa, x, positions, causal, 6, 2)
+            want = _sdpa_twin(mha, x, positions, causal, 6, 6)
+        expect_close(got, want, "the converted model's output", atol=1e-4, rtol=1e-4,
+                     hint="nothing is lost when the heads of each group are equal: their mean is each of them. The "
+                          "mean, not the sum; and of whole heads, Dh rows each, consecutive heads per group")
+    with check("the ends: n_kv_heads = 1 averages every head (MQA); n_kv_heads = n_heads copies them"):
+        mha = _labelled_mha(GroupedQueryAttention, 12, 6)
+        if _read_heads(mha_to_gqa(mha, 6, 1).k_proj.weight, 2) != [2.5]:
+            raise CheckFailed("with n_kv_heads = 1 the one key head should be the mean of all 6 heads (2.5 here)")
+        if _read_heads(mha_to_gqa(mha, 6, 6).k_proj.weight, 2) != [0.0, 1.0, 2.0, 3.0, 4.0, 5.0]:
+            raise CheckFailed("with n_kv_heads = n_heads every head should be copied unchanged")
