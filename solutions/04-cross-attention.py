@@ -244,6 +244,35 @@ plot_attention_heads(weights, query_tokens=target, key_tokens=source,
 # picture to look for. For a model trained to reverse a sequence (lesson 07), the right alignment is the
 # anti-diagonal.
 #
+# ## 5. Find the bug
+#
+# A decoding loop calls cross-attention once per generated token, always with the same memory. Passing
+# `memory_kv` around by hand (section 2) is easy to forget, so here is a small wrapper written by someone else on
+# top of **your** `project_memory`, `forward(memory_kv=...)` and `cross_attention_mask`: the loop keeps calling
+# `cached(query, memory, memory_is_real)` as if nothing were cached, and the wrapper projects the memory at the
+# first call and reuses its keys and values at the later ones. It has **one** mistake. Its author tried it on
+# one batch, where every step gives exactly the right answer and the memory is projected once. Nothing crashes
+# when the next batch of sentences comes, of the same shape: each output still looks like an attention output,
+# and yet it belongs to the wrong sentences.
+#
+# How would you find it? Ask what must hold whatever the calls before: a cache may change how much work a call
+# does, never what it returns. So run a loop over two batches in a row and compare every call with the uncached
+# one, `xattn(query, memory, allowed=cross_attention_mask(memory_is_real, T))`, and print the calls that
+# disagree; then count the projections (a forward hook on `k_proj`) and compare the count with the number of times
+# the memory changed. The check under the cell does both for you, with a stand-in for `CrossAttention` whose
+# answers are PyTorch's, so that only the given code is on trial.
+#
+# **Exercise.** Find and fix the bug in `CachedCrossAttention`, in the given code. It is graded with your own
+# `CrossAttention` and `cross_attention_mask`: a mistake in those costs their own cells, not this one.
+
+# %% exercise=CachedCrossAttention
+
+# %% test=CachedCrossAttention points=1
+from decoder_course.visible import l04_cross_attention as visible
+
+visible.check_cached_cross_attention(CachedCrossAttention)
+
+# %% [markdown]
 # ## What you built
 #
 # | name | shape | idea |
@@ -251,6 +280,7 @@ plot_attention_heads(weights, query_tokens=target, key_tokens=source,
 # | `cross_attention_mask(memory_is_real, T)` | `(B, S) → (B, 1, T, S)` | every query sees every real source token; no causal part |
 # | `CrossAttention.project_memory(memory)` | `(B, S, D) → (k, v)`, each `(B, H, S, Dh)` | the memory's keys and values, computed once |
 # | `CrossAttention.forward(query, memory=None, allowed=None, memory_kv=None)` | `(B, T, D) → (B, T, D), (B, H, T, S)` | queries from the decoder, keys and values from the memory, reused |
+# | `CachedCrossAttention(xattn)` (fixed) | `cached(query, memory, memory_is_real)`: `(B, T, D) → (B, T, D), (B, H, T, S)` | each memory projected once; its keys and values belong to it |
 #
 # Next, lesson 05 puts self-attention, cross-attention and a feed-forward block together into a decoder layer,
 # and checks it against `nn.TransformerDecoderLayer`.

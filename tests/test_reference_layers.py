@@ -100,7 +100,7 @@ def test_contract_names():
         "causal_self_attention",
     }
     assert set(multi_head.GIVEN) == {"attention", "load_from_torch_mha"}
-    assert set(cross_attention.EXERCISES) == {"cross_attention_mask", "CrossAttention"}
+    assert set(cross_attention.EXERCISES) == {"cross_attention_mask", "CrossAttention", "CachedCrossAttention"}
     assert set(decoder_layer.EXERCISES) == {
         "FeedForward",
         "DecoderLayer",
@@ -419,6 +419,27 @@ def test_cross_attention_padding_leakage():
     memory2[~mem_is_real] = 100 * randn(int((~mem_is_real).sum()), D, seed=16)
     out2, _ = ours(query, memory2, allowed=cross_allowed)
     torch.testing.assert_close(out2, out, rtol=0, atol=1e-12)
+
+
+def test_cached_cross_attention_equals_torch_and_projects_each_memory_once():
+    """Every call = nn.MultiheadAttention on that call's memory; k_proj runs once per new memory, not per step."""
+    theirs = torch_mha(32)
+    cached = cross_attention.CachedCrossAttention(ours_from(theirs, cls=CrossAttention))
+    calls = []
+    cached.xattn.k_proj.register_forward_hook(lambda *_: calls.append(1))
+    batches = [(randn(B, S, D, seed=40), torch.tensor([[True] * S, [True] * 4 + [False] * (S - 4)])),
+               (randn(B, S, D, seed=41), torch.tensor([[True] * 2 + [False] * (S - 2), [True] * S]))]
+    # two steps on batch 0, two on batch 1 (same shapes), then batch 0 again: three memories to project
+    for step, which in enumerate([0, 0, 1, 1, 0]):
+        memory, mem_is_real = batches[which]
+        query = randn(B, 1, D, seed=50 + step)  # (B, 1, D): one decoding step
+        before = [t.clone() for t in (query, memory, mem_is_real)]
+        out, weights = cached(query, memory, mem_is_real)
+        want, want_w = theirs(query, memory, memory, key_padding_mask=~mem_is_real, average_attn_weights=False)
+        torch.testing.assert_close(out, want, **TOL64)
+        torch.testing.assert_close(weights, want_w, **TOL64)
+        assert all(torch.equal(a, b) for a, b in zip(before, (query, memory, mem_is_real), strict=True))
+    assert len(calls) == 3, "the memory is projected once per new memory, and reused at the later steps"
 
 
 # ---------------------------------------------------------------------------------------------------------

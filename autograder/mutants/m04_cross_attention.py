@@ -6,7 +6,7 @@ The CrossAttention mutants use the names a student's notebook has at that point:
 
 import torch
 
-from autograder.mutants import mutant
+from autograder.mutants import mutant, patched, shown_bug
 from autograder.reference.multi_head import MultiHeadAttention, attention, merge_heads, split_heads
 
 MUTANTS: list = []
@@ -104,3 +104,26 @@ class CrossAttention(MultiHeadAttention):  # noqa: F811
 def cross_attention_mask(memory_is_real, T):  # noqa: F811
     memory_is_real = torch.as_tensor(memory_is_real, dtype=torch.bool)
     return memory_is_real[:, None, None, :].expand(-1, 1, T, -1)
+
+
+
+# -- CachedCrossAttention (find the bug) --------------------------------------------------------------------------
+LESSON = "04-cross-attention"
+_CHANGED = "        if memory is not self.memory:"  # the fixed test of the reference
+
+shown_bug(MUTANTS, LESSON, "CachedCrossAttention",
+          "the first memory projected once and for all: every later batch reads the first batch's keys and values")
+
+patched(MUTANTS, LESSON, "CachedCrossAttention",
+        "a wrong fix: the memory compared by shape: a new batch of the same size reuses the old keys and values",
+        (_CHANGED, "        if self.memory is None or memory.shape != self.memory.shape:"))
+
+patched(MUTANTS, LESSON, "CachedCrossAttention",
+        "a wrong fix: the memory never stored with its keys and values: projected again at every step",
+        ("            self.memory, self.memory_kv = memory, self.xattn.project_memory(memory)",
+         "            self.memory_kv = self.xattn.project_memory(memory)"))
+
+patched(MUTANTS, LESSON, "CachedCrossAttention",
+        "a wrong fix: no reuse at all, forward handed the memory at every step: right values, none of the saving",
+        ("        return self.xattn(query, memory_kv=self.memory_kv, allowed=allowed)",
+         "        return self.xattn(query, memory, allowed=allowed)"))

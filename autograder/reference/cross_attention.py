@@ -2,14 +2,16 @@
 
 The memory's keys and values do not depend on the decoder's position, so ``CrossAttention.project_memory``
 computes them once and ``forward(..., memory_kv=...)`` reuses them at every decoding step (lesson 09 builds on
-it).
+it). ``CachedCrossAttention`` is a find-the-bug exercise (autograder.bugs): given code built on the student's
+``project_memory``, ``forward(memory_kv=...)`` and ``cross_attention_mask``, with one mistake in when it projects
+the memory again.
 """
 
 import torch
 
 from autograder.reference.multi_head import MultiHeadAttention, attention, merge_heads, split_heads
 
-EXERCISES = ["cross_attention_mask", "CrossAttention"]
+EXERCISES = ["cross_attention_mask", "CrossAttention", "CachedCrossAttention"]
 GIVEN: list[str] = []
 
 
@@ -71,3 +73,40 @@ class CrossAttention(MultiHeadAttention):
         out, weights = attention(q, k, v, allowed, dropout=self.dropout)  # (B, H, T, Dh), (B, H, T, S): S = memory
         return self.out_proj(merge_heads(out)), weights  # (B, T, D), (B, H, T, S), as in self-attention
         ### END SOLUTION
+
+
+
+class CachedCrossAttention:
+    """A decoding loop's cross-attention that projects each memory once and reuses it (find the bug).
+
+    ``CachedCrossAttention(xattn)`` wraps a ``CrossAttention``; calling it, ``cached(query, memory,
+    memory_is_real)``, gives what ``xattn(query, memory, allowed=cross_attention_mask(memory_is_real, T))`` gives,
+    T being the query's length. A decoding loop calls it once per step with the same memory tensor: the memory is
+    projected (``xattn.project_memory``) at the first of those calls only, and the later ones reuse its keys and
+    values (``memory_kv``). The keys and values are kept with the memory they came from: any other memory tensor
+    (the next batch of sentences) is projected anew, once. The caller's tensors are unchanged.
+
+    Shape:
+        query: (B, T, D), memory: (B, S, D), memory_is_real: (B, S) bool -> out: (B, T, D), weights: (B, H, T, S)
+    """
+
+    def __init__(self, xattn: CrossAttention):
+        self.xattn = xattn
+        self.memory_kv = None  # ((B, H, S, Dh), (B, H, S, Dh)): the keys and values of the last memory projected
+        ### BEGIN SOLUTION
+        self.memory = None  # the memory they came from
+        ### END SOLUTION
+        ### BEGIN BUG
+        ### END BUG
+
+    def __call__(self, query: torch.Tensor, memory: torch.Tensor, memory_is_real: torch.Tensor):
+        ### BEGIN SOLUTION
+        if memory is not self.memory:  # a memory other than the last one (a new batch): project it, once
+            self.memory, self.memory_kv = memory, self.xattn.project_memory(memory)
+        ### END SOLUTION
+        ### BEGIN BUG
+        # if self.memory_kv is None:  # nothing projected yet: project the memory, once
+        #     self.memory_kv = self.xattn.project_memory(memory)
+        ### END BUG
+        allowed = cross_attention_mask(memory_is_real, query.shape[1])  # (B, 1, T, S)
+        return self.xattn(query, memory_kv=self.memory_kv, allowed=allowed)  # (B, T, D), (B, H, T, S)

@@ -4,11 +4,14 @@ Properties any correct answer has: one identical row per query with no causal pa
 ``forward(query, memory_kv=project_memory(memory))`` equals ``forward(query, memory)`` without projecting the memory
 again, the output follows the ``memory_kv`` it is given, one decoding step at a time equals the full pass, and
 agreement with ``nn.MultiheadAttention`` (whose ``key_padding_mask`` is True at padding: the opposite polarity).
+The find-the-bug wrapper ``CachedCrossAttention`` runs on a stand-in ``CrossAttention`` whose answers are PyTorch's:
+a decoding loop over two batches, each call compared with PyTorch's answer for its memory, the projections counted.
 """
 
 from __future__ import annotations
 
 import torch
+import torch.nn.functional as F
 from torch import nn
 
 from decoder_course.checks import (
@@ -168,3 +171,85 @@ def check_cross_attention(CrossAttention) -> None:
             want, want_w = theirs(query, memory, memory, key_padding_mask=~is_real, average_attn_weights=False)
         expect_close(weights, want_w, "the weights vs nn.MultiheadAttention's", atol=1e-5, rtol=1e-4)
         expect_close(out, want, "the output vs nn.MultiheadAttention's", atol=1e-5, rtol=1e-4)
+
+
+class _TorchCrossAttention(nn.Module):
+    """A stand-in for a CrossAttention whose answers are PyTorch's (an ``nn.MultiheadAttention``'s weights, applied
+    with ``F.linear`` and ``F.scaled_dot_product_attention``), which notes every memory it projects."""
+
+    def __init__(self, D: int, H: int, seed: int):
+        super().__init__()
+        torch.manual_seed(seed)
+        self.H, self.torch_mha = H, nn.MultiheadAttention(D, H, batch_first=True).eval()
+        with torch.no_grad():  # biases far from 0, so that no mistake hides behind a zero
+            self.torch_mha.in_proj_bias.normal_()
+            self.torch_mha.out_proj.bias.normal_()
+        self.projected: list[int] = []  # the batch size of every memory projected
+        self.project_memory = self._project  # what the code under test calls: PyTorch's weights, split into heads
+
+    def _heads(self, x: torch.Tensor, part: int) -> torch.Tensor:
+        w, b = self.torch_mha.in_proj_weight.chunk(3)[part], self.torch_mha.in_proj_bias.chunk(3)[part]  # q, k, v
+        B, L, D = x.shape
+        return F.linear(x, w, b).view(B, L, self.H, D // self.H).transpose(1, 2)  # (B, H, L, Dh)
+
+    def _project(self, memory):
+        self.projected.append(memory.shape[0])
+        with torch.no_grad():
+            return self._heads(memory, 1), self._heads(memory, 2)  # (B, H, S, Dh) each
+
+    def forward(self, query, memory=None, allowed=None, memory_kv=None):
+        if (memory is None) == (memory_kv is None):
+            raise ValueError("pass exactly one of memory or memory_kv")
+        k, v = self.project_memory(memory) if memory_kv is None else memory_kv  # (B, H, S, Dh) each
+        with torch.no_grad():
+            q = self._heads(query, 0)  # (B, H, T, Dh)
+            B, _, T, Dh = q.shape
+            full = torch.ones(T, k.shape[2], dtype=torch.bool) if allowed is None else allowed
+            full = torch.broadcast_to(full, (B, self.H, T, k.shape[2]))  # (B, H, T, S); no empty row here
+            out = F.scaled_dot_product_attention(q, k, v, attn_mask=full)  # its mask: True = may attend, as ours
+            scores = (q @ k.transpose(-2, -1) / Dh ** 0.5).masked_fill(~full, float("-inf"))
+            merged = out.transpose(1, 2).reshape(B, T, -1)  # (B, T, D)
+            return self.torch_mha.out_proj(merged), torch.softmax(scores, dim=-1)
+
+
+
+def check_cached_cross_attention(CachedCrossAttention) -> None:
+    """Find the bug: a decoding loop over two batches, every call against PyTorch, and the projections counted."""
+    D, H, S = 8, 2, 5
+    xattn = _TorchCrossAttention(D, H, seed=7)  # a stand-in whose answers are PyTorch's: only the given code is tested
+    g = torch.Generator().manual_seed(8)
+    batches = [(torch.randn(2, S, D, generator=g), torch.tensor([[True] * S, [True] * 3 + [False] * 2])),
+               (torch.randn(2, S, D, generator=g), torch.tensor([[True] * 2 + [False] * 3, [True] * S]))]
+    plan = [0, 0, 0, 1, 1, 0]  # the batch each call reads: three steps, two steps of the next batch, the first again
+    later = "\n    (This code calls your cross_attention_mask: if its check above fails, fix that first.)"
+
+    def theirs(query, b, padding_of=None):
+        """PyTorch's answer for batch b's memory (with the padding of batch ``padding_of``, default b's)."""
+        memory, is_real = batches[b][0], batches[b if padding_of is None else padding_of][1]
+        with torch.no_grad():  # PyTorch's boundary: key_padding_mask is True at padding
+            return xattn.torch_mha(query, memory, memory, key_padding_mask=~is_real)[0]
+
+    with check("a decoding loop over two batches of the same shape: every call reads the memory it is given"):
+        cached = CachedCrossAttention(xattn)
+        for step, b in enumerate(plan):
+            query = torch.randn(2, 1, D, generator=g)  # (B, 1, D): one decoding step
+            memory, is_real = batches[b]
+            out, weights = _pair(expect_inputs_unchanged(cached, query, memory, is_real), f"call {step}")
+            expect_shape(out, (2, 1, D), f"the output of call {step}", names="B, T, D")
+            expect_shape(weights, (2, H, 1, S), f"the weights of call {step}", names="B, H, T, S")
+            if not torch.allclose(out, theirs(query, b), atol=1e-5):
+                other = [c for c in range(2) if c != b and torch.allclose(out, theirs(query, c, b), atol=1e-5)]
+                raise CheckFailed(
+                    f"call {step} was given batch {b}'s memory, but "
+                    + (f"its output is what batch {other[0]}'s memory gives: keys and values projected from an "
+                       "earlier memory were used for another one" if other else "its output differs from "
+                       "PyTorch's for that memory")
+                    + f". The calls read batches {plan}: which memory were the keys and values of call {step} "
+                    "projected from?" + later)
+
+    with check("each memory is projected once: at its first call, not again at the steps that follow"):
+        changes = sum(1 for i, b in enumerate(plan) if i == 0 or b != plan[i - 1])
+        if len(xattn.projected) != changes:
+            raise CheckFailed(f"project_memory ran {len(xattn.projected)} times over {len(plan)} calls on batches "
+                              f"{plan}, where the memory changed {changes} times: project a memory when it changes, "
+                              "and let the calls that pass the same memory again reuse its keys and values")
