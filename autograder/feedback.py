@@ -56,6 +56,10 @@ from nbformat import NotebookNode
 from nbgrader.preprocessors import NbGraderPreprocessor
 from pygments.token import STANDARD_TYPES
 
+from autograder.checks.framework import PASSED_MESSAGE
+from autograder.text import without_escapes
+from autograder.verdicts import FAILED_NAME, PASSED_PREFIX
+
 __all__ = ["SafeFeedback", "imitates_verdict", "markdown_block", "sanitize_html", "sanitize_output"]
 
 # -- the sanitiser ---------------------------------------------------------------------------------------------
@@ -172,14 +176,9 @@ def _joined(value) -> str:
     return value if isinstance(value, str) else str(value)
 
 
-# Terminal escapes: CSI (colours, cursor moves), OSC (titles, links), any other ESC pair, and C0 controls.
-_ESCAPES = re.compile(r"\x1b\[[0-?]*[ -/]*[@-~]|\x1b\][^\x07\x1b]*(?:\x07|\x1b\\)?|\x1b[@-_]?"
-                      r"|[\x00-\x08\x0b\x0c\x0e-\x1f\x7f]")
-
-
 def _plain(value) -> str:
     """Student text without terminal escapes: nbconvert would turn its colour codes into inline styles."""
-    return _ESCAPES.sub("", _joined(value))
+    return without_escapes(_joined(value))
 
 
 def _image_metadata(metadata) -> NotebookNode:
@@ -250,8 +249,7 @@ def sanitize_output(output) -> NotebookNode:
 # -- what only the grader writes -------------------------------------------------------------------------------
 # verdicts.apply: a passed item's last output is this stream; a failed item's verdict is the only error output of
 # its cell (apply turns every error the kernel raised into text), named HiddenCheckFailed.
-PASSED = re.compile(r"✓ Hidden checks: (all \d+ hidden cases? passed)\n?")
-FAILED_NAME = "HiddenCheckFailed"
+PASSED = re.compile(re.escape(PASSED_PREFIX) + "(" + re.escape(PASSED_MESSAGE).replace(r"\{n\}", r"\d+") + r")\n?")
 _CONFUSABLE = str.maketrans("аеіјоорсухнкмтвԁһ", "aeijoopcyxhkmtbdh")  # Cyrillic letters that look Latin
 _VERDICT_WORDS = ("hiddencheck", "graderverdict", "gradersverdict", "graderreport", "gradersreport")
 
@@ -388,7 +386,7 @@ class SafeFeedback(NbGraderPreprocessor):
         return row
 
     def _line(self, row: dict) -> str:
-        return (f"✓ Hidden checks: {row['message']}" if row["passed"]
+        return (f"{PASSED_PREFIX}{row['message']}" if row["passed"]
                 else f"✗ Hidden checks for `{row['item']}`: {row['message']}")
 
     def _box(self, row: dict) -> str:

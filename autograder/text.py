@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import re
 
-__all__ = ["csv_cell", "shown"]
+__all__ = ["csv_cell", "shown", "without_escapes"]
 
 # C0 controls but tab and newline, DEL, C1 controls, and the Unicode format characters that reorder or hide text.
 _UNSAFE = re.compile("[\x00-\x08\x0b-\x1f\x7f-\x9f\u061c\u200b-\u200f\u202a-\u202e\u2066-\u2069\ufeff]")
@@ -28,6 +28,16 @@ def shown(text: object, multiline: bool = False) -> str:
     newlines and tabs kept only when ``multiline``."""
     text = _UNSAFE.sub(_escape, str(text))
     return text if multiline else _LINES.sub(_escape, text)
+
+
+# Terminal escapes: CSI (colours, cursor moves), OSC (titles, links), any other ESC pair, and C0 controls.
+_ESCAPES = re.compile(r"\x1b\[[0-?]*[ -/]*[@-~]|\x1b\][^\x07\x1b]*(?:\x07|\x1b\\)?|\x1b[@-_]?"
+                      r"|[\x00-\x08\x0b\x0c\x0e-\x1f\x7f]")
+
+
+def without_escapes(text: str) -> str:
+    """``text`` with its terminal escapes and control characters removed (a traceback's colours, say)."""
+    return _ESCAPES.sub("", text)
 
 
 def csv_cell(value: object) -> object:

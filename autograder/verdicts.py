@@ -17,7 +17,6 @@ from __future__ import annotations
 import hashlib
 import math
 import os
-import re
 import stat
 import zipfile
 from dataclasses import dataclass, field
@@ -28,9 +27,12 @@ from nbformat import NotebookNode
 
 from autograder import lessons, policy
 from autograder.checks.framework import MAX_REPORT_BYTES, REGISTRY, Case, Exercise, Verdict, run_judge, write_cases
+from autograder.text import without_escapes
 from decoder_course import harvest
 
-_ANSI = re.compile(r"\x1b\[[0-9;]*[A-Za-z]")
+# How verdicts.apply writes a verdict into a graded cell, and autograder.feedback finds it again.
+PASSED_PREFIX = "✓ Hidden checks: "  # a passed item's last output: a stdout stream, this and the message
+FAILED_NAME = "HiddenCheckFailed"  # a failed item's verdict: the cell's only error output, by this name
 
 
 def exercises_for(lesson: str) -> dict[str, type[Exercise]]:
@@ -224,7 +226,7 @@ def _as_text(output: NotebookNode) -> NotebookNode | None:
     if output.output_type == "stream":
         return NotebookNode(output_type="stream", name="stdout", text=output.text)
     if output.output_type == "error":
-        lines = [_ANSI.sub("", line) for line in output.get("traceback", [])]
+        lines = [without_escapes(line) for line in output.get("traceback", [])]
         last = lines[-1] if lines else f"{output.get('ename')}: {output.get('evalue')}"
         return NotebookNode(output_type="stream", name="stdout", text=f"[visible check] {last}\n")
     if output.output_type == "execute_result":
@@ -242,10 +244,10 @@ def apply(nb: NotebookNode, verdicts: dict[str, Verdict]) -> None:
         if verdict is None:
             verdict = Verdict(False, "this cell has no hidden checks registered; tell your instructor.")
         if verdict.passed:
-            kept.append(NotebookNode(output_type="stream", name="stdout", text=f"✓ Hidden checks: {verdict.message}\n"))
+            kept.append(NotebookNode(output_type="stream", name="stdout", text=f"{PASSED_PREFIX}{verdict.message}\n"))
         else:
             message = f"✗ Hidden checks for `{item}`: {verdict.message}"
-            kept.append(NotebookNode(output_type="error", ename="HiddenCheckFailed", evalue=verdict.message,
+            kept.append(NotebookNode(output_type="error", ename=FAILED_NAME, evalue=verdict.message,
                                      traceback=[message]))
         cell.outputs = kept
 

@@ -20,6 +20,9 @@ REGISTRY: dict[str, dict[str, type[Exercise]]] = {}
 MAX_REPORT_BYTES = 4 << 20  # the most of a kernel's JSON report the grader reads (autograder.verdicts checks first)
 
 
+PASSED_MESSAGE = "all {n} hidden cases passed"  # a passed item's verdict (autograder.feedback reads it back)
+
+
 class Fail(Exception):
     """A hidden check failed; the message is shown to the student and must say which idea broke."""
 
@@ -331,7 +334,7 @@ def run_judge(ex: Exercise, folder: Path, cases: list[Case], passed: dict[str, b
     except Exception as exc:  # a grader bug must not look like the student's fault; say so plainly
         return Verdict(False, f"the grader could not judge this exercise ({type(exc).__name__}: {exc}); "
                               "tell your instructor.")
-    return Verdict(True, f"all {len(cases)} hidden cases passed")
+    return Verdict(True, PASSED_MESSAGE.format(n=len(cases)))
 
 
 def each(cases: Iterable[Case], fn: Callable[[Case], None]) -> None:
