@@ -331,8 +331,13 @@ def _load_cases(folder: Path, item: str) -> tuple[dict, dict]:
     return spec, arrays
 
 
-def _run_case(namespace: dict, arrays: dict, case: dict) -> tuple[dict, dict]:
-    """Follow one case: its report entry and the arrays it recorded. The student's exception is data."""
+def _run_case(namespace: dict, arrays: dict, case: dict,
+              caught: type[BaseException] = Exception) -> tuple[dict, dict]:
+    """Follow one case: its report entry and the arrays it recorded. The student's exception is data.
+
+    ``caught``: what counts as the student's exception. In the forked child it is every ``BaseException``
+    (a ``SystemExit`` too: the child must still report); in the kernel itself an interrupt must go on up.
+    """
     runner = _Runner(namespace, arrays)
     started = time.perf_counter()
     entry: dict[str, Any] = {}
@@ -341,9 +346,9 @@ def _run_case(namespace: dict, arrays: dict, case: dict) -> tuple[dict, dict]:
             runner.step(step)
     except NotImplementedError:
         entry["error"] = "NotImplementedError: the exercise is not written yet"
-    except Exception as exc:  # the student's exception is data for the verdict, never a crash here
+    except caught as exc:  # the student's exception is data for the verdict, never a crash here
         lines = traceback.format_exception_only(type(exc), exc)
-        entry["error"] = "".join(lines).strip()[:MAX_ERROR_CHARS]
+        entry["error"] = "".join(lines).strip()[:MAX_ERROR_CHARS] or type(exc).__name__
     entry["seconds"] = round(time.perf_counter() - started, 4)
     entry["outputs"] = runner.meta
     return entry, runner.leaves
@@ -562,13 +567,7 @@ def _child(item: str, namespace: dict, folder: Path, readable: int, writable: in
         spec, arrays = _load_cases(folder, item)
         total = 0
         for case in spec["cases"]:
-            started = time.perf_counter()
-            try:
-                entry, recorded = _run_case(namespace, arrays, case)
-            except BaseException as exc:  # SystemExit, KeyboardInterrupt raised by the student's code
-                entry = {"error": "".join(traceback.format_exception_only(type(exc), exc)).strip()[:MAX_ERROR_CHARS]
-                         or type(exc).__name__, "seconds": round(time.perf_counter() - started, 4), "outputs": {}}
-                recorded = {}
+            entry, recorded = _run_case(namespace, arrays, case, caught=BaseException)
             nbytes = sum(array.nbytes for array in recorded.values())
             total += nbytes
             message: dict[str, Any] = {"id": case["id"], "entry": entry, "nbytes": nbytes}
