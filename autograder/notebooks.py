@@ -192,23 +192,30 @@ def untouched_demo(cell) -> bool:
 
 
 def _names(source: str) -> tuple[set[str], set[str]]:
-    """(names a cell binds at top level or anywhere, names it reads) of a code cell; empty if it is no Python."""
-    import ast
+    """(global names a cell binds, global names it reads) of a code cell; empty if it is no Python.
+
+    Python's own scoping decides (``symtable``): a parameter or a local variable of a function is the
+    function's, not the notebook's, while a name a function body reads without binding it is a global read
+    (when the function runs, it reads what the notebook holds then).
+    """
+    import symtable
 
     try:
-        tree = ast.parse(source)
+        top = symtable.symtable(source, "<cell>", "exec")
     except SyntaxError:  # IPython syntax (%pip): not a cell this check is about
         return set(), set()
-    bound, read = set(), set()
-    for node in ast.walk(tree):
-        if isinstance(node, ast.Name):
-            (read if isinstance(node.ctx, ast.Load) else bound).add(node.id)
-        elif isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
-            bound.add(node.name)
-        elif isinstance(node, ast.arg):  # a parameter is the function's own name, not the notebook's
-            bound.add(node.arg)
-        elif isinstance(node, (ast.Import, ast.ImportFrom)):
-            bound |= {(a.asname or a.name).split(".")[0] for a in node.names}
+    bound = {sym.get_name() for sym in top.get_symbols() if sym.is_assigned() or sym.is_imported()
+             or sym.is_namespace()}
+    read = {sym.get_name() for sym in top.get_symbols() if sym.is_referenced()}
+    tables = list(top.get_children())
+    while tables:
+        table = tables.pop()
+        tables += table.get_children()
+        for sym in table.get_symbols():
+            if sym.is_global() and sym.is_referenced():
+                read.add(sym.get_name())
+            if sym.is_declared_global() and sym.is_assigned():  # `global x; x = ...` binds the notebook's x
+                bound.add(sym.get_name())
     return bound, read
 
 

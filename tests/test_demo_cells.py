@@ -67,6 +67,17 @@ def test_the_builder_refuses_a_demo_whose_names_a_later_cell_reads():
         notebooks.build_notebook("01-masks", SOURCE.replace("# %% demo", "# %% demo test=causal_mask"))
 
 
+def test_the_builder_follows_python_scopes_not_spellings():
+    # a parameter or local named x is the function's own: it neither hides a read of the notebook's x ...
+    with pytest.raises(ValueError, match="reads x"):
+        notebooks.build_notebook("01-masks", SOURCE.replace("y = 2", "def f(x):\n    return x\ny = f(x)"))
+    # ... nor is a binding of the notebook's x that a later cell could depend on
+    notebooks.build_notebook("01-masks", SOURCE.replace("y = 2", "def f(x):\n    return x\ny = f(2)"))
+    # a function body that reads x without binding it reads the notebook's x when it runs
+    with pytest.raises(ValueError, match="reads x"):
+        notebooks.build_notebook("01-masks", SOURCE.replace("y = 2", "def f():\n    return x + 1\ny = f()"))
+
+
 @pytest.mark.parametrize("lesson", ["07-training", "08-generation", "09-kv-cache"])
 def test_the_long_lessons_mark_their_demonstrations_and_the_release_keeps_them(lesson):
     solution = nbformat.read(notebooks.solution_path(lesson), as_version=4)
