@@ -369,6 +369,35 @@ print(f"beam search, batch 2 x 4 beams, {n_beam} tokens: {plain_s:.2f} s without
       f"{plain_s / cached_s:.1f}x faster; the same beams: {same}")
 
 # %% [markdown]
+# ## 8. Find the bug
+#
+# A prefix known in advance (a prompt, a forced start of the answer) need not be decoded token by token:
+# `decode_step` takes several tokens at once and caches them in one call. A long prefix is usually fed in
+# **chunks** of a fixed size instead, as inference servers do with long prompts, so that no single call's
+# attention grows too large. `prefill` below, written by a colleague on top of **your** `decode_step` and
+# `KVCache`, does that. It has **one** mistake. It runs, the logits have the right shape, the cache the right
+# length, and its author checked it against the full decoder with one token per chunk and with the whole prefix
+# in one chunk: both right. Any other chunk size gives plausible logits that are wrong, and every token
+# generated after them is conditioned on a past the model never saw.
+#
+# How would you find it? Ask what must hold whatever the chunk size: the cache and the last logits describe the
+# prefix, not the way it was fed, so every `chunk_size` must give the full decoder's logits at the prefix's last
+# position. Compare chunk sizes 1, 2, 3 and the whole prefix; then, for a size that fails, print for each call
+# of `decode_step` which tokens of the prefix the chunk holds and the position it is given, and compare with
+# what `decode_step`'s docstring asks for. The check under the cell does the comparison for you.
+#
+# **Exercise.** Find and fix the bug in `prefill(model, prefix_ids, memory_kv, cache, chunk_size,
+# src_is_real=None)`, in the given code. It is graded with your own `decode_step` and `KVCache`: a mistake in
+# those costs their own cells, not this one.
+
+# %% exercise=prefill
+
+# %% test=prefill points=1
+from decoder_course.visible import l09_kv_cache as visible
+
+visible.check_prefill(prefill, decode_step, KVCache, Seq2SeqTransformer)
+
+# %% [markdown]
 # ## What you built
 #
 # | piece | what it does |
@@ -378,5 +407,6 @@ print(f"beam search, batch 2 x 4 beams, {n_beam} tokens: {plain_s:.2f} s without
 # | `decode_step` | the decoder on the new token(s) only, with the past from the cache and the memory's K/V projected once |
 # | `greedy_decode_cached` | exactly `greedy_decode`'s tokens, in linear instead of quadratic work |
 # | `beam_search_cached` | exactly `beam_search`'s beams, the cache reordered with them (`cache.reorder(rows)`) |
+# | `prefill` (fixed) | a known prefix cached chunk by chunk, each chunk at the positions its tokens hold |
 #
 # The same cache serves sampling too: sampling changes only how the next token is chosen.

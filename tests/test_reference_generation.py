@@ -632,3 +632,33 @@ def test_beam_search_cached_projects_memory_once_and_decodes_one_position_per_st
     assert out.shape == (2, 9)
     assert len(calls) == len(model.decoder.layers), f"cross-attention keys projected {len(calls)} times"
     assert widths == [1] * 9, f"decoder inputs per step: {widths}"
+
+
+@pytest.mark.parametrize("norm_first", [True, False])
+def test_prefill_gives_the_full_decoders_logits_whatever_the_chunk_size(norm_first):
+    # the oracle is the uncached decoder on the whole prefix; one more cached token must see the prefill's cache;
+    # the buggy release (chunk index as position) is right for one token per chunk and for one chunk only
+    from autograder import notebooks
+
+    model = small_model(norm_first, seed=3)
+    src, is_real = padded_source([6, 2, 4], V=20, seed=4)
+    g = torch.Generator().manual_seed(6)
+    tokens = torch.cat([torch.full((3, 1), BOS), torch.randint(3, 20, (3, 8), generator=g)], dim=1)  # (B, 9)
+    P = 8
+    with torch.no_grad():
+        memory = model.encode(src, is_real)
+        full = model.decode(tokens, memory, src_is_real=is_real)  # (B, 9, V)
+        memory_kv = [layer.cross_attn.project_memory(memory) for layer in model.decoder.layers]
+    prefix = tokens[:, :P].clone()
+    namespace = dict(vars(kv))
+    exec(notebooks.buggy_source("09-kv-cache", "prefill"), namespace)  # noqa: S102 - our own code
+    buggy = namespace["prefill"]
+    for chunk_size in (1, 2, 3, 5, 8, 20):
+        logits, cache = kv.prefill(model, prefix, memory_kv, kv.KVCache(2), chunk_size, src_is_real=is_real)
+        torch.testing.assert_close(logits, full[:, P - 1], atol=1e-4, rtol=1e-4)
+        assert cache.length == P and torch.equal(prefix, tokens[:, :P])
+        nxt, _ = kv.decode_step(model, tokens[:, P:], memory_kv, cache, P, src_is_real=is_real)
+        torch.testing.assert_close(nxt, full[:, P], atol=1e-4, rtol=1e-4)
+        wrong, _ = buggy(model, prefix, memory_kv, kv.KVCache(2), chunk_size, src_is_real=is_real)
+        silent = chunk_size == 1 or chunk_size >= P
+        assert torch.allclose(wrong, full[:, P - 1], atol=1e-4) == silent, f"chunk_size {chunk_size}"

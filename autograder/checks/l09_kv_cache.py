@@ -11,6 +11,8 @@ projecting the memory once per layer is part of the exercise.
 
 from __future__ import annotations
 
+import functools
+
 import numpy as np
 import torch
 
@@ -482,3 +484,103 @@ class BeamSearchCached(Exercise):
             after = result.get(case.id, "src_after", what="src_ids after the call", kind="tensor")
             if not np.array_equal(after, d["src"]):
                 raise Fail(f"beam_search_cached modified the caller's src_ids in place ({case.desc}).")
+
+
+# -- prefill: find the bug (autograder.bugs), judged relative to the student's decode_step, KVCache, mask --------------
+def _chunked(model, prefix: torch.Tensor, memory_kv, is_real, chunk_size: int, start) -> torch.Tensor:
+    """The reference decode_step fed chunk i at position start(i, its width, chunk_size): a known wrong position."""
+    cache, P = ref.KVCache(LAYERS), prefix.shape[1]
+    for i in range((P + chunk_size - 1) // chunk_size):
+        chunk = prefix[:, i * chunk_size: (i + 1) * chunk_size]
+        logits, cache = ref.decode_step(model, chunk, memory_kv, cache, start(i, chunk.shape[1], chunk_size), is_real)
+    return logits.numpy()
+
+
+@exercise(LESSON, "prefill")
+class Prefill(Exercise):
+    """The given loop feeds a prefix to the student's decode_step chunk by chunk; the shown bug passes the chunk's
+    index as its position. Against the full decoder at the prefix's last position and at one more token after it
+    (the cache must hold every position), chunk sizes that divide the prefix, that do not, 1 and one chunk, both
+    norm placements, padded sources; the cache's length; known wrong positions named."""
+
+    uses = ("decode_step", "KVCache", "cached_causal_mask")  # decode_step runs the student's cache and mask
+    reference = ref
+
+    def cases(self, rng):
+        cases = []
+        specs = (("uneven", True, 3, 8, 3, "chunks of 3, 3 and 2 tokens"),
+                 ("even", False, 2, 6, 2, "three chunks of 2 tokens"),
+                 ("tokens", bool(rng.integers(2)), 1, 4, 1, "one token per chunk"),
+                 ("whole", bool(rng.integers(2)), 2, 5, 8, "one chunk (chunk_size > P)"))
+        for case_id, norm_first, B, P, chunk_size, what in specs:
+            model, state = _random_model(rng, norm_first)
+            src, is_real = _source(rng, B, 6)
+            mask = is_real if B > 1 else None
+            prefix = np.concatenate([np.full((B, 1), BOS), rng.integers(3, V, size=(B, P))], axis=1)  # (B, P + 1)
+            with torch.no_grad():
+                memory = model.encode(_tensor(src), _tensor(mask))
+                memory_kv = [layer.cross_attn.project_memory(memory) for layer in model.decoder.layers]
+            name = "pre-LN" if norm_first else "post-LN"
+            desc = (f"{name}, B={B}, {'padded sources' if mask is not None else 'no src_is_real'}, a prefix of "
+                    f"P={P} tokens, chunk_size={chunk_size}: {what}")
+            case = Case(case_id, desc, data={"model": model, "src": src, "is_real": mask, "prefix": prefix,
+                                             "P": P, "chunk_size": chunk_size, "memory_kv": memory_kv})
+            _build(case, state, norm_first)
+            case.let("mkv", {"list": [{"tuple": [case.tensor(k), case.tensor(v)]} for k, v in memory_kv]})
+            case.call("KVCache", LAYERS, let="cache")
+            case.let("prefix", case.tensor(prefix[:, :P]))
+            real = case.tensor(mask) if mask is not None else None
+            case.call("prefill", {"ref": "m"}, {"ref": "prefix"}, {"ref": "mkv"}, {"ref": "cache"}, chunk_size,
+                      src_is_real=real, let="r")
+            case.record("logits", {"index": ["r", 0]})
+            case.let("cache", {"index": ["r", 1]})
+            case.record("length", {"attr": ["cache", "length"]})
+            # one more token after the prefix, at position P: it reads every cached position
+            case.call("decode_step", {"ref": "m"}, case.tensor(prefix[:, P:]), {"ref": "mkv"}, {"ref": "cache"}, P,
+                      src_is_real=real, let="r2")
+            case.record("next", {"index": ["r2", 0]})
+            case.record("prefix_after", {"ref": "prefix"})
+            cases.append(case)
+        return cases
+
+    def judge(self, result: Result):
+        for case in result.cases.values():
+            _raise_with_dependencies(result, case, "decode_step, KVCache and cached_causal_mask")
+        for case in result.cases.values():
+            d = case.data
+            B, P, chunk = d["prefix"].shape[0], d["P"], d["chunk_size"]
+            prefix, is_real = _tensor(d["prefix"]), _tensor(d["is_real"])
+            with torch.no_grad():
+                memory = d["model"].encode(_tensor(d["src"]), is_real)
+                full = d["model"].decode(prefix, memory, src_is_real=is_real).numpy()  # (B, P + 1, V)
+            got = result.get(case.id, "logits", what="prefill's logits", kind="tensor", dtype="float", shape=(B, V))
+            if not np.allclose(got, full[:, P - 1], rtol=1e-4, atol=1e-4):
+                with torch.no_grad():
+                    fed = functools.partial(_chunked, d["model"], prefix[:, :P], d["memory_kv"], is_real, chunk)
+                    mistakes = {
+                        "chunk i fed at position i, its index: right for one token per chunk or a single chunk, "
+                        "and wrong for every later chunk of several tokens": fed(lambda i, width, size: i),
+                        "each chunk fed at the position of its last token: decode_step's position is its first "
+                        "token's": fed(lambda i, width, size: (i + 1) * size - 1),
+                        "chunk i fed at i times the length of this chunk: a shorter last chunk lands too early":
+                            fed(lambda i, width, size: i * width),
+                    }
+                hint = next((f"Your logits are those of {why}." for why, want in mistakes.items()
+                             if np.allclose(got, want, rtol=1e-4, atol=1e-4)),
+                            "Each chunk must be fed at the absolute position of its first token in the prefix.")
+                raise Fail(f"prefill's logits differ from the full decoder's at the prefix's last position "
+                           f"({case.desc}). {hint}")
+            length = int(result.get(case.id, "length", what="the cache's length after prefill", kind="any"))
+            if length != P:
+                raise Fail(f"after prefill of P={P} tokens the cache holds {length} positions ({case.desc}): every "
+                           "chunk's keys and values go into the cache, and the cache decode_step returns is the "
+                           "one the next chunk gets.")
+            nxt = result.get(case.id, "next", what="decode_step's logits after prefill", kind="tensor",
+                             dtype="float", shape=(B, V))
+            expect_close(nxt, full[:, P], f"the logits of one more token at position {P} after prefill (vs the full "
+                         "decoder)", case.desc, rtol=1e-4, atol=1e-4,
+                         hint="The prefill's own logits were right, but the cache it returned does not hold the "
+                              "prefix's keys and values at their positions: return the cache of the last chunk.")
+            after = result.get(case.id, "prefix_after", what="prefix_ids after the call", kind="tensor")
+            if not np.array_equal(after, d["prefix"][:, :P]):
+                raise Fail(f"prefill modified the caller's prefix_ids in place ({case.desc}).")

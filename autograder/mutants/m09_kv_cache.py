@@ -6,7 +6,7 @@ Each is written as a student would type it in the notebook, where ``torch``, ``n
 
 import torch
 
-from autograder.mutants import mutant
+from autograder.mutants import mutant, patched, shown_bug
 from autograder.reference.multi_head import attention, merge_heads, split_heads  # noqa: F401
 
 MUTANTS: list = []
@@ -371,3 +371,15 @@ def beam_search_cached(model, src_ids, max_len, bos_id, eos_id, beam_size=4, len
     best = (scores / ((5.0 + lengths.float()) / 6.0) ** length_penalty).argmax(-1)
     best_ids = tgt.view(B, K, -1)[torch.arange(B), best, 1:]
     return best_ids[:, : int(lengths.gather(1, best[:, None]).max())]
+
+
+# -- prefill (find the bug) ------------------------------------------------------------------------------------------
+shown_bug(MUTANTS, "09-kv-cache", "prefill",
+          "chunk i fed at position i, its index, instead of i * chunk_size")
+FED = "decode_step(model, chunk, memory_kv, cache, i * chunk_size, src_is_real)"
+patched(MUTANTS, "09-kv-cache", "prefill",
+        "a wrong fix: each chunk fed at the position of its last token",
+        (FED, "decode_step(model, chunk, memory_kv, cache, (i + 1) * chunk_size - 1, src_is_real)"))
+patched(MUTANTS, "09-kv-cache", "prefill",
+        "a wrong fix: chunk i fed at i times its own length: a shorter last chunk lands too early",
+        (FED, "decode_step(model, chunk, memory_kv, cache, i * chunk.shape[1], src_is_real)"))

@@ -16,7 +16,7 @@ from autograder.reference.model import Seq2SeqTransformer  # noqa: F401 - given 
 from autograder.reference.multi_head import attention, merge_heads, split_heads
 
 EXERCISES = ("KVCache", "cached_causal_mask", "decode_step", "greedy_decode_cached",
-             "beam_search_cached")
+             "beam_search_cached", "prefill")
 GIVEN: tuple[str, ...] = ()
 
 
@@ -282,3 +282,39 @@ def beam_search_cached(
     L = int(lengths.gather(1, best[:, None]).max())
     return best_ids[:, :L]  # (B, L)
     ### END SOLUTION
+
+
+@torch.inference_mode()
+def prefill(
+    model: nn.Module,
+    prefix_ids: torch.Tensor,
+    memory_kv: list,
+    cache: KVCache,
+    chunk_size: int,
+    src_is_real: torch.Tensor | None = None,
+) -> tuple[torch.Tensor, KVCache]:
+    """Feed a known prefix into an empty cache, ``chunk_size`` tokens per ``decode_step`` call (find the bug).
+
+    Chunked prefill, as inference servers feed long prompts: the chunks are the prefix's tokens in order (the last
+    may be shorter), and the result is that of one ``decode_step`` on the whole prefix at position 0, whatever
+    ``chunk_size``: the logits of the prefix's last position, equal to the full decoder's there, and the cache
+    holding all P positions in every layer, ready for the next token at position P. ``memory_kv`` and
+    ``src_is_real`` are ``decode_step``'s; ``prefix_ids`` is unchanged.
+
+    Shape:
+        prefix_ids: (B, P) BOS first, memory_kv: per layer ((B, H, S, Dh), (B, H, S, Dh)),
+        src_is_real: (B, S) bool or None -> logits: (B, V), and the cache
+    """
+    P = prefix_ids.shape[1]
+    n_chunks = (P + chunk_size - 1) // chunk_size  # the last chunk may be shorter
+    for i in range(n_chunks):
+        chunk = prefix_ids[:, i * chunk_size : (i + 1) * chunk_size]  # (B, <= chunk_size)
+        ### BEGIN SOLUTION
+        # decode_step's position is the absolute position of the chunk's first token: chunk i starts at token
+        # i * chunk_size (the cache's length so far), not at position i
+        logits, cache = decode_step(model, chunk, memory_kv, cache, i * chunk_size, src_is_real)  # (B, V)
+        ### END SOLUTION
+        ### BEGIN BUG
+        # logits, cache = decode_step(model, chunk, memory_kv, cache, i, src_is_real)  # (B, V)
+        ### END BUG
+    return logits, cache

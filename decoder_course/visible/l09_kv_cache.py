@@ -280,3 +280,45 @@ def check_beam_search_cached(beam_search_cached, beam_search, Seq2SeqTransformer
         if max(calls) > 1:
             raise CheckFailed(f"cross_attn.k_proj ran {calls} times per layer for 9 steps: project the repeated "
                               "memory once per layer before the loop and pass memory_kv")
+
+
+# -- prefill (find the bug) --------------------------------------------------------------------------------------------
+def check_prefill(prefill, decode_step, KVCache, Seq2SeqTransformer) -> None:
+    """Find the bug: the probe first (every chunk size gives the full decoder's logits at the prefix's last
+    position), then the cache it leaves (one more token after it), its length, and the prefix unchanged."""
+    model = _small_model(Seq2SeqTransformer, True, seed=4)
+    src, is_real = _source(seed=3)
+    g = torch.Generator().manual_seed(5)
+    prefix = torch.cat([torch.full((3, 1), BOS), torch.randint(3, 20, (3, 7), generator=g)], dim=1)  # (B, 8)
+    P = prefix.shape[1] - 1  # the prefix is the first 7 tokens; the 8th comes after it
+    with torch.no_grad():
+        memory = model.encode(src, is_real)
+        full = model.decode(prefix, memory, src_is_real=is_real)  # (B, 8, V): every position at once
+        kv = [layer.cross_attn.project_memory(memory) for layer in model.decoder.layers]
+
+    def run(chunk_size):
+        return prefill(model, prefix[:, :P], kv, KVCache(len(model.decoder.layers)), chunk_size, src_is_real=is_real)
+
+    with check(f"the probe: every chunk size gives the full decoder's logits at the prefix's last position ({P - 1})"):
+        out = expect_inputs_unchanged(run, 1)
+        expect_type(out, tuple, "prefill(...)")
+        expect_shape(out[0], (3, 20), "prefill's logits", names="B, V")
+        sizes = (1, 2, 3, P)
+        agree = {size: bool(torch.allclose(run(size)[0], full[:, P - 1], atol=1e-4)) for size in sizes}
+        if not all(agree.values()):
+            rows = "\n".join(f"        chunk_size {size}: {(P + size - 1) // size} chunk(s), "
+                             f"{'the full decoder' if ok else 'differs'}" for size, ok in agree.items())
+            raise CheckFailed(f"the logits after a prefix of {P} tokens depend on the chunk size:\n{rows}\n    Which "
+                              "chunks do the sizes that work never have? Print, for each call of decode_step, the "
+                              "positions of the chunk's tokens in the prefix and the position it is given.")
+
+    with check(f"after prefill with chunk_size 3 the cache holds {P} positions, and one more token at position {P} "
+               "gets the full decoder's logits"):
+        logits, cache = run(3)
+        if cache.length != P:
+            raise CheckFailed(f"after prefill of {P} tokens the cache holds {cache.length} positions: every chunk "
+                              "is cached, and each call gets the cache the one before returned")
+        nxt, _ = decode_step(model, prefix[:, P:], kv, cache, P, src_is_real=is_real)
+        expect_close(nxt, full[:, P], f"the logits of one more token at position {P}", atol=1e-4,
+                     hint="the cache prefill returns must hold the prefix's keys and values at their own positions")
+
