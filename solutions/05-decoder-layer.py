@@ -403,6 +403,35 @@ for norm_first in (False, True):
     print(f"norm_first={norm_first!s:5}: max |NumPy - PyTorch| = {np.abs(got - want.numpy()).max():.1e}")
 
 # %% [markdown]
+# ## 9. Find the bug
+#
+# Section 3 crossed PyTorch's boundary by hand: our masks say `True` = may attend, PyTorch's say `True` =
+# blocked, and every mask was inverted once, at the call. Code written for `nn.TransformerDecoderLayer` passes
+# its three mask arguments, `tgt_mask` `(T, T)`, `tgt_key_padding_mask` `(B, T)` and `memory_key_padding_mask`
+# `(B, S)`, all in PyTorch's polarity. Below is a helper written by someone else that lets such code run **your**
+# `DecoderLayer`: it joins PyTorch's two target masks into one, inverts the masks and calls your layer. It has
+# **one** mistake. Its author tried it with a causal `tgt_mask` alone, where it agrees with PyTorch's layer to
+# the last digit; with padding it still runs, every shape is right and every output looks like a layer's output.
+#
+# How would you find it? PyTorch's layer itself is the answer key: give both the same weights and the same mask
+# arguments, and try every mix (each mask present or absent). Where they disagree, print the mask the helper
+# hands your layer, as a grid, and read it row by row: which keys is each query allowed, and which should it be?
+# Then read the code the same way: at each line, what does `True` mean in the masks it combines? The check under
+# the cell runs the mixes for you, with a stand-in for your `DecoderLayer` whose answers are PyTorch's, so that
+# only the helper is on trial.
+#
+# **Exercise.** Find and fix the bug in `run_with_torch_masks(layer, tgt, memory, tgt_mask=None,
+# tgt_key_padding_mask=None, memory_key_padding_mask=None)`, in the given code. It is graded with your own
+# `DecoderLayer` (its sublayers given): a mistake in it costs its own cell, not this one.
+
+# %% exercise=run_with_torch_masks
+
+# %% test=run_with_torch_masks points=1
+from decoder_course.visible import l05_decoder_layer as visible
+
+visible.check_run_with_torch_masks(run_with_torch_masks)
+
+# %% [markdown]
 # ## What you built
 #
 # | piece | shape | what it does |
@@ -411,6 +440,7 @@ for norm_first in (False, True):
 # | `DecoderLayer(..., norm_first)` | `x (B, T, D), memory (B, S, D) → (B, T, D)` | self-attention, cross-attention, feed-forward, each with residual + LayerNorm; equal to `nn.TransformerDecoderLayer` |
 # | `init_numpy_decoder_params(D, H, F, rng)` | dict of `(in, out)` arrays | weights `N(0, 1/fan_in)`, LayerNorms as the identity |
 # | `numpy_decoder_layer(...)` | `(B, T, D) → (B, T, D)` | the same layer, NumPy only |
+# | `run_with_torch_masks(layer, tgt, memory, ...)` (fixed) | `(B, T, D) → (B, T, D)` | PyTorch's mask arguments (True = blocked) joined and inverted for our layer |
 #
 # What you measured: post-LN and pre-LN agree with PyTorch; at initialisation a pre-LN stack passes gradients back
 # through its identity path; in this decoder layer the feed-forward holds about **half** of the parameters (two

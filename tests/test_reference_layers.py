@@ -106,6 +106,7 @@ def test_contract_names():
         "DecoderLayer",
         "init_numpy_decoder_params",
         "numpy_decoder_layer",
+        "run_with_torch_masks",
     }
 
 
@@ -489,6 +490,27 @@ def test_decoder_layer_equals_torch(norm_first, seed):
     assert got.shape == (B, T, D)
     torch.testing.assert_close(got, want, **TOL64)
     torch.testing.assert_close(ours(x, memory), theirs(x, memory), **TOL64)  # no masks at all
+
+
+@pytest.mark.parametrize("norm_first", [False, True], ids=["post-LN", "pre-LN"])
+def test_run_with_torch_masks_equals_torch_for_every_mix_of_masks(norm_first):
+    """PyTorch's own mask arguments, each present or absent (a causal and a banded tgt_mask), through our layer."""
+    theirs = torch_decoder_layer(60, norm_first)
+    ours = ours_decoder_from(theirs, norm_first)
+    x, memory = randn(B, T, D, seed=61), randn(B, S, D, seed=62)
+    causal, tgt_is_real, mem_is_real, _, _ = decoder_masks()
+    index = torch.arange(T)
+    band = (index[:, None] - index[None, :]).abs() > 1  # (T, T) blocked: keys more than one position away
+    for tgt_mask in (None, ~causal, band):
+        for tgt_pad in (None, ~tgt_is_real):
+            for mem_pad in (None, ~mem_is_real):
+                args = (x, memory, tgt_mask, tgt_pad, mem_pad)
+                before = [a.clone() for a in args if a is not None]
+                got = decoder_layer.run_with_torch_masks(ours, *args)
+                want = theirs(x, memory, tgt_mask=tgt_mask, tgt_key_padding_mask=tgt_pad,
+                              memory_key_padding_mask=mem_pad)
+                torch.testing.assert_close(got, want, **TOL64)
+                assert all(torch.equal(a, b) for a, b in zip(before, [a for a in args if a is not None]))
 
 
 @pytest.mark.parametrize("norm_first", [False, True], ids=["post-LN", "pre-LN"])

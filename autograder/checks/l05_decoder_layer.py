@@ -934,3 +934,145 @@ class NumpyDecoderLayer(Exercise):
                 raise Fail(
                     f"numpy_decoder_layer changed params[{key!r}] in place: never write into the parameters."
                 )
+
+
+# -- run_with_torch_masks: find the bug (autograder.bugs), judged relative to the student's DecoderLayer --------
+def _reference_layer_out(d: dict, self_allowed, cross_allowed) -> np.ndarray:
+    """The reference layer (float64, eval) with the case's weights and the given masks of our polarity: the outputs
+    of recognisable mistakes, whose masks may leave a query with no key (PyTorch would give NaN there)."""
+    D, H, F = d["D"], d["H"], d["F"]
+    ours = ref.DecoderLayer(D, H, F, dropout=0.0, norm_first=d["norm_first"],
+                            self_attn=ref_mh.MultiHeadAttention(D, H), cross_attn=ref_cross.CrossAttention(D, H))
+    ours.load_state_dict({k: torch.from_numpy(v) for k, v in d["state"].items()})
+
+    def tensor(a):
+        return None if a is None else torch.from_numpy(np.ascontiguousarray(a))
+
+    with torch.no_grad():
+        return ours.double().eval()(torch.from_numpy(d["x"].astype(np.float64)),
+                                    torch.from_numpy(d["memory"].astype(np.float64)),
+                                    tensor(self_allowed), tensor(cross_allowed)).numpy()
+
+
+@exercise(LESSON, "run_with_torch_masks")
+class RunWithTorchMasks(Exercise):
+    """The given helper turns nn.TransformerDecoderLayer's mask arguments (True = blocked) into the student's
+    layer's masks; the shown bug joins tgt_mask and tgt_key_padding_mask with &. Judged against PyTorch's layer
+    with the same weights, called with the same arguments, on every mix of the three masks, after checks that
+    name the recognisable mistakes (& for |, the padding on the query axis or inverted or replacing tgt_mask)."""
+
+    # built on the student's DecoderLayer (its sublayers are the given ones, injected): its mistakes cost its cell
+    uses = ("DecoderLayer",)
+    reference = ref
+
+    def _case(self, rng, cid, desc, B, T, S, norm_first, tgt_mask, tgt_real, mem_real):
+        D, H, F = 16, 4, 24  # Dh = 4, T != S != H
+        x, memory = _inputs(rng, B, T, S, D)
+        state = _layer_state(rng, D, F)
+        masks = {"tgt_mask": tgt_mask, "tgt_key_padding_mask": None if tgt_real is None else ~tgt_real,
+                 "memory_key_padding_mask": None if mem_real is None else ~mem_real}  # PyTorch's: True = blocked
+        case = Case(cid, desc, data={"state": state, "D": D, "H": H, "F": F, "norm_first": norm_first, "x": x,
+                                     "memory": memory, "masks": masks})
+        _build_injected(case, D, H, F, norm_first, state=state)
+        case.eval("layer")
+        case.let("tgt", case.tensor(x))
+        case.let("memory", case.tensor(memory))
+        given = {}
+        for name, mask in masks.items():
+            if mask is not None:
+                case.let(name, case.tensor(mask))
+                given[name] = {"ref": name}
+        case.call("run_with_torch_masks", {"ref": "layer"}, {"ref": "tgt"}, {"ref": "memory"}, record="out",
+                  **given)
+        for name in ("tgt", "memory", *given):
+            case.record(f"{name}_after", {"ref": name})
+        return case
+
+    def cases(self, rng):
+        B, T, S = 3, 5, 6
+        causal = ~causal_mask(T)  # (T, T) PyTorch's: True above the diagonal, the future blocked
+        index = np.arange(T)
+        window = (index[None, :] > index[:, None]) | (index[:, None] - index[None, :] > 2)  # (T, T): 3 keys back
+
+        def padded(n, low):  # (B, n) is_real: right padding, lengths from low to n, one row unpadded
+            lengths = rng.integers(low, n + 1, size=B)
+            lengths[rng.integers(B)] = n
+            return np.arange(n)[None, :] < lengths[:, None]
+
+        sizes = f"B={B}, T={T}, S={S}, D=16, H=4, F=24"
+        return [
+            self._case(rng, "causal+padding", f"{sizes}, post-LN, tgt_mask causal, target and memory padding", B,
+                       T, S, False, causal, padded(T, 1), padded(S, 1)),
+            self._case(rng, "padding", f"{sizes}, pre-LN, no tgt_mask, target padding only", B, T, S, True, None,
+                       padded(T, 1), None),
+            self._case(rng, "window+padding", f"{sizes}, pre-LN, tgt_mask a causal window of 3 keys, target "
+                       "padding", B, T, S, True, window, padded(T, 3), None),
+            self._case(rng, "causal", "B=2, T=4, S=7, D=16, H=4, F=24, post-LN, tgt_mask causal only, no padding",
+                       2, 4, 7, False, ~causal_mask(4), None, None),
+            self._case(rng, "memory", f"{sizes}, post-LN, memory padding only", B, T, S, False, None, None,
+                       padded(S, 1)),
+        ]
+
+    def judge(self, result: Result):
+        what = "run_with_torch_masks"
+        for case in result.cases.values():
+            result.raise_if_error(case.id)
+            d = case.data
+            x, memory, masks = d["x"], d["memory"], d["masks"]
+            B, T, _ = x.shape
+            out = result.get(case.id, "out", what=f"the output of {what}", kind="tensor", dtype="float",
+                             shape=x.shape)
+            theirs = _torch_layer(d["state"], d["D"], d["H"], d["F"], d["norm_first"])
+            with torch.no_grad():  # PyTorch's layer, given exactly the arguments the helper was given
+                want = theirs(torch.from_numpy(x.astype(np.float64)), torch.from_numpy(memory.astype(np.float64)),
+                              **{k: None if m is None else torch.from_numpy(m) for k, m in masks.items()}).numpy()
+            if not np.allclose(out, want, rtol=1e-4, atol=1e-4):
+                self._diagnose(out, d, case.desc, what)
+            expect_close(out, want, f"the output of {what} (vs nn.TransformerDecoderLayer given the same masks)",
+                         case.desc, rtol=1e-4, atol=1e-4,
+                         hint="A key is hidden from a query when any of the masks blocks it; PyTorch's masks say "
+                              "True = blocked and ours True = may attend, so each is inverted once, at the call.")
+            check_unchanged_masks = {"tgt_after": x, "memory_after": memory,
+                                     **{f"{k}_after": m for k, m in masks.items() if m is not None}}
+            for name, before in check_unchanged_masks.items():
+                after = result.get(case.id, name, what=f"{name.removesuffix('_after')} after the call",
+                                   kind="tensor", finite=False)
+                if not np.array_equal(after, before):
+                    raise Fail(f"{what} changed the caller's `{name.removesuffix('_after')}` in place "
+                               f"({case.desc}): build new masks instead.")
+
+    @staticmethod
+    def _diagnose(out, d, desc, what) -> None:
+        """Name the mistakes whose outputs are recognisable (computed with the reference layer, never shown)."""
+        masks = d["masks"]
+        T = d["x"].shape[1]
+        tm = np.zeros((T, T), dtype=bool) if masks["tgt_mask"] is None else masks["tgt_mask"]  # (T, T) blocked
+        pad, mem = masks["tgt_key_padding_mask"], masks["memory_key_padding_mask"]  # (B, T), (B, S) blocked
+        cross = None if mem is None else ~mem[:, None, None, :]  # (B, 1, 1, S) allowed
+        candidates = []
+        if pad is not None:
+            keys = pad[:, None, None, :]  # (B, 1, 1, T): the padding on the key axis
+            candidates += [
+                (~(tm & keys), cross, "joins tgt_mask and tgt_key_padding_mask with &: with True = blocked, that "
+                 "blocks a key only where both masks block it, so the future and the padding leak. A key is hidden "
+                 "when either mask blocks it: in PyTorch's polarity our & becomes |"),
+                (~(tm | pad[:, None, :, None]), cross, "puts the target padding on the query axis: a padded query "
+                 "is blocked from every key while real queries read the padded keys. Padding is a property of "
+                 "the keys, (B, 1, 1, T)"),
+                (~(tm | ~keys), cross, "inverts tgt_key_padding_mask before joining it: it is True at the padding "
+                 "already (PyTorch's polarity), so the real keys were blocked and the padded ones allowed"),
+                (~tm, cross, "ignores tgt_key_padding_mask: padded target keys are read"),
+            ]
+            if masks["tgt_mask"] is not None:
+                candidates.append((~keys, cross, "lets the padding replace tgt_mask instead of joining it: the "
+                                   "keys tgt_mask blocks (the future) are read"))
+        if mem is not None:
+            self_allowed = ~(tm if pad is None else tm | pad[:, None, None, :])
+            candidates += [(self_allowed, None, "ignores memory_key_padding_mask: padded memory positions are "
+                            "read"),
+                           (self_allowed, mem[:, None, None, :], "hands memory_key_padding_mask to the layer "
+                            "without inverting it: True means blocked there, may attend here")]
+        for self_allowed, cross_allowed, why in candidates:
+            got = _reference_layer_out(d, self_allowed, cross_allowed)
+            if np.allclose(out, got, rtol=1e-4, atol=1e-4):
+                raise Fail(f"{what} {why} ({desc}).")

@@ -9,7 +9,7 @@ import numpy as np
 import torch
 from torch import nn
 
-from autograder.mutants import mutant
+from autograder.mutants import mutant, patched, shown_bug
 from autograder.reference.attention import scaled_dot_product_attention
 from autograder.reference.cross_attention import CrossAttention
 from autograder.reference.multi_head import MultiHeadAttention, merge_heads, split_heads
@@ -436,3 +436,23 @@ def numpy_decoder_layer(  # noqa: F811
     x = layer_norm(x + multi_head(x, x, "sa", self_allowed), 1)
     x = layer_norm(x + multi_head(x, memory, "ca", cross_allowed), 2)
     return layer_norm(feed_forward(x), 3)
+
+
+# -- run_with_torch_masks (find the bug) ----------------------------------------------------------------------
+LESSON = "05-decoder-layer"
+_JOINED = "        blocked = blocked | tgt_key_padding_mask[:, None, None, :]"  # the fixed line of the reference
+
+shown_bug(MUTANTS, LESSON, "run_with_torch_masks",
+          "tgt_mask and the target padding joined with &, in PyTorch's polarity: the future and the padding leak")
+
+patched(MUTANTS, LESSON, "run_with_torch_masks",
+        "a wrong fix: | with the padding on the query axis: real queries read padded keys",
+        (_JOINED, "        blocked = blocked | tgt_key_padding_mask[:, None, :, None]"))
+
+patched(MUTANTS, LESSON, "run_with_torch_masks",
+        "a wrong fix: | with the padding inverted first, as if it were is_real: real keys blocked, pads read",
+        (_JOINED, "        blocked = blocked | ~tgt_key_padding_mask[:, None, None, :]"))
+
+patched(MUTANTS, LESSON, "run_with_torch_masks",
+        "a wrong fix: the padding replaces tgt_mask instead of joining it: the future leaks",
+        (_JOINED, "        blocked = tgt_key_padding_mask[:, None, None, :]"))

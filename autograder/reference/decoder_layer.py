@@ -10,6 +10,10 @@ needs a final LayerNorm after the stack (lesson 06). With copied weights both eq
 ``cross_attn=False`` switches the cross-attention sublayer off: what is left (masked self-attention and the
 feed-forward) is a *decoder-only* layer, the block of GPT (lesson 11). It equals
 ``nn.TransformerEncoderLayer(batch_first=True, norm_first=...)`` run with a causal mask.
+
+``run_with_torch_masks`` is a find-the-bug exercise (autograder.bugs): given code that calls the student's
+``DecoderLayer`` with the mask arguments of ``nn.TransformerDecoderLayer`` (True = blocked), with one mistake in
+how it joins two of them.
 """
 
 import numpy as np
@@ -20,7 +24,8 @@ from autograder.reference.attention import scaled_dot_product_attention
 from autograder.reference.cross_attention import CrossAttention
 from autograder.reference.multi_head import MultiHeadAttention, load_from_torch_mha, merge_heads, split_heads
 
-EXERCISES = ["FeedForward", "DecoderLayer", "init_numpy_decoder_params", "numpy_decoder_layer"]
+EXERCISES = ["FeedForward", "DecoderLayer", "init_numpy_decoder_params", "numpy_decoder_layer",
+             "run_with_torch_masks"]
 GIVEN = ["load_from_torch_decoder_layer", "numpy_params_from_torch", "count_parameters"]
 
 
@@ -295,3 +300,40 @@ def numpy_params_from_torch(layer: DecoderLayer) -> dict:
         params[f"ln{i}_g"] = as_numpy(norm.weight)
         params[f"ln{i}_b"] = as_numpy(norm.bias)
     return params
+
+
+def run_with_torch_masks(
+    layer: DecoderLayer,
+    tgt: torch.Tensor,
+    memory: torch.Tensor,
+    tgt_mask: torch.Tensor | None = None,
+    tgt_key_padding_mask: torch.Tensor | None = None,
+    memory_key_padding_mask: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """Run our ``DecoderLayer`` with ``nn.TransformerDecoderLayer``'s mask arguments (find the bug).
+
+    Code written for PyTorch's layer passes its masks in PyTorch's polarity, True = **blocked**, all boolean:
+    ``tgt_mask`` (T, T) blocks keys per query (usually the future, but any pattern), ``tgt_key_padding_mask``
+    (B, T) and ``memory_key_padding_mask`` (B, S) are True at the padding; None blocks nothing. Given the same
+    weights, the result is what ``nn.TransformerDecoderLayer`` returns for the same arguments: a key is hidden from
+    a query when any of the masks blocks it, and padding is masked on the key axis only. ``layer`` gets the
+    course's masks (True = may attend) as ``self_allowed`` and ``cross_allowed``; the caller's tensors are
+    unchanged.
+
+    Shape:
+        tgt: (B, T, D), memory: (B, S, D), tgt_mask: (T, T) bool or None, tgt_key_padding_mask: (B, T) bool or
+        None, memory_key_padding_mask: (B, S) bool or None -> (B, T, D)
+    """
+    T = tgt.shape[1]
+    blocked = torch.zeros(T, T, dtype=torch.bool, device=tgt.device) if tgt_mask is None else tgt_mask  # (T, T)
+    if tgt_key_padding_mask is not None:
+        ### BEGIN SOLUTION
+        blocked = blocked | tgt_key_padding_mask[:, None, None, :]  # (B, 1, T, T): blocked by either mask
+        ### END SOLUTION
+        ### BEGIN BUG
+        # blocked = blocked & tgt_key_padding_mask[:, None, None, :]  # (B, 1, T, T)
+        ### END BUG
+    cross_blocked = None if memory_key_padding_mask is None else memory_key_padding_mask[:, None, None, :]
+    # PyTorch's boundary: its masks say True = blocked, ours True = may attend, so each is inverted here, once
+    return layer(tgt, memory, self_allowed=~blocked,
+                 cross_allowed=None if cross_blocked is None else ~cross_blocked)  # (B, T, D)

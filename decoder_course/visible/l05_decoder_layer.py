@@ -534,3 +534,67 @@ def check_numpy_decoder_layer(numpy_decoder_layer) -> None:
             key_axis=1,
             what="numpy_decoder_layer's output",
         )
+
+
+# -- run_with_torch_masks (find the bug) ---------------------------------------------------------------------
+class _TorchDecoderLayer(nn.Module):
+    """A stand-in for a DecoderLayer: PyTorch's own layer behind the course's masks (True = may attend), which
+    remembers the self-attention mask it was handed (``seen``), so that a check can show it."""
+
+    def __init__(self, D: int, H: int, F: int, seed: int):
+        super().__init__()
+        self.H, self.torch_layer = H, _torch_layer(D, H, F, False, seed)
+        self.seen = None
+
+    def forward(self, x, memory, self_allowed=None, cross_allowed=None):
+        B, T, _ = x.shape
+        self.seen = None if self_allowed is None else self_allowed.detach().clone()
+
+        def blocked(allowed, S):  # PyTorch's boundary: its masks say True = blocked, per head (B * H, T, S)
+            return None if allowed is None else ~torch.broadcast_to(allowed, (B, self.H, T, S)).reshape(-1, T, S)
+
+        with torch.no_grad():
+            return self.torch_layer(x, memory, tgt_mask=blocked(self_allowed, T),
+                                    memory_mask=blocked(cross_allowed, memory.shape[1]))
+
+
+def _grid(mask) -> str:
+    return "\n".join("        " + " ".join("1" if a else "." for a in row) for row in mask.tolist())
+
+
+def check_run_with_torch_masks(run_with_torch_masks) -> None:
+    """Find the bug: every mix of PyTorch's masks against PyTorch's layer itself, the handed mask shown."""
+    D, H, F, B, T, S = 8, 2, 16, 2, 5, 6
+    layer = _TorchDecoderLayer(D, H, F, seed=9)  # a stand-in whose answers are PyTorch's: only the masks are tested
+    g = torch.Generator().manual_seed(10)
+    x, memory = torch.randn(B, T, D, generator=g), torch.randn(B, S, D, generator=g)
+    future = torch.ones(T, T, dtype=torch.bool).triu(1)  # (T, T) PyTorch's tgt_mask: True = blocked
+    tgt_pad = torch.tensor([[False] * T, [False] * 3 + [True] * 2])  # (B, T): sequence 1 has 2 pads, True = pad
+    mem_pad = torch.tensor([[False] * S, [False] * 4 + [True] * 2])  # (B, S)
+
+    def against_torch(title: str, **masks) -> None:
+        with check(title):
+            got = expect_inputs_unchanged(run_with_torch_masks, layer, x, memory, **masks)
+            expect_shape(got, (B, T, D), "the output", names="B, T, D")
+            with torch.no_grad():
+                want = layer.torch_layer(x, memory, **masks)
+            shown = "" if layer.seen is None else (
+                "\n    The self-attention mask it handed the layer for sequence 1 (rows: queries 0-4, columns: keys "
+                "0-4, 1 = may attend):\n" + _grid(torch.broadcast_to(layer.seen, (B, 1, T, T))[1, 0]))
+            if torch.isnan(got).any():
+                rows = torch.isnan(got).any(dim=-1).nonzero().tolist()
+                raise CheckFailed(f"positions (b, t) {rows} came out NaN: those queries were handed no key at all "
+                                  "(PyTorch's layer gives NaN for such a row), yet with these masks every query "
+                                  "may read a real key." + shown)
+            if not torch.allclose(got, want, atol=1e-5):
+                wrong = (got - want).abs().amax(dim=-1) > 1e-5  # (B, T)
+                raise CheckFailed(f"positions (b, t) {wrong.nonzero().tolist()} differ from nn.TransformerDecoderLayer "
+                                  "given the same masks." + shown + "\n    Which keys may each query read, when "
+                                  "a key is blocked by tgt_mask, by the padding, or by both? Which line joins them?")
+
+    against_torch("the easy case: a causal tgt_mask alone, as nn.TransformerDecoderLayer reads it", tgt_mask=future)
+    against_torch("a causal tgt_mask and target padding (sequence 1: 2 pads)", tgt_mask=future,
+                  tgt_key_padding_mask=tgt_pad)
+    against_torch("target padding alone, no tgt_mask", tgt_key_padding_mask=tgt_pad)
+    against_torch("all three: causal, target padding and memory padding", tgt_mask=future,
+                  tgt_key_padding_mask=tgt_pad, memory_key_padding_mask=mem_pad)
