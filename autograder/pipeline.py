@@ -145,7 +145,47 @@ def tools_config(c: Config, work: Path | None = None) -> Config:
     c.CourseDirectory.release_directory = "lessons"
     c.Exchange.root = os.environ.get("NBGRADER_EXCHANGE_ROOT") or exchange or "/srv/nbgrader/exchange"
     c.Autograde.pre_convert_hook = refuse_oversized
+    _stage_generate_assignment()
     return c
+
+
+class StagedGenerateAssignment(GenerateAssignment):
+    """nbgrader's ``generate_assignment`` as ``./course release`` does it, for nbgrader's own tools (formgrader's
+    Generate button, ``nbgrader generate_assignment``): the solution notebooks are rebuilt from their sources
+    first, and the student version is written into a staging folder beside the release folder and moved into
+    place only when every notebook was generated. nbgrader alone would delete ``lessons/<id>`` first, write into
+    it, and delete what it wrote on a failure, leaving the lesson missing from the release."""
+
+    _staging: str | None = None
+
+    @property
+    def _output_directory(self) -> str:
+        return self._staging or self.coursedir.release_directory
+
+    def start(self) -> None:
+        notebooks.build_all()
+        release = Path(self.coursedir.root) / self.coursedir.release_directory
+        release.mkdir(parents=True, exist_ok=True)
+        with tempfile.TemporaryDirectory(prefix=".generate-", dir=release.parent) as staging:
+            self._staging = staging
+            try:
+                super().start()
+            finally:
+                self._staging = None
+            for folder in sorted(p for p in Path(staging).iterdir() if not p.name.startswith(".")):
+                target, old = release / folder.name, Path(staging) / f".{folder.name}.old"
+                if target.exists():
+                    target.rename(old)
+                folder.rename(target)
+
+
+def _stage_generate_assignment() -> None:
+    """Make nbgrader's API (formgrader) and its CLI generate through :class:`StagedGenerateAssignment`."""
+    from nbgrader.apps import api as nbgrader_api
+    from nbgrader.apps import generateassignmentapp
+
+    nbgrader_api.GenerateAssignment = StagedGenerateAssignment
+    generateassignmentapp.GenerateAssignment = StagedGenerateAssignment
 
 
 def refuse_oversized(assignment: str, student: str, notebooks: list[str]) -> None:
