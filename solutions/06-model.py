@@ -373,6 +373,33 @@ print(f"targets 2..4 changed:    max |Δ logits[:, :2]|   = {(logits_tgt - base)
 # | **decoding with stop conditions** | at inference there is no target: generate one token at a time, each sequence of the batch stopping at its own `EOS` or at `max_len`; greedy, sampling (temperature, top-k, top-p) or beam search | lesson 08; lesson 09 makes it fast with a KV cache |
 # | **a guard for fully masked rows** | a query with no allowed key (left padding, an empty source) must give zeros, not NaN: our attention already does it (lesson 02) | lesson 10 tests it under float16 / bfloat16, where `-inf` and `-1e9` break |
 #
+# ## 9. Find the bug
+#
+# Training and generation will not hand the model `is_real` masks: they hand it batches of token ids, padded with
+# `PAD`. Below is a helper written by someone else on top of **your** `Seq2SeqTransformer`: it makes both masks from
+# the ids and a `pad_id`, encodes the source once with `encode`, then calls `decode`, the two calls generation
+# makes (lesson 08). It has **one** mistake. Its author tried it on a batch of sentences of the same length, where
+# it returns exactly `model(src_ids, tgt_ids, ...)`; on a batch with padding it still runs, every shape is right and
+# every logit looks like a logit, yet some of them are wrong.
+#
+# How would you find it? Section 7's probe is the tool: the padded source tokens must change nothing. Here the
+# padding is read from the ids, so compare with the model's own `forward`, given the masks explicitly, on a batch
+# whose sources have different lengths, and print the positions that differ. Then read each call the helper
+# makes: which masks does it receive, and which does it need to do its part? The check under the cell does this
+# with a stand-in for your model whose answers are PyTorch's, so that only the helper is on trial.
+#
+# **Exercise.** Find and fix the bug in `logits_from_ids(model, src_ids, tgt_ids, pad_id)`, in the given code. It
+# is graded with your own `Seq2SeqTransformer` (and what it is built from): a mistake in those costs their own
+# cells, not this one.
+
+# %% exercise=logits_from_ids
+
+# %% test=logits_from_ids points=1
+from decoder_course.visible import l06_model as visible
+
+visible.check_logits_from_ids(logits_from_ids)
+
+# %% [markdown]
 # ## What you built
 #
 # | piece | shape | what it does |
@@ -382,5 +409,6 @@ print(f"targets 2..4 changed:    max |Δ logits[:, :2]|   = {(logits_tgt - base)
 # | `EncoderLayer(D, H, F, dropout, norm_first)` | `(B, S, D) → (B, S, D)` | self-attention without a causal mask (padding keys masked), feed-forward; equals `nn.TransformerEncoderLayer` |
 # | `Decoder(D, H, F, N, dropout, norm_first)` | `(B, T, D), (B, S, D) → (B, T, D)` | `N` layers, final LayerNorm when pre-LN; equals `nn.TransformerDecoder` |
 # | `Seq2SeqTransformer(...)` | `(B, S), (B, T) → (B, T, V)` | embeddings + positions, encoder, decoder, output projection; builds its masks; optional weight tying |
+# | `logits_from_ids(model, src_ids, tgt_ids, pad_id)` (fixed) | `(B, S), (B, T) → (B, T, V)` | both masks made from `pad_id`, each handed to every call that reads that side |
 #
 # Next: lesson 07 trains this model on a toy task and watches it learn, and unlearn when a mask is removed.

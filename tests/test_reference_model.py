@@ -15,6 +15,7 @@ from torch import nn
 from autograder.reference import model as ref
 from autograder.reference import training as tr
 from autograder.reference.decoder_layer import load_from_torch_decoder_layer
+from decoder_course import twins
 from decoder_course.data import get_task
 
 BOS, EOS = 1, 2
@@ -261,6 +262,37 @@ def test_encode_decode_forward_agree_and_embeddings_are_not_scaled_by_default():
             m.decode(tgt, memory)
         hook.remove()
         torch.testing.assert_close(seen[-1], m.tgt_embed(tgt) * factor)
+
+
+def _torch_logits(model, src, tgt, src_is_real, tgt_is_real):
+    """The model's logits with each of its layers replaced by PyTorch's own twin (decoder_course.twins)."""
+    H, F_ = model.decoder.layers[0].self_attn.n_heads, model.decoder.layers[0].feed_forward.linear1.out_features
+    S, T = src.shape[1], tgt.shape[1]
+    causal = torch.ones(T, T, dtype=torch.bool).tril()
+    with torch.no_grad():
+        x = model.src_embed(src) + model.pos_encoding.pe[:S]  # (B, S, D)
+        for layer in model.encoder.layers:  # PyTorch's masks: True = blocked / padding
+            x = twins.torch_twin(layer.state_dict(), "encoder", H, d_ff=F_, norm_first=True)(
+                x, src_key_padding_mask=~src_is_real)
+        x = model.encoder.norm(x)
+        y = model.tgt_embed(tgt) + model.pos_encoding.pe[:T]  # (B, T, D)
+        for layer in model.decoder.layers:
+            y = twins.torch_twin(layer.state_dict(), "decoder", H, d_ff=F_, norm_first=True)(
+                y, x, tgt_mask=~causal, tgt_key_padding_mask=~tgt_is_real, memory_key_padding_mask=~src_is_real)
+        return model.out_proj(model.decoder.norm(y))  # (B, T, V)
+
+
+def test_logits_from_ids_equals_torch_layers_with_the_masks_made_from_pad_id():
+    model, pad_id = make_model(seed=3), 7  # a pad id other than 0
+    src, tgt, src_is_real, tgt_is_real = make_batch(pad_id=pad_id)
+    src = torch.where(src_is_real & (src == pad_id), 8, src)  # real tokens never hold pad_id
+    tgt = torch.where(tgt_is_real & (tgt == pad_id), 8, tgt)
+    before = (src.clone(), tgt.clone())
+    with torch.no_grad():
+        got = ref.logits_from_ids(model, src, tgt, pad_id)
+        torch.testing.assert_close(got, model(src, tgt, src_is_real, tgt_is_real))
+    torch.testing.assert_close(got, _torch_logits(model, src, tgt, src_is_real, tgt_is_real), atol=1e-5, rtol=1e-5)
+    assert torch.equal(src, before[0]) and torch.equal(tgt, before[1])
 
 
 @pytest.mark.parametrize("norm_first", [False, True])

@@ -24,7 +24,7 @@ import numpy as np
 import torch
 from torch import nn
 
-from autograder.checks.framework import Case, Exercise, Fail, Result, exercise, expect_close
+from autograder.checks.framework import Case, Exercise, Fail, Raised, Result, exercise, expect_close
 from autograder.checks.l05_decoder_layer import _inputs, _layer_state, _lengths, _torch_layer
 from autograder.reference import model as ref
 
@@ -626,6 +626,16 @@ def _right_padded(rng: np.random.Generator, B: int, n: int, min_pads: int) -> np
     return np.arange(n)[None, :] < lengths[:, None]
 
 
+def _build_model(case: Case, cfg: dict, state: dict | None, dropout: float = 0.1) -> None:
+    """Steps building the student's ``Seq2SeqTransformer`` as ``m``, loading ``state`` and switching to eval."""
+    case.call("Seq2SeqTransformer", cfg["V_src"], cfg["V_tgt"], cfg["D"], cfg["H"], cfg["F"], cfg["N"],
+              dropout=dropout, tie_weights=cfg["tie"], norm_first=cfg["norm_first"], max_len=cfg["max_len"],
+              scale_embedding=cfg["scale"], let="m")
+    if state is not None:  # the names inside the student's own PositionalEncoding, layers and Decoder are theirs
+        case.load_state("m", state, lenient=("pos_encoding.", "encoder.layers.", "decoder."))
+    case.eval("m")
+
+
 @exercise(LESSON, "Seq2SeqTransformer", points=2)
 class Seq2SeqTransformerCheck(Exercise):
     """Logits against PyTorch's own encoder and decoder modules with the same weights (pre-LN tied with both
@@ -641,12 +651,7 @@ class Seq2SeqTransformerCheck(Exercise):
     reference = ref
 
     def _build(self, case: Case, cfg: dict, state: dict | None, dropout: float = 0.1) -> None:
-        case.call("Seq2SeqTransformer", cfg["V_src"], cfg["V_tgt"], cfg["D"], cfg["H"], cfg["F"], cfg["N"],
-                  dropout=dropout, tie_weights=cfg["tie"], norm_first=cfg["norm_first"], max_len=cfg["max_len"],
-                  scale_embedding=cfg["scale"], let="m")
-        if state is not None:  # the names inside the student's own PositionalEncoding, layers and Decoder are theirs
-            case.load_state("m", state, lenient=("pos_encoding.", "encoder.layers.", "decoder."))
-        case.eval("m")
+        _build_model(case, cfg, state, dropout)
 
     def _forward(self, case: Case, src, tgt, src_is_real, tgt_is_real, record: str = "out") -> None:
         args = [case.tensor(src), case.tensor(tgt)]
@@ -786,3 +791,113 @@ class Seq2SeqTransformerCheck(Exercise):
         if a.shape == t.shape and np.allclose(a, t):
             raise Fail(f"with dropout=0.5 the training-mode logits equal the eval-mode logits ({train.desc}): "
                        "pass dropout to the positional encoding, the encoder and the decoder.")
+
+
+# -- logits_from_ids: find the bug (autograder.bugs), judged relative to the student's model -------------------
+def _reference_logits(d: dict, encode_mask: str | None, decode_src: str | None, decode_tgt: str | None) -> np.ndarray:
+    """The reference model's logits (float64) with the case's weights, each mask chosen by name: "real" (ids !=
+    pad_id), "pad" (ids == pad_id, the polarity flipped) or None: the outputs of recognisable mistakes."""
+    cfg = d["cfg"]
+    model = ref.Seq2SeqTransformer(cfg["V_src"], cfg["V_tgt"], cfg["D"], cfg["H"], cfg["F"], cfg["N"], dropout=0.0,
+                                   tie_weights=cfg["tie"], norm_first=cfg["norm_first"], max_len=cfg["max_len"],
+                                   scale_embedding=cfg["scale"])
+    model.load_state_dict({k: torch.from_numpy(v) for k, v in d["state"].items()})
+    model = model.double().eval()
+    src, tgt = torch.from_numpy(d["src"]), torch.from_numpy(d["tgt"])
+    masks = {"src": {"real": src != d["pad_id"], "pad": src == d["pad_id"], None: None},
+             "tgt": {"real": tgt != d["pad_id"], "pad": tgt == d["pad_id"], None: None}}
+    with torch.no_grad():
+        memory = model.encode(src, masks["src"][encode_mask])
+        return model.decode(tgt, memory, masks["src"][decode_src], masks["tgt"][decode_tgt]).numpy()
+
+
+@exercise(LESSON, "logits_from_ids")
+class LogitsFromIds(Exercise):
+    """The given helper makes the padding masks from pad_id and calls the student's encode and decode; the shown
+    bug gives decode no source padding. Judged against PyTorch's own modules with the same weights and the masks
+    made from pad_id (pad_id != 0), on padded and unpadded batches, after checks that name the recognisable
+    mistakes (a mask missing in decode or encode, the polarity flipped, pad_id ignored)."""
+
+    # built on the student's model, and through it on their PositionalEncoding, EncoderLayer, Decoder (and the
+    # table their PositionalEncoding makes): their mistakes cost their own cells
+    uses = ("Seq2SeqTransformer", "PositionalEncoding", "EncoderLayer", "Decoder", "sinusoidal_table")
+    reference = ref
+
+    def _case(self, rng, cid, desc, cfg, state, B, S, T, pad_id, src_real, tgt_real):
+        def ids(n, V, real):
+            tokens = rng.integers(3, V - 1, size=(B, n))
+            tokens = np.where(tokens >= pad_id, tokens + 1, tokens)  # real tokens in 3 .. V-1, never pad_id
+            return tokens if real is None else np.where(real, tokens, pad_id)
+
+        src, tgt = ids(S, cfg["V_src"], src_real), ids(T, cfg["V_tgt"], tgt_real)
+        case = Case(cid, desc, data={"cfg": cfg, "state": state, "src": src, "tgt": tgt, "pad_id": pad_id})
+        _build_model(case, cfg, state)
+        case.let("src", case.tensor(src))
+        case.let("tgt", case.tensor(tgt))
+        case.call("logits_from_ids", {"ref": "m"}, {"ref": "src"}, {"ref": "tgt"}, pad_id, record="out")
+        case.record("src_after", {"ref": "src"})
+        case.record("tgt_after", {"ref": "tgt"})
+        return case
+
+    def cases(self, rng):
+        pre = {"V_src": 11, "V_tgt": 13, "D": 16, "H": 4, "F": 24, "N": 2, "norm_first": True, "tie": True,
+               "scale": False, "max_len": 32}
+        post = {"V_src": 9, "V_tgt": 10, "D": 12, "H": 3, "F": 20, "N": 1, "norm_first": False, "tie": False,
+                "scale": True, "max_len": 16}
+        B, S, T, pad_id = 3, 7, 5, 4  # pad_id 4, not 0
+        state = _model_state(rng, pre)
+        src_real, tgt_real = _right_padded(rng, B, S, 2), _right_padded(rng, B, T, 2)
+        sizes = f"B={B}, S={S}, T={T}, src_vocab=11, tgt_vocab=13, D=16, H=4, F=24, n_layers=2, pre-LN, tied"
+        return [
+            self._case(rng, "padded", f"{sizes}, pad_id={pad_id}, source and target padding", pre, state, B, S, T,
+                       pad_id, src_real, tgt_real),
+            self._case(rng, "source", f"{sizes}, pad_id={pad_id}, source padding only", pre, state, B, S, T, pad_id,
+                       src_real, None),
+            self._case(rng, "target", f"{sizes}, pad_id={pad_id}, target padding only", pre, state, B, S, T, pad_id,
+                       None, tgt_real),
+            self._case(rng, "none", f"{sizes}, pad_id={pad_id}, no padding at all", pre, state, B, S, T, pad_id,
+                       None, None),
+            self._case(rng, "post", "B=2, S=4, T=6, src_vocab=9, tgt_vocab=10, D=12, H=3, F=20, n_layers=1, "
+                       "post-LN, untied, scale_embedding=True, pad_id=5, source and target padding", post,
+                       _model_state(rng, post), 2, 4, 6, 5, _right_padded(rng, 2, 4, 1),
+                       _right_padded(rng, 2, 6, 2)),
+        ]
+
+    def judge(self, result: Result):
+        what = "logits_from_ids"
+        for case in result.cases.values():
+            error = result.error(case.id)
+            if error is not None and "size of tensor" in error:
+                raise Raised(f"your code raised an exception on a case with {case.desc}:\n    "
+                             f"{error.splitlines()[-1]}\nA mask of the wrong length? decode takes (tgt_ids, memory, "
+                             "src_is_real, tgt_is_real), in that order: src_is_real is (B, S), tgt_is_real (B, T).")
+            result.raise_if_error(case.id)
+            d = case.data
+            src, tgt, pad_id, cfg = d["src"], d["tgt"], d["pad_id"], d["cfg"]
+            logits = result.get(case.id, "out", what=f"the logits of {what}", kind="tensor", dtype="float",
+                                shape=tgt.shape + (cfg["V_tgt"],))
+            want = _torch_logits(d["state"], cfg, src, tgt, src != pad_id, tgt != pad_id)
+            if not np.allclose(logits, want, rtol=1e-4, atol=1e-4):
+                for masks, why in (
+                    (("real", None, "real"), "decodes without the source padding: the decoder's cross-attention "
+                     "reads the padded memory positions. decode builds cross_allowed from the src_is_real it is "
+                     "given, and from nothing else"),
+                    ((None, "real", "real"), "encodes without the source padding: the encoder's self-attention "
+                     "reads the padded source tokens, so every memory vector depends on them"),
+                    (("real", "real", None), "decodes without the target padding: padded target keys are read"),
+                    (("pad", "pad", "pad"), "makes masks that are True at the padding (ids == pad_id): is_real is "
+                     "True for the real tokens"),
+                    ((None, None, None), "ignores pad_id: the padding is masked nowhere"),
+                ):
+                    if np.allclose(logits, _reference_logits(d, *masks), rtol=1e-4, atol=1e-4):
+                        raise Fail(f"{what} {why} ({case.desc}).")
+            expect_close(logits, want, f"the logits of {what} (vs PyTorch's own modules, masks made from pad_id)",
+                         case.desc, rtol=1e-4, atol=1e-4,
+                         hint="The logits are model(src_ids, tgt_ids, src_is_real, tgt_is_real) with both masks "
+                              "made from pad_id: encode gets the source padding, decode gets both.")
+            for name, before in (("src_after", src), ("tgt_after", tgt)):
+                after = result.get(case.id, name, what=f"{name.removesuffix('_after')}_ids after the call",
+                                   kind="tensor")
+                if not np.array_equal(after, before):
+                    raise Fail(f"{what} changed the caller's {name.removesuffix('_after')}_ids in place "
+                               f"({case.desc}).")

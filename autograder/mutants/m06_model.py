@@ -14,7 +14,7 @@ import math
 import torch
 from torch import nn
 
-from autograder.mutants import mutant
+from autograder.mutants import mutant, patched, shown_bug
 from autograder.reference.decoder_layer import DecoderLayer, FeedForward
 from autograder.reference.model import Encoder
 from autograder.reference.multi_head import MultiHeadAttention
@@ -388,3 +388,23 @@ class EncoderLayer(nn.Module):  # noqa: F811
         allowed = None if src_is_real is None else src_is_real[:, None, None, :]
         x = self.norm1(x + self.dropout1(self.self_attn(x, x, x, allowed=allowed)[0]))
         return self.norm2(x + self.dropout2(self.feed_forward(x)))
+
+
+# -- logits_from_ids (find the bug) ---------------------------------------------------------------------------
+LESSON = "06-model"
+_DECODE = "    return model.decode(tgt_ids, memory, src_is_real, tgt_is_real)"  # the fixed line of the reference
+
+shown_bug(MUTANTS, LESSON, "logits_from_ids",
+          "decode given no source padding: the cross-attention reads the padded memory positions")
+
+patched(MUTANTS, LESSON, "logits_from_ids",
+        "a wrong fix: the source padding handed to decode and taken from encode: the encoder reads the pads",
+        ("    memory = model.encode(src_ids, src_is_real)", "    memory = model.encode(src_ids)"))
+
+patched(MUTANTS, LESSON, "logits_from_ids",
+        "a wrong fix: decode given the source padding positionally, the target padding dropped",
+        (_DECODE, "    return model.decode(tgt_ids, memory, src_is_real)"))
+
+patched(MUTANTS, LESSON, "logits_from_ids",
+        "a wrong fix: the two masks passed in the wrong order, decode(tgt_ids, memory, tgt_is_real, src_is_real)",
+        (_DECODE, "    return model.decode(tgt_ids, memory, tgt_is_real, src_is_real)"))

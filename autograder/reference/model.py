@@ -12,6 +12,9 @@ The model follows "Attention Is All You Need" with two marked departures:
 Masks follow the course: boolean, True = "this query may attend to this key". The encoder is a stack of our
 own ``EncoderLayer`` (lesson 03's ``MultiHeadAttention`` and lesson 05's ``FeedForward``), equal to PyTorch's
 ``nn.TransformerEncoderLayer`` with copied weights; no part of the model is PyTorch's.
+
+``logits_from_ids`` is a find-the-bug exercise (autograder.bugs): given code that makes the padding masks from
+the token ids and calls the student's ``encode`` and ``decode``, with one mistake in what it hands ``decode``.
 """
 
 import math
@@ -22,7 +25,8 @@ from torch import nn
 from autograder.reference.decoder_layer import DecoderLayer, FeedForward
 from autograder.reference.multi_head import MultiHeadAttention, load_from_torch_mha
 
-EXERCISES = ("sinusoidal_table", "PositionalEncoding", "EncoderLayer", "Decoder", "Seq2SeqTransformer")
+EXERCISES = ("sinusoidal_table", "PositionalEncoding", "EncoderLayer", "Decoder", "Seq2SeqTransformer",
+             "logits_from_ids")
 GIVEN = ("Encoder", "load_from_torch_encoder_layer")
 
 
@@ -325,3 +329,26 @@ class Seq2SeqTransformer(nn.Module):
         memory = self.encode(src_ids, src_is_real)  # (B, S, D)
         return self.decode(tgt_ids, memory, src_is_real, tgt_is_real)  # (B, T, V)
         ### END SOLUTION
+
+
+def logits_from_ids(model: Seq2SeqTransformer, src_ids: torch.Tensor, tgt_ids: torch.Tensor,
+                    pad_id: int) -> torch.Tensor:
+    """Teacher-forced next-token logits of a padded batch, the masks made from ``pad_id`` (find the bug).
+
+    The padding of each side is every position that holds ``pad_id``: ``src_is_real = src_ids != pad_id`` and
+    ``tgt_is_real = tgt_ids != pad_id``. The source is encoded once (``model.encode``), then decoded
+    (``model.decode``), the two calls generation makes; the logits equal ``model(src_ids, tgt_ids, src_is_real,
+    tgt_is_real)``: no position reads a padded source or target token. The caller's tensors are unchanged.
+
+    Shape:
+        src_ids: (B, S) int, tgt_ids: (B, T) int -> logits: (B, T, V)
+    """
+    src_is_real = src_ids != pad_id  # (B, S)
+    tgt_is_real = tgt_ids != pad_id  # (B, T)
+    memory = model.encode(src_ids, src_is_real)  # (B, S, D): the source read once, its padding masked
+    ### BEGIN SOLUTION
+    return model.decode(tgt_ids, memory, src_is_real, tgt_is_real)  # (B, T, V)
+    ### END SOLUTION
+    ### BEGIN BUG
+    # return model.decode(tgt_ids, memory, tgt_is_real=tgt_is_real)  # (B, T, V)
+    ### END BUG

@@ -473,3 +473,79 @@ def check_seq2seq_transformer(Seq2SeqTransformer) -> None:
             memory = model.encode(src_ids, src_is_real)
             expect_shape(memory, (B, S, D), "encode(src_ids, src_is_real)", names="B, S, D")
             expect_close(model.decode(tgt_ids, memory, src_is_real, tgt_is_real), got, "decode(...)", atol=1e-5)
+
+
+# -- logits_from_ids (find the bug) ---------------------------------------------------------------------------
+class _TorchSeq2Seq(nn.Module):
+    """A stand-in for a Seq2SeqTransformer: PyTorch's own encoder and decoder stacks behind the course's
+    ``encode`` / ``decode`` and ``is_real`` masks (True = real), which remembers the masks each call was given."""
+
+    def __init__(self, V: int, D: int, H: int, F_: int, seed: int):
+        super().__init__()
+        torch.manual_seed(seed)
+        self.embed, self.out = nn.Embedding(V, D), nn.Linear(D, V)
+        self.encoder = nn.TransformerEncoder(nn.TransformerEncoderLayer(D, H, F_, dropout=0.0, batch_first=True),
+                                             num_layers=1, enable_nested_tensor=False)
+        self.decoder = nn.TransformerDecoder(nn.TransformerDecoderLayer(D, H, F_, dropout=0.0, batch_first=True),
+                                             num_layers=1)
+        _randomized(self, seed)
+        self.eval()
+        self.calls: list[str] = []  # what each call was given, in words
+
+    @staticmethod
+    def _said(mask) -> str:
+        return "None" if mask is None else f"a {tuple(mask.shape)} mask"
+
+    def encode(self, src_ids, src_is_real=None):
+        self.calls.append(f"encode(src_ids, src_is_real={self._said(src_is_real)})")
+        with torch.no_grad():  # PyTorch's boundary: True = padding
+            return self.encoder(self.embed(src_ids),
+                                src_key_padding_mask=None if src_is_real is None else ~src_is_real)
+
+    def decode(self, tgt_ids, memory, src_is_real=None, tgt_is_real=None):
+        self.calls.append(f"decode(tgt_ids, memory, src_is_real={self._said(src_is_real)}, "
+                          f"tgt_is_real={self._said(tgt_is_real)})")
+        T = tgt_ids.shape[1]
+        with torch.no_grad():  # PyTorch's boundary: True = blocked / padding
+            y = self.decoder(self.embed(tgt_ids), memory, tgt_mask=torch.ones(T, T, dtype=torch.bool).triu(1),
+                             tgt_key_padding_mask=None if tgt_is_real is None else ~tgt_is_real,
+                             memory_key_padding_mask=None if src_is_real is None else ~src_is_real)
+            return self.out(y)  # (B, T, V)
+
+    def forward(self, src_ids, tgt_ids, src_is_real=None, tgt_is_real=None):
+        return self.decode(tgt_ids, self.encode(src_ids, src_is_real), src_is_real, tgt_is_real)
+
+
+def check_logits_from_ids(logits_from_ids) -> None:
+    """Find the bug: padded batches against the model's own forward, the masks each call was given shown."""
+    V, D, H, F_, B, S, T, pad_id = 12, 8, 2, 16, 2, 6, 5, 4
+    model = _TorchSeq2Seq(V, D, H, F_, seed=11)  # a stand-in whose answers are PyTorch's: only the helper is tested
+    g = torch.Generator().manual_seed(12)
+
+    def ids(n, lengths):
+        tokens = torch.randint(5, V, (B, n), generator=g)  # real tokens: 5 .. V-1, never pad_id
+        return tokens.masked_fill(torch.arange(n)[None, :] >= torch.tensor(lengths)[:, None], pad_id)
+
+    def against_forward(title, src_ids, tgt_ids):
+        with check(title):
+            model.calls.clear()
+            try:
+                got = expect_inputs_unchanged(logits_from_ids, model, src_ids, tgt_ids, pad_id)
+            except RuntimeError as exc:
+                calls = "\n        ".join(model.calls)
+                raise CheckFailed(f"the model raised {type(exc).__name__} ({exc}) on the calls:\n        {calls}"
+                                  "\n    A mask of the wrong length? decode takes (tgt_ids, memory, src_is_real, "
+                                  "tgt_is_real), in that order: src_is_real is (B, S), tgt_is_real (B, T)") from None
+            expect_shape(got, (B, T, V), "the logits", names="B, T, V")
+            calls = "\n        ".join(model.calls)
+            want = model(src_ids, tgt_ids, src_ids != pad_id, tgt_ids != pad_id)
+            if not torch.allclose(got, want, atol=1e-5):
+                wrong = ((got - want).abs().amax(dim=-1) > 1e-5).nonzero().tolist()
+                raise CheckFailed(f"the logits at positions (b, t) {wrong} differ from model(src_ids, tgt_ids, "
+                                  f"src_ids != {pad_id}, tgt_ids != {pad_id}). The calls it made:\n        {calls}"
+                                  "\n    Which of these calls reads the padding, and how would it know where it is?")
+
+    against_forward("the easy case: no padding anywhere", ids(S, [S, S]), ids(T, [T, T]))
+    against_forward(f"source padding (pad_id={pad_id}): sequence 1 has 2 real source tokens of {S}",
+                    ids(S, [S, 2]), ids(T, [T, T]))
+    against_forward(f"source and target padding (pad_id={pad_id})", ids(S, [4, S]), ids(T, [T, 3]))
