@@ -388,6 +388,8 @@ class MaskedLogSumExp(Exercise):
             case = Case(case_id, desc, data={"scores": scores, "allowed": allowed, "dtype": dtype})
             case.let("scores", case.tensor(scores.astype(np.float32) if dtype != "float64" else scores,
                                            dtype=dtype))
+            if allowed is not None:  # first without the mask: mask_fill_value is not reached, the max is on trial
+                case.call("masked_logsumexp", {"ref": "scores"}, None, record="plain")
             case.call("masked_logsumexp", {"ref": "scores"}, None if allowed is None else case.tensor(allowed),
                       record="out")
             case.record("scores_after", {"ref": "scores"})
@@ -395,51 +397,58 @@ class MaskedLogSumExp(Exercise):
         return cases
 
     def judge(self, result: Result):
-        what = "masked_logsumexp(scores, allowed)"
         for case in result.cases.values():
             scores, allowed, dtype = case.data["scores"], case.data["allowed"], case.data["dtype"]
             _raise_overflow(result, case)
-            got = result.get(case.id, "out", what=what, kind="tensor", dtype="float", shape=scores.shape[:-1],
-                             finite=False).astype(np.float64)
-            kept = "float64" if dtype == "float64" else "float32"
-            declared = result.meta(case.id, "out").get("dtype")
-            if declared != f"torch.{kept}":
-                raise Fail(f"{what} returned {declared} for {dtype} scores ({case.desc}): the result is float32 for "
-                           "float16, bfloat16 and float32 scores, float64 for float64 ones.")
-            mask = np.ones(scores.shape, bool) if allowed is None else np.broadcast_to(allowed, scores.shape)
-            dead = ~mask.any(-1)  # (..., T): queries with no allowed key
-            s = torch.from_numpy(np.asarray(scores, np.float64))
-            want = s.masked_fill(~torch.from_numpy(mask.copy()), -np.inf).logsumexp(-1).numpy()
-            want[dead] = torch.finfo(_torch_dtype(kept)).min
-            hint = "Subtract each query's own largest score (the max over the last axis, keepdim) before exp."
-            variants = _lse_variants(scores, allowed, dtype)
-            for variant, idea in (("tensor", "subtracts one max shared by many queries (the largest score of the "
-                                             "whole tensor, or of each (T, S) matrix)"),
-                                  ("matrix", "subtracts the largest score of each (T, S) matrix"),
-                                  ("no_max", "subtracts no max at all")):
-                if np.allclose(got, variants[variant], rtol=1e-5, atol=1e-4):
-                    hint = (f"Your output matches a version that {idea}: each query must subtract the max of its "
-                            "own row of scores (amax over the last axis, keepdim=True).")
-                    break
-            if np.isnan(got).any():
-                raise Fail(f"{what} contains NaN ({case.desc}): a fill of -inf gives -inf - (-inf) = NaN; the "
-                           "given code fills with mask_fill_value, which must be finite. " + hint)
-            if np.isposinf(got).any():
-                raise Fail(f"{what} contains +inf ({case.desc}): exp of a large score overflowed. " + hint)
-            wrong_dead = dead & (got != want)
-            if wrong_dead.any():
-                index = tuple(int(i) for i in np.argwhere(wrong_dead)[0])
-                raise Fail(f"query {index} has no allowed key and gave {got[index]:.6g}, not {kept}'s most negative "
-                           f"finite number ({case.desc}): its filled scores minus the max it subtracts must be 0, "
-                           "so that the row sums to S terms of exp(0) = 1. " + hint)
-            lost = np.isneginf(got) & ~dead
-            if lost.any():
-                index = tuple(int(i) for i in np.argwhere(lost)[0])
-                raise Fail(f"query {index} has allowed keys but gave -inf ({case.desc}): each of its terms "
-                           "exp(score - max) underflowed to 0, because its scores are far below the max the code "
-                           "subtracted, so log(0) = -inf. A query's log-sum-exp depends on its own row only. " + hint)
-            expect_close(got, want, "the log-sum-exp (vs torch.logsumexp in float64 over the allowed keys)",
-                         case.desc, rtol=1e-5, atol=1e-4 if kept == "float64" else 2e-3, hint=hint)
+            if allowed is not None:
+                self._judge_one(result, case, "plain", scores, None, dtype, "masked_logsumexp(scores, None)")
+            self._judge_one(result, case, "out", scores, allowed, dtype, "masked_logsumexp(scores, allowed)")
             after = result.get(case.id, "scores_after", what="scores after the call", kind="tensor", finite=False)
             if not np.array_equal(after.astype(np.float64), scores):
                 raise Fail(f"masked_logsumexp changed the caller's scores in place ({case.desc}).")
+
+    @staticmethod
+    def _judge_one(result: Result, case: Case, name: str, scores: np.ndarray, allowed: np.ndarray | None, dtype: str,
+                   what: str) -> None:
+        """One recorded log-sum-exp against float64 torch.logsumexp: dtype, NaN and infinities, fully masked rows."""
+        got = result.get(case.id, name, what=what, kind="tensor", dtype="float", shape=scores.shape[:-1],
+                         finite=False).astype(np.float64)
+        kept = "float64" if dtype == "float64" else "float32"
+        declared = result.meta(case.id, name).get("dtype")
+        if declared != f"torch.{kept}":
+            raise Fail(f"{what} returned {declared} for {dtype} scores ({case.desc}): the result is float32 for "
+                       "float16, bfloat16 and float32 scores, float64 for float64 ones.")
+        mask = np.ones(scores.shape, bool) if allowed is None else np.broadcast_to(allowed, scores.shape)
+        dead = ~mask.any(-1)  # (..., T): queries with no allowed key
+        s = torch.from_numpy(np.asarray(scores, np.float64))
+        want = s.masked_fill(~torch.from_numpy(mask.copy()), -np.inf).logsumexp(-1).numpy()
+        want[dead] = torch.finfo(_torch_dtype(kept)).min
+        hint = "Subtract each query's own largest score (the max over the last axis, keepdim) before exp."
+        variants = _lse_variants(scores, allowed, dtype)
+        for variant, idea in (("tensor", "subtracts one max shared by many queries (the largest score of the "
+                                         "whole tensor, or of each (T, S) matrix)"),
+                              ("matrix", "subtracts the largest score of each (T, S) matrix"),
+                              ("no_max", "subtracts no max at all")):
+            if np.allclose(got, variants[variant], rtol=1e-5, atol=1e-4):
+                hint = (f"Your output matches a version that {idea}: each query must subtract the max of its "
+                        "own row of scores (amax over the last axis, keepdim=True).")
+                break
+        if np.isnan(got).any():
+            raise Fail(f"{what} contains NaN ({case.desc}): a fill of -inf gives -inf - (-inf) = NaN; the "
+                       "given code fills with mask_fill_value, which must be finite. " + hint)
+        if np.isposinf(got).any():
+            raise Fail(f"{what} contains +inf ({case.desc}): exp of a large score overflowed. " + hint)
+        wrong_dead = dead & (got != want)
+        if wrong_dead.any():
+            index = tuple(int(i) for i in np.argwhere(wrong_dead)[0])
+            raise Fail(f"query {index} has no allowed key and gave {got[index]:.6g}, not {kept}'s most negative "
+                       f"finite number ({case.desc}): its filled scores minus the max it subtracts must be 0, "
+                       "so that the row sums to S terms of exp(0) = 1. " + hint)
+        lost = np.isneginf(got) & ~dead
+        if lost.any():
+            index = tuple(int(i) for i in np.argwhere(lost)[0])
+            raise Fail(f"{what}: query {index} has allowed keys but gave -inf ({case.desc}): each of its terms "
+                       "exp(score - max) underflowed to 0, because its scores are far below the max the code "
+                       "subtracted, so log(0) = -inf. A query's log-sum-exp depends on its own row only. " + hint)
+        expect_close(got, want, f"{what} (vs torch.logsumexp in float64 over the allowed keys)", case.desc,
+                     rtol=1e-5, atol=1e-4 if kept == "float64" else 2e-3, hint=hint)
