@@ -20,6 +20,7 @@ from torch import nn
 
 from decoder_course.checks import CheckFailed, check, expect_close, expect_dtype, expect_shape, expect_type
 from decoder_course.testing import HashedLM
+from decoder_course.twins import torch_twin
 
 UNICODE_SAMPLE = "naïve café — λx. x² 😀 漢字\n\tend"
 
@@ -119,24 +120,11 @@ def check_bpe_tokenizer(BPETokenizer) -> None:  # noqa: N803 - the class under t
             raise CheckFailed("decode([104, vocab_size]) returned: an id outside the vocabulary should raise")
 
 
-def _copy_to_torch(model, n_layers: int, d_model: int, n_heads: int, d_ff: int) -> list:
-    """PyTorch's own encoder layers (norm_first=True) holding the student's weights."""
-    layers = []
-    for ours in model.layers:
-        theirs = nn.TransformerEncoderLayer(d_model, n_heads, d_ff, dropout=0.0, batch_first=True, norm_first=True)
-        sa = ours.self_attn
-        with torch.no_grad():
-            theirs.self_attn.in_proj_weight.copy_(torch.cat([sa.q_proj.weight, sa.k_proj.weight, sa.v_proj.weight]))
-            theirs.self_attn.in_proj_bias.copy_(torch.cat([sa.q_proj.bias, sa.k_proj.bias, sa.v_proj.bias]))
-            theirs.self_attn.out_proj.weight.copy_(sa.out_proj.weight)
-            theirs.self_attn.out_proj.bias.copy_(sa.out_proj.bias)
-            for mine, other in ((ours.feed_forward.linear1, theirs.linear1), (ours.feed_forward.linear2,
-                                                                               theirs.linear2),
-                                (ours.norm1, theirs.norm1), (ours.norm3, theirs.norm2)):
-                other.weight.copy_(mine.weight)
-                other.bias.copy_(mine.bias)
-        layers.append(theirs.eval())
-    return layers
+def _torch_layers(model, n_heads: int, d_ff: int) -> list:
+    """PyTorch's own encoder layers (norm_first=True) holding the student's weights (``decoder_course.twins``): a
+    decoder-only layer's feed-forward norm is its norm3, the encoder layer's norm2."""
+    return [torch_twin({key.replace("norm3.", "norm2.", 1): value for key, value in layer.state_dict().items()},
+                       "encoder", n_heads, d_ff=d_ff, norm_first=True) for layer in model.layers]
 
 
 def check_gpt(GPT, KVCache) -> None:  # noqa: N803 - the classes under test
@@ -168,7 +156,7 @@ def check_gpt(GPT, KVCache) -> None:  # noqa: N803 - the classes under test
         logits = model(ids)
         expect_type(logits, torch.Tensor, "GPT(...)(ids)")
         expect_shape(logits, (3, 9, V), "logits", names="B T V")
-        theirs = _copy_to_torch(model, L, D, H, F)
+        theirs = _torch_layers(model, H, F)
         causal = nn.Transformer.generate_square_subsequent_mask(9)  # PyTorch's polarity: -inf = blocked
         with torch.no_grad():
             x = model.tok_embed(ids) + model.pos_embed(torch.arange(9))
