@@ -1,114 +1,60 @@
 """Wrong answers to lesson 04-cross-attention.
 
-The CrossAttention mutants use the names a student's notebook has at that point: the given ``MultiHeadAttention``,
-``split_heads``, ``merge_heads`` and ``attention`` of lesson 03, and ``torch``.
+Most are the reference with a line or two changed (:func:`autograder.mutants.patched`), run where a student's
+notebook has the given ``MultiHeadAttention``, ``split_heads``, ``merge_heads`` and ``attention`` of lesson 03, and
+``torch``.
 """
 
-import torch
+from autograder.mutants import patched, shown_bug
 
-from autograder.mutants import mutant, patched, shown_bug
-from autograder.reference.multi_head import MultiHeadAttention, attention, merge_heads, split_heads
-
+LESSON = "04-cross-attention"
 MUTANTS: list = []
-
-__all__ = ["MUTANTS", "MultiHeadAttention", "attention", "merge_heads", "split_heads", "torch"]
+_REPEAT = "    return allowed.repeat(1, 1, T, 1)"  # the reference mask's last line
+_MEMORY_OR_KV = (  # the reference forward's choice between memory and memory_kv
+    "        if (memory is None) == (memory_kv is None):\n"
+    '            raise ValueError("pass exactly one of memory or memory_kv")\n'
+    "        if memory_kv is None:\n"
+    "            memory_kv = self.project_memory(memory)  # computed here only when not given\n"
+)
 
 
 # -- cross_attention_mask ----------------------------------------------------------------------------------------
-@mutant(MUTANTS, "cross_attention_mask", "PyTorch's key_padding_mask polarity: True at the padding")
-def cross_attention_mask(memory_is_real, T):
-    is_pad = ~memory_is_real
-    return is_pad[:, None, None, :].repeat(1, 1, T, 1)
+patched(MUTANTS, LESSON, "cross_attention_mask", "PyTorch's key_padding_mask polarity: True at the padding",
+        ("    allowed = memory_is_real[:, None, None, :]", "    allowed = ~memory_is_real[:, None, None, :]"))
 
+patched(MUTANTS, LESSON, "cross_attention_mask", "adds a causal triangle, as in self-attention",
+        (_REPEAT, "    causal = torch.ones(T, allowed.shape[-1], dtype=torch.bool).tril()  # (T, S)\n"
+                  "    return causal[None, None] & allowed"))
 
-@mutant(MUTANTS, "cross_attention_mask", "adds a causal triangle, as in self-attention")
-def cross_attention_mask(memory_is_real, T):  # noqa: F811 - each mutant is a separate wrong answer
-    S = memory_is_real.shape[-1]
-    causal = torch.ones(T, S, dtype=torch.bool).tril()
-    return causal[None, None] & memory_is_real[:, None, None, :]
-
-
-@mutant(MUTANTS, "cross_attention_mask", "(B, 1, 1, S): ignores T and relies on broadcasting")
-def cross_attention_mask(memory_is_real, T):  # noqa: F811
-    return memory_is_real[:, None, None, :]
+patched(MUTANTS, LESSON, "cross_attention_mask", "(B, 1, 1, S): ignores T and relies on broadcasting",
+        (_REPEAT, "    return allowed"))
 
 
 # -- CrossAttention ----------------------------------------------------------------------------------------------
-@mutant(MUTANTS, "CrossAttention", "ignores memory_kv and always projects the memory")
-class CrossAttention(MultiHeadAttention):
-    def project_memory(self, memory):
-        k = split_heads(self.k_proj(memory), self.n_heads)
-        v = split_heads(self.v_proj(memory), self.n_heads)
-        return k, v
+patched(MUTANTS, LESSON, "CrossAttention", "ignores memory_kv and always projects the memory",
+        (_MEMORY_OR_KV + "        k, v = memory_kv", "        k, v = self.project_memory(memory)"))
 
-    def forward(self, query, memory=None, allowed=None, memory_kv=None):
-        k, v = self.project_memory(memory)
-        q = split_heads(self.q_proj(query), self.n_heads)
-        out, weights = attention(q, k, v, allowed, dropout=self.dropout)
-        return self.out_proj(merge_heads(out)), weights
+patched(MUTANTS, LESSON, "CrossAttention", "project_memory leaves the heads unsplit: (B, S, D)",
+        ("        k = split_heads(self.k_proj(memory), self.n_heads)", "        k = self.k_proj(memory)"),
+        ("        v = split_heads(self.v_proj(memory), self.n_heads)", "        v = self.v_proj(memory)"),
+        ("        k, v = memory_kv  # (B, H, S, Dh) each\n",
+         "        k, v = memory_kv\n"
+         "        if k.dim() == 3:  # split here instead\n"
+         "            k, v = split_heads(k, self.n_heads), split_heads(v, self.n_heads)\n"))
 
+patched(MUTANTS, LESSON, "CrossAttention", "copy-paste: the values come from k_proj",
+        ("        v = split_heads(self.v_proj(memory), self.n_heads)",
+         "        v = split_heads(self.k_proj(memory), self.n_heads)"))
 
-@mutant(MUTANTS, "CrossAttention", "project_memory leaves the heads unsplit: (B, S, D)")
-class CrossAttention(MultiHeadAttention):  # noqa: F811
-    def project_memory(self, memory):
-        return self.k_proj(memory), self.v_proj(memory)
+patched(MUTANTS, LESSON, "CrossAttention", "given both memory and memory_kv, silently prefers the memory",
+        (_MEMORY_OR_KV, "        if memory is not None:\n            memory_kv = self.project_memory(memory)\n"))
 
-    def forward(self, query, memory=None, allowed=None, memory_kv=None):
-        if (memory is None) == (memory_kv is None):
-            raise ValueError("pass exactly one of memory or memory_kv")
-        if memory_kv is None:
-            memory_kv = self.project_memory(memory)
-        k, v = memory_kv
-        if k.dim() == 3:  # split here instead
-            k, v = split_heads(k, self.n_heads), split_heads(v, self.n_heads)
-        q = split_heads(self.q_proj(query), self.n_heads)
-        out, weights = attention(q, k, v, allowed, dropout=self.dropout)
-        return self.out_proj(merge_heads(out)), weights
-
-
-@mutant(MUTANTS, "CrossAttention", "copy-paste: the values come from k_proj")
-class CrossAttention(MultiHeadAttention):  # noqa: F811
-    def project_memory(self, memory):
-        k = split_heads(self.k_proj(memory), self.n_heads)
-        v = split_heads(self.k_proj(memory), self.n_heads)
-        return k, v
-
-    def forward(self, query, memory=None, allowed=None, memory_kv=None):
-        if (memory is None) == (memory_kv is None):
-            raise ValueError("pass exactly one of memory or memory_kv")
-        if memory_kv is None:
-            memory_kv = self.project_memory(memory)
-        k, v = memory_kv
-        q = split_heads(self.q_proj(query), self.n_heads)
-        out, weights = attention(q, k, v, allowed, dropout=self.dropout)
-        return self.out_proj(merge_heads(out)), weights
-
-
-@mutant(MUTANTS, "CrossAttention", "given both memory and memory_kv, silently prefers the memory")
-class CrossAttention(MultiHeadAttention):  # noqa: F811
-    def project_memory(self, memory):
-        k = split_heads(self.k_proj(memory), self.n_heads)
-        v = split_heads(self.v_proj(memory), self.n_heads)
-        return k, v
-
-    def forward(self, query, memory=None, allowed=None, memory_kv=None):
-        if memory is not None:
-            memory_kv = self.project_memory(memory)
-        k, v = memory_kv
-        q = split_heads(self.q_proj(query), self.n_heads)
-        out, weights = attention(q, k, v, allowed, dropout=self.dropout)
-        return self.out_proj(merge_heads(out)), weights
-
-
-@mutant(MUTANTS, "cross_attention_mask", "returns an expand view: writing into it writes into the caller's mask")
-def cross_attention_mask(memory_is_real, T):  # noqa: F811
-    memory_is_real = torch.as_tensor(memory_is_real, dtype=torch.bool)
-    return memory_is_real[:, None, None, :].expand(-1, 1, T, -1)
-
+patched(MUTANTS, LESSON, "cross_attention_mask",
+        "returns an expand view: writing into it writes into the caller's mask",
+        (_REPEAT, "    return allowed.expand(-1, 1, T, -1)"))
 
 
 # -- CachedCrossAttention (find the bug) --------------------------------------------------------------------------
-LESSON = "04-cross-attention"
 _CHANGED = "        if memory is not self.memory:"  # the fixed test of the reference
 
 shown_bug(MUTANTS, LESSON, "CachedCrossAttention",

@@ -14,6 +14,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from decoder_course import twins
 from decoder_course.checks import (
     CheckFailed,
     check,
@@ -161,12 +162,8 @@ def check_cross_attention(CrossAttention) -> None:
                      hint="a query with no allowed key attends to nothing, so its output row is out_proj.bias")
 
     with check("equals nn.MultiheadAttention with the same weights (key_padding_mask = ~memory_is_real)"):
-        theirs = nn.MultiheadAttention(D, H, batch_first=True).eval()
+        theirs = twins.torch_twin(xattn.state_dict(), "attention", H)  # nn.MultiheadAttention, the same weights
         with torch.no_grad():
-            theirs.in_proj_weight.copy_(torch.cat([xattn.q_proj.weight, xattn.k_proj.weight, xattn.v_proj.weight]))
-            theirs.in_proj_bias.copy_(torch.cat([xattn.q_proj.bias, xattn.k_proj.bias, xattn.v_proj.bias]))
-            theirs.out_proj.weight.copy_(xattn.out_proj.weight)
-            theirs.out_proj.bias.copy_(xattn.out_proj.bias)
             # PyTorch's boundary: key_padding_mask is True at padding, the opposite of is_real
             want, want_w = theirs(query, memory, memory, key_padding_mask=~is_real, average_attn_weights=False)
         expect_close(weights, want_w, "the weights vs nn.MultiheadAttention's", atol=1e-5, rtol=1e-4)
@@ -187,22 +184,22 @@ class _TorchCrossAttention(nn.Module):
         self.projected: list[int] = []  # the batch size of every memory projected
         self.project_memory = self._project  # what the code under test calls: PyTorch's weights, split into heads
 
-    def _heads(self, x: torch.Tensor, part: int) -> torch.Tensor:
-        w, b = self.torch_mha.in_proj_weight.chunk(3)[part], self.torch_mha.in_proj_bias.chunk(3)[part]  # q, k, v
+    def _heads(self, x: torch.Tensor, proj: str) -> torch.Tensor:
+        w = twins.from_torch(self.torch_mha.state_dict(), "attention")  # in_proj split into q_proj, k_proj, v_proj
         B, L, D = x.shape
-        return F.linear(x, w, b).view(B, L, self.H, D // self.H).transpose(1, 2)  # (B, H, L, Dh)
+        return F.linear(x, w[f"{proj}.weight"], w[f"{proj}.bias"]).view(B, L, self.H, -1).transpose(1, 2)
 
     def _project(self, memory):
         self.projected.append(memory.shape[0])
         with torch.no_grad():
-            return self._heads(memory, 1), self._heads(memory, 2)  # (B, H, S, Dh) each
+            return self._heads(memory, "k_proj"), self._heads(memory, "v_proj")  # (B, H, S, Dh) each
 
     def forward(self, query, memory=None, allowed=None, memory_kv=None):
         if (memory is None) == (memory_kv is None):
             raise ValueError("pass exactly one of memory or memory_kv")
         k, v = self.project_memory(memory) if memory_kv is None else memory_kv  # (B, H, S, Dh) each
         with torch.no_grad():
-            q = self._heads(query, 0)  # (B, H, T, Dh)
+            q = self._heads(query, "q_proj")  # (B, H, T, Dh)
             B, _, T, Dh = q.shape
             full = torch.ones(T, k.shape[2], dtype=torch.bool) if allowed is None else allowed
             full = torch.broadcast_to(full, (B, self.H, T, k.shape[2]))  # (B, H, T, S); no empty row here
