@@ -136,8 +136,8 @@ def validation_loss(model: nn.Module, batches) -> float:
     model.eval()  # dropout off: the loss of the model itself, not of a random part of it
     total, count = 0.0, 0
     for batch in batches:
-        tgt = batch["tgt_ids"]  # (B, T): the target, its EOS, then PAD
-        logits = model(batch["src_ids"], shift_right(tgt, BOS), src_is_real=batch["src_is_real"])  # (B, T, V)
+        src_ids, src_is_real, tgt = batch["src_ids"], batch["src_is_real"], batch["tgt_ids"]  # tgt: (B, T)
+        logits = model(src_ids, shift_right(tgt, BOS), src_is_real)  # (B, T, V): teacher forcing, as in training
         loss = sequence_loss(logits, tgt, PAD)  # scalar: this batch's loss
         ### BEGIN SOLUTION
         n_real = int((tgt != PAD).sum())  # the batch's loss is a mean over its real tokens
