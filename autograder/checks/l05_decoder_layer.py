@@ -18,6 +18,7 @@ from autograder.reference import cross_attention as ref_cross
 from autograder.reference import decoder_layer as ref
 from autograder.reference import multi_head as ref_mh
 from autograder.reference.masks import causal_mask
+from decoder_course import twins
 
 LESSON = "05-decoder-layer"
 ATTN_PROJ = ("q_proj", "k_proj", "v_proj", "out_proj")
@@ -57,26 +58,10 @@ def _layer_state(rng: np.random.Generator, D: int, F: int) -> dict[str, np.ndarr
     return {key: value.astype(np.float32) for key, value in state.items()}
 
 
-def _torch_layer(state: dict, D: int, H: int, F: int, norm_first: bool) -> nn.TransformerDecoderLayer:
-    """PyTorch's own decoder layer (float64, eval) carrying the weights of a contract state dict."""
-    theirs = nn.TransformerDecoderLayer(D, H, F, dropout=0.1, batch_first=True, norm_first=norm_first)
-    mapped = {}
-    for ours, name in (("self_attn", "self_attn"), ("cross_attn", "multihead_attn")):
-        # nn.MultiheadAttention packs q, k, v into one (3 D, D) in_proj
-        mapped[f"{name}.in_proj_weight"] = np.concatenate(
-            [state[f"{ours}.{p}.weight"] for p in ATTN_PROJ[:3]]
-        )
-        mapped[f"{name}.in_proj_bias"] = np.concatenate([state[f"{ours}.{p}.bias"] for p in ATTN_PROJ[:3]])
-        mapped[f"{name}.out_proj.weight"] = state[f"{ours}.out_proj.weight"]
-        mapped[f"{name}.out_proj.bias"] = state[f"{ours}.out_proj.bias"]
-    for i in (1, 2):
-        for kind in ("weight", "bias"):
-            mapped[f"linear{i}.{kind}"] = state[f"feed_forward.linear{i}.{kind}"]
-    for norm in NORMS:
-        for kind in ("weight", "bias"):
-            mapped[f"{norm}.{kind}"] = state[f"{norm}.{kind}"]
-    theirs.load_state_dict({key: torch.from_numpy(np.asarray(v, np.float64)) for key, v in mapped.items()})
-    return theirs.double().eval()
+def _torch_layer(state: dict, H: int, F: int, norm_first: bool) -> nn.TransformerDecoderLayer:
+    """PyTorch's own decoder layer (float64, eval) carrying the weights of a contract state dict (its packed in_proj
+    built by decoder_course.twins)."""
+    return twins.torch_twin(state, "decoder", H, d_ff=F, norm_first=norm_first, dtype=torch.float64)
 
 
 def _torch_forward(theirs, x, memory, causal=None, tgt_is_real=None, mem_is_real=None) -> np.ndarray:
@@ -480,8 +465,8 @@ class DecoderLayerCheck(Exercise):
         for case_id in ("post", "pre", "b1"):
             case = result.cases[case_id]
             d = case.data
-            theirs = _torch_layer(d["state"], d["D"], d["H"], d["F"], d["norm_first"])
-            other = _torch_layer(d["state"], d["D"], d["H"], d["F"], not d["norm_first"])
+            theirs = _torch_layer(d["state"], d["H"], d["F"], d["norm_first"])
+            other = _torch_layer(d["state"], d["H"], d["F"], not d["norm_first"])
             want = _torch_forward(
                 theirs, d["x"], d["memory"], d["causal"], d["tgt_is_real"], d["mem_is_real"]
             )
@@ -866,13 +851,12 @@ class NumpyDecoderLayer(Exercise):
         for case_id in ("post", "pre", "b1"):
             case = result.cases[case_id]
             d = case.data
-            D = d["x"].shape[-1]
             F = d["params"]["ff_W1"].shape[1]
             state = _state_from_np(d["params"])
-            theirs = _torch_layer(state, D, d["H"], F, d["norm_first"])
+            theirs = _torch_layer(state, d["H"], F, d["norm_first"])
             want = _torch_forward(theirs, d["x"], d["memory"], d["causal"], None, d["mem_is_real"])
             other = _torch_forward(
-                _torch_layer(state, D, d["H"], F, not d["norm_first"]),
+                _torch_layer(state, d["H"], F, not d["norm_first"]),
                 d["x"],
                 d["memory"],
                 d["causal"],
@@ -1022,7 +1006,7 @@ class RunWithTorchMasks(Exercise):
             B, T, _ = x.shape
             out = result.get(case.id, "out", what=f"the output of {what}", kind="tensor", dtype="float",
                              shape=x.shape)
-            theirs = _torch_layer(d["state"], d["D"], d["H"], d["F"], d["norm_first"])
+            theirs = _torch_layer(d["state"], d["H"], d["F"], d["norm_first"])
             with torch.no_grad():  # PyTorch's layer, given exactly the arguments the helper was given
                 want = theirs(torch.from_numpy(x.astype(np.float64)), torch.from_numpy(memory.astype(np.float64)),
                               **{k: None if m is None else torch.from_numpy(m) for k, m in masks.items()}).numpy()

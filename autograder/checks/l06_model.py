@@ -27,6 +27,7 @@ from torch import nn
 from autograder.checks.framework import Case, Exercise, Fail, Raised, Result, exercise, expect_close
 from autograder.checks.l05_decoder_layer import _inputs, _layer_state, _lengths, _torch_layer
 from autograder.reference import model as ref
+from decoder_course import twins
 
 LESSON = "06-model"
 
@@ -233,26 +234,17 @@ def _encoder_layer_state(rng: np.random.Generator, D: int, F: int) -> dict[str, 
             if not key.startswith(("cross_attn.", "norm3."))}
 
 
-def _torch_encoder_layer(state: dict, D: int, H: int, F: int, norm_first: bool) -> nn.TransformerEncoderLayer:
-    """PyTorch's own encoder layer (float64, eval) carrying the weights of a contract state dict."""
-    theirs = nn.TransformerEncoderLayer(D, H, F, dropout=0.1, batch_first=True, norm_first=norm_first)
-    proj = ("q_proj", "k_proj", "v_proj")
-    mapped = {"self_attn.in_proj_weight": np.concatenate([state[f"self_attn.{p}.weight"] for p in proj]),
-              "self_attn.in_proj_bias": np.concatenate([state[f"self_attn.{p}.bias"] for p in proj])}
-    for key, value in state.items():
-        if key.startswith("self_attn.out_proj.") or key.startswith("norm"):
-            mapped[key] = value
-        elif key.startswith("feed_forward."):
-            mapped[key[len("feed_forward."):]] = value
-    theirs.load_state_dict({key: torch.from_numpy(np.asarray(v, np.float64)) for key, v in mapped.items()})
-    return theirs.double().eval()
+def _torch_encoder_layer(state: dict, H: int, F: int, norm_first: bool) -> nn.TransformerEncoderLayer:
+    """PyTorch's own encoder layer (float64, eval) carrying the weights of a contract state dict (its packed in_proj
+    built by decoder_course.twins)."""
+    return twins.torch_twin(state, "encoder", H, d_ff=F, norm_first=norm_first, dtype=torch.float64)
 
 
 def _encoder_expected(d: dict, *, norm_first: bool | None = None, masked: bool = True,
                       causal: bool = False) -> np.ndarray:
     """nn.TransformerEncoderLayer's output on the case's input; the flags make known mistakes."""
     norm_first = d["norm_first"] if norm_first is None else norm_first
-    theirs = _torch_encoder_layer(d["state"], d["D"], d["H"], d["F"], norm_first)
+    theirs = _torch_encoder_layer(d["state"], d["H"], d["F"], norm_first)
     x = torch.from_numpy(d["x"].astype(np.float64))
     S = x.shape[1]
     with torch.no_grad():
@@ -380,7 +372,7 @@ def _torch_stack(state: dict, D: int, H: int, F: int, N: int, norm_first: bool) 
     for i in range(N):
         prefix = f"layers.{i}."
         layer_state = {key[len(prefix):]: value for key, value in state.items() if key.startswith(prefix)}
-        layers.append(_torch_layer(layer_state, D, H, F, norm_first))
+        layers.append(_torch_layer(layer_state, H, F, norm_first))
     theirs = nn.TransformerDecoder(layers[0], num_layers=N, norm=nn.LayerNorm(D) if norm_first else None)
     theirs.layers = nn.ModuleList(layers)  # each layer its own weights
     if norm_first:
@@ -593,7 +585,7 @@ def _torch_logits(state: dict, cfg: dict, src_ids, tgt_ids, src_is_real, tgt_is_
     for i in range(N):
         prefix = f"encoder.layers.{i}."
         layer_state = {k[len(prefix):]: np.asarray(v) for k, v in state.items() if k.startswith(prefix)}
-        enc_layers.append(_torch_encoder_layer(layer_state, D, H, F, norm_first))
+        enc_layers.append(_torch_encoder_layer(layer_state, H, F, norm_first))
     dec_state = {k[len("decoder."):]: v.numpy() for k, v in w.items() if k.startswith("decoder.")}
     decoder = _torch_stack(dec_state, D, H, F, N, norm_first)
     # PyTorch's masks mean True = BLOCKED: our is_real masks are inverted here, at the boundary

@@ -14,6 +14,7 @@ import numpy as np
 import torch
 from torch import nn
 
+from decoder_course import twins
 from decoder_course.checks import (
     CheckFailed,
     causal_leakage_probe,
@@ -48,31 +49,6 @@ def _torch_layer(D: int, H: int, F: int, norm_first: bool, seed: int) -> nn.Tran
     torch.manual_seed(seed)
     theirs = nn.TransformerDecoderLayer(D, H, F, dropout=0.1, batch_first=True, norm_first=norm_first)
     return _randomized(theirs, seed).eval()
-
-
-def _contract_state(theirs: nn.TransformerDecoderLayer) -> dict[str, torch.Tensor]:
-    """PyTorch's weights under the course's parameter names (its packed in_proj split into q, k, v)."""
-    state = {}
-    for ours, name in (("self_attn", "self_attn"), ("cross_attn", "multihead_attn")):
-        mha = getattr(theirs, name)
-        for proj, w, b in zip(
-            ATTN_PROJ[:3], mha.in_proj_weight.chunk(3), mha.in_proj_bias.chunk(3), strict=True
-        ):
-            state[f"{ours}.{proj}.weight"], state[f"{ours}.{proj}.bias"] = w, b
-        state[f"{ours}.out_proj.weight"], state[f"{ours}.out_proj.bias"] = (
-            mha.out_proj.weight,
-            mha.out_proj.bias,
-        )
-    for i in (1, 2):
-        linear = getattr(theirs, f"linear{i}")
-        state[f"feed_forward.linear{i}.weight"], state[f"feed_forward.linear{i}.bias"] = (
-            linear.weight,
-            linear.bias,
-        )
-    for i in (1, 2, 3):
-        norm = getattr(theirs, f"norm{i}")
-        state[f"norm{i}.weight"], state[f"norm{i}.bias"] = norm.weight, norm.bias
-    return {key: value.detach().clone() for key, value in state.items()}
 
 
 def _plain_feed_forward(D: int, F: int) -> nn.Module:
@@ -302,7 +278,7 @@ def check_decoder_layer(DecoderLayer) -> None:
         ):
             theirs = _torch_layer(D, H, F, norm_first, seed=5 + norm_first)
             layer = DecoderLayer(D, H, F, norm_first=norm_first, feed_forward=_plain_feed_forward(D, F))
-            _load(layer, _contract_state(theirs))
+            _load(layer, twins.from_torch(theirs.state_dict(), "decoder"))
             layer.eval()
             causal, mem_is_real, cross_allowed, blocked = _masks(B, T, S, [S, 4])
             with torch.no_grad():
@@ -327,7 +303,7 @@ def check_decoder_layer(DecoderLayer) -> None:
 
     with check("the future and memory padding do not leak; eval mode is deterministic"):
         layer = DecoderLayer(D, H, F, feed_forward=_plain_feed_forward(D, F))
-        _load(layer, _contract_state(_torch_layer(D, H, F, False, seed=9)))
+        _load(layer, twins.from_torch(_torch_layer(D, H, F, False, seed=9).state_dict(), "decoder"))
         layer.eval()
         causal, mem_is_real, cross_allowed, _ = _masks(B, T, S, [S, 4])
         causal_leakage_probe(
@@ -456,7 +432,7 @@ def check_init_numpy_decoder_params(init_numpy_decoder_params) -> None:
 
 def _numpy_params(theirs: nn.TransformerDecoderLayer) -> dict[str, np.ndarray]:
     """PyTorch's weights as numpy_decoder_layer parameters: (in, out) matrices, float64."""
-    state = {k: v.double().numpy() for k, v in _contract_state(theirs).items()}
+    state = {k: v.double().numpy().copy() for k, v in twins.from_torch(theirs.state_dict(), "decoder").items()}
     params = {}
     for prefix, sub in (("sa", "self_attn"), ("ca", "cross_attn")):
         for n, proj in zip("qkvo", ATTN_PROJ, strict=True):

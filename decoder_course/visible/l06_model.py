@@ -14,6 +14,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from decoder_course import twins
 from decoder_course.checks import (
     CheckFailed,
     causal_leakage_probe,
@@ -26,7 +27,7 @@ from decoder_course.checks import (
     expect_type,
     padding_leakage_probe,
 )
-from decoder_course.visible.l05_decoder_layer import _contract_state, _randomized
+from decoder_course.visible.l05_decoder_layer import _randomized
 
 
 # -- sinusoidal_table ----------------------------------------------------------------------------------------
@@ -157,21 +158,6 @@ def check_positional_encoding(PositionalEncoding, sinusoidal_table=None) -> None
 ENCODER_NAMES = "self_attn (q_proj, k_proj, v_proj, out_proj), feed_forward (linear1, linear2), norm1, norm2"
 
 
-def _encoder_state(theirs: nn.TransformerEncoderLayer) -> dict[str, torch.Tensor]:
-    """PyTorch's encoder layer's weights under the course's names (its packed in_proj split into q, k, v)."""
-    mha = theirs.self_attn
-    state = {}
-    for proj, w, b in zip(("q_proj", "k_proj", "v_proj"), mha.in_proj_weight.chunk(3), mha.in_proj_bias.chunk(3),
-                          strict=True):
-        state[f"self_attn.{proj}.weight"], state[f"self_attn.{proj}.bias"] = w, b
-    state["self_attn.out_proj.weight"], state["self_attn.out_proj.bias"] = mha.out_proj.weight, mha.out_proj.bias
-    for i in (1, 2):
-        linear, norm = getattr(theirs, f"linear{i}"), getattr(theirs, f"norm{i}")
-        state[f"feed_forward.linear{i}.weight"], state[f"feed_forward.linear{i}.bias"] = linear.weight, linear.bias
-        state[f"norm{i}.weight"], state[f"norm{i}.bias"] = norm.weight, norm.bias
-    return {key: value.detach().clone() for key, value in state.items()}
-
-
 def check_encoder_layer(EncoderLayer) -> None:
     """Names, agreement with nn.TransformerEncoderLayer (both LN placements, padding), no leak from padding,
     no causal mask, dropout, input unchanged."""
@@ -186,7 +172,7 @@ def check_encoder_layer(EncoderLayer) -> None:
             theirs = nn.TransformerEncoderLayer(D, H, F_, dropout=0.1, batch_first=True, norm_first=norm_first)
             theirs = _randomized(theirs, 3 + norm_first).eval()
             ours = EncoderLayer(D, H, F_, dropout=0.1, norm_first=norm_first)
-            _load(ours, _encoder_state(theirs), "EncoderLayer", ENCODER_NAMES)
+            _load(ours, twins.from_torch(theirs.state_dict(), "encoder"), "EncoderLayer", ENCODER_NAMES)
             ours.eval()
             layers[norm_first] = ours
             with torch.no_grad():
@@ -244,7 +230,8 @@ def _stack_state(theirs: nn.TransformerDecoder) -> dict[str, torch.Tensor]:
     """PyTorch's stack's weights under the course's names: layers.{i}.<DecoderLayer names>, norm.*."""
     state = {}
     for i, layer in enumerate(theirs.layers):
-        state.update({f"layers.{i}.{key}": value for key, value in _contract_state(layer).items()})
+        state.update({f"layers.{i}.{key}": value for key, value in twins.from_torch(layer.state_dict(),
+                                                                                           "decoder").items()})
     if theirs.norm is not None:
         state["norm.weight"] = theirs.norm.weight.detach().clone()
         state["norm.bias"] = theirs.norm.bias.detach().clone()
@@ -372,15 +359,7 @@ def _torch_logits(model: nn.Module, src_ids, tgt_ids, src_is_real, tgt_is_real, 
     ).eval()
     with torch.no_grad():
         for mine, their_layer in zip(model.decoder.layers, theirs.layers, strict=True):
-            for ours_name, torch_name in (("self_attn", "self_attn"), ("cross_attn", "multihead_attn")):
-                ours, mha = getattr(mine, ours_name), getattr(their_layer, torch_name)
-                mha.in_proj_weight.copy_(torch.cat([ours.q_proj.weight, ours.k_proj.weight, ours.v_proj.weight]))
-                mha.in_proj_bias.copy_(torch.cat([ours.q_proj.bias, ours.k_proj.bias, ours.v_proj.bias]))
-                mha.out_proj.load_state_dict(ours.out_proj.state_dict())
-            their_layer.linear1.load_state_dict(mine.feed_forward.linear1.state_dict())
-            their_layer.linear2.load_state_dict(mine.feed_forward.linear2.state_dict())
-            for i in (1, 2, 3):
-                getattr(their_layer, f"norm{i}").load_state_dict(getattr(mine, f"norm{i}").state_dict())
+            their_layer.load_state_dict(twins.to_torch(mine.state_dict(), "decoder"))  # in_proj packed from q, k, v
         if norm_first:
             theirs.norm.load_state_dict(model.decoder.norm.state_dict())
         pe = model.pos_encoding.pe  # (max_len, D): the model's own table
