@@ -116,7 +116,11 @@ def test_wrong_answer_loses_its_item_and_no_other(lesson, index):
     item, description, replacement = _mutants(lesson)[index]
     decided = verdicts.judge_namespace(lesson, samples.notebook_namespace(lesson, replacement))
     assert not decided[item].passed, f"the wrong answer '{description}' passed the hidden checks of {item}"
-    others = {other: v.message for other, v in decided.items() if other != item and not v.passed}
+    # An item that calls the wrong one can only lose its points when nothing of it could be seen: on every case
+    # its code stopped inside the wrong answer, which raised (Unobservable: not judged, and it says so).
+    others = {other: v.message for other, v in decided.items()
+              if other != item and not v.passed and not (v.unobservable and item in verdicts.exercises_for(lesson)[
+                  other].uses and f"`{item}`" in v.message)}
     assert not others, f"the wrong answer to {item} ('{description}') also cost: {others}"
     assert _names_an_idea(decided[item].message), (
         f"the message for '{description}' does not say which idea broke: {decided[item].message}")
@@ -163,3 +167,19 @@ def test_every_lesson_has_its_four_modules_and_nothing_is_stray():
         lessons.slug("setup")
     with pytest.raises(KeyError, match="unknown lesson"):
         lessons.module("99-nothing", "checks")
+
+
+@pytest.mark.parametrize("building_block", [
+    "def split_heads(x, H):\n    raise NotImplementedError\n",
+    "def split_heads(x, H):\n    raise ValueError('on purpose')\n",
+])
+def test_an_item_nothing_of_which_could_be_seen_earns_nothing(building_block):
+    """Leaving (or making) a building block raise must not hand its dependents their points unjudged: the
+    untouched find-the-bug cell, built on it, is not seen at all, so it does not pass, and says why."""
+    lesson = "03-multi-head"
+    wrong = {"causal_self_attention": notebooks.buggy_source(lesson, "causal_self_attention"),
+             "split_heads": building_block}
+    decided = verdicts.judge_namespace(lesson, samples.notebook_namespace(lesson, wrong))
+    verdict = decided["causal_self_attention"]
+    assert not verdict.passed and verdict.unobservable, verdict
+    assert "`split_heads`" in verdict.message and "nothing of this cell could be checked" in verdict.message

@@ -31,6 +31,11 @@ class Raised(Fail):
     """The student's code raised where it should have returned: nothing of what it computes can be observed."""
 
 
+class Unobservable(Raised):
+    """Nothing of an item could be seen: on every case its code stopped inside a building block of the student's
+    that raised (autograder.checks.relative). Not a pass: a cell no check could see earns nothing."""
+
+
 def exercise(lesson: str, name: str, points: float = 1.0):
     """Register an exercise class under ``lesson`` and its graded cell id ``name``."""
 
@@ -276,6 +281,7 @@ class Verdict:
     passed: bool
     message: str
     raised: bool = False  # failed because the student's code raised (tests/test_hidden_checks.py's double faults)
+    unobservable: bool = False  # not judged: every case stopped inside another item that raised (Unobservable)
 
 
 class Exercise:
@@ -330,7 +336,8 @@ def run_judge(ex: Exercise, folder: Path, cases: list[Case], passed: dict[str, b
         else:
             ex.judge(result)
     except Fail as fail:
-        return Verdict(False, str(fail), raised=isinstance(fail, Raised) or _quotes_an_error(result, str(fail)))
+        return Verdict(False, str(fail), raised=isinstance(fail, Raised) or _quotes_an_error(result, str(fail)),
+                       unobservable=isinstance(fail, Unobservable))
     except Exception as exc:  # a grader bug must not look like the student's fault; say so plainly
         return Verdict(False, f"the grader could not judge this exercise ({type(exc).__name__}: {exc}); "
                               "tell your instructor.")

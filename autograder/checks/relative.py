@@ -19,6 +19,7 @@ No reference code or value enters the kernel: the replay runs here, on the recor
 from __future__ import annotations
 
 import contextlib
+import copy
 import inspect
 from types import ModuleType
 from typing import Any
@@ -26,7 +27,7 @@ from unittest import mock
 
 import numpy as np
 
-from autograder.checks.framework import Case, Fail, Raised, Result
+from autograder.checks.framework import Case, Fail, Raised, Result, Unobservable
 
 _OPAQUE = object()  # a recorded value that was described, not handed back (a model, a cache)
 _RTOL, _ATOL = 1e-4, 1e-5
@@ -316,7 +317,7 @@ def judge(ex, result: Result, passed: dict[str, bool] | None = None) -> None:
     replays: dict[str, tuple[_Replay, dict, dict, str | None]] = {}
     for case in result.cases.values():
         replay = _Replay(_recorded_calls(result, case.id), ex.required_calls)
-        if not replay.calls or not case.relative or case.data.get("relative") is False:  # TODO(me): l06, l12
+        if not replay.calls or not case.relative or case.data.get("relative") is False:  # TODO(me): l06
             continue  # the student's code used none of them here (or the case has no values to replay)
         stand_ins = {name: _replayer(replay, name, getattr(module, name)) for name in names}
         namespace = {**vars(module), **stand_ins}
@@ -335,9 +336,41 @@ def judge(ex, result: Result, passed: dict[str, bool] | None = None) -> None:
         ex.judge(result)  # their building blocks answered as the reference's would: the usual checks decide
         return
     own = " and ".join(f"`{name}`" for name in differs)
+    seen = 0  # cases on which something of this item's own code could be observed
     for case in result.cases.values():
-        if case.id in replays:
-            _consistent(result, case, *replays[case.id][1:], own)
+        if case.id not in replays:
+            continue
+        error = replays[case.id][3]
+        if error is not None and error.startswith(_DependencyRaised.__name__):
+            continue  # it stopped inside a building block of the student's that raised: nothing of its own to see
+        _consistent(result, case, *replays[case.id][1:], own)
+        seen += 1
+    rest = [case for case in result.cases.values() if case.id not in replays]
+    if rest:
+        seen += _judged_alone(ex, result, rest)
+    if not seen:
+        stopped = sorted({replays[cid][3].split(": ", 1)[-1].split(".")[0] for cid in replays})
+        names = " and ".join(f"`{name}`" for name in stopped) or own
+        below = [name for name in differs if name not in stopped]
+        built = (f" (built on your own {' and '.join(f'`{name}`' for name in below)}, whose answers differ from a "
+                 "correct one's)") if below else ""
+        raise Unobservable(f"nothing of this cell could be checked: on every hidden case your code stops inside your "
+                           f"own {names}, which raised where a correct one returns{built}. Fix that first (see its "
+                           "cell's verdict): then this cell is judged on what it does with it.")
+
+
+def _judged_alone(ex, result: Result, cases: list[Case]) -> int:
+    """Judge the cases that called none of the building blocks (or have no values to replay) by the exercise's own
+    checks, as cases of their own; how many were judged (0 when its checks need the other cases too)."""
+    alone = copy.copy(result)
+    alone.cases = {case.id: case for case in cases}
+    try:
+        ex.judge(alone)
+    except Fail:
+        raise
+    except Exception:  # noqa: BLE001 - its checks read a case that is not in this subset: they cannot judge it
+        return 0
+    return len(cases)
 
 
 def _consistent(result: Result, case: Case, meta: dict, leaves: dict, error: str | None, own: str) -> None:
