@@ -709,7 +709,7 @@ class Seq2SeqTransformerCheck(Exercise):
 
         # dropout: training mode differs from eval mode
         # random initial weights (no state loaded): judged by its properties only, never against a replay
-        case = Case("train", f"{sizes}, dropout=0.5, training mode then eval mode", data={"relative": False})
+        case = Case("train", f"{sizes}, dropout=0.5, training mode then eval mode", relative=False)
         self._build(case, pre, None, dropout=0.5)
         case.steps.append({"train": "m"})
         case.seed(int(rng.integers(2**31)))

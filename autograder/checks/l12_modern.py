@@ -363,7 +363,7 @@ class GroupedQueryAttentionCheck(Exercise):
         case.record("cached", {"attr": ["cache", "keys"]})
         cases.append(case)
         for case_id, args in (("bad_heads", (16, 3, 1)), ("bad_groups", (16, 4, 3))):
-            case = Case(case_id, f"GroupedQueryAttention{args}", data={"expect_error": True, "relative": False})
+            case = Case(case_id, f"GroupedQueryAttention{args}", data={"expect_error": True}, relative=False)
             case.call("GroupedQueryAttention", *args, let="m")
             case.record("made", {"attr": ["m", "training"]})
             cases.append(case)
