@@ -1,8 +1,8 @@
 """Find-the-bug exercises: the release shows a given implementation with one realistic mistake; the student fixes it.
 
 A find-the-bug exercise is an ordinary exercise (a reference with ``### BEGIN SOLUTION`` / ``### END SOLUTION``,
-its name in ``EXERCISES``, a test cell, hidden checks, mutants) whose every solution region is followed by the
-buggy lines the release shows instead, commented out between ``### BEGIN BUG`` / ``### END BUG``::
+which make it one, a test cell, hidden checks, mutants) whose every solution region is followed by the buggy lines
+the release shows instead, commented out between ``### BEGIN BUG`` / ``### END BUG``::
 
     scores = q @ k.swapaxes(-1, -2) / math.sqrt(Dh)  # (..., T, S)
     ### BEGIN SOLUTION

@@ -30,6 +30,7 @@ from pathlib import Path
 
 import nbformat
 
+from autograder import lessons as lessons_registry
 from autograder import notebooks
 
 ROOT = notebooks.ROOT
@@ -268,9 +269,8 @@ def _shown_bug_lines() -> set[str]:
     from autograder import bugs
 
     lines = set()
-    for lesson, module_name in notebooks.REFERENCE_MODULES.items():
-        module = notebooks.reference_object(lesson, f"{module_name}:EXERCISES")
-        for name in module:
+    for lesson in notebooks.REFERENCE_MODULES:
+        for name in lessons_registry.exercises(lesson):
             source = inspect.getsource(notebooks.reference_object(lesson, name))
             if bugs.regions(textwrap.dedent(source)) is not None:
                 lines |= _distinctive(notebooks.buggy_source(lesson, name).splitlines())
@@ -318,8 +318,7 @@ def reference_bodies() -> dict[str, str]:
     """``{"module:name": solution body}`` of every exercise (for tests that grep for them)."""
     out = {}
     for lesson, module_name in notebooks.REFERENCE_MODULES.items():
-        for name in getattr(__import__(f"autograder.reference.{module_name}", fromlist=["EXERCISES"]),
-                            "EXERCISES", ()):
+        for name in lessons_registry.exercises(lesson):
             source = textwrap.dedent(inspect.getsource(notebooks.reference_object(lesson, name)))
             match = re.search(r"### BEGIN SOLUTION\n(.*?)### END SOLUTION", source, re.S)
             if match:

@@ -9,13 +9,15 @@ visible            ``decoder_course.visible.l03_multi_head`` (the checks under e
 mutants            ``autograder.mutants.m03_multi_head`` (realistic wrong answers)
 =================  ====================================================
 
-A lesson exists when its percent source ``solutions/<id>.py`` does; its exercises are its reference module's
-``EXERCISES``, whose cells the source names (``# %% exercise=...``). Adding a lesson is adding those files: no
-table lists them.
+A lesson exists when its percent source ``solutions/<id>.py`` does. Its exercises are the definitions of its
+reference module that mark a part for the student (``### BEGIN SOLUTION``), in the module's order; the other
+definitions are given code. Adding a lesson or an exercise is adding its files and definitions: no list names them.
 """
 
 from __future__ import annotations
 
+import ast
+import functools
 import importlib
 from pathlib import Path
 from types import ModuleType
@@ -57,3 +59,24 @@ def module(lesson: str, kind: str) -> ModuleType:
 def path(lesson: str, kind: str) -> Path:
     """The file of one of the lesson's modules."""
     return ROOT.joinpath(*module_name(lesson, kind).split(".")).with_suffix(".py")
+
+
+@functools.cache
+def _definitions(lesson: str) -> tuple[tuple[str, bool], ...]:
+    """(name, marks a student's part) of each top-level function and class of the reference, in order."""
+    source = path(lesson, "reference").read_text()
+    found = []
+    for node in ast.parse(source).body:
+        if isinstance(node, (ast.FunctionDef, ast.ClassDef)):
+            found.append((node.name, "### BEGIN SOLUTION" in (ast.get_source_segment(source, node) or "")))
+    return tuple(found)
+
+
+def exercises(lesson: str) -> list[str]:
+    """The lesson's graded exercises: the reference's definitions with a ``### BEGIN SOLUTION`` region, in order."""
+    return [name for name, graded in _definitions(lesson) if graded]
+
+
+def given(lesson: str) -> list[str]:
+    """The reference's other definitions: code the lesson gives the student (a loader, a training loop)."""
+    return [name for name, graded in _definitions(lesson) if not graded]

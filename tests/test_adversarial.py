@@ -29,7 +29,7 @@ import numpy as np
 import pytest
 from nbgrader.api import Gradebook
 
-from autograder import intake, notebooks, pipeline, samples, sandbox, verdicts
+from autograder import intake, lessons, notebooks, pipeline, samples, sandbox, verdicts
 from autograder.nbgrader_plugins import HIDDEN_BEGIN
 from autograder.reference import masks as ref
 from tests.conftest import ROOT
@@ -547,9 +547,8 @@ def _hidden_values(run, student: str) -> set[str]:
 
 def _solution_lines(lesson: str) -> set[str]:
     """Lines a student must write in ``lesson`` (between the solution markers of its exercises' references)."""
-    module = notebooks.reference_object(lesson, "EXERCISES")
     lines = set()
-    for name in module:
+    for name in lessons.exercises(lesson):
         inside = False
         for line in notebooks.reference_source(lesson, name).splitlines():
             if "BEGIN SOLUTION" in line or "END SOLUTION" in line:

@@ -17,6 +17,7 @@ import torch.nn.functional as F
 from torch import nn
 
 import decoder_course
+from autograder import lessons
 from decoder_course import conventions, data
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -55,15 +56,8 @@ def _spec_table_names() -> set[str]:
 
 
 def _reference_exercises() -> set[str]:
-    """Every name in an ``EXERCISES`` list of the hidden reference modules, read with ast (nothing runs)."""
-    names = set()
-    for path in sorted(REFERENCE_DIR.glob("*.py")):
-        for node in ast.parse(path.read_text()).body:
-            if isinstance(node, (ast.Assign, ast.AnnAssign)):
-                targets = node.targets if isinstance(node, ast.Assign) else [node.target]
-                if any(isinstance(t, ast.Name) and t.id == "EXERCISES" for t in targets):
-                    names |= set(ast.literal_eval(node.value))
-    return names
+    """Every exercise of the hidden reference modules (autograder.lessons: read with ast, nothing runs)."""
+    return {name for lesson in lessons.ids() for name in lessons.exercises(lesson)}
 
 
 GRADED = SPEC_EXERCISES | _spec_table_names() | _reference_exercises()

@@ -21,7 +21,7 @@ import pytest
 import torch
 
 import decoder_course
-from autograder import verdicts
+from autograder import lessons, verdicts
 from autograder.reference import model as model_ref
 from autograder.reference import numerics, training
 from decoder_course import devices
@@ -179,7 +179,7 @@ def test_hidden_checks_accept_outputs_that_live_on_the_gpu(monkeypatch, lesson):
     monkeypatch.setenv(devices.ENV, "cuda")
     module = importlib.import_module(f"autograder.reference.{'training' if lesson == '07-training' else 'numerics'}")
     namespace = dict(vars(module))
-    for name in module.EXERCISES:
+    for name in lessons.exercises(lesson):
         if callable(namespace[name]) and not isinstance(namespace[name], type):
             namespace[name] = _on_device(namespace[name], decoder_course.device())
     with VirtualDevice("cuda") as vd:

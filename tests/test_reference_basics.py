@@ -14,6 +14,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+from autograder import lessons
 from autograder.reference import attention, masks
 from autograder.reference import setup as warmup
 
@@ -22,9 +23,10 @@ SEEDS = [0, 1, 2]
 
 
 def test_contract_names():
-    assert warmup.EXERCISES == ["flatten_batch", "time_major", "split_last"]
-    assert masks.EXERCISES == ["causal_mask", "padding_mask", "combine_masks", "mask_to_bias"]
-    assert attention.EXERCISES == ["softmax", "masked_softmax", "scaled_dot_product_attention", "fixed_attention"]
+    assert lessons.exercises("00-setup") == ["flatten_batch", "time_major", "split_last"]
+    assert lessons.exercises("01-masks") == ["causal_mask", "padding_mask", "combine_masks", "mask_to_bias"]
+    assert lessons.exercises("02-attention") == [
+        "softmax", "masked_softmax", "scaled_dot_product_attention", "fixed_attention"]
 
 
 # ----------------------------------------------------------------------------------------------------
@@ -52,7 +54,7 @@ def test_warmups_equal_torch_reshapes(backend):
     np.testing.assert_array_equal(np.asarray(x), x_np)  # the caller's input is unchanged
 
 
-@pytest.mark.parametrize("name", warmup.EXERCISES)
+@pytest.mark.parametrize("name", lessons.exercises("00-setup"))
 def test_warmups_use_rearrange(name):
     assert "rearrange(" in inspect.getsource(getattr(warmup, name))
 

@@ -1,19 +1,18 @@
 """Every reference module keeps the contract the notebook builder relies on.
 
-Top level: only imports, EXERCISES/GIVEN and the listed definitions, so each definition is a self-contained cell;
+Top level: only imports and definitions, so each definition is a self-contained cell;
 every public object has a docstring with a Shape section; graded objects mark the student's part, and the stub
 nbgrader makes of it compiles and raises NotImplementedError before doing anything else.
 """
 
 import ast
-import importlib
 import inspect
 import textwrap
 
 import pytest
 
-from autograder import bugs
-from autograder.notebooks import _MARKERS, REFERENCE_MODULES
+from autograder import bugs, lessons
+from autograder.notebooks import _MARKERS
 
 
 # ----------------------------------------------------------------------------------------------------
@@ -45,24 +44,21 @@ def _call_with_nones(func, self_obj=None):
     return func(self_obj, *args) if self_obj is not None else func(*args)
 
 
-def check_module_contract(module):
-    """Top level: only imports, EXERCISES/GIVEN and the listed defs, so each def is a self-contained cell."""
-    names = list(module.EXERCISES) + list(module.GIVEN)
-    assert len(set(names)) == len(names), "a name is listed twice in EXERCISES/GIVEN"
+def check_module_contract(lesson):
+    """Top level: only imports and definitions, so each definition is a self-contained cell; the exercises are
+    those that mark the student's part (autograder.lessons), the rest is given code."""
+    module = lessons.module(lesson, "reference")
+    exercises, given = lessons.exercises(lesson), lessons.given(lesson)
+    names = exercises + given
+    assert len(set(names)) == len(names), "a name is defined twice"
     tree = ast.parse(inspect.getsource(module))
     assert ast.get_docstring(tree), f"{module.__name__} has no module docstring"
     defined = []
     for node in tree.body[1:]:
         if isinstance(node, ast.Import | ast.ImportFrom):
             continue
-        if isinstance(node, ast.Assign | ast.AnnAssign):
-            targets = node.targets if isinstance(node, ast.Assign) else [node.target]
-            assert {t.id for t in targets} <= {"EXERCISES", "GIVEN"}, f"module state: {ast.unparse(node)}"
-            continue
-        assert isinstance(node, ast.FunctionDef | ast.ClassDef), f"top-level code: {ast.unparse(node)}"
-        assert node.name in names, f"{node.name} is neither in EXERCISES nor GIVEN (a hidden helper?)"
+        assert isinstance(node, ast.FunctionDef | ast.ClassDef), f"top-level code or state: {ast.unparse(node)}"
         defined.append(node.name)
-    assert sorted(defined) == sorted(names), "EXERCISES/GIVEN name something the module does not define"
 
     for name in names:
         obj = getattr(module, name)
@@ -72,7 +68,7 @@ def check_module_contract(module):
         src = inspect.getsource(obj)
         n_begin, n_end = src.count("### BEGIN SOLUTION"), src.count("### END SOLUTION")
         assert n_begin == n_end, f"{name}: unbalanced solution markers"
-        if name in module.GIVEN:
+        if name in given:
             assert n_begin == 0, f"{name} is given code: it must not carry solution markers"
             continue
         assert n_begin >= 1, f"{name} is graded but has no ### BEGIN SOLUTION region"
@@ -105,6 +101,6 @@ def check_module_contract(module):
                 _call_with_nones(stub)
 
 
-@pytest.mark.parametrize("module_name", sorted(set(REFERENCE_MODULES.values())))
-def test_module_contract(module_name):
-    check_module_contract(importlib.import_module(f"autograder.reference.{module_name}"))
+@pytest.mark.parametrize("lesson", lessons.ids())
+def test_module_contract(lesson):
+    check_module_contract(lesson)

@@ -16,8 +16,9 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from autograder import lessons
 from autograder.reference import attention as np_attention
-from autograder.reference import cross_attention, decoder_layer, masks, multi_head
+from autograder.reference import cross_attention, decoder_layer, masks
 from autograder.reference.cross_attention import CrossAttention, cross_attention_mask
 from autograder.reference.decoder_layer import (
     DecoderLayer,
@@ -91,7 +92,7 @@ TOL64 = dict(rtol=1e-9, atol=1e-10)
 
 
 def test_contract_names():
-    assert set(multi_head.EXERCISES) == {
+    assert set(lessons.exercises("03-multi-head")) == {
         "split_heads",
         "merge_heads",
         "split_heads_reshape",
@@ -99,9 +100,10 @@ def test_contract_names():
         "MultiHeadAttention",
         "causal_self_attention",
     }
-    assert set(multi_head.GIVEN) == {"attention", "load_from_torch_mha"}
-    assert set(cross_attention.EXERCISES) == {"cross_attention_mask", "CrossAttention", "CachedCrossAttention"}
-    assert set(decoder_layer.EXERCISES) == {
+    assert set(lessons.given("03-multi-head")) == {"attention", "load_from_torch_mha"}
+    assert set(lessons.exercises("04-cross-attention")) == {
+        "cross_attention_mask", "CrossAttention", "CachedCrossAttention"}
+    assert set(lessons.exercises("05-decoder-layer")) == {
         "FeedForward",
         "DecoderLayer",
         "init_numpy_decoder_params",

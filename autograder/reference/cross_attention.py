@@ -11,9 +11,6 @@ import torch
 
 from autograder.reference.multi_head import MultiHeadAttention, attention, merge_heads, split_heads
 
-EXERCISES = ["cross_attention_mask", "CrossAttention", "CachedCrossAttention"]
-GIVEN: list[str] = []
-
 
 def cross_attention_mask(memory_is_real: torch.Tensor, T: int) -> torch.Tensor:
     """Cross-attention mask: every query may attend to every real memory token, never to memory padding.
@@ -73,7 +70,6 @@ class CrossAttention(MultiHeadAttention):
         out, weights = attention(q, k, v, allowed, dropout=self.dropout)  # (B, H, T, Dh), (B, H, T, S): S = memory
         return self.out_proj(merge_heads(out)), weights  # (B, T, D), (B, H, T, S), as in self-attention
         ### END SOLUTION
-
 
 
 class CachedCrossAttention:

@@ -24,10 +24,6 @@ from autograder.reference.attention import scaled_dot_product_attention
 from autograder.reference.cross_attention import CrossAttention
 from autograder.reference.multi_head import MultiHeadAttention, load_from_torch_mha, merge_heads, split_heads
 
-EXERCISES = ["FeedForward", "DecoderLayer", "init_numpy_decoder_params", "numpy_decoder_layer",
-             "run_with_torch_masks"]
-GIVEN = ["load_from_torch_decoder_layer", "numpy_params_from_torch", "count_parameters"]
-
 
 class FeedForward(nn.Module):
     """Position-wise feed-forward network: Linear D -> F, ReLU, dropout, Linear F -> D, at every position.

@@ -16,17 +16,6 @@ lesson 09's KV cache removes that cost.
 import torch
 from torch import nn
 
-EXERCISES = (
-    "greedy_decode",
-    "top_k_filter",
-    "top_p_filter",
-    "apply_repetition_penalty",
-    "sample",
-    "beam_search",
-    "sample_n",
-)
-GIVEN: tuple[str, ...] = ()
-
 
 @torch.no_grad()
 def greedy_decode(

@@ -30,9 +30,6 @@ from autograder.reference.generation import top_k_filter
 from autograder.reference.kv_cache import KVCache, cached_causal_mask
 from autograder.reference.multi_head import MultiHeadAttention, attention, merge_heads, split_heads  # noqa: F401
 
-EXERCISES = ("train_bpe", "BPETokenizer", "GPT", "lm_batches", "generate", "generate_long")
-GIVEN = ("pair_counts", "merge_pair", "causal_allowed", "load_from_torch_encoder_layers")
-
 
 # -- given helpers -------------------------------------------------------------------------------------------------
 def pair_counts(ids: list[int]) -> Counter:

@@ -15,10 +15,6 @@ from torch import nn
 from autograder.reference.model import Seq2SeqTransformer  # noqa: F401 - given in the lesson; graded by name
 from autograder.reference.multi_head import attention, merge_heads, split_heads
 
-EXERCISES = ("KVCache", "cached_causal_mask", "decode_step", "greedy_decode_cached",
-             "beam_search_cached", "prefill")
-GIVEN: tuple[str, ...] = ()
-
 
 class KVCache:
     """Self-attention keys and values of every position decoded so far, one (k, v) pair of tensors per layer.

@@ -7,9 +7,6 @@ True for real tokens.
 
 import numpy as np
 
-EXERCISES = ["causal_mask", "padding_mask", "combine_masks", "mask_to_bias"]
-GIVEN: list[str] = []
-
 
 def causal_mask(T: int) -> np.ndarray:
     """Causal mask: query t may attend to keys 0..t (on and below the diagonal), never to the future.

@@ -25,10 +25,6 @@ from torch import nn
 from autograder.reference.decoder_layer import DecoderLayer, FeedForward
 from autograder.reference.multi_head import MultiHeadAttention, load_from_torch_mha
 
-EXERCISES = ("sinusoidal_table", "PositionalEncoding", "EncoderLayer", "Decoder", "Seq2SeqTransformer",
-             "logits_from_ids")
-GIVEN = ("Encoder", "load_from_torch_encoder_layer")
-
 
 def sinusoidal_table(max_len: int, d_model: int) -> torch.Tensor:
     """The paper's sinusoidal table: PE[pos, 2i] = sin(pos / 10000^(2i/D)), PE[pos, 2i+1] = cos(same).

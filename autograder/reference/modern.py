@@ -30,10 +30,6 @@ from torch.nn import functional as F  # noqa: N812
 from autograder.reference.kv_cache import KVCache, cached_causal_mask  # noqa: F401 - given in the lesson
 from autograder.reference.multi_head import attention, merge_heads, split_heads  # noqa: F401 - given
 
-EXERCISES = ("RMSNorm", "rotary_embedding", "SwiGLUFeedForward", "GroupedQueryAttention", "sliding_window_mask",
-             "ModernBlock", "mha_to_gqa")
-GIVEN = ("ModernGPT", "cache_bytes_per_token")
-
 
 class RMSNorm(nn.Module):
     """Root-mean-square normalisation over the last axis: ``x / sqrt(mean(x², -1) + eps) * weight``.

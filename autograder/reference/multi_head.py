@@ -15,10 +15,6 @@ import torch
 from einops import rearrange
 from torch import nn
 
-EXERCISES = ["split_heads", "merge_heads", "split_heads_reshape", "merge_heads_reshape", "MultiHeadAttention",
-             "causal_self_attention"]
-GIVEN = ["attention", "load_from_torch_mha"]
-
 
 def split_heads(x: np.ndarray | torch.Tensor, H: int) -> np.ndarray | torch.Tensor:
     """Split the model width into H heads and move the head axis before time (einops).

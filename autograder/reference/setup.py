@@ -7,9 +7,6 @@ checks the names against the input's shape, so a wrong pattern fails loudly inst
 import numpy as np
 from einops import rearrange
 
-EXERCISES = ["flatten_batch", "time_major", "split_last"]
-GIVEN: list[str] = []
-
 
 def flatten_batch(x: np.ndarray) -> np.ndarray:
     """Merge the batch and time axes into one axis of B * T rows, batch-major.

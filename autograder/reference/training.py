@@ -17,9 +17,6 @@ from torch import nn
 from autograder.reference.model import Seq2SeqTransformer
 from decoder_course.conventions import BOS, EOS, PAD
 
-EXERCISES = ("shift_right", "sequence_loss", "exact_match", "train_step", "validation_loss")
-GIVEN = ("greedy_generate", "evaluate_exact_match", "train", "PeekingSeq2SeqTransformer")
-
 
 def shift_right(tgt_ids: torch.Tensor, bos_id: int) -> torch.Tensor:
     """Decoder input for teacher forcing: BOS, then the target without its last token.
