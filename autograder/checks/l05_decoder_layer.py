@@ -13,7 +13,7 @@ import numpy as np
 import torch
 from torch import nn
 
-from autograder.checks.framework import Case, Exercise, Fail, Result, exercise, expect_close
+from autograder.checks.framework import Case, Exercise, Fail, Raised, Result, exercise, expect_close
 from autograder.reference import cross_attention as ref_cross
 from autograder.reference import decoder_layer as ref
 from autograder.reference import multi_head as ref_mh
@@ -223,11 +223,14 @@ class FeedForwardCheck(Exercise):
 
 # -- DecoderLayer --------------------------------------------------------------------------------------------
 def _build_injected(
-    case: Case, D: int, H: int, F: int, norm_first: bool, dropout: float = 0.1, state: dict | None = None
+    case: Case, D: int, H: int, F: int, norm_first: bool, dropout: float = 0.1, state: dict | None = None,
+    cross: bool = True,
 ) -> None:
-    """Steps building ``layer`` from the notebook's given attention modules and an nn.Sequential FFN."""
+    """Steps building ``layer`` from the notebook's given attention modules and an nn.Sequential FFN
+    (``cross=False``: a decoder-only layer, ``cross_attn=False``)."""
     case.call("MultiHeadAttention", D, H, let="sa")
-    case.call("CrossAttention", D, H, let="ca")
+    if cross:
+        case.call("CrossAttention", D, H, let="ca")
     case.let("nn_", {"global": "nn"})
     case.call({"attr": ["nn_", "Sequential"]}, let="ff")
     for name, args in (("linear1", [D, F]), ("relu", []), ("linear2", [F, D])):
@@ -242,7 +245,7 @@ def _build_injected(
         dropout=dropout,
         norm_first=norm_first,
         self_attn={"ref": "sa"},
-        cross_attn={"ref": "ca"},
+        cross_attn={"ref": "ca"} if cross else False,
         feed_forward={"ref": "ff"},
         let="layer",
     )
@@ -417,7 +420,41 @@ class DecoderLayerCheck(Exercise):
             "layer", "forward", case.tensor(x), case.tensor(memory), case.tensor(causal), record="out"
         )
         cases.append(case)
+
+        # cross_attn=False: a decoder-only layer (lesson 11's GPT), no cross-attention sublayer and no memory
+        only = {key: value for key, value in _layer_state(rng, D, F).items()
+                if not key.startswith(("cross_attn.", "norm2."))}
+        case = Case("decoder_only", f"DecoderLayer({D}, {H}, {F}, norm_first=True, cross_attn=False), B={B}, "
+                    f"T={T}, causal mask, no memory", data={"state": only, "x": x, "causal": causal, "H": H, "F": F})
+        _build_injected(case, D, H, F, True, state=only, cross=False)  # the given sublayers: only the layer on trial
+        case.eval("layer")
+        case.method("layer", "forward", case.tensor(x), None, case.tensor(causal), record="out")
+        cases.append(case)
         return cases
+
+    @staticmethod
+    def _judge_decoder_only(result: Result) -> None:
+        case = result.cases["decoder_only"]
+        d = case.data
+        error = result.error(case.id)
+        if error is not None:
+            raise Raised(f"DecoderLayer(..., cross_attn=False) raised on a case with {case.desc}:\n    "
+                         f"{error.splitlines()[-1]}\nWith cross_attn=False the layer has no cross-attention "
+                         "sublayer at all (no cross_attn, norm2 or dropout2 parameters to load), and forward(x, None, "
+                         "self_allowed) runs masked self-attention, then the feed-forward.")
+        got = result.get(case.id, "out", what="DecoderLayer(..., cross_attn=False)'s output", kind="tensor",
+                         dtype="float", shape=d["x"].shape)
+        # PyTorch's encoder layer is the decoder-only layer: its norm2 is our norm3 (the feed-forward's)
+        state = {("norm2." + key[len("norm3."):] if key.startswith("norm3.") else key): value
+                 for key, value in d["state"].items()}
+        theirs = twins.torch_twin(state, "encoder", d["H"], d_ff=d["F"], norm_first=True, dtype=torch.float64)
+        with torch.no_grad():  # PyTorch's boundary: its masks say True = blocked
+            want = theirs(torch.from_numpy(np.asarray(d["x"], np.float64)),
+                          src_mask=~torch.from_numpy(d["causal"])).numpy()
+        expect_close(got, want, "DecoderLayer(..., cross_attn=False)'s output", case.desc, rtol=1e-4, atol=1e-4,
+                     hint="A decoder-only layer is PyTorch's encoder layer with a causal mask: masked "
+                          "self-attention, then the feed-forward, each with its residual and norm (norm1, norm3), "
+                          "and no cross-attention step between them.")
 
     def judge(self, result: Result):
         self._judge_default(result)
@@ -528,6 +565,7 @@ class DecoderLayerCheck(Exercise):
                     f"DecoderLayer changed its input `{key}` in place: write `x = x + ...`, not `x += ...`."
                 )
         self._judge_train(result)
+        self._judge_decoder_only(result)
 
     @staticmethod
     def _judge_default(result: Result):

@@ -52,6 +52,13 @@ patched(MUTANTS, LESSON, "DecoderLayer", "dropout1..3 built but never applied: n
         ("        return self.dropout2(out)", "        return out"),
         ("        return self.dropout3(self.feed_forward(x))", "        return self.feed_forward(x)"))
 
+patched(MUTANTS, LESSON, "DecoderLayer", "cross_attn=False still builds norm2: a decoder-only layer has a stray norm",
+        ("        self.norm2 = nn.LayerNorm(d_model) if cross else None", "        self.norm2 = nn.LayerNorm(d_model)"))
+
+patched(MUTANTS, LESSON, "DecoderLayer", "decoder-only forward normalises the feed-forward's input with norm1 again",
+        ("            x = x + self._ff_block(self.norm3(x))\n",
+         "            x = x + self._ff_block((self.norm3 if cross else self.norm1)(x))\n"))
+
 
 # -- init_numpy_decoder_params -------------------------------------------------------------------------------
 patched(MUTANTS, LESSON, "init_numpy_decoder_params", "standard normal weights, not scaled by 1/sqrt(fan_in)",

@@ -363,6 +363,26 @@ def check_decoder_layer(DecoderLayer) -> None:
                     raise CheckFailed("with dropout=0.5 the training-mode output equals the eval-mode output "
                                       "although dropout1..3 ran: add their outputs, not their inputs")
 
+    with check("cross_attn=False: a decoder-only layer is PyTorch's encoder layer with a causal mask"):
+        layer = DecoderLayer(D, H, F, norm_first=True, cross_attn=False, feed_forward=_plain_feed_forward(D, F))
+        extra = sorted({key.split(".")[0] for key in layer.state_dict()} - {"self_attn", "feed_forward", "norm1",
+                                                                            "norm3"})
+        if extra:
+            raise CheckFailed(f"DecoderLayer(..., cross_attn=False) holds {extra}: without cross-attention there is "
+                              "no cross_attn, norm2 or dropout2 (set them to None); norm1 and norm3 remain")
+        torch.manual_seed(11)
+        theirs = _randomized(nn.TransformerEncoderLayer(D, H, F, batch_first=True, norm_first=True), 11).eval()
+        ours = twins.from_torch(theirs.state_dict(), "encoder")  # its norm2 is the feed-forward's: our norm3
+        _load(layer, {("norm3." + key[6:] if key.startswith("norm2.") else key): v for key, v in ours.items()})
+        layer.eval()
+        causal = torch.ones(T, T, dtype=torch.bool).tril()
+        with torch.no_grad():
+            got = layer(x, None, causal)
+            want = theirs(x, src_mask=~causal)  # PyTorch's boundary: True = blocked
+        expect_close(got, want, "DecoderLayer(..., cross_attn=False)(x, None, causal)", atol=1e-5,
+                     hint="without cross-attention the layer is masked self-attention (norm1), then the "
+                          "feed-forward (norm3), each with its residual: nothing runs between them")
+
 
 # -- NumPy layer ---------------------------------------------------------------------------------------------
 PARAM_SHAPES = {
