@@ -25,6 +25,7 @@ from nbgrader.preprocessors import Execute, NbGraderPreprocessor
 from traitlets import Bool, Dict, Enum, Unicode
 
 from autograder import notebooks, sandbox, verdicts
+from autograder.checks.framework import write_cases
 from autograder.text import shown
 from decoder_course.harvest import ENV_VAR
 
@@ -178,13 +179,42 @@ class TrustedExecute(Execute):
             shutil.copyfile(path, self._cases / path.name)
             (self._cases / path.name).chmod(0o444)
         try:
-            return super().preprocess_cell(cell, resources, index)
+            cell, resources = super().preprocess_cell(cell, resources, index)
         finally:
-            for path in staged:
-                (self._cases / path.name).unlink(missing_ok=True)
-                handed_in = self._outputs / path.name  # renamed as it is: a link stays a link, and is refused
-                if os.path.lexists(handed_in):
-                    os.replace(handed_in, self._collected / path.name)
+            self._hand_in([path.name for path in staged])
+        if staged:
+            self._answer(item, index)
+        return cell, resources
+
+    def _hand_in(self, names: list[str]) -> None:
+        """Take the cases out of the kernel's view, and what it handed in for them out of its reach."""
+        for name in names:
+            (self._cases / name).unlink(missing_ok=True)
+            handed_in = self._outputs / name  # renamed as it is: a link stays a link, and is refused
+            if os.path.lexists(handed_in):
+                os.replace(handed_in, self._collected / name)
+
+    def _answer(self, item: str, index: int) -> None:
+        """An item whose building block raised on its cases runs them again, right after its cell, with a correct
+        building block's answers where the student's raised (see :func:`verdicts.answered_cases`)."""
+        ex, cases = self._plan.items.get(item, (None, []))
+        for _ in range(verdicts.ANSWER_ROUNDS if ex is not None else 0):
+            again = verdicts.answered_cases(ex, cases, self._collected)
+            if again is None:
+                return
+            write_cases(self._cases, item, again)
+            names = [f"{item}.json", f"{item}.npz"]
+            for name in names:
+                (self._cases / name).chmod(0o444)
+            self._plan.items[item] = (ex, cases := again)
+            probe = NotebookNode(cell_type="code", metadata={}, outputs=[],
+                                 source=f"from decoder_course.harvest import collect; collect({item!r}, globals())")
+            cell = self.nb.cells[index]
+            try:
+                self.execute_cell(probe, index, store_history=False)
+            finally:
+                self.nb.cells[index] = cell  # nbclient puts the cell it ran in its place: the graded cell stays
+                self._hand_in(names)
 
     async def _async_handle_timeout(self, timeout, cell=None):
         self._note(f"{self._cell_name(self._cell)} ran past the {timeout} s cell limit: interrupted")
@@ -221,7 +251,7 @@ class TrustedExecute(Execute):
                 harvest = self._box.harvest
             else:
                 harvest = scratch / "harvest"
-            plan = verdicts.prepare(nb, self._lesson, self._student, self._secret(), harvest)
+            plan = self._plan = verdicts.prepare(nb, self._lesson, self._student, self._secret(), harvest)
             # The cases wait outside the kernel's view, and the outputs are taken out of it, by preprocess_cell.
             self._cases, self._staged = harvest / "cases", scratch / "staged"
             self._outputs, self._collected = harvest / "outputs", scratch / "collected" / "outputs"

@@ -89,6 +89,12 @@ def untouched(lesson: str) -> nbformat.NotebookNode:
     return _fill(lesson, lambda names: None)
 
 
+def one_left(lesson: str, item: str) -> nbformat.NotebookNode:
+    """The solutions, but ``item``'s cell left as released (a stub that raises NotImplementedError)."""
+    return _fill(lesson, lambda names: None if item in names else "\n\n".join(
+        notebooks.reference_source(lesson, name, keep_markers=False).rstrip() for name in names))
+
+
 def typical_mistakes(lesson: str) -> nbformat.NotebookNode:
     first_wrong: dict[str, object] = {}
     for item, _, replacement in mutants_of(lesson):

@@ -26,7 +26,16 @@ import numpy as np
 from nbformat import NotebookNode
 
 from autograder import lessons, policy
-from autograder.checks.framework import MAX_REPORT_BYTES, REGISTRY, Case, Exercise, Verdict, run_judge, write_cases
+from autograder.checks.framework import (
+    MAX_REPORT_BYTES,
+    REGISTRY,
+    Case,
+    Exercise,
+    Result,
+    Verdict,
+    run_judge,
+    write_cases,
+)
 from autograder.text import without_escapes
 from decoder_course import harvest
 
@@ -199,6 +208,23 @@ def unreadable_outputs(folder: Path, item: str, max_bytes: int = MAX_OUTPUT_BYTE
     return None
 
 
+ANSWER_ROUNDS = 2  # runs of an item's cases after the first, at most, with answers for building blocks that raised
+
+
+def answered_cases(ex: Exercise, cases: list[Case], folder: Path) -> list[Case] | None:
+    """An item built on the student's other items whose building block raised on its cases: those cases again,
+    with a correct building block's answers where the student's raised (:func:`autograder.checks.relative.answered`),
+    to run once more in the same kernel; None when there is nothing to answer (or nothing readable to go by)."""
+    if not getattr(ex, "uses", ()) or unreadable_outputs(folder, ex.name):
+        return None
+    from autograder.checks import relative
+
+    try:
+        return relative.answered(ex, Result(folder, ex.name, cases))
+    except Exception:  # noqa: BLE001 - outputs the first run could not hand in: judged as they are
+        return None
+
+
 def decide(plan: Plan) -> dict[str, Verdict]:
     """Judge every planned exercise: first the static policy on its submitted source, then its outputs."""
     decided: dict[str, Verdict] = {}
@@ -278,6 +304,14 @@ def judge_namespace(lesson: str, namespace: dict, secret: bytes = b"in-process",
         try:
             for item in names:
                 collect(item, namespace)
+                ex, cases = plan_items[item]
+                for _ in range(ANSWER_ROUNDS):
+                    again = answered_cases(ex, cases, scratch / "outputs")
+                    if again is None:
+                        break
+                    write_cases(scratch / "cases", item, again)
+                    plan_items[item] = (ex, cases := again)
+                    collect(item, namespace)
         finally:
             if previous is None:
                 os.environ.pop(ENV_VAR, None)

@@ -26,9 +26,15 @@ The case language (JSON) is small on purpose:
 - ``{"backward": name, "weights": VALUE}``            ``(bound * weights).sum().backward()``
 - ``{"let": name, "value": VALUE}``                   bind a value (to record it again after a call)
 - ``{"record": name, "value": VALUE}``                record any value
-- ``{"spy": [name, ...], "steps": [step, ...]}``      follow ``steps`` recording every call of those notebook
-  functions (or methods of those classes) as ``~name/i`` (``args``, ``kwargs``, ``out``, ``after``: the
-  arguments after the call)
+- ``{"spy": [name, ...], "steps": [step, ...], "answers": {label: [answer, ...]}?}``   follow ``steps``
+  recording every call of those notebook functions (or methods of those classes) as ``~name/i`` (``args``,
+  ``kwargs``, ``out``, ``after``: the arguments after the call). An answer ``{"args": [VALUE...], "kwargs":
+  {name: VALUE}, "out": VALUE}`` whose arguments match a call's stands in for what it returned or raised
+  (``~name/i/answered``; ``{"anything": true}`` matches any argument, a model say; an ``out`` of
+  ``{"argument": i}`` or ``{"keyword": name}`` is the call's own argument). The trusted grader sends answers only
+  in a second run of an exercise whose building block raised in the first: a correct building block's answers,
+  on the arguments a correct exercise passes it and on those the first run recorded, so that the exercise's own
+  code runs on and is judged by itself
 
 and a VALUE is a JSON literal or one of ``{"array": key}``, ``{"tensor": key, "requires_grad": bool}``,
 ``{"ref": name}``, ``{"global": name}`` (the student's object), ``{"attr": [name, attr, ...]}``,
@@ -94,6 +100,7 @@ class _Runner:
         self.bound: dict[str, Any] = {}
         self.leaves: dict[str, np.ndarray] = {}
         self.meta: dict[str, dict] = {}
+        self.answers: dict[str, list] = {}  # a spy step's answers for calls that raise (see ``spy``)
 
     # -- values -------------------------------------------------------------------------------------------------
     def value(self, spec: Any) -> Any:
@@ -197,11 +204,11 @@ class _Runner:
         elif "record" in step:
             self.record(step["record"], self.value(step["value"]))
         elif "spy" in step:
-            self.spy(step["spy"], step.get("steps", []))
+            self.spy(step["spy"], step.get("steps", []), step.get("answers") or {})
         else:
             raise _CaseError(f"unknown step {sorted(step)}")
 
-    def spy(self, names: list, steps: list) -> None:
+    def spy(self, names: list, steps: list, answers: dict | None = None) -> None:
         """Follow ``steps`` with the notebook's ``names`` watched: every call of one of those functions (or of a
         method of one of those classes) is recorded as ``~name/i`` = its arguments and what it returned.
 
@@ -211,6 +218,8 @@ class _Runner:
         """
         saved = {name: self.namespace[name] for name in names if name in self.namespace}
         counts: dict[str, int] = {}
+        self.answers = {str(label): list(given) for label, given in (answers or {}).items()
+                        if isinstance(given, list)}
         try:
             for name, original in saved.items():
                 self.namespace[name] = self._watched(name, original, counts)
@@ -229,7 +238,18 @@ class _Runner:
                 key = f"~{label}/{index}"
                 runner.record(f"{key}/args", list(args[1:] if label != name else args))  # copies, before the call
                 runner.record(f"{key}/kwargs", {str(k): v for k, v in kwargs.items()})
-                result = fn(*args, **kwargs)
+                mark = len(runner.meta)
+                given = list(args[1:] if label != name else args)
+                answer = runner.answer(label, given, kwargs) if runner.answers else None  # before any change
+                try:
+                    result = fn(*args, **kwargs)
+                except Exception:
+                    if answer is None:
+                        raise
+                if answer is not None:
+                    runner.forget_since(mark)  # the calls it made (before it raised): the answer replaces them
+                    runner.record(f"{key}/answered", True)
+                    result = runner.answer_value(answer["out"], given, kwargs)
                 runner.record(f"{key}/out", result)
                 runner.record(f"{key}/after", list(args[1:] if label != name else args))  # changed in place?
                 return result
@@ -248,6 +268,65 @@ class _Runner:
                 wrapped[attr] = property(watch(f"{name}.{attr}", prop.fget))
         return type(original.__name__, (original,), {**wrapped, "__qualname__": original.__qualname__,
                                                      "__module__": original.__module__})
+
+    def answer(self, label: str, args: list, kwargs: dict) -> dict | None:
+        """The grader's answer for a call of ``label``, when one was sent for these arguments (the first unused
+        one: the same call made again, a cache's length step after step, gets the next)."""
+        found = [given for given in self.answers.get(label, [])
+                 if isinstance(given, dict) and self._matches(given.get("args", []), args)
+                 and self._matches({"dict": given.get("kwargs", {})}, kwargs)]
+        for given in found:
+            if not given.get("used"):
+                given["used"] = True
+                return given
+        return found[-1] if found else None
+
+    def answer_value(self, spec: Any, args: list, kwargs: dict) -> Any:
+        """An answer's value: ``{"argument": i}`` / ``{"keyword": name}`` is the call's own argument (the cache a
+        step hands back), containers are followed, anything else is a VALUE."""
+        if isinstance(spec, dict):
+            if "argument" in spec:
+                return args[int(spec["argument"])]
+            if "keyword" in spec:
+                return kwargs[str(spec["keyword"])]
+            for kind, build in (("tuple", tuple), ("list", list)):
+                if kind in spec:
+                    return build(self.answer_value(item, args, kwargs) for item in spec[kind])
+            if "dict" in spec:
+                return {key: self.answer_value(item, args, kwargs) for key, item in spec["dict"].items()}
+        if isinstance(spec, list):
+            return [self.answer_value(item, args, kwargs) for item in spec]
+        return self.value(spec)
+
+    def forget_since(self, mark: int) -> None:
+        """Drop the watched calls recorded after the first ``mark`` values (those made inside an answered call)."""
+        for name in list(self.meta)[mark:]:
+            if name.startswith("~"):
+                del self.meta[name]
+                self.leaves.pop(name, None)
+
+    def _matches(self, spec: Any, value: Any) -> bool:
+        """``value`` (what the student's code passed) is the argument ``spec`` describes."""
+        if isinstance(spec, dict) and spec.get("anything") is True:
+            return True
+        if isinstance(spec, list) or (isinstance(spec, dict) and ("list" in spec or "tuple" in spec)):
+            items = spec if isinstance(spec, list) else spec.get("list", spec.get("tuple"))
+            return (isinstance(value, (list, tuple)) and len(items) == len(value)
+                    and all(self._matches(s, v) for s, v in zip(items, value)))
+        if isinstance(spec, dict) and "dict" in spec:
+            items = spec["dict"]
+            return (isinstance(value, dict) and set(items) == set(value)
+                    and all(self._matches(items[k], value[k]) for k in items))
+        expected = self.value(spec)
+        if hasattr(expected, "detach") or isinstance(expected, np.ndarray):
+            if not (hasattr(value, "detach") or isinstance(value, np.ndarray)):
+                return False
+            a = np.asarray(_plain(expected), dtype=np.float64)
+            b = np.asarray(_plain(value), dtype=np.float64)
+            return a.shape == b.shape and bool(np.allclose(a, b, rtol=1e-4, atol=1e-5, equal_nan=True))
+        if isinstance(expected, (bool, int, float)) and isinstance(value, (bool, int, float)):
+            return bool(np.isclose(float(expected), float(value), rtol=1e-4, atol=1e-5, equal_nan=True))
+        return type(expected) is type(value) and expected == value
 
     # -- recording ----------------------------------------------------------------------------------------------
     def record(self, name: str, value: Any) -> None:
@@ -287,6 +366,14 @@ class _Runner:
             return
         self.leaves[name] = array
         self.meta[name] = {"type": type_name, "dtype": dtype, "shape": list(array.shape)}
+
+
+def _plain(value: Any) -> np.ndarray:
+    """A tensor's or array's values as a NumPy array (bfloat16 widened)."""
+    if hasattr(value, "detach"):
+        tensor = value.detach().cpu()
+        return (tensor.float() if str(tensor.dtype) == "torch.bfloat16" else tensor).numpy()
+    return np.asarray(value)
 
 
 @contextlib.contextmanager

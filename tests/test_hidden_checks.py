@@ -114,11 +114,9 @@ def test_wrong_answer_loses_its_item_and_no_other(lesson, index):
     item, description, replacement = _mutants(lesson)[index]
     decided = verdicts.judge_namespace(lesson, samples.notebook_namespace(lesson, replacement))
     assert not decided[item].passed, f"the wrong answer '{description}' passed the hidden checks of {item}"
-    # An item that calls the wrong one can only lose its points when nothing of it could be seen: on every case
-    # its code stopped inside the wrong answer, which raised (Unobservable: not judged, and it says so).
-    others = {other: v.message for other, v in decided.items()
-              if other != item and not v.passed and not (v.unobservable and item in verdicts.exercises_for(lesson)[
-                  other].uses and f"`{item}`" in v.message)}
+    # Only its own: an item built on the wrong one is judged relative to it, and where the wrong one raises, a
+    # correct one's answers stand in for it (autograder.checks.relative.answered), so that item is still seen.
+    others = {other: v.message for other, v in decided.items() if other != item and not v.passed}
     assert not others, f"the wrong answer to {item} ('{description}') also cost: {others}"
     assert _names_an_idea(decided[item].message), (
         f"the message for '{description}' does not say which idea broke: {decided[item].message}")
@@ -139,11 +137,8 @@ def _double_faults():
 
 @pytest.mark.parametrize("lesson,item,below,wrong", list(_double_faults()))
 def test_wrong_answer_on_a_wrong_building_block_is_still_caught(lesson, item, below, wrong):
-    # A building block that raises leaves nothing of the item to observe (its cells ran no further): such an
-    # item is not charged for it, and cannot be caught either. Only blocks that return wrong values are paired.
-    alone = verdicts.judge_namespace(lesson, samples.notebook_namespace(lesson, below[2]), items=[below[0]])
-    if alone[below[0]].raised:
-        pytest.skip(f"'{below[1]}' raises: nothing of {item} is left to observe")
+    # A building block that raises is answered from the trusted side where the item calls it as a correct item
+    # does; the item's own mistake is then seen (or it calls it otherwise, gets no answer, and shows nothing).
     namespace = samples.notebook_namespace(lesson, {**below[2], **wrong[2]})
     decided = verdicts.judge_namespace(lesson, namespace, items=[item])
     assert not decided[item].passed, (
@@ -167,16 +162,37 @@ def test_every_lesson_has_its_four_modules_and_nothing_is_stray():
         lessons.module("99-nothing", "checks")
 
 
-@pytest.mark.parametrize("building_block", [
+_SPLIT_HEADS_RAISES = [
     "def split_heads(x, H):\n    raise NotImplementedError\n",
     "def split_heads(x, H):\n    raise ValueError('on purpose')\n",
-])
-def test_an_item_nothing_of_which_could_be_seen_earns_nothing(building_block):
-    """Leaving (or making) a building block raise must not hand its dependents their points unjudged: the
-    untouched find-the-bug cell, built on it, is not seen at all, so it does not pass, and says why."""
+]
+
+
+@pytest.mark.parametrize("building_block", _SPLIT_HEADS_RAISES)
+def test_a_raising_building_block_is_answered_so_the_item_on_it_is_still_judged(building_block):
+    """Leaving (or making) a building block raise neither hands its dependents their points unjudged nor costs
+    them their points: where it raised, a correct one's answers stand in, and the dependent is judged on its own.
+    The untouched find-the-bug cell fails on its own bug, with its own message; a fixed one passes."""
     lesson = "03-multi-head"
-    wrong = {"causal_self_attention": notebooks.buggy_source(lesson, "causal_self_attention"),
+    buggy = {"causal_self_attention": notebooks.buggy_source(lesson, "causal_self_attention"),
              "split_heads": building_block}
+    decided = verdicts.judge_namespace(lesson, samples.notebook_namespace(lesson, buggy))
+    assert not decided["split_heads"].passed
+    verdict = decided["causal_self_attention"]
+    assert not verdict.passed and not verdict.unobservable, verdict
+    assert "key axis" in verdict.message, verdict.message  # the find-the-bug item's own teaching message
+    fixed = verdicts.judge_namespace(lesson, samples.notebook_namespace(lesson, {"split_heads": building_block}))
+    assert not fixed["split_heads"].passed and fixed["causal_self_attention"].passed, fixed
+
+
+def test_an_item_nothing_of_which_could_be_seen_earns_nothing(monkeypatch):
+    """Where no answer can stand in (here: none is sent; in a run, a building block that returns an object, say),
+    the item stops inside the raising building block on every case and nothing of it is seen: it does not pass,
+    and says which building block stopped it."""
+    lesson = "03-multi-head"
+    monkeypatch.setattr(verdicts, "ANSWER_ROUNDS", 0)
+    wrong = {"causal_self_attention": notebooks.buggy_source(lesson, "causal_self_attention"),
+             "split_heads": _SPLIT_HEADS_RAISES[1]}
     decided = verdicts.judge_namespace(lesson, samples.notebook_namespace(lesson, wrong))
     verdict = decided["causal_self_attention"]
     assert not verdict.passed and verdict.unobservable, verdict

@@ -12,11 +12,14 @@ import nbformat
 import pytest
 from nbgrader.api import Gradebook
 
-from autograder import notebooks, pipeline, samples
+from autograder import notebooks, pipeline, samples, verdicts
 from autograder.nbgrader_plugins import HIDDEN_BEGIN
 
 LESSONS = notebooks.lessons()
 MISTAKE_LESSONS = [lesson for lesson in ("01-masks", "05-decoder-layer") if lesson in LESSONS]
+# hopper submits the solutions with one building block left undone: the items built on it keep their points
+LEFT_UNDONE = {lesson: item for lesson, item in (("02-attention", "softmax"), ("03-multi-head", "split_heads"))
+               if lesson in LESSONS}
 # Every solution notebook grades in 60 s on 2 cores (a graded run skips the demonstration cells: lesson 07's
 # training runs, lessons 08 and 09's sweeps).
 TIME_LIMIT: dict[str, float] = {}
@@ -34,6 +37,10 @@ def run(tmp_path_factory):
         path = subs / "alan" / lesson / f"{lesson}.ipynb"
         path.parent.mkdir(parents=True)
         nbformat.write(samples.typical_mistakes(lesson), path)
+    for lesson, item in LEFT_UNDONE.items():
+        path = subs / "hopper" / lesson / f"{lesson}.ipynb"
+        path.parent.mkdir(parents=True)
+        nbformat.write(samples.one_left(lesson, item), path)
     started = time.perf_counter()
     outcomes = pipeline.grade(subs, work / "course")
     return {"work": work / "course", "outcomes": outcomes, "seconds": time.perf_counter() - started}
@@ -97,12 +104,25 @@ def test_feedback_teaches_and_hides_the_hidden_tests(run, lesson):
         assert secret not in html, f"feedback shows {secret!r}"
 
 
+@pytest.mark.parametrize("lesson", list(LEFT_UNDONE))
+def test_a_building_block_left_undone_costs_only_itself(run, lesson):
+    """Graded in the sandboxed kernel: where the stub raised, a correct one's answers stood in (a second run of
+    the dependents' cases right after their cells), so the items built on it are judged on their own."""
+    scores = _item_scores(run, "hopper", lesson)
+    undone = LEFT_UNDONE[lesson]
+    assert scores[undone] == 0, scores
+    lost = {item: score for item, score in scores.items() if item != undone and score == 0}
+    assert not lost, f"leaving {undone} undone also cost {lost}"
+    dependents = [item for item, cls in verdicts.exercises_for(lesson).items() if undone in cls.uses]
+    assert dependents and all(scores[item] > 0 for item in dependents), scores
+
+
 def test_grade_csv_lists_every_student_and_lesson(run):
     with open(run["work"] / "grades.csv") as handle:
         rows = list(csv.DictReader(handle))
     got = {(row["student"], row["lesson"]) for row in rows}
     want = {("grace", lesson) for lesson in LESSONS} | {("alan", lesson) for lesson in MISTAKE_LESSONS}
-    assert got == want
+    assert got == want | {("hopper", lesson) for lesson in LEFT_UNDONE}
     assert all(row["status"] == "ok" for row in rows)
 
 

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import contextlib
 import copy
+import dataclasses
 import inspect
 from types import ModuleType
 from typing import Any
@@ -31,6 +32,7 @@ from autograder.checks.framework import Case, Fail, Raised, Result, Unobservable
 
 _OPAQUE = object()  # a recorded value that was described, not handed back (a model, a cache)
 _RTOL, _ATOL = 1e-4, 1e-5
+_MAX_ANSWERS = 256  # answers sent for one case at most (see ``answered``)
 
 
 def watch(cases: list[Case], names: tuple[str, ...]) -> list[Case]:
@@ -70,8 +72,9 @@ def _rebuild(meta: dict, leaves: dict, case_id: str, name: str) -> Any:
 
 
 class _Call:
-    def __init__(self, args: list, kwargs: dict, out: Any, returned: bool, after: list):
+    def __init__(self, args: list, kwargs: dict, out: Any, returned: bool, after: list, answered: bool = False):
         self.args, self.kwargs, self.out, self.returned, self.after = args, kwargs, out, returned, after
+        self.answered = answered  # the student's raised, and the grader's answer stood in (see ``answered``)
 
 
 def _recorded_calls(result: Result, case_id: str) -> dict[str, list[_Call]]:
@@ -91,7 +94,8 @@ def _recorded_calls(result: Result, case_id: str) -> dict[str, list[_Call]]:
         after = _rebuild(meta, result.leaves, case_id, f"{prefix}/after") if returned else None
         args = list(args) if isinstance(args, list) else []
         calls.setdefault(label, []).append(_Call(args, kwargs if isinstance(kwargs, dict) else {}, out, returned,
-                                                 list(after) if isinstance(after, list) else args))
+                                                 list(after) if isinstance(after, list) else args,
+                                                 answered=f"{prefix}/answered" in meta))
     return calls  # each label's calls in call order (the report keeps the kernel's order)
 
 
@@ -170,15 +174,46 @@ class _DependencyRaised(Exception):
 
 # -- the replay ------------------------------------------------------------------------------------------------
 class _Replay:
-    def __init__(self, calls: dict[str, list[_Call]], required: tuple[str, ...] = ()):
+    def __init__(self, calls: dict[str, list[_Call]], required: tuple[str, ...] = (), answering: bool = False):
         self.calls = calls
-        self.differs: set[str] = set()
+        self.differs: set[str] = set()  # labels whose answers (or changes to their arguments) are not a correct one's
+        self.answered: set[str] = set()  # labels whose raising calls the grader's answers stood in for
         self.required = set(required)  # labels the student's code must call as the reference does
         self.missing: list[str] = []
+        # answering: follow a correct exercise on correct building blocks (the reference's, none of the student's
+        # answers inside), keeping every answer given, and a correct one's answer to each of the student's calls
+        # that raised, on the student's own arguments: see ``answered``
+        self.answering = answering
+        # each kept answer: (label, the arguments to send, the keywords to send, the answer, and the arguments and
+        # keywords it was computed on: an answer that hands back one of them is sent as that argument)
+        self.kept: list[tuple[str, list, dict, Any, list, dict]] = []
+        self._pure = 0  # inside a correct building block's own answer: every call is the reference's
+        self._count: dict[str, int] = {}  # the replay's calls of each label so far
 
     def answer(self, label: str, signature: inspect.Signature | None, real_fn, args: tuple, kwargs: dict,
                skip_first: bool = False):
+        if self._pure:
+            return real_fn(*args, **kwargs)
+        if self.answering:
+            index = self._count.get(label, 0)
+            self._count[label] = index + 1
+            made = self.calls.get(label, [])
+            if index < len(made) and (not made[index].returned or made[index].answered):
+                self._keep_students(label, made[index], real_fn, args, kwargs, skip_first)
+            # and the call a correct exercise makes here, with a correct building block's answer: the answers
+            # carry the second run as far as the exercise's own code is right
+            given = list(args[1:] if skip_first else args)
+            value = self._correct(real_fn, args, kwargs)  # one that raises here is what the case expects
+            self._keep(label, given, dict(kwargs), value, given, dict(kwargs))
+            return value
         call = self._find(label, signature, args, kwargs, skip_first)
+        if call is not None and call.answered:  # it raised in the student's run, and a correct answer stood in
+            self.answered.add(label)
+            try:  # the reference's own state (a cache's) goes on as the student's object was told it did
+                real = real_fn(*args, **kwargs)
+            except Exception:  # noqa: BLE001 - built on the student's wrong answers, it may raise: the answer stands
+                return _merge(call.out, None)
+            return _straight_through(_merge(call.out, real), real)
         try:
             real = real_fn(*args, **kwargs)
         except Exception:
@@ -203,6 +238,36 @@ class _Replay:
                 self.differs.add(label)
                 _write(arg, after)
         return _straight_through(_merge(call.out, real), real)
+
+    def _correct(self, real_fn, args, kwargs):
+        """A correct building block's answer: the reference's, with none of the student's answers inside it."""
+        self._pure += 1
+        try:
+            return real_fn(*args, **kwargs)
+        finally:
+            self._pure -= 1
+
+    def _keep(self, *answer) -> None:
+        if len(self.kept) < _MAX_ANSWERS:
+            self.kept.append(answer)
+
+    def _keep_students(self, label: str, made: _Call, real_fn, args: tuple, kwargs: dict, skip_first: bool) -> None:
+        """The student's call of ``label`` paired with this one (the same count) raised: keep a correct one's
+        answer on the student's own arguments (their objects, which were not handed back, are this call's: a
+        copy, so that the replay's own state goes on untouched)."""
+        given = list(args[1:] if skip_first else args)
+        head = list(args[:1]) if skip_first else []
+        if any(arg is _OPAQUE and i >= len(given) for i, arg in enumerate(made.args)) or any(
+                value is _OPAQUE and key not in kwargs for key, value in made.kwargs.items()):
+            return  # an object this call does not pass: nothing to compute the answer on
+        call_args = [given[i] if arg is _OPAQUE else arg for i, arg in enumerate(made.args)]
+        call_kwargs = {key: kwargs[key] if value is _OPAQUE else value for key, value in made.kwargs.items()}
+        try:
+            head, call_args, call_kwargs = copy.deepcopy((head, call_args, call_kwargs))
+            value = self._correct(real_fn, (*head, *call_args), call_kwargs)
+        except Exception:  # noqa: BLE001 - a correct one raises on these arguments too (or they cannot be copied)
+            return
+        self._keep(label, list(made.args), dict(made.kwargs), value, call_args, call_kwargs)
 
     def _find(self, label, signature, args, kwargs, skip_first) -> _Call | None:
         given = _bind(signature, args, kwargs, skip_first)
@@ -285,8 +350,8 @@ def _run(case: Case, namespace: dict) -> tuple[dict, dict, str | None]:
     error = None
     try:
         with contextlib.redirect_stdout(None), contextlib.redirect_stderr(None):
-            for step in case.steps:
-                runner.step(step)
+            for step in case.steps:  # the answers sent to the kernel are not the replay's: it has its own
+                runner.step({key: value for key, value in step.items() if key != "answers"})
     except Exception as exc:  # noqa: BLE001 - the reference may raise where the case expects it
         error = f"{type(exc).__name__}: {exc}"
     return runner.meta, runner.leaves, error
@@ -312,51 +377,167 @@ def judge(ex, result: Result, passed: dict[str, bool] | None = None) -> None:
     if passed is not None and all(passed.get(name) for name in ex.uses):
         ex.judge(result)
         return
-    module: ModuleType = ex.reference
-    names = [name for name in ex.uses if hasattr(module, name)]
     replays: dict[str, tuple[_Replay, dict, dict, str | None]] = {}
     for case in result.cases.values():
         replay = _Replay(_recorded_calls(result, case.id), ex.required_calls)
         if not replay.calls or not case.relative:
             continue  # the student's code used none of them here (or the case has no values to replay)
-        stand_ins = {name: _replayer(replay, name, getattr(module, name)) for name in names}
-        namespace = {**vars(module), **stand_ins}
-        with contextlib.ExitStack() as stack:
-            stack.enter_context(_rng_kept())
-            for name, stand_in in stand_ins.items():
-                stack.enter_context(mock.patch.object(module, name, stand_in))
-            meta, leaves, error = _run(case, namespace)
-        replays[case.id] = (replay, meta, leaves, error)
+        replays[case.id] = (replay, *_replayed(ex, case, replay))
     for case_id, (replay, *_) in replays.items():
         if replay.missing:  # a call that passes state on (a cache's reorder): answers alone cannot show it
             raise Fail(f"{ex.required_message} "
                        f"({result.cases[case_id].desc}).")
-    differs = sorted({label.split(".")[0] for replay, *_ in replays.values() for label in replay.differs})
-    if not differs:
+    def blocks(labels) -> list[str]:
+        return sorted({label.split(".")[0] for label in labels})
+
+    differs = blocks(label for replay, *_ in replays.values() for label in replay.differs)
+    stood_in = blocks(label for replay, *_ in replays.values() for label in replay.answered)
+    if not differs and not stood_in:
         ex.judge(result)  # their building blocks answered as the reference's would: the usual checks decide
         return
-    own = " and ".join(f"`{name}`" for name in differs)
+    said = " and ".join(f"`{name}`" for name in differs)
+    why = (f"judged with your own {said} as they answered here" if differs else "judged") + (
+        f"{', and' if differs else ''} with a correct answer where your "
+        f"{' and '.join(f'`{name}`' for name in stood_in)} raised" if stood_in else "")
+    why = f"({why}: their mistakes cost their own cells, not this one)"
+    if not differs:
+        # every building block it called answered right, or raised and had a correct answer stand in: its outputs
+        # are those of correct building blocks, and its own checks, which say what broke, decide. Where they fail
+        # on what answers cannot carry (a gradient through a value handed back), consistency has the last word.
+        try:
+            ex.judge(result)
+            return
+        except Fail as own_checks:
+            try:
+                _judge_consistency(ex, result, replays, stood_in, why, strict=True)
+            except Fail:
+                raise own_checks from None
+            return
+    _judge_consistency(ex, result, replays, differs, why)
+
+
+def _judge_consistency(ex, result: Result, replays: dict, differs: list[str], why: str, strict: bool = False) -> None:
+    """Every case that shows something of the item's own code must agree with its replay. ``strict``: a case the
+    replay cannot follow to its end fails, where the student's code returned on it (it may be the one that shows
+    the mistake)."""
     seen = 0  # cases on which something of this item's own code could be observed
     for case in result.cases.values():
         if case.id not in replays:
             continue
         error = replays[case.id][3]
         if error is not None and error.startswith(_DependencyRaised.__name__):
+            if strict and result.error(case.id) is None:
+                raise Fail(f"this case ({case.desc}) could not be followed {why}.")
             continue  # it stopped inside a building block of the student's that raised: nothing of its own to see
-        _consistent(result, case, *replays[case.id][1:], own)
+        _consistent(result, case, *replays[case.id][1:], why)
         seen += 1
     rest = [case for case in result.cases.values() if case.id not in replays]
     if rest:
         seen += _judged_alone(ex, result, rest)
     if not seen:
         stopped = sorted({replays[cid][3].split(": ", 1)[-1].split(".")[0] for cid in replays})
-        names = " and ".join(f"`{name}`" for name in stopped) or own
+        names = " and ".join(f"`{name}`" for name in stopped) or " and ".join(f"`{name}`" for name in differs)
         below = [name for name in differs if name not in stopped]
         built = (f" (built on your own {' and '.join(f'`{name}`' for name in below)}, whose answers differ from a "
                  "correct one's)") if below else ""
         raise Unobservable(f"nothing of this cell could be checked: on every hidden case your code stops inside your "
                            f"own {names}, which raised where a correct one returns{built}. Fix that first (see its "
                            "cell's verdict): then this cell is judged on what it does with it.")
+
+
+def _replayed(ex, case: Case, replay: _Replay) -> tuple[dict, dict, str | None]:
+    """Follow ``case`` with the reference's code, the student's building blocks answered by ``replay``."""
+    module: ModuleType = ex.reference
+    names = [name for name in ex.uses if hasattr(module, name)]
+    stand_ins = {name: _replayer(replay, name, getattr(module, name)) for name in names}
+    namespace = {**vars(module), **stand_ins}
+    with contextlib.ExitStack() as stack:
+        stack.enter_context(_rng_kept())
+        for name, stand_in in stand_ins.items():
+            stack.enter_context(mock.patch.object(module, name, stand_in))
+        return _run(case, namespace)
+
+
+def answered(ex, result: Result) -> list[Case] | None:
+    """The cases of ``ex`` to run once more, or None: where one of the building blocks raised on a case (the
+    student's wrong one, or a right one fed a wrong one's output), that case with a correct building block's
+    answers, so that the student's own code runs on and is judged by itself.
+
+    A building block that raises stops the item built on it: nothing of the item could be seen, and it would lose
+    its point for a mistake that is not its own. So the case is followed here by the reference's code on correct
+    building blocks, and every answer they give is kept, on the arguments a correct item passes them; and each of
+    the student's calls that raised gets a correct one's answer on its own arguments. Sent with the case
+    (harvest's spy step), an answer stands in for the student's building block where the arguments match: a right
+    item runs as on correct building blocks, a wrong one passes other arguments somewhere, gets no answer there,
+    and shows its own mistake (or raises as before, and is judged by that).
+
+    The answers are values of the building blocks' job on this item's hidden inputs, in the per-item child that
+    ends with the cases: they cannot raise the building block's grade (its own cell is judged on cases of its
+    own), and the item's grade still rests on its own code."""
+    again: list[Case] = []
+    sent = False
+    for case in result.cases.values():
+        calls = _recorded_calls(result, case.id)
+        stopped = any(not call.returned for made in calls.values() for call in made)
+        if not stopped or not case.relative:
+            again.append(case)
+            continue
+        replay = _Replay(calls, ex.required_calls, answering=True)
+        _replayed(ex, case, replay)
+        answers: dict[str, list] = {}
+        twin = dataclasses.replace(case, steps=copy.deepcopy(case.steps), arrays=dict(case.arrays))
+        for label, args, kwargs, out, on_args, on_kwargs in replay.kept:
+            own = {id(arg): {"argument": i} for i, arg in enumerate(on_args) if not _plain_value(arg)}
+            own.update({id(arg): {"keyword": key} for key, arg in on_kwargs.items() if not _plain_value(arg)})
+            try:
+                answer = {"args": [_encode(twin, arg, loose=True) for arg in args],
+                          "kwargs": {str(k): _encode(twin, v, loose=True) for k, v in kwargs.items()},
+                          "out": _encode(twin, out, own=own)}
+            except _Unencodable:
+                continue  # an object (a model, a cache) cannot be sent: that call stays the student's
+            answers.setdefault(label, []).append(answer)
+        spy = next((step for step in twin.steps if "spy" in step), None)
+        if not answers or spy is None:
+            again.append(case)
+            continue
+        spy["answers"] = answers
+        again.append(twin)
+        sent = True
+    return again if sent else None
+
+
+class _Unencodable(Exception):
+    pass
+
+
+def _plain_value(value: Any) -> bool:
+    return value is None or isinstance(value, (bool, int, float, str, np.ndarray, np.generic)) or (
+        hasattr(value, "detach") and hasattr(value, "dtype"))
+
+
+def _encode(case: Case, value: Any, loose: bool = False, own: dict | None = None) -> Any:
+    """``value`` as a harvest VALUE (its arrays added to ``case``); an object matches anything when ``loose``,
+    and is the call's own argument where ``own`` (``id`` -> its place) says it is one."""
+    if own and id(value) in own:
+        return own[id(value)]
+    if hasattr(value, "detach") and hasattr(value, "dtype"):
+        tensor = value.detach().cpu()
+        dtype = str(tensor.dtype).removeprefix("torch.")
+        return case.tensor(tensor.float() if dtype == "bfloat16" else tensor, dtype=dtype)
+    if isinstance(value, np.ndarray) and value.dtype != object:
+        return case.array(value)
+    if isinstance(value, np.generic):
+        return value.item()
+    if value is None or isinstance(value, (bool, int, float, str)):
+        return value
+    if isinstance(value, (list, tuple)):
+        items = [_encode(case, item, loose, own) for item in value]
+        return {"tuple": items} if isinstance(value, tuple) else {"list": items}
+    if isinstance(value, dict) and all(isinstance(key, str) for key in value):
+        return {"dict": {key: _encode(case, item, loose, own) for key, item in value.items()}}
+    if loose:
+        return {"anything": True}
+    raise _Unencodable(type(value).__name__)
 
 
 def _judged_alone(ex, result: Result, cases: list[Case]) -> int:
@@ -373,17 +554,14 @@ def _judged_alone(ex, result: Result, cases: list[Case]) -> int:
     return len(cases)
 
 
-def _consistent(result: Result, case: Case, meta: dict, leaves: dict, error: str | None, own: str) -> None:
+def _consistent(result: Result, case: Case, meta: dict, leaves: dict, error: str | None, why: str) -> None:
     """The student's outputs on this case must be the replay's: the reference built on their own pieces."""
-    why = (f"(judged with your own {own} as they answered here: their mistakes cost their own cells, not this "
-           "one)")
     student_error = result.error(case.id)
     if student_error is not None and error is None:
-        raise Raised(f"your code raised an exception on a case with {case.desc}, although built on your own {own} "
-                   f"it should not:\n    {student_error.splitlines()[-1]}")
+        raise Raised(f"your code raised an exception on a case with {case.desc}, where it should not {why}:\n"
+                     f"    {student_error.splitlines()[-1]}")
     if error is not None and student_error is None:
-        raise Fail(f"built on your own {own}, this case ({case.desc}) should end in an exception, but your code "
-                   f"returned {why}.")
+        raise Fail(f"this case ({case.desc}) should end in an exception, but your code returned {why}.")
     got_meta = result.report_cases.get(case.id, {}).get("outputs", {})
     for name, info in meta.items():
         if name.startswith(("~", "grad", "ptr")):
