@@ -208,7 +208,10 @@ def unreadable_outputs(folder: Path, item: str, max_bytes: int = MAX_OUTPUT_BYTE
     return None
 
 
-ANSWER_ROUNDS = 2  # runs of an item's cases after the first, at most, with answers for building blocks that raised
+# Runs of an item's cases after the first, at most, with answers for building blocks that raised. Each run answers
+# the calls the previous one recorded, so a chain of steps (a decoding loop on a wrong cache) goes one step further
+# per run; a run that would answer nothing new is not made.
+ANSWER_ROUNDS = 8
 
 
 def answered_cases(ex: Exercise, cases: list[Case], folder: Path) -> list[Case] | None:

@@ -32,9 +32,9 @@ The case language (JSON) is small on purpose:
   {name: VALUE}, "out": VALUE}`` whose arguments match a call's stands in for what it returned or raised
   (``~name/i/answered``; ``{"anything": true}`` matches any argument, a model say; an ``out`` of
   ``{"argument": i}`` or ``{"keyword": name}`` is the call's own argument). The trusted grader sends answers only
-  in a second run of an exercise whose building block raised in the first: a correct building block's answers,
-  on the arguments a correct exercise passes it and on those the first run recorded, so that the exercise's own
-  code runs on and is judged by itself
+  in a further run of an exercise whose building block raised: a correct building block's answers to the calls
+  the previous run recorded, on their own arguments, so that the exercise's own code runs on and is judged by
+  itself
 
 and a VALUE is a JSON literal or one of ``{"array": key}``, ``{"tensor": key, "requires_grad": bool}``,
 ``{"ref": name}``, ``{"global": name}`` (the student's object), ``{"attr": [name, attr, ...]}``,

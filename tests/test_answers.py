@@ -93,6 +93,8 @@ def test_the_answers_are_a_correct_building_blocks_on_the_students_arguments(lef
         try:
             harvest.collect(ex.name, namespace)
             again = verdicts.answered_cases(ex, cases, folder / "outputs")
+            first = relative.Result(folder / "outputs", ex.name, cases)
+            recorded = {case.id: relative._recorded_calls(first, case.id) for case in cases}
         finally:
             os.environ.pop(harvest.ENV_VAR)
     assert again is not None
@@ -107,6 +109,9 @@ def test_the_answers_are_a_correct_building_blocks_on_the_students_arguments(lef
                 kwargs = {k: runner.value(spec) for k, spec in answer["kwargs"].items()}
                 want = getattr(reference, label)(*args, **kwargs)
                 np.testing.assert_allclose(np.asarray(runner.value(answer["out"])), np.asarray(want), rtol=1e-6)
+                # only the student's own calls are answered: these are the arguments of one the first run made
+                assert any(relative._same(args, call.args) and relative._same(kwargs, call.kwargs)
+                           for call in recorded[case.id].get(label, [])), label
                 sent += 1
     assert sent, "no answer was sent for a building block that raised on every case"
     decided = verdicts.judge_namespace(lesson, namespace)

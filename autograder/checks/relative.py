@@ -198,14 +198,11 @@ class _Replay:
             index = self._count.get(label, 0)
             self._count[label] = index + 1
             made = self.calls.get(label, [])
-            if index < len(made) and (not made[index].returned or made[index].answered):
+            if index < len(made):
                 self._keep_students(label, made[index], real_fn, args, kwargs, skip_first)
-            # and the call a correct exercise makes here, with a correct building block's answer: the answers
-            # carry the second run as far as the exercise's own code is right
-            given = list(args[1:] if skip_first else args)
-            value = self._correct(real_fn, args, kwargs)  # one that raises here is what the case expects
-            self._keep(label, given, dict(kwargs), value, given, dict(kwargs))
-            return value
+            # the replay itself goes on as a correct item on correct building blocks: the state of the objects
+            # the student's calls are answered on is a correct one's
+            return self._correct(real_fn, args, kwargs)  # one that raises here is what the case expects
         call = self._find(label, signature, args, kwargs, skip_first)
         if call is not None and call.answered:  # it raised in the student's run, and a correct answer stood in
             self.answered.add(label)
@@ -252,9 +249,11 @@ class _Replay:
             self.kept.append(answer)
 
     def _keep_students(self, label: str, made: _Call, real_fn, args: tuple, kwargs: dict, skip_first: bool) -> None:
-        """The student's call of ``label`` paired with this one (the same count) raised: keep a correct one's
-        answer on the student's own arguments (their objects, which were not handed back, are this call's: a
-        copy, so that the replay's own state goes on untouched)."""
+        """The student's call of ``label`` paired with this one (the same count): where it raised, or answered
+        otherwise than a correct one, keep a correct one's answer on the student's own arguments (their objects,
+        which were not handed back, are this call's, in a correct state: a copy, so that the replay's own state
+        goes on untouched). Only the student's own arguments are answered: the answers show nothing of how a
+        correct item would have called its building blocks."""
         given = list(args[1:] if skip_first else args)
         head = list(args[:1]) if skip_first else []
         if any(arg is _OPAQUE and i >= len(given) for i, arg in enumerate(made.args)) or any(
@@ -267,6 +266,8 @@ class _Replay:
             value = self._correct(real_fn, (*head, *call_args), call_kwargs)
         except Exception:  # noqa: BLE001 - a correct one raises on these arguments too (or they cannot be copied)
             return
+        if made.returned and not made.answered and _same(value, made.out):
+            return  # the student's answered as a correct one does: it stays theirs
         self._keep(label, list(made.args), dict(made.kwargs), value, call_args, call_kwargs)
 
     def _find(self, label, signature, args, kwargs, skip_first) -> _Call | None:
@@ -461,19 +462,20 @@ def _replayed(ex, case: Case, replay: _Replay) -> tuple[dict, dict, str | None]:
 def answered(ex, result: Result) -> list[Case] | None:
     """The cases of ``ex`` to run once more, or None: where one of the building blocks raised on a case (the
     student's wrong one, or a right one fed a wrong one's output), that case with a correct building block's
-    answers, so that the student's own code runs on and is judged by itself.
+    answers to the student's own calls, so that the student's code runs on and is judged by itself.
 
     A building block that raises stops the item built on it: nothing of the item could be seen, and it would lose
     its point for a mistake that is not its own. So the case is followed here by the reference's code on correct
-    building blocks, and every answer they give is kept, on the arguments a correct item passes them; and each of
-    the student's calls that raised gets a correct one's answer on its own arguments. Sent with the case
-    (harvest's spy step), an answer stands in for the student's building block where the arguments match: a right
-    item runs as on correct building blocks, a wrong one passes other arguments somewhere, gets no answer there,
-    and shows its own mistake (or raises as before, and is judged by that).
+    building blocks, each of its calls paired with the student's call of the same name and count; where the
+    student's raised, or answered otherwise than a correct one would on the same arguments, a correct one's answer
+    on the student's own arguments is kept. Sent with the case (harvest's spy step), each stands in for that very
+    call. The next run goes further (a decoding loop on a wrong cache: a step or more per run), up to
+    ``verdicts.ANSWER_ROUNDS`` runs; a run that would answer nothing new is not made.
 
-    The answers are values of the building blocks' job on this item's hidden inputs, in the per-item child that
-    ends with the cases: they cannot raise the building block's grade (its own cell is judged on cases of its
-    own), and the item's grade still rests on its own code."""
+    Only the student's own arguments are answered, so the answers show nothing of how a correct item calls its
+    building blocks, nor anything of its result: they are what a correct building block would hand the student's
+    code, and the item's grade still rests on that code. They cannot raise the building block's own grade either
+    (its cell is judged on cases of its own)."""
     again: list[Case] = []
     sent = False
     for case in result.cases.values():
@@ -497,8 +499,9 @@ def answered(ex, result: Result) -> list[Case] | None:
                 continue  # an object (a model, a cache) cannot be sent: that call stays the student's
             answers.setdefault(label, []).append(answer)
         spy = next((step for step in twin.steps if "spy" in step), None)
-        if not answers or spy is None:
-            again.append(case)
+        before = sum(len(given) for given in (spy or {}).get("answers", {}).values())
+        if spy is None or sum(len(given) for given in answers.values()) <= before:
+            again.append(case)  # nothing new to answer with: another run would stop where this one did
             continue
         spy["answers"] = answers
         again.append(twin)
