@@ -6,12 +6,16 @@ are sent only after a building block raised, and they are a correct building blo
 
 from __future__ import annotations
 
+import os
+import tempfile
+from pathlib import Path
+
 import numpy as np
 import pytest
 
 from autograder import samples, verdicts
 from autograder.checks import relative
-from autograder.checks.framework import Case
+from autograder.checks.framework import Case, Result, write_cases
 from decoder_course import harvest
 
 SOURCE = '''
@@ -73,11 +77,6 @@ def test_an_answer_replaces_only_the_calls_it_was_sent_for():
 def test_the_answers_are_a_correct_building_blocks_on_the_students_arguments(left):
     """Trusted side: after a first run in which the student's stub raised, every answer sent for it is the
     reference's value on the arguments of a recorded call; and the second run passes the item built on it."""
-    import tempfile
-    from pathlib import Path
-
-    from autograder.checks.framework import write_cases
-
     lesson = "02-attention"
     reference = verdicts.exercises_for(lesson)["scaled_dot_product_attention"]().reference
     namespace = samples.notebook_namespace(lesson, {left: f"def {left}(*args, **kwargs):\n    raise "
@@ -87,13 +86,11 @@ def test_the_answers_are_a_correct_building_blocks_on_the_students_arguments(lef
     with tempfile.TemporaryDirectory() as tmp:
         folder = Path(tmp)
         write_cases(folder / "cases", ex.name, cases)
-        import os
-
         os.environ[harvest.ENV_VAR] = tmp
         try:
             harvest.collect(ex.name, namespace)
             again = verdicts.answered_cases(ex, cases, folder / "outputs")
-            first = relative.Result(folder / "outputs", ex.name, cases)
+            first = Result(folder / "outputs", ex.name, cases)
             recorded = {case.id: relative._recorded_calls(first, case.id) for case in cases}
         finally:
             os.environ.pop(harvest.ENV_VAR)

@@ -74,7 +74,7 @@ def _rebuild(meta: dict, leaves: dict, case_id: str, name: str) -> Any:
 class _Call:
     def __init__(self, args: list, kwargs: dict, out: Any, returned: bool, after: list, answered: bool = False):
         self.args, self.kwargs, self.out, self.returned, self.after = args, kwargs, out, returned, after
-        self.answered = answered  # the student's raised, and the grader's answer stood in (see ``answered``)
+        self.answered = answered  # a correct building block's answer stood in for the student's (``answered``)
 
 
 def _recorded_calls(result: Result, case_id: str) -> dict[str, list[_Call]]:
@@ -177,12 +177,12 @@ class _Replay:
     def __init__(self, calls: dict[str, list[_Call]], required: tuple[str, ...] = (), answering: bool = False):
         self.calls = calls
         self.differs: set[str] = set()  # labels whose answers (or changes to their arguments) are not a correct one's
-        self.answered: set[str] = set()  # labels whose raising calls the grader's answers stood in for
+        self.answered: set[str] = set()  # labels with calls a correct one's answer stood in for (``answered``)
         self.required = set(required)  # labels the student's code must call as the reference does
         self.missing: list[str] = []
         # answering: follow a correct exercise on correct building blocks (the reference's, none of the student's
-        # answers inside), keeping every answer given, and a correct one's answer to each of the student's calls
-        # that raised, on the student's own arguments: see ``answered``
+        # answers inside), and keep a correct one's answer to each of the student's calls that raised or answered
+        # wrong, on the student's own arguments: see ``answered``
         self.answering = answering
         # each kept answer: (label, the arguments to send, the keywords to send, the answer, and the arguments and
         # keywords it was computed on: an answer that hands back one of them is sent as that argument)
@@ -204,7 +204,7 @@ class _Replay:
             # the student's calls are answered on is a correct one's
             return self._correct(real_fn, args, kwargs)  # one that raises here is what the case expects
         call = self._find(label, signature, args, kwargs, skip_first)
-        if call is not None and call.answered:  # it raised in the student's run, and a correct answer stood in
+        if call is not None and call.answered:  # a correct one's answer stood in for the student's
             self.answered.add(label)
             try:  # the reference's own state (a cache's) goes on as the student's object was told it did
                 real = real_fn(*args, **kwargs)
@@ -398,11 +398,11 @@ def judge(ex, result: Result, passed: dict[str, bool] | None = None) -> None:
         return
     said = " and ".join(f"`{name}`" for name in differs)
     why = (f"judged with your own {said} as they answered here" if differs else "judged") + (
-        f"{', and' if differs else ''} with a correct answer where your "
-        f"{' and '.join(f'`{name}`' for name in stood_in)} raised" if stood_in else "")
+        f"{', and' if differs else ''} with a correct one's answers where your "
+        f"{' and '.join(f'`{name}`' for name in stood_in)} raised or went wrong" if stood_in else "")
     why = f"({why}: their mistakes cost their own cells, not this one)"
     if not differs:
-        # every building block it called answered right, or raised and had a correct answer stand in: its outputs
+        # every building block it called answered right, or had a correct one's answer stand in: its outputs
         # are those of correct building blocks, and its own checks, which say what broke, decide. Where they fail
         # on what answers cannot carry (a gradient through a value handed back), consistency has the last word.
         try:
