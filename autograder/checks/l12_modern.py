@@ -13,6 +13,9 @@ window and the modern block.
 - ``sliding_window_mask`` by its definition (windows of 1, inside and beyond T), ``window = 0`` raising;
 - ``ModernBlock`` against the reference, relative to the student's ``RMSNorm``, ``GroupedQueryAttention`` and
   ``SwiGLUFeedForward``; pre-norm wiring, positions reaching the attention, the cache path.
+
+Generic judges (inputs unchanged, ValueError, the known mistakes' diagnosis) come from
+:mod:`autograder.checks.judges`.
 """
 
 from __future__ import annotations
@@ -23,6 +26,7 @@ from torch import nn
 from torch.nn import functional as F
 
 from autograder.checks.framework import Case, Exercise, Fail, Result, exercise, expect_close
+from autograder.checks.judges import diagnose, record_after, unchanged, value_error
 from autograder.reference import modern as ref
 
 LESSON = "12-modern"
@@ -30,6 +34,40 @@ LESSON = "12-modern"
 
 def _state(module: nn.Module) -> dict[str, np.ndarray]:
     return {key: value.detach().numpy().astype(np.float32) for key, value in module.state_dict().items()}
+
+
+def _load_error(result: Result, case: Case, names: str) -> None:
+    error = result.error(case.id)
+    if error is not None and "state_dict" in error:
+        raise Fail(f"the weights could not be loaded into your module ({case.desc}):\n    "
+                   f"{error.splitlines()[-1]}\nThe names are part of the contract: {names}")
+
+
+def _call_on_x(case: Case, x: np.ndarray, *args, **kwargs) -> None:
+    """Call the bound module ``m`` on ``x`` (bound, so that :func:`unchanged` can read it back) and record ``out``."""
+    case.let("x", case.tensor(x))
+    case.call({"ref": "m"}, {"ref": "x"}, *args, record="out", **kwargs)
+    record_after(case, ["x"])
+
+
+# the cached cases: x (B, 5, D) fed as a prefill of positions 0 .. 2, then positions 3 and 4 one at a time
+def _cached_calls(case: Case, x: np.ndarray, *extra) -> None:
+    """Bind a one-layer KVCache and run the bound module ``m`` step by step (``extra``: arguments after the cache)."""
+    case.call({"global": "KVCache"}, 1, let="cache")
+    case.call({"ref": "m"}, case.tensor(x[:, :3]), case.tensor(np.arange(3)),
+              case.tensor(np.tril(np.ones((3, 3), bool))), {"ref": "cache"}, *extra, record="step0")
+    for t in (3, 4):
+        case.call({"ref": "m"}, case.tensor(x[:, t:t + 1]), case.tensor(np.array([t])),
+                  case.tensor(np.ones((1, t + 1), bool)), {"ref": "cache"}, *extra, record=f"step{t - 2}")
+
+
+def _cached_output(result: Result, case: Case, B: int, D: int) -> np.ndarray:
+    """The cached steps' outputs joined along T (B, 5, D), each read with its own shape first."""
+    parts = [result.get(case.id, "step0", what="the output on the prefill", kind="tensor", dtype="float",
+                        shape=(B, 3, D))]
+    parts += [result.get(case.id, f"step{s}", what=f"the output at cached step {s}", kind="tensor", dtype="float",
+                         shape=(B, 1, D)) for s in (1, 2)]
+    return np.concatenate(parts, axis=1)
 
 
 # -- RMSNorm -----------------------------------------------------------------------------------------------------------
@@ -42,24 +80,18 @@ class RMSNormCheck(Exercise):
 
     def cases(self, rng):
         cases = []
-        D, eps = 12, 1e-2
-        weight = rng.normal(1.0, 0.5, size=D).astype(np.float32)
-        x = rng.normal(size=(3, 5, D)).astype(np.float32) * np.array([1e-3, 1.0, 50.0], np.float32)[:, None, None]
-        case = Case("values", f"RMSNorm(D={D}, eps={eps}) with a random weight, x (3, 5, {D}) whose rows have scales "
-                              "1e-3, 1 and 50", data={"x": x, "weight": weight, "eps": eps})
-        case.call("RMSNorm", D, eps, let="m")
-        case.load_state("m", {"weight": weight})
-        case.let("x", case.tensor(x))
-        case.call({"ref": "m"}, {"ref": "x"}, record="out")
-        case.record("x_after", {"ref": "x"})
-        cases.append(case)
-        x4 = rng.normal(size=(2, 3, 4, 6)).astype(np.float32) * 3
-        weight4 = rng.normal(1.0, 0.3, size=6).astype(np.float32)
-        case = Case("four_d", "RMSNorm(D=6, eps=1e-6), x (2, 3, 4, 6)", data={"x": x4, "weight": weight4, "eps": 1e-6})
-        case.call("RMSNorm", 6, 1e-6, let="m")
-        case.load_state("m", {"weight": weight4})
-        case.call({"ref": "m"}, case.tensor(x4), record="out")
-        cases.append(case)
+        scales = np.array([1e-3, 1.0, 50.0])[:, None, None]  # one per row of the batch
+        for case_id, eps, x, spread, desc in (
+                ("values", 1e-2, rng.normal(size=(3, 5, 12)) * scales, 0.5,
+                 "RMSNorm(D=12, eps=0.01) with a random weight, x (3, 5, 12) whose rows have scales 1e-3, 1 and 50"),
+                ("four_d", 1e-6, rng.normal(size=(2, 3, 4, 6)) * 3, 0.3, "RMSNorm(D=6, eps=1e-6), x (2, 3, 4, 6)")):
+            x = x.astype(np.float32)
+            weight = rng.normal(1.0, spread, size=x.shape[-1]).astype(np.float32)
+            case = Case(case_id, desc, data={"x": x, "weight": weight, "eps": eps})
+            case.call("RMSNorm", x.shape[-1], eps, let="m")
+            case.load_state("m", {"weight": weight})
+            _call_on_x(case, x)
+            cases.append(case)
         xb = rng.normal(size=(2, 3, 8)).astype(np.float32)
         case = Case("bf16", "a fresh RMSNorm(8), x (2, 3, 8) in bfloat16", data={"x": xb})
         case.call("RMSNorm", 8, let="m")
@@ -70,32 +102,24 @@ class RMSNormCheck(Exercise):
 
     def judge(self, result: Result):
         for case_id in ("values", "four_d"):
-            case = result.cases[case_id]
+            case, d = result.cases[case_id], result.cases[case_id].data
             _load_error(result, case, "RMSNorm has one parameter, `weight` (D,), and no bias.")
-            d = case.data
-            x, w = torch.from_numpy(d["x"]), torch.from_numpy(d["weight"])
-            theirs = nn.RMSNorm(x.shape[-1], eps=d["eps"])
+            x, w, eps = torch.from_numpy(d["x"]), torch.from_numpy(d["weight"]), d["eps"]
+            theirs = nn.RMSNorm(x.shape[-1], eps=eps)
             with torch.no_grad():
                 theirs.weight.copy_(w)
-                want = theirs(x).numpy()
-                variants = {
+                want = theirs(x)
+                mistakes = {
                     "the mean was subtracted: that is LayerNorm. RMSNorm divides by sqrt(mean(x²) + eps) only":
-                        ((x - x.mean(-1, keepdim=True)) / torch.sqrt(x.var(-1, unbiased=False, keepdim=True)
-                                                                     + d["eps"]) * w),
+                        F.layer_norm(x, x.shape[-1:], eps=eps) * w,
                     "eps was added outside the square root: sqrt(mean(x²) + eps), not sqrt(mean(x²)) + eps":
-                        x / (x.pow(2).mean(-1, keepdim=True).sqrt() + d["eps"]) * w,
-                    "the weight was not applied: multiply the normalised x by self.weight": theirs(x) / w,
-                }
+                        x / (x.pow(2).mean(-1, keepdim=True).sqrt() + eps) * w,
+                    "the weight was not applied: multiply the normalised x by self.weight": want / w}
             got = result.get(case.id, "out", what="RMSNorm's output", kind="tensor", dtype="float", shape=want.shape)
-            hint = "x / sqrt(mean(x², last axis) + eps) * weight."
-            for idea, alt in variants.items():
-                if np.allclose(got, alt.numpy(), rtol=1e-4, atol=1e-5):
-                    hint = f"Your output matches a version where {idea}."
-            expect_close(got, want, "RMSNorm's output", case.desc, hint=hint, rtol=1e-4, atol=1e-5)
-        case = result.cases["values"]
-        after = result.get(case.id, "x_after", what="x after the call", kind="tensor")
-        if not np.array_equal(after, case.data["x"]):
-            raise Fail(f"RMSNorm changed the caller's x ({case.desc}): compute a new tensor, never in place.")
+            hint = diagnose(got, {f"a version where {idea}": alt.numpy() for idea, alt in mistakes.items()},
+                            rtol=1e-4, atol=1e-5) or "x / sqrt(mean(x², last axis) + eps) * weight."
+            expect_close(got, want.numpy(), "RMSNorm's output", case.desc, hint=hint, rtol=1e-4, atol=1e-5)
+            unchanged(result, case.id, {"x": d["x"]}, "RMSNorm")
         case = result.cases["bf16"]
         got = result.get(case.id, "out", what="RMSNorm's output on bfloat16", kind="tensor")
         dtype = result.meta(case.id, "out").get("dtype")
@@ -110,13 +134,6 @@ class RMSNormCheck(Exercise):
             raise Fail(f"a fresh RMSNorm's weight should start at ones, as LayerNorm's ({case.desc}).")
 
 
-def _load_error(result: Result, case: Case, names: str) -> None:
-    error = result.error(case.id)
-    if error is not None and "state_dict" in error:
-        raise Fail(f"the weights could not be loaded into your module ({case.desc}):\n    "
-                   f"{error.splitlines()[-1]}\nThe names are part of the contract: {names}")
-
-
 # -- rotary_embedding --------------------------------------------------------------------------------------------------
 def _rope(x: np.ndarray, positions: np.ndarray, base: float, *, pairing: str = "interleaved", sign: float = 1.0,
           exponent: float = 2.0) -> np.ndarray:
@@ -125,16 +142,12 @@ def _rope(x: np.ndarray, positions: np.ndarray, base: float, *, pairing: str = "
     Dh = x.shape[-1]
     theta = base ** (-exponent * np.arange(Dh // 2) / Dh)  # (Dh/2,)
     angles = sign * positions.astype(np.float64)[:, None] * theta  # (T, Dh/2)
-    if pairing == "interleaved":
-        z = x[..., 0::2] + 1j * x[..., 1::2]
-    else:  # dimension i with i + Dh/2
-        z = x[..., : Dh // 2] + 1j * x[..., Dh // 2:]
-    z = z * np.exp(1j * angles)
+    # pairs (2i, 2i+1), or dimension i with i + Dh/2
+    first, second = (np.s_[..., 0::2], np.s_[..., 1::2]) if pairing == "interleaved" else \
+        (np.s_[..., : Dh // 2], np.s_[..., Dh // 2:])
+    z = (x[first] + 1j * x[second]) * np.exp(1j * angles)
     out = np.empty_like(x)
-    if pairing == "interleaved":
-        out[..., 0::2], out[..., 1::2] = z.real, z.imag
-    else:
-        out[..., : Dh // 2], out[..., Dh // 2:] = z.real, z.imag
+    out[first], out[second] = z.real, z.imag
     return out
 
 
@@ -145,30 +158,24 @@ class RotaryEmbedding(Exercise):
 
     def cases(self, rng):
         cases = []
-        x = rng.normal(size=(2, 3, 7, 10)).astype(np.float32)
-        positions = np.sort(rng.choice(600, size=7, replace=False)).astype(np.int64)
-        positions[0] = 0
-        case = Case("values", "x (B=2, H=3, T=7, Dh=10), scattered positions up to 600, base 10000",
-                    data={"x": x, "positions": positions, "base": 10000.0})
-        case.let("x", case.tensor(x))
-        case.let("positions", case.tensor(positions))
-        case.call("rotary_embedding", {"ref": "x"}, {"ref": "positions"}, record="out")
-        case.record("x_after", {"ref": "x"})
-        case.record("positions_after", {"ref": "positions"})
-        cases.append(case)
-        x = rng.normal(size=(3, 2, 5, 6)).astype(np.float32)
-        positions = (np.arange(5) + int(rng.integers(3, 20))).astype(np.int64)
-        case = Case("base", "x (B=3, H=2, T=5, Dh=6), positions starting past 0, base=500",
-                    data={"x": x, "positions": positions, "base": 500.0})
-        case.call("rotary_embedding", case.tensor(x), case.tensor(positions), base=500.0, record="out")
-        cases.append(case)
-        x = rng.normal(size=(2, 2, 4, 8))
-        positions = np.arange(4, dtype=np.int64) * 3
-        case = Case("float64", "x (2, 2, 4, 8) in float64, positions 0, 3, 6, 9",
-                    data={"x": x, "positions": positions, "base": 10000.0})
-        case.call("rotary_embedding", case.tensor(x), case.tensor(positions), record="out")
-        cases.append(case)
-        case = Case("odd", "x with Dh=5", data={"expect_error": True})
+        scattered = np.sort(rng.choice(600, size=7, replace=False))
+        scattered[0] = 0
+        for case_id, x, positions, base, desc in (
+                ("values", rng.normal(size=(2, 3, 7, 10)).astype(np.float32), scattered, None,
+                 "x (B=2, H=3, T=7, Dh=10), scattered positions up to 600, base 10000"),
+                ("base", rng.normal(size=(3, 2, 5, 6)).astype(np.float32), np.arange(5) + int(rng.integers(3, 20)),
+                 500.0, "x (B=3, H=2, T=5, Dh=6), positions starting past 0, base=500"),
+                ("float64", rng.normal(size=(2, 2, 4, 8)), np.arange(4) * 3, None,
+                 "x (2, 2, 4, 8) in float64, positions 0, 3, 6, 9")):
+            positions = positions.astype(np.int64)
+            case = Case(case_id, desc, data={"x": x, "positions": positions, "base": base or 10000.0})
+            case.let("x", case.tensor(x))
+            case.let("positions", case.tensor(positions))
+            case.call("rotary_embedding", {"ref": "x"}, {"ref": "positions"}, record="out",
+                      **({} if base is None else {"base": base}))
+            record_after(case, ["x", "positions"])
+            cases.append(case)
+        case = Case("odd", "x with Dh=5")
         case.call("rotary_embedding", case.tensor(rng.normal(size=(1, 2, 3, 5)).astype(np.float32)),
                   case.tensor(np.arange(3, dtype=np.int64)), record="out")
         cases.append(case)
@@ -176,39 +183,30 @@ class RotaryEmbedding(Exercise):
 
     def judge(self, result: Result):
         for case_id in ("values", "base", "float64"):
-            case = result.cases[case_id]
-            d = case.data
-            want = _rope(d["x"], d["positions"], d["base"])
+            case, d = result.cases[case_id], result.cases[case_id].data
+            x, positions, base = d["x"], d["positions"], d["base"]
+            want = _rope(x, positions, base)
             got = result.get(case.id, "out", what="rotary_embedding(x, positions)", kind="tensor", dtype="float",
                              shape=want.shape)
-            hint = ("Rotate pair (x[2i], x[2i+1]) by the angle position · base^(-2i/Dh): (a, b) -> (a cos - b sin, "
-                    "a sin + b cos).")
-            T = d["x"].shape[2]
-            for idea, alt in (
-                ("pairs dimension i with i + Dh/2 (the rotate-half layout): this lesson pairs neighbours, (2i, 2i+1)",
-                 _rope(d["x"], d["positions"], d["base"], pairing="half")),
-                ("ignores `positions` and uses 0 .. T-1: rotate by the positions you are given (with a cache they "
-                 "start at cache.length)", _rope(d["x"], np.arange(T), d["base"])),
-                ("uses θ_i = base^(-i/Dh): the exponent is -2i/Dh (i counts pairs)",
-                 _rope(d["x"], d["positions"], d["base"], exponent=1.0)),
-                ("rotates the wrong way: (a, b) -> (a cos - b sin, a sin + b cos)",
-                 _rope(d["x"], d["positions"], d["base"], sign=-1.0)),
-            ):
-                if np.allclose(got, alt, rtol=1e-3, atol=1e-3):
-                    hint = f"Your output matches a version that {idea}."
+            mistakes = {
+                "pairs dimension i with i + Dh/2 (the rotate-half layout): this lesson pairs neighbours, (2i, 2i+1)":
+                    _rope(x, positions, base, pairing="half"),
+                "ignores `positions` and uses 0 .. T-1: rotate by the positions you are given (with a cache they "
+                "start at cache.length)": _rope(x, np.arange(x.shape[2]), base),
+                "uses θ_i = base^(-i/Dh): the exponent is -2i/Dh (i counts pairs)":
+                    _rope(x, positions, base, exponent=1.0),
+                "rotates the wrong way: (a, b) -> (a cos - b sin, a sin + b cos)": _rope(x, positions, base, sign=-1.0)}
+            hint = diagnose(got, {f"a version that {idea}": alt for idea, alt in mistakes.items()}, rtol=1e-3,
+                            atol=1e-3) or ("Rotate pair (x[2i], x[2i+1]) by the angle position · base^(-2i/Dh): "
+                                           "(a, b) -> (a cos - b sin, a sin + b cos).")
             expect_close(got, want, "rotary_embedding(x, positions)", case.desc, hint=hint, rtol=1e-3, atol=1e-3)
+            unchanged(result, case.id, {"x": x, "positions": positions}, "rotary_embedding")
         case = result.cases["float64"]
         dtype = result.meta(case.id, "out").get("dtype")
         if dtype != "torch.float64":
             raise Fail(f"rotary_embedding returned {dtype} for a float64 x ({case.desc}): return x's dtype.")
-        case = result.cases["values"]
-        for name, key in (("x", "x_after"), ("positions", "positions_after")):
-            after = result.get(case.id, key, what=f"{name} after the call", kind="tensor")
-            if not np.array_equal(after, case.data[name]):
-                raise Fail(f"rotary_embedding changed the caller's {name} ({case.desc}): build new tensors.")
-        if result.error("odd") is None:
-            raise Fail("rotary_embedding returned for an odd Dh = 5: there is no pair for the last dimension; raise "
-                       "ValueError.")
+        value_error(result, "odd", "rotary_embedding was handed an odd Dh = 5, and there is no pair for the last "
+                                   "dimension")
 
 
 # -- SwiGLUFeedForward -------------------------------------------------------------------------------------------------
@@ -218,21 +216,17 @@ class SwiGLUCheck(Exercise):
     bias is an unexpected parameter); x unchanged."""
 
     def cases(self, rng):
-        cases = []
         D, Fw = 8, 12
-        state = {"gate_proj.weight": rng.normal(0, 0.5, (Fw, D)), "up_proj.weight": rng.normal(0, 0.5, (Fw, D)),
-                 "down_proj.weight": rng.normal(0, 0.5, (D, Fw))}
-        state = {k: v.astype(np.float32) for k, v in state.items()}
+        state = {name: rng.normal(0, 0.5, shape).astype(np.float32)
+                 for name, shape in (("gate_proj.weight", (Fw, D)), ("up_proj.weight", (Fw, D)),
+                                     ("down_proj.weight", (D, Fw)))}
         x = rng.normal(size=(3, 4, D)).astype(np.float32) * 2
         case = Case("values", f"SwiGLUFeedForward(D={D}, F={Fw}) with random weights, x (3, 4, {D})",
                     data={"state": state, "x": x})
         case.call("SwiGLUFeedForward", D, Fw, let="m")
         case.load_state("m", state)
-        case.let("x", case.tensor(x))
-        case.call({"ref": "m"}, {"ref": "x"}, record="out")
-        case.record("x_after", {"ref": "x"})
-        cases.append(case)
-        return cases
+        _call_on_x(case, x)
+        return [case]
 
     def judge(self, result: Result):
         case = result.cases["values"]
@@ -244,20 +238,15 @@ class SwiGLUCheck(Exercise):
         want = ((F.silu(gate) * up) @ down).numpy()
         got = result.get(case.id, "out", what="SwiGLUFeedForward's output", kind="tensor", dtype="float",
                          shape=want.shape)
-        hint = "down_proj(silu(gate_proj(x)) * up_proj(x))."
-        for idea, alt in (("ReLU gates the up projection: SwiGLU's gate is SiLU, x · sigmoid(x)",
-                           torch.relu(gate) * up),
-                          ("SiLU is applied to the up projection instead of the gate: silu(gate_proj(x)) * up_proj(x)",
-                           gate * F.silu(up)),
-                          ("the gate is a plain sigmoid (GLU): SwiGLU uses SiLU, x · sigmoid(x)",
-                           torch.sigmoid(gate) * up),
-                          ("there is no up projection: multiply the gate by up_proj(x)", F.silu(gate))):
-            if np.allclose(got, (alt @ down).numpy(), rtol=1e-4, atol=1e-5):
-                hint = f"Your output matches a version where {idea}."
+        mistakes = {"ReLU gates the up projection: SwiGLU's gate is SiLU, x · sigmoid(x)": torch.relu(gate) * up,
+                    "SiLU is applied to the up projection instead of the gate: silu(gate_proj(x)) * up_proj(x)":
+                        gate * F.silu(up),
+                    "the gate is a plain sigmoid (GLU): SwiGLU uses SiLU, x · sigmoid(x)": torch.sigmoid(gate) * up,
+                    "there is no up projection: multiply the gate by up_proj(x)": F.silu(gate)}
+        hint = diagnose(got, {f"a version where {idea}": (alt @ down).numpy() for idea, alt in mistakes.items()},
+                        rtol=1e-4, atol=1e-5) or "down_proj(silu(gate_proj(x)) * up_proj(x))."
         expect_close(got, want, "SwiGLUFeedForward's output", case.desc, hint=hint, rtol=1e-4, atol=1e-5)
-        after = result.get(case.id, "x_after", what="x after the call", kind="tensor")
-        if not np.array_equal(after, case.data["x"]):
-            raise Fail(f"SwiGLUFeedForward changed the caller's x ({case.desc}).")
+        unchanged(result, case.id, {"x": case.data["x"]}, "SwiGLUFeedForward")
 
 
 # -- GroupedQueryAttention ---------------------------------------------------------------------------------------------
@@ -275,8 +264,8 @@ def _gqa_variant(state: dict, H: int, Hkv: int, x: np.ndarray, positions, allowe
     xt = torch.from_numpy(x).double()
     B, T, D = xt.shape
     Dh = D // H
-    q = (xt @ w["q_proj.weight"].T).view(B, T, H, Dh).transpose(1, 2)
-    k = (xt @ w["k_proj.weight"].T).view(B, T, Hkv, Dh).transpose(1, 2)
+    q = (xt @ w["q_proj.weight"].T).view(B, T, H, Dh).transpose(1, 2)  # (B, H, T, Dh)
+    k = (xt @ w["k_proj.weight"].T).view(B, T, Hkv, Dh).transpose(1, 2)  # (B, Hkv, T, Dh)
     v = (xt @ w["v_proj.weight"].T).view(B, T, Hkv, Dh).transpose(1, 2)
     if positions is not None:
         pos = np.asarray(positions)
@@ -284,17 +273,32 @@ def _gqa_variant(state: dict, H: int, Hkv: int, x: np.ndarray, positions, allowe
         if rope == "both":
             k = torch.from_numpy(_rope(k.numpy(), pos, 10000.0))
     group = H // Hkv
-    k = k.repeat(1, group, 1, 1) if tile else k.repeat_interleave(group, dim=1)
-    v = v.repeat(1, group, 1, 1) if tile else v.repeat_interleave(group, dim=1)
-    scores = q @ k.transpose(-2, -1) / np.sqrt(Dh if scale_by == "Dh" else D)
+    k, v = ((t.repeat(1, group, 1, 1) if tile else t.repeat_interleave(group, dim=1)) for t in (k, v))  # (B, H, T, Dh)
+    scores = q @ k.transpose(-2, -1) / np.sqrt(Dh if scale_by == "Dh" else D)  # (B, H, T, T)
     if allowed is not None:
-        mask = torch.from_numpy(np.asarray(allowed))
-        scores = scores.masked_fill(~mask, float("-inf"))
-        weights = torch.softmax(scores, -1).nan_to_num(0.0)
-    else:
-        weights = torch.softmax(scores, -1)
+        scores = scores.masked_fill(~torch.from_numpy(np.asarray(allowed)), float("-inf"))
+    weights = torch.softmax(scores, -1).nan_to_num(0.0)  # a fully masked row: zeros
     out = (weights @ v).transpose(1, 2).reshape(B, T, D)
     return (out @ w["out_proj.weight"].T).numpy()
+
+
+def _gqa_mistakes(d: dict) -> dict[str, np.ndarray]:
+    """What the usual mistakes compute on a case's data, by the idea each one misses."""
+    args = (d["state"], d["H"], d["Hkv"], d["x"])
+    mistakes = {"tiles the key/value heads (kv head h % n_kv_heads for query head h): query heads h·g .. h·g + g - 1 "
+                "share kv head h, so repeat_interleave(g, dim=1), not repeat":
+                    _gqa_variant(*args, d["positions"], d["allowed"], tile=True)}
+    if d["positions"] is not None:
+        mistakes["rotates the queries only: rotate the keys at their positions too, or the score depends on absolute "
+                 "positions"] = _gqa_variant(*args, d["positions"], d["allowed"], rope="q_only")
+        mistakes["ignores `positions`: rotate q and k with rotary_embedding(.., positions)"] = \
+            _gqa_variant(*args, None, d["allowed"])
+    mistakes["scales the scores by 1/sqrt(D): the scale is 1/sqrt(Dh), the head width"] = \
+        _gqa_variant(*args, d["positions"], d["allowed"], scale_by="D")
+    return {f"a version that {idea}": alt for idea, alt in mistakes.items()}
+
+
+GQA_NAMES = "q_proj (D -> D), k_proj and v_proj (D -> n_kv_heads·Dh), out_proj (D -> D), nn.Linear without bias."
 
 
 @exercise(LESSON, "GroupedQueryAttention", points=3)
@@ -315,38 +319,28 @@ class GroupedQueryAttentionCheck(Exercise):
 
     def cases(self, rng):
         cases = []
-        specs = [("gqa", 24, 6, 2, 3, 7, "positions", "random"),
-                 ("mqa", 16, 4, 1, 2, 6, "positions", "causal"),
-                 ("mha", 12, 3, 3, 2, 5, None, "causal"),
-                 ("gqa_plain", 16, 4, 2, 2, 5, None, "random")]
-        for case_id, D, H, Hkv, B, T, pos_kind, mask_kind in specs:
+        for case_id, D, H, Hkv, B, T, rope, causal, what in (
+                ("gqa", 24, 6, 2, 3, 7, True, False, "GQA"), ("mqa", 16, 4, 1, 2, 6, True, True, "MQA (n_kv_heads=1)"),
+                ("mha", 12, 3, 3, 2, 5, False, True, "MHA (n_kv_heads=n_heads)"),
+                ("gqa_plain", 16, 4, 2, 2, 5, False, False, "GQA")):
             state = _gqa_state(rng, D, H, Hkv)
             x = rng.normal(size=(B, T, D)).astype(np.float32)
-            positions = None
-            if pos_kind:
-                positions = (np.arange(T) + int(rng.integers(0, 40))).astype(np.int64)
-            if mask_kind == "causal":
+            positions = (np.arange(T) + int(rng.integers(0, 40))).astype(np.int64) if rope else None
+            if causal:
                 allowed = np.tril(np.ones((T, T), dtype=bool))
             else:
                 allowed = rng.random((B, 1, T, T)) < 0.6
                 allowed[..., 0] = True
                 allowed[-1, 0, 1] = False  # one fully masked query row: zeros before out_proj
-            what = {"gqa": "GQA", "mqa": "MQA (n_kv_heads=1)", "mha": "MHA (n_kv_heads=n_heads)",
-                    "gqa_plain": "GQA"}[case_id]
             desc = (f"{what}: D={D}, n_heads={H}, n_kv_heads={Hkv}, B={B}, T={T}, "
-                    f"{'RoPE at positions from ' + str(int(positions[0])) if positions is not None else 'no positions'}"
-                    f", {'a causal mask' if mask_kind == 'causal' else 'a random mask with a fully masked row'}")
+                    f"{f'RoPE at positions from {int(positions[0])}' if rope else 'no positions'}, "
+                    f"{'a causal mask' if causal else 'a random mask with a fully masked row'}")
             case = Case(case_id, desc, data={"state": state, "H": H, "Hkv": Hkv, "x": x, "positions": positions,
                                              "allowed": allowed})
             self._build(case, D, H, Hkv, state)
-            case.let("x", case.tensor(x))
-            kwargs = {"allowed": case.tensor(allowed)}
-            if positions is not None:
-                kwargs["positions"] = case.tensor(positions)
-            case.call({"ref": "m"}, {"ref": "x"}, record="out", **kwargs)
-            case.record("x_after", {"ref": "x"})
+            _call_on_x(case, x, allowed=case.tensor(allowed),
+                       **({} if positions is None else {"positions": case.tensor(positions)}))
             cases.append(case)
-        # the cache: a prefill of 3 positions, then 2 single ones
         D, H, Hkv, B, T = 16, 4, 2, 2, 5
         state = _gqa_state(rng, D, H, Hkv)
         x = rng.normal(size=(B, T, D)).astype(np.float32)
@@ -354,16 +348,11 @@ class GroupedQueryAttentionCheck(Exercise):
                              "(RoPE at 0 .. 2), then 2 single positions", data={"state": state, "x": x, "H": H,
                                                                                 "Hkv": Hkv})
         self._build(case, D, H, Hkv, state)
-        case.call({"global": "KVCache"}, 1, let="cache")
-        case.call({"ref": "m"}, case.tensor(x[:, :3]), case.tensor(np.arange(3)), case.tensor(np.tril(np.ones((3, 3),
-                  bool))), {"ref": "cache"}, record="step0")
-        for t in (3, 4):
-            case.call({"ref": "m"}, case.tensor(x[:, t:t + 1]), case.tensor(np.array([t])),
-                      case.tensor(np.ones((1, t + 1), bool)), {"ref": "cache"}, record=f"step{t - 2}")
+        _cached_calls(case, x)
         case.record("cached", {"attr": ["cache", "keys"]})
         cases.append(case)
         for case_id, args in (("bad_heads", (16, 3, 1)), ("bad_groups", (16, 4, 3))):
-            case = Case(case_id, f"GroupedQueryAttention{args}", data={"expect_error": True}, relative=False)
+            case = Case(case_id, f"GroupedQueryAttention{args}", relative=False)
             case.call("GroupedQueryAttention", *args, let="m")
             case.record("made", {"attr": ["m", "training"]})
             cases.append(case)
@@ -371,64 +360,38 @@ class GroupedQueryAttentionCheck(Exercise):
 
     def judge(self, result: Result):
         for case_id in ("gqa", "mqa", "mha", "gqa_plain"):
-            case = result.cases[case_id]
-            d = case.data
-            _load_error(result, case, "q_proj (D -> D), k_proj and v_proj (D -> n_kv_heads·Dh), out_proj (D -> D), "
-                                      "nn.Linear without bias.")
+            case, d = result.cases[case_id], result.cases[case_id].data
+            _load_error(result, case, GQA_NAMES)
             want = _gqa_variant(d["state"], d["H"], d["Hkv"], d["x"], d["positions"], d["allowed"])
             got = result.get(case.id, "out", what="GroupedQueryAttention's output", kind="tensor", dtype="float",
                              shape=want.shape)
-            hint = ("Project, split into n_heads query and n_kv_heads key/value heads, rotate q and k at the "
-                    "positions, repeat each key/value head for its group (repeat_interleave on the head axis), "
-                    "attend with the mask, merge, out_proj.")
-            variants = [("tile", "tiles the key/value heads (kv head h % n_kv_heads for query head h): query heads "
-                                 "h·g .. h·g + g - 1 share kv head h, so repeat_interleave(g, dim=1), not repeat")]
-            if d["positions"] is not None:
-                variants += [("q_only", "rotates the queries only: rotate the keys at their positions too, or the "
-                                        "score depends on absolute positions"),
-                             ("no_rope", "ignores `positions`: rotate q and k with rotary_embedding(.., positions)")]
-            variants.append(("scale_D", "scales the scores by 1/sqrt(D): the scale is 1/sqrt(Dh), the head width"))
-            for kind, idea in variants:
-                kwargs = {"tile": kind == "tile", "rope": "q_only" if kind == "q_only" else "both",
-                          "scale_by": "D" if kind == "scale_D" else "Dh"}
-                positions = None if kind == "no_rope" else d["positions"]
-                alt = _gqa_variant(d["state"], d["H"], d["Hkv"], d["x"], positions, d["allowed"], **kwargs)
-                if np.allclose(got, alt, rtol=1e-4, atol=1e-4):
-                    hint = f"Your output matches a version that {idea}."
+            hint = diagnose(got, _gqa_mistakes(d), rtol=1e-4, atol=1e-4) or (
+                "Project, split into n_heads query and n_kv_heads key/value heads, rotate q and k at the positions, "
+                "repeat each key/value head for its group (repeat_interleave on the head axis), attend with the "
+                "mask, merge, out_proj.")
             expect_close(got, want, "GroupedQueryAttention's output", case.desc, hint=hint, rtol=1e-4, atol=1e-4)
-            after = result.get(case.id, "x_after", what="x after the call", kind="tensor")
-            if not np.array_equal(after, d["x"]):
-                raise Fail(f"GroupedQueryAttention changed the caller's x ({case.desc}).")
+            unchanged(result, case.id, {"x": d["x"]}, "GroupedQueryAttention")
         case = result.cases["gqa"]
-        d = case.data
         got = result.get(case.id, "out", what="GroupedQueryAttention's output", kind="tensor")
         if not np.allclose(got[-1, 1], 0.0, atol=1e-6):
             raise Fail(f"a fully masked query row should give zeros ({case.desc}): zero its weights, as lesson 03's "
                        "attention does (out_proj has no bias, so the output row is zero).")
-        case = result.cases["cache"]
-        d = case.data
-        _load_error(result, case, "q_proj, k_proj, v_proj, out_proj, nn.Linear without bias.")
-        T = d["x"].shape[1]
+        case, d = result.cases["cache"], result.cases["cache"].data
+        _load_error(result, case, GQA_NAMES)
+        B, T, D = d["x"].shape
         want = _gqa_variant(d["state"], d["H"], d["Hkv"], d["x"], np.arange(T), np.tril(np.ones((T, T), bool)))
-        B, D = d["x"].shape[0], d["x"].shape[2]
-        parts = [result.get(case.id, "step0", what="the output on the prefill", kind="tensor", dtype="float",
-                            shape=(B, 3, D))]
-        for s in (1, 2):
-            parts.append(result.get(case.id, f"step{s}", what=f"the output at cached step {s}", kind="tensor",
-                                    dtype="float", shape=(B, 1, D)))
-        expect_close(np.concatenate(parts, axis=1), want, "GroupedQueryAttention's output with a KVCache", case.desc,
-                     rtol=1e-4, atol=1e-4, hint="Rotate the new keys at their positions, then cache.update(k, v, "
-                                                "layer_idx) with the n_kv_heads heads, then repeat them for the "
-                                                "groups and attend over everything cached.")
+        expect_close(_cached_output(result, case, B, D), want, "GroupedQueryAttention's output with a KVCache",
+                     case.desc, rtol=1e-4, atol=1e-4, hint="Rotate the new keys at their positions, then "
+                     "cache.update(k, v, layer_idx) with the n_kv_heads heads, then repeat them for the groups and "
+                     "attend over everything cached.")
         k_all = result.get(case.id, "cached/0", what="the cached keys", kind="tensor")
         if k_all.shape != (B, d["Hkv"], T, D // d["H"]):
             raise Fail(f"the cache holds keys of shape {k_all.shape}, should be (B, n_kv_heads, S, Dh) = "
                        f"{(B, d['Hkv'], T, D // d['H'])} ({case.desc}): cache the n_kv_heads heads, before repeating "
                        "them for the query groups; that is where the memory is saved.")
         for case_id in ("bad_heads", "bad_groups"):
-            if result.error(case_id) is None:
-                raise Fail(f"{result.cases[case_id].desc} did not raise: D must divide into n_heads heads and "
-                           "n_heads into n_kv_heads groups; raise ValueError.")
+            value_error(result, case_id, f"{result.cases[case_id].desc} has sizes that do not divide: D must divide "
+                                         "into n_heads heads and n_heads into n_kv_heads groups")
 
 
 # -- sliding_window_mask -----------------------------------------------------------------------------------------------
@@ -439,35 +402,30 @@ class SlidingWindowMask(Exercise):
 
     def cases(self, rng):
         cases = []
-        T = int(rng.integers(7, 10))
-        for case_id, T_, window in (("mid", T, int(rng.integers(2, 5))), ("one", 6, 1), ("all", 5, 5),
-                                    ("beyond", 4, 9)):
-            case = Case(case_id, f"T={T_}, window={window}", data={"T": T_, "window": window})
-            case.call("sliding_window_mask", T_, window, record="out")
+        for case_id, T, window in (("mid", int(rng.integers(7, 10)), int(rng.integers(2, 5))), ("one", 6, 1),
+                                   ("all", 5, 5), ("beyond", 4, 9), ("zero", 5, 0)):
+            case = Case(case_id, f"T={T}, window={window}", data={"T": T, "window": window})
+            case.call("sliding_window_mask", T, window, record="out")
             cases.append(case)
-        case = Case("zero", "window=0", data={"expect_error": True})
-        case.call("sliding_window_mask", 5, 0, record="out")
-        cases.append(case)
         return cases
 
     def judge(self, result: Result):
         for case_id in ("mid", "one", "all", "beyond"):
             case = result.cases[case_id]
             T, window = case.data["T"], case.data["window"]
-            t, s = np.arange(T)[:, None], np.arange(T)[None, :]
+            t, s = np.arange(T)[:, None], np.arange(T)[None, :]  # (T, 1) queries, (1, T) keys
             want = (s <= t) & (t - s < window)
             got = result.get(case.id, "out", what="sliding_window_mask", kind="array", dtype="bool", shape=(T, T))
-            hint = "Query t sees keys t - window + 1 .. t: itself and window - 1 positions back."
-            if np.array_equal(got, (s <= t) & (t - s <= window)):
-                hint = "Your window holds window + 1 keys: t - window < s, so the query and window - 1 earlier keys."
-            elif np.array_equal(got, np.abs(t - s) < window):
-                hint = "Your window lets queries see later keys: it must stay causal (s <= t)."
-            elif np.array_equal(got, s >= t):
-                hint = "Your mask is transposed: rows are queries, columns keys, True = may attend."
+            mistakes = {"a window of window + 1 keys: t - window < s, so the query and window - 1 earlier keys":
+                            (s <= t) & (t - s <= window),
+                        "a window that lets queries see later keys: it must stay causal (s <= t)":
+                            np.abs(t - s) < window,
+                        "a transposed mask: rows are queries, columns keys, True = may attend": s >= t}
+            hint = diagnose(got.astype(np.int8), {k: v.astype(np.int8) for k, v in mistakes.items()}, rtol=0,
+                            atol=0) or "Query t sees keys t - window + 1 .. t: itself and window - 1 positions back."
             expect_close(got, want, "sliding_window_mask", case.desc, hint=hint)
-        if result.error("zero") is None:
-            raise Fail("sliding_window_mask(5, 0) returned: a window must hold at least the query itself; raise "
-                       "ValueError.")
+        value_error(result, "zero", "sliding_window_mask(5, 0) was asked for an empty window, and a window must hold "
+                                    "at least the query itself")
 
 
 # -- ModernBlock -------------------------------------------------------------------------------------------------------
@@ -484,9 +442,9 @@ def _block_state(rng: np.random.Generator, D: int, H: int, Hkv: int, Fw: int) ->
     return _state(block)
 
 
-def _block_variants(state: dict, cfg: tuple, x: np.ndarray, positions: np.ndarray, allowed) -> dict[str, np.ndarray]:
-    D, H, Hkv, Fw = cfg
-    block = ref.ModernBlock(D, H, Hkv, Fw, eps=1e-5)
+def _block_outputs(state: dict, cfg: tuple, x: np.ndarray, positions: np.ndarray, allowed) -> tuple[np.ndarray, dict]:
+    """The reference block's output, and what the usual miswirings compute (by the idea each one misses)."""
+    block = ref.ModernBlock(*cfg, eps=1e-5)
     block.load_state_dict({k: torch.from_numpy(v) for k, v in state.items()})
     xt, pos = torch.from_numpy(x), torch.from_numpy(positions)
     mask = None if allowed is None else torch.from_numpy(allowed)
@@ -498,7 +456,12 @@ def _block_variants(state: dict, cfg: tuple, x: np.ndarray, positions: np.ndarra
         no_pos = h + block.feed_forward(block.ffn_norm(h))
         h = xt + block.attn(block.attn_norm(xt), pos, mask)
         one_norm = h + block.feed_forward(block.attn_norm(h))
-    return {"want": want.numpy(), "post": post.numpy(), "no_pos": no_pos.numpy(), "one_norm": one_norm.numpy()}
+    mistakes = {"normalises after adding (post-norm): pre-norm normalises each sublayer's input and adds its output "
+                "to the unnormalised stream": post,
+                "does not pass `positions` to the attention: without them RoPE never happens and the block cannot "
+                "tell positions apart": no_pos,
+                "uses attn_norm before the feed-forward too: each sublayer has its own norm (ffn_norm)": one_norm}
+    return want.numpy(), {f"a block that {idea}": alt.numpy() for idea, alt in mistakes.items()}
 
 
 @exercise(LESSON, "ModernBlock", points=2)
@@ -509,6 +472,7 @@ class ModernBlockCheck(Exercise):
 
     uses = ("RMSNorm", "GroupedQueryAttention", "SwiGLUFeedForward")
     reference = ref
+    NAMES = "attn_norm, ffn_norm (RMSNorm), attn (GroupedQueryAttention), feed_forward (SwiGLUFeedForward)."
 
     def _build(self, case: Case, cfg: tuple, state: dict) -> None:
         case.call("ModernBlock", *cfg, eps=1e-5, let="m")
@@ -522,64 +486,39 @@ class ModernBlockCheck(Exercise):
             x = rng.normal(size=(B, T, cfg[0])).astype(np.float32)
             positions = (np.arange(T) + int(rng.integers(1, 30))).astype(np.int64)
             allowed = np.tril(np.ones((T, T), bool)) if causal else None
+            want, mistakes = _block_outputs(state, cfg, x, positions, allowed)
             D, H, Hkv, Fw = cfg
             case = Case(case_id, f"ModernBlock(D={D}, n_heads={H}, n_kv_heads={Hkv}, d_ff={Fw}, eps=1e-5) with random "
                                  f"weights, B={B}, T={T}, positions from {int(positions[0])}, "
                                  f"{'a causal mask' if causal else 'no mask'}",
-                        data={"variants": _block_variants(state, cfg, x, positions, allowed), "x": x})
+                        data={"want": want, "mistakes": mistakes, "x": x})
             self._build(case, cfg, state)
-            case.let("x", case.tensor(x))
-            case.call({"ref": "m"}, {"ref": "x"}, case.tensor(positions),
-                      None if allowed is None else case.tensor(allowed), record="out")
-            case.record("x_after", {"ref": "x"})
+            _call_on_x(case, x, case.tensor(positions), None if allowed is None else case.tensor(allowed))
             cases.append(case)
         cfg, B, T = (16, 4, 1, 24), 2, 5
         state = _block_state(rng, *cfg)
         x = rng.normal(size=(B, T, cfg[0])).astype(np.float32)
-        full = _block_variants(state, cfg, x, np.arange(T), np.tril(np.ones((T, T), bool)))["want"]
         case = Case("cache", "ModernBlock(16, 4, 1, 24), B=2: a KVCache prefilled with 3 positions, then 2 single ones",
-                    data={"want": full})
+                    data={"want": _block_outputs(state, cfg, x, np.arange(T), np.tril(np.ones((T, T), bool)))[0]})
         self._build(case, cfg, state)
-        case.call({"global": "KVCache"}, 1, let="cache")
-        case.call({"ref": "m"}, case.tensor(x[:, :3]), case.tensor(np.arange(3)),
-                  case.tensor(np.tril(np.ones((3, 3), bool))), {"ref": "cache"}, 0, record="step0")
-        for t in (3, 4):
-            case.call({"ref": "m"}, case.tensor(x[:, t:t + 1]), case.tensor(np.array([t])),
-                      case.tensor(np.ones((1, t + 1), bool)), {"ref": "cache"}, 0, record=f"step{t - 2}")
+        _cached_calls(case, x, 0)  # layer_idx 0
         cases.append(case)
         return cases
 
     def judge(self, result: Result):
         for case_id in ("gqa", "mha"):
-            case = result.cases[case_id]
-            _load_error(result, case, "attn_norm, ffn_norm (RMSNorm), attn (GroupedQueryAttention), feed_forward "
-                                      "(SwiGLUFeedForward).")
-            v = case.data["variants"]
+            case, d = result.cases[case_id], result.cases[case_id].data
+            _load_error(result, case, self.NAMES)
             got = result.get(case.id, "out", what="ModernBlock's output", kind="tensor", dtype="float",
-                             shape=v["want"].shape)
-            hint = "x + attn(attn_norm(x), positions, allowed), then + feed_forward(ffn_norm(x))."
-            for kind, idea in (("post", "normalises after adding (post-norm): pre-norm normalises each sublayer's "
-                                        "input and adds its output to the unnormalised stream"),
-                               ("no_pos", "does not pass `positions` to the attention: without them RoPE never "
-                                          "happens and the block cannot tell positions apart"),
-                               ("one_norm", "uses attn_norm before the feed-forward too: each sublayer has its own "
-                                            "norm (ffn_norm)")):
-                if np.allclose(got, v[kind], rtol=1e-4, atol=1e-4):
-                    hint = f"Your output matches a block that {idea}."
-            expect_close(got, v["want"], "ModernBlock's output", case.desc, hint=hint, rtol=1e-4, atol=1e-4)
-            after = result.get(case.id, "x_after", what="x after the call", kind="tensor")
-            if not np.array_equal(after, case.data["x"]):
-                raise Fail(f"ModernBlock changed the caller's x ({case.desc}): write x = x + ..., never x += ....")
+                             shape=d["want"].shape)
+            hint = diagnose(got, d["mistakes"], rtol=1e-4, atol=1e-4) or (
+                "x + attn(attn_norm(x), positions, allowed), then + feed_forward(ffn_norm(x)).")
+            expect_close(got, d["want"], "ModernBlock's output", case.desc, hint=hint, rtol=1e-4, atol=1e-4)
+            unchanged(result, case.id, {"x": d["x"]}, "ModernBlock")
         case = result.cases["cache"]
-        want = case.data["want"]
-        B, T, D = want.shape
-        parts = [result.get(case.id, "step0", what="the output on the prefill", kind="tensor", dtype="float",
-                            shape=(B, 3, D))]
-        for s in (1, 2):
-            parts.append(result.get(case.id, f"step{s}", what=f"the output at cached step {s}", kind="tensor",
-                                    dtype="float", shape=(B, 1, D)))
-        expect_close(np.concatenate(parts, axis=1), want, "ModernBlock's output with a KVCache", case.desc, rtol=1e-4,
-                     atol=1e-4, hint="Pass cache and layer_idx on to the attention.")
+        B, _, D = case.data["want"].shape
+        expect_close(_cached_output(result, case, B, D), case.data["want"], "ModernBlock's output with a KVCache",
+                     case.desc, rtol=1e-4, atol=1e-4, hint="Pass cache and layer_idx on to the attention.")
 
 
 # -- mha_to_gqa: find the bug (autograder.bugs), judged relative to the student's GroupedQueryAttention --------------
@@ -593,6 +532,16 @@ def _pooled(w: np.ndarray, H: int, Hkv: int, how: str = "groups") -> np.ndarray:
              "sum": lambda: w.reshape(Hkv, g, Dh, D).sum(1),
              "rows": lambda: w.reshape(Hkv, Dh, g, D).mean(2)}[how]()
     return heads.reshape(Hkv * Dh, D)
+
+
+POOLING_MISTAKES = {
+    "strided": "averages heads j, j + n_kv_heads, j + 2·n_kv_heads, ... (the layout of repeat): your "
+               "GroupedQueryAttention gives kv head j to the consecutive query heads j·g .. j·g + g - 1 "
+               "(repeat_interleave), so those are the heads to average",
+    "first": "keeps the first head of each group: average all g of them",
+    "sum": "sums each group's heads: average them (a sum scales the scores and outputs by g)",
+    "rows": "averages rows across heads: a head is Dh consecutive rows, so cut the rows into whole heads first, then "
+            "average the g heads of each group"}
 
 
 def _grouped_state(rng: np.random.Generator, D: int, H: int, Hkv: int) -> dict[str, np.ndarray]:
@@ -639,7 +588,7 @@ class MHAToGQA(Exercise):
             for name in ("q_proj", "k_proj", "v_proj", "out_proj"):
                 case.record(name, {"attr": ["gqa", name, "weight", "data"]})
             case.call({"ref": "gqa"}, case.tensor(x), case.tensor(positions), case.tensor(causal), record="out")
-            case.record("mha_k_after", {"attr": ["mha", "k_proj", "weight", "data"]})
+            case.record("mha.k_proj.weight_after", {"attr": ["mha", "k_proj", "weight", "data"]})  # read by unchanged
             cases.append(case)
         return cases
 
@@ -658,29 +607,20 @@ class MHAToGQA(Exercise):
                 want = _pooled(w, H, Hkv)
                 got = result.get(case.id, name, what=f"the converted {name}.weight", kind="tensor", dtype="float",
                                  shape=want.shape)
-                hint = (f"kv head j is the mean of mha's heads j·g .. j·g + g - 1 (g = {H // Hkv}), the query "
-                        "heads it serves.")
-                for how, idea in (
-                        ("strided", "averages heads j, j + n_kv_heads, j + 2·n_kv_heads, ... (the layout of "
-                                    "repeat): your GroupedQueryAttention gives kv head j to the consecutive query "
-                                    "heads j·g .. j·g + g - 1 (repeat_interleave), so those are the heads to average"),
-                        ("first", "keeps the first head of each group: average all g of them"),
-                        ("sum", "sums each group's heads: average them (a sum scales the scores and outputs by g)"),
-                        ("rows", "averages rows across heads: a head is Dh consecutive rows, so cut the rows into "
-                                 "whole heads first, then average the g heads of each group")):
-                    if not np.allclose(want, _pooled(w, H, Hkv, how), atol=1e-6) and \
-                            np.allclose(got, _pooled(w, H, Hkv, how), atol=1e-5):
-                        hint = f"Your conversion {idea}."
-                expect_close(got, want, f"the converted {name}.weight", case.desc, rtol=1e-5, atol=1e-6, hint=hint)
-            pooled = {**state, "k_proj.weight": _pooled(state["k_proj.weight"], H, Hkv),
-                      "v_proj.weight": _pooled(state["v_proj.weight"], H, Hkv)}
-            want = _gqa_variant(pooled, H, Hkv, d["x"], d["positions"], d["causal"])
+                alts = {how: _pooled(w, H, Hkv, how) for how in POOLING_MISTAKES}  # only those that differ here
+                hint = diagnose(got, {f"a conversion that {idea}": None if np.allclose(want, alts[how], atol=1e-6)
+                                      else alts[how] for how, idea in POOLING_MISTAKES.items()}, rtol=1e-5, atol=1e-5)
+                expect_close(got, want, f"the converted {name}.weight", case.desc, rtol=1e-5, atol=1e-6,
+                             hint=hint or f"kv head j is the mean of mha's heads j·g .. j·g + g - 1 (g = {H // Hkv}), "
+                                          "the query heads it serves.")
             if case.id == "grouped":  # nothing is lost: the same outputs as mha itself
                 want = _gqa_variant(state, H, H, d["x"], d["positions"], d["causal"])
+            else:
+                pooled = {**state, **{f"{name}.weight": _pooled(state[f"{name}.weight"], H, Hkv)
+                                      for name in ("k_proj", "v_proj")}}
+                want = _gqa_variant(pooled, H, Hkv, d["x"], d["positions"], d["causal"])
             got = result.get(case.id, "out", what="the converted module's output", kind="tensor", dtype="float",
                              shape=want.shape)
             expect_close(got, want, "the converted module's output", case.desc, rtol=1e-4, atol=1e-4,
                          hint="the weights above decide it: pooled key/value heads, copied q_proj and out_proj.")
-            after = result.get(case.id, "mha_k_after", what="mha's k_proj.weight after the call", kind="tensor")
-            if not np.array_equal(after, state["k_proj.weight"]):
-                raise Fail(f"mha_to_gqa changed mha's weights ({case.desc}): read them, write the new module's.")
+            unchanged(result, case.id, {"mha.k_proj.weight": state["k_proj.weight"]}, "mha_to_gqa")
