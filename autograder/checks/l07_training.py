@@ -11,24 +11,20 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from autograder.checks.framework import Case, Exercise, Fail, Result, exercise, expect_close
+from autograder.checks import judges
+from autograder.checks.framework import Case, Exercise, Fail, Raised, Result, exercise, expect_close
 from autograder.reference import training as ref_training
+from decoder_course.conventions import BOS, EOS, PAD
 
 LESSON = "07-training"
 
 
-def _expect_scalar(got, want: float, what: str, desc: str, hint: str, rtol: float, atol: float) -> None:
-    """A scalar must agree with the expected one; the message never gives the expected value or the gap."""
-    value = float(np.asarray(got, dtype=np.float64))
-    if not abs(value - want) <= atol + rtol * abs(want):
-        raise Fail(f"{what} differs from the expected value on a case with {desc}. {hint}".rstrip())
-
-
-# -- shift_right -----------------------------------------------------------------------------------------------
-def _targets(rng: np.random.Generator, B: int, T: int, pad_id: int, eos_id: int = 2) -> np.ndarray:
-    """Target ids (B, T): tokens 3.., then EOS, then padding; one row without padding."""
-    ids = rng.integers(3, 40, size=(B, T))
-    ids[ids == pad_id] = pad_id + 1
+def _targets(rng: np.random.Generator, B: int, T: int, pad_id: int, eos_id: int = EOS, V: int = 40) -> np.ndarray:
+    """Target ids (B, T): tokens 3 .. 39 (those above V - 1 become V - 1), then EOS, then padding; row 0 without
+    padding. The clip makes V - 1 a frequent token: a loss mistake that an untrained model's near-uniform logits
+    would all but hide (label smoothing over V - 1 tokens) stays big enough for the replay of the student's
+    sequence_loss (autograder.checks.relative) to see, so that it costs sequence_loss, not train_step."""
+    ids = judges.token_ids(rng, B, T, 40).clip(max=V - 1)
     lengths = rng.integers(1, T + 1, size=B)
     lengths[0] = T
     for b, n in enumerate(lengths):
@@ -38,22 +34,30 @@ def _targets(rng: np.random.Generator, B: int, T: int, pad_id: int, eos_id: int 
     return ids
 
 
+def _raised(result: Result, case: Case, what: str, built_on: str = "") -> None:
+    """The call raised: quote the exception (and say which of the student's building blocks it runs)."""
+    error = result.error(case.id)
+    if error is not None:
+        raise Fail(f"{what} raised an exception on a case with {case.desc}:\n    {error.splitlines()[-1]}{built_on}")
+
+
+# -- shift_right -----------------------------------------------------------------------------------------------
 @exercise(LESSON, "shift_right", points=1)
 class ShiftRight(Exercise):
     """BOS first, the last token dropped; shape and dtype kept (int64 and int32); bos_id honoured; B = 1, T = 1;
     the input unchanged."""
 
     def cases(self, rng):
-        specs = [(3, 6, "int64", int(rng.integers(1, 3))), (2, 5, "int32", int(rng.integers(41, 60))),
-                 (1, 1, "int64", 1), (4, int(rng.integers(8, 13)), "int64", int(rng.integers(3, 9)))]
+        rows = [(3, 6, "int64", int(rng.integers(1, 3))), (2, 5, "int32", int(rng.integers(41, 60))),
+                (1, 1, "int64", 1), (4, int(rng.integers(8, 13)), "int64", int(rng.integers(3, 9)))]  # B, T, dtype, bos
         cases = []
-        for i, (B, T, dtype, bos_id) in enumerate(specs):
+        for i, (B, T, dtype, bos_id) in enumerate(rows):
             ids = _targets(rng, B, T, pad_id=int(rng.integers(0, 3))).astype(dtype)
             case = Case(f"c{i}", f"B={B}, T={T}, {dtype} ids, bos_id={bos_id}",
                         data={"ids": ids, "bos_id": bos_id, "dtype": dtype})
-            case.let("tgt", case.tensor(ids))
-            case.call("shift_right", {"ref": "tgt"}, bos_id, record="out")
-            case.record("tgt_after", {"ref": "tgt"})
+            case.let("tgt_ids", case.tensor(ids))
+            case.call("shift_right", {"ref": "tgt_ids"}, bos_id, record="out")
+            judges.record_after(case, ["tgt_ids"])
             cases.append(case)
         return cases
 
@@ -68,31 +72,31 @@ class ShiftRight(Exercise):
                            "token.")
             got = result.get(case.id, "out", what="shift_right(tgt_ids, bos_id)", kind="tensor",
                              dtype=f"torch.{case.data['dtype']}", shape=(B, T))
-            want = np.concatenate([np.full((B, 1), bos_id, dtype=ids.dtype), ids[:, :-1]], axis=1)
-            left = np.concatenate([ids[:, 1:], np.full((B, 1), bos_id, dtype=ids.dtype)], axis=1)
+            bos = np.full((B, 1), bos_id, dtype=ids.dtype)
+            want, left = np.concatenate([bos, ids[:, :-1]], axis=1), np.concatenate([ids[:, 1:], bos], axis=1)
             hint = ("Your output is shifted left (the target without its first token, BOS last): the decoder "
                     "input is shifted right, BOS first." if np.array_equal(got, left) and T > 1 else
                     "Position 0 holds bos_id and position t holds token t - 1 of the target.")
             expect_close(got, want, "shift_right(tgt_ids, bos_id)", case.desc, hint=hint)
-            after = result.get(case.id, "tgt_after", what="tgt_ids after the call", kind="tensor")
-            if not np.array_equal(after, ids):
-                raise Fail(f"shift_right changed its input tgt_ids in place ({case.desc}): build a new tensor "
-                           "(torch.cat of a BOS column and tgt_ids[:, :-1]).")
+            try:
+                judges.unchanged(result, case.id, {"tgt_ids": ids}, "shift_right")
+            except Raised:
+                raise
+            except Fail as fail:  # lesson-local: the way to a new tensor here
+                raise Fail(f"{fail} Here: torch.cat of a BOS column and tgt_ids[:, :-1] is a new tensor.") from None
 
 
 # -- sequence_loss ---------------------------------------------------------------------------------------------
 def _loss_inputs(rng: np.random.Generator, B: int, T: int, V: int, pad_id: int, scales: list[float],
                  dtype=np.float32) -> tuple[np.ndarray, np.ndarray]:
-    """Logits (B, T, V), each batch row on its own scale, and targets avoiding pad_id, padded per row."""
+    """Logits (B, T, V), each batch row on its own scale, and targets avoiding pad_id, padded per row (the last
+    row always, also when B = 1)."""
     logits = rng.standard_normal((B, T, V)) * np.asarray(scales, dtype=np.float64)[:, None, None]
     targets = rng.integers(0, V, size=(B, T))
     targets[targets == pad_id] = (pad_id + 1) % V
     lengths = rng.integers(1, T + 1, size=B)
-    lengths[0] = T
-    lengths[-1] = max(1, T - 3)  # at least one row with real padding
-    for b, n in enumerate(lengths):
-        targets[b, n:] = pad_id
-    return logits.astype(dtype), targets
+    lengths[0], lengths[-1] = T, max(1, T - 3)  # one row without padding, one with real padding
+    return logits.astype(dtype), np.where(np.arange(T)[None, :] < lengths[:, None], targets, pad_id)
 
 
 def _torch_loss(logits: np.ndarray, targets: np.ndarray, pad_id: int, eps: float,
@@ -109,14 +113,12 @@ def _torch_loss(logits: np.ndarray, targets: np.ndarray, pad_id: int, eps: float
 
 def _loss_mistakes(logits: np.ndarray, targets: np.ndarray, pad_id: int, eps: float) -> dict[str, float]:
     """The values of known wrong losses on these inputs, to name a mistake (never shown as numbers)."""
-    x = torch.from_numpy(logits.astype(np.float64))
-    y = torch.from_numpy(targets).long()
+    x, y = torch.from_numpy(logits.astype(np.float64)), torch.from_numpy(targets).long()
     V = x.shape[-1]
     log_p = x.log_softmax(-1)
     is_real = y != pad_id
     nll = -log_p.gather(-1, y.clamp(0, V - 1)[..., None]).squeeze(-1)
-    smooth = -log_p.mean(-1)
-    per_token = (1 - eps) * nll + eps * smooth
+    per_token = (1 - eps) * nll + eps * -log_p.mean(-1)
     other = -(log_p.sum(-1) + nll) / (V - 1)  # eps / (V - 1) on each wrong token, 1 - eps on the right one
     mistakes = {
         "the mean over all B × T positions: padded positions count as zeros and dilute the loss; divide by the "
@@ -138,76 +140,66 @@ class SequenceLoss(Exercise):
 
     # the exercise is to write the loss from log_softmax; PyTorch's is what it is compared with
     forbidden = ("F.cross_entropy", "nn.CrossEntropyLoss", "F.nll_loss", "nn.NLLLoss")
+    GRAD = "c1"  # the case whose gradient is compared too
 
     def cases(self, rng):
-        cases = []
         V = int(rng.integers(9, 14))
-        specs = [
-            ("c0", 3, 6, V, int(rng.integers(3, 6)), 0.0, [0.3, 3.0, 10.0]),
-            ("c1", 4, 5, V, int(rng.integers(3, 6)), 0.1, [1.0, 0.1, 5.0, 2.0]),
-            ("c2", 2, 7, 7, 4, round(float(rng.uniform(0.2, 0.4)), 3), [2.0, 0.5]),
-            ("huge", 2, 4, V, 3, 0.0, [1e4, 3.0]),
-            ("b1", 1, 3, 5, 1, 0.1, [2.0]),
+        rows = [  # (id, B, T, V, pad_id, label_smoothing, each batch row's logit scale, situation)
+            ("c0", 3, 6, V, int(rng.integers(3, 6)), 0.0, [0.3, 3.0, 10.0], ""),
+            ("c1", 4, 5, V, int(rng.integers(3, 6)), 0.1, [1.0, 0.1, 5.0, 2.0], ""),
+            ("c2", 2, 7, 7, 4, round(float(rng.uniform(0.2, 0.4)), 3), [2.0, 0.5], ""),
+            ("huge", 2, 4, V, 3, 0.0, [1e4, 3.0], ", logits of size up to 1e4"),
+            ("b1", 1, 3, 5, 1, 0.1, [2.0], ""),
         ]
-        for case_id, B, T, V_, pad_id, eps, scales in specs:
+        cases = []
+        for case_id, B, T, V_, pad_id, eps, scales, what in rows:
             logits, targets = _loss_inputs(rng, B, T, V_, pad_id, scales)
-            desc = f"B={B}, T={T}, V={V_}, pad_id={pad_id}, label_smoothing={eps}"
-            if case_id == "huge":
-                desc += ", logits of size up to 1e4"
-            case = Case(case_id, desc, data={"logits": logits, "targets": targets, "pad_id": pad_id, "eps": eps})
-            case.let("logits", case.tensor(logits, requires_grad=case_id == "c1"))
+            case = Case(case_id, f"B={B}, T={T}, V={V_}, pad_id={pad_id}, label_smoothing={eps}{what}",
+                        data={"logits": logits, "targets": targets, "pad_id": pad_id, "eps": eps})
+            case.let("logits", case.tensor(logits, requires_grad=case_id == self.GRAD))
             case.let("targets", case.tensor(targets))
             case.call("sequence_loss", {"ref": "logits"}, {"ref": "targets"}, pad_id, label_smoothing=eps,
                       let="loss", record="out")
-            if case_id == "c1":
+            if case_id == self.GRAD:
                 case.backward("loss", np.array(1.0, dtype=np.float32))
                 case.record("grad", {"grad": "logits"})
-            case.record("logits_after", {"ref": "logits"})
-            case.record("targets_after", {"ref": "targets"})
+            judges.record_after(case, ["logits", "targets"])
             cases.append(case)
         # nothing but padding: 0, not the NaN of 0 / 0
-        logits = rng.standard_normal((2, 3, 6)).astype(np.float32)
         case = Case("empty", "B=2, T=3, V=6, pad_id=5, every target is padding", data={})
-        case.call("sequence_loss", case.tensor(logits), case.tensor(np.full((2, 3), 5)), 5, record="out")
-        cases.append(case)
-        return cases
+        case.call("sequence_loss", case.tensor(rng.standard_normal((2, 3, 6)).astype(np.float32)),
+                  case.tensor(np.full((2, 3), 5)), 5, record="out")
+        return [*cases, case]
 
     def judge(self, result: Result):
+        what = "sequence_loss(...)"
         for case_id, case in result.cases.items():
             if case_id == "empty":
                 continue
             d = case.data
-            got = result.get(case_id, "out", what="sequence_loss(...)", kind="tensor", dtype="float", shape=(),
-                             finite=False)
+            got = result.get(case_id, "out", what=what, kind="tensor", dtype="float", shape=(), finite=False)
             if not np.isfinite(got).all():
                 raise Fail(f"sequence_loss is not finite on a case with {case.desc}: log(softmax(x)) is log(0) = "
                            "-inf when softmax underflows; compute x.log_softmax(-1) directly.")
             want, _ = _torch_loss(d["logits"], d["targets"], d["pad_id"], d["eps"])
-            hint = ""
-            for mistake, value in _loss_mistakes(d["logits"], d["targets"], d["pad_id"], d["eps"]).items():
-                if abs(float(got) - value) <= 1e-4 * (1 + abs(value)) and abs(value - want) > 1e-3:
-                    hint = f"Your loss matches {mistake}."
-                    break
-            _expect_scalar(got, want, "sequence_loss(...) (vs F.cross_entropy)", case.desc,
-                           hint=hint or "Expected the mean over real tokens of (1 - eps) * (-log p[target]) + "
-                                        "eps * mean over all V tokens of (-log p).", rtol=1e-4, atol=1e-5)
-            for name, key in (("logits_after", "logits"), ("targets_after", "targets")):
-                after = result.get(case_id, name, what=f"{key} after the call", kind="tensor", finite=False)
-                if not np.array_equal(after, d[key]):
-                    raise Fail(f"sequence_loss changed its input `{key}` in place ({case.desc}).")
-        case = result.cases["c1"]
-        d = case.data
+            mistakes = {mistake: value for mistake, value in
+                        _loss_mistakes(d["logits"], d["targets"], d["pad_id"], d["eps"]).items()
+                        if abs(value - want) > 1e-3}  # only those that differ from the right loss here
+            hint = judges.diagnose(got, mistakes, rtol=1e-4, atol=1e-4) or (
+                "Expected the mean over real tokens of (1 - eps) * (-log p[target]) + eps * mean over all V tokens "
+                "of (-log p).")
+            judges.scalar(got, want, f"{what} (vs F.cross_entropy)", case.desc, hint, rtol=1e-4, atol=1e-5)
+            judges.unchanged(result, case_id, {"logits": d["logits"], "targets": d["targets"]}, "sequence_loss")
+        case, d = result.cases[self.GRAD], result.cases[self.GRAD].data
         _, want_grad = _torch_loss(d["logits"], d["targets"], d["pad_id"], d["eps"], grad=True)
-        meta = result.meta("c1", "grad")
-        if meta.get("type") == "None":
+        if result.meta(case.id, "grad").get("type") == "None":
             raise Fail("no gradient reached the logits: compute the loss with torch operations only (no .item(), "
                        ".detach(), .numpy() or torch.tensor(...) of a value).")
-        got_grad = result.get("c1", "grad", what="the gradient of sequence_loss", kind="tensor",
+        got_grad = result.get(case.id, "grad", what="the gradient of sequence_loss", kind="tensor",
                               shape=d["logits"].shape)
         expect_close(got_grad, want_grad, "d sequence_loss / d logits (vs F.cross_entropy's)", case.desc,
                      hint="the value is right; the gradient is not: is something detached?", rtol=1e-4, atol=1e-6)
-        got = result.get("empty", "out", what="sequence_loss(...)", kind="tensor", dtype="float", shape=(),
-                         finite=False)
+        got = result.get("empty", "out", what=what, kind="tensor", dtype="float", shape=(), finite=False)
         if not np.isfinite(got).all() or abs(float(got)) > 1e-12:
             raise Fail(f"on a batch with no real token ({result.cases['empty'].desc}) sequence_loss should be 0, "
                        f"not {'NaN' if np.isnan(got).any() else 'non-zero'}: divide by max(number of real tokens, "
@@ -221,11 +213,28 @@ def _exact_match_by_hand(pred: np.ndarray, target: np.ndarray, pad_id: int, eos_
     L = max(pred.shape[1], target.shape[1])
     right = 0
     for p_row, t_row in zip(pred.tolist(), target.tolist(), strict=True):
-        p_row = p_row + [pad_id] * (L - len(p_row))
-        t_row = t_row + [pad_id] * (L - len(t_row))
+        p_row, t_row = p_row + [pad_id] * (L - len(p_row)), t_row + [pad_id] * (L - len(t_row))
         end = t_row.index(eos_id) + 1 if eos_id in t_row else L
         right += p_row[:end] == t_row[:end]
     return right / len(target)
+
+
+def _exact_match_mistakes(pred: np.ndarray, target: np.ndarray, pad_id: int, eos_id: int) -> dict[str, float]:
+    """The values of known wrong exact matches on these inputs, to name a mistake (never shown as numbers)."""
+    L = max(pred.shape[1], target.shape[1])
+    pred, target = (np.pad(x, ((0, 0), (0, L - x.shape[1])), constant_values=pad_id) for x in (pred, target))
+    same, is_eos = pred == target, (target == eos_id).astype(int)  # (B, L) each
+    from_eos = np.cumsum(is_eos, axis=1) > 0
+    after_eos = (np.cumsum(is_eos, axis=1) - is_eos) > 0
+    return {
+        "a comparison of the whole padded length: whatever follows the target's EOS must be ignored":
+            float(same.all(axis=1).mean()),
+        "token accuracy: exact match counts whole sequences, right or wrong": float(same.mean()),
+        "a comparison of the tokens before the target's EOS only: the prediction must also stop, with EOS at the "
+        "same position": float((same | from_eos).all(axis=1).mean()),
+        "token accuracy (positions after EOS counted as right): exact match counts whole sequences":
+            float((same | after_eos).mean()),
+    }
 
 
 def _match_case(rng: np.random.Generator, B: int, L_tgt: int, L_pred: int, pad_id: int, eos_id: int):
@@ -262,17 +271,15 @@ class ExactMatch(Exercise):
 
     def cases(self, rng):
         cases = []
-        specs = [("c0", 6, 7, 9), ("c1", 8, 8, 5), ("c2", 12, 6, 6), ("b1", 1, 4, 6)]
-        for case_id, B, L_tgt, L_pred in specs:
+        for case_id, B, L_tgt, L_pred in [("c0", 6, 7, 9), ("c1", 8, 8, 5), ("c2", 12, 6, 6), ("b1", 1, 4, 6)]:
             pad_id, eos_id = int(rng.integers(30, 40)), int(rng.integers(2, 5))
             pred, target = _match_case(rng, B, L_tgt, L_pred, pad_id, eos_id)
             desc = f"B={B}, predictions of length {L_pred}, targets of length {L_tgt}, pad_id={pad_id}, eos_id={eos_id}"
             case = Case(case_id, desc, data={"pred": pred, "target": target, "pad_id": pad_id, "eos_id": eos_id})
-            case.let("pred", case.tensor(pred))
-            case.let("target", case.tensor(target))
-            case.call("exact_match", {"ref": "pred"}, {"ref": "target"}, pad_id, eos_id, record="out")
-            case.record("pred_after", {"ref": "pred"})
-            case.record("target_after", {"ref": "target"})
+            case.let("pred_ids", case.tensor(pred))
+            case.let("target_ids", case.tensor(target))
+            case.call("exact_match", {"ref": "pred_ids"}, {"ref": "target_ids"}, pad_id, eos_id, record="out")
+            judges.record_after(case, ["pred_ids", "target_ids"])
             cases.append(case)
         return cases
 
@@ -281,73 +288,94 @@ class ExactMatch(Exercise):
             d = case.data
             got = result.get(case_id, "out", what="exact_match(...)", kind="any", dtype="float", shape=())
             want = _exact_match_by_hand(d["pred"], d["target"], d["pad_id"], d["eos_id"])
-            pred, target = d["pred"], d["target"]
-            L = max(pred.shape[1], target.shape[1])
-            padded_pred = np.pad(pred, ((0, 0), (0, L - pred.shape[1])), constant_values=d["pad_id"])
-            padded_tgt = np.pad(target, ((0, 0), (0, L - target.shape[1])), constant_values=d["pad_id"])
-            mistakes = {
-                "a comparison of the whole padded length: whatever follows the target's EOS must be ignored":
-                    float((padded_pred == padded_tgt).all(axis=1).mean()),
-                "token accuracy: exact match counts whole sequences, right or wrong":
-                    float((padded_pred == padded_tgt).mean()),
-            }
-            from_eos = np.cumsum(padded_tgt == d["eos_id"], axis=1) > 0
-            mistakes["a comparison of the tokens before the target's EOS only: the prediction must also stop, "
-                     "with EOS at the same position"] = float(((padded_pred == padded_tgt) | from_eos).all(1).mean())
-            is_eos = (padded_tgt == d["eos_id"]).astype(int)
-            after_eos = (np.cumsum(is_eos, axis=1) - is_eos) > 0
-            mistakes["token accuracy (positions after EOS counted as right): exact match counts whole sequences"] \
-                = float(((padded_pred == padded_tgt) | after_eos).mean())
-            hint = next((f"Your value matches {m}." for m, v in mistakes.items()
-                         if abs(float(got) - v) < 1e-6 and abs(v - want) > 1e-6), "") or (
+            mistakes = {mistake: value for mistake, value in
+                        _exact_match_mistakes(d["pred"], d["target"], d["pad_id"], d["eos_id"]).items()
+                        if abs(value - want) > 1e-6}
+            hint = judges.diagnose(got, mistakes, rtol=0, atol=1e-6) or (
                 "A sequence is right when it equals its target at every position up to and including the "
                 "target's first EOS (the prediction must stop there too); pad the shorter tensor with pad_id.")
-            _expect_scalar(got, want, "exact_match(...)", case.desc, hint=hint, rtol=0, atol=1e-6)
-            for name, key in (("pred_after", "pred"), ("target_after", "target")):
-                after = result.get(case_id, name, what=f"{key} after the call", kind="tensor")
-                if not np.array_equal(after, d[key]):
-                    raise Fail(f"exact_match changed its input `{key}_ids` in place ({case.desc}).")
+            judges.scalar(got, want, "exact_match(...)", case.desc, hint, rtol=0, atol=1e-6)
+            judges.unchanged(result, case_id, {"pred_ids": d["pred"], "target_ids": d["target"]}, "exact_match")
 
 
-# -- train_step ------------------------------------------------------------------------------------------------
+# -- train_step and validation_loss: a small model, a batch, the student's code around them ---------------------
 STEP_MODEL = {"src_vocab": 13, "tgt_vocab": 13, "d_model": 16, "n_heads": 4, "d_ff": 24, "n_layers": 1,
               "dropout": 0.0, "tie_weights": False, "norm_first": True}
+LOSS_MODEL = {**STEP_MODEL, "dropout": 0.3}  # dropout that would shake the loss, were the model left in train mode
 VECTOR = "decoder_course.visible.l07_training:parameter_vector"
 GRAD_NORM = "decoder_course.visible.l07_training:gradient_norm"
 
 
-def _step_model(state: dict | None = None, seed: int = 0):
-    from autograder.reference.model import Seq2SeqTransformer
-
+def _model(config: dict, seed: int = 0, state: dict | None = None) -> torch.nn.Module:
+    """The reference Seq2SeqTransformer of ``config``, seeded, holding ``state`` if given, in training mode."""
     with torch.random.fork_rng():
         torch.manual_seed(seed)
-        model = Seq2SeqTransformer(**STEP_MODEL)
+        model = ref_training.Seq2SeqTransformer(**config)
     if state is not None:
         model.load_state_dict({k: torch.from_numpy(v) for k, v in state.items()})
     return model.train()
 
 
-def _optimizer(kind: str, params):
-    # SGD, not Adam: Adam's first step is about lr * sign(g), which would amplify rounding in tiny gradients
-    return torch.optim.SGD(params, lr=0.5) if kind == "SGD" else torch.optim.SGD(params, lr=0.3, weight_decay=0.1)
+def _weights(config: dict, rng: np.random.Generator) -> dict[str, np.ndarray]:
+    """A fresh model's state dict of ``config``, as NumPy arrays."""
+    return {k: v.detach().numpy().copy() for k, v in _model(config, int(rng.integers(2**31))).state_dict().items()}
 
 
-def _reference_step(d: dict, *, clip: bool = True, zero_grad: bool = True) -> tuple[float, np.ndarray, float]:
-    """The reference train_step on the case's weights: (loss, parameters after, gradient norm after); the flags
-    make known mistakes (no clipping, stale gradients kept)."""
-    from decoder_course.visible.l07_training import gradient_norm, parameter_vector
+def _batch(rng: np.random.Generator, B: int, S: int, T: int, min_src: int = 1) -> dict[str, np.ndarray]:
+    """A batch as task.make_batch makes it: padded sources (at least ``min_src`` real tokens) and targets (the
+    target, EOS, then PAD)."""
+    V = STEP_MODEL["tgt_vocab"]
+    src_is_real = judges.right_padded(rng, B, S, min_real=min_src)  # (B, S)
+    return {"src_ids": judges.token_ids(rng, B, S, V, src_is_real, PAD), "src_is_real": src_is_real,
+            "tgt_ids": _targets(rng, B, T, PAD, EOS, V)}
 
-    model = _step_model(d["state"])
+
+def _student_model(case: Case, config: dict, state: dict) -> None:
+    """Bind the student's Seq2SeqTransformer of ``config`` as ``m``, holding ``state``, in training mode."""
+    case.call("Seq2SeqTransformer", **config, let="m")
+    case.load_state("m", state)
+    case.steps.append({"train": "m"})
+
+
+def _record_batches_after(case: Case, name: str, batches: dict | list[dict]) -> dict[str, np.ndarray]:
+    """Record every tensor of the bound ``name`` (one batch, or a list of them) again after the call, under the
+    name the student reads it by (``batch['tgt_ids']``, ``batches[1]['src_ids']``): the ``before`` that
+    judges.unchanged compares them with."""
+    before = {}
+    for i, batch in [(None, batches)] if isinstance(batches, dict) else enumerate(batches):
+        holder = name if i is None else f"{name}[{i}]"
+        if i is not None:
+            case.let(holder, {"index": [name, i]})
+        for key, value in batch.items():
+            case.record(f"{holder}['{key}']_after", {"index": [holder, key]})
+            before[f"{holder}['{key}']"] = value
+    return before
+
+
+# SGD, not Adam: Adam's first step is about lr * sign(g), which would amplify rounding in tiny gradients
+STEPS = [  # (id, SGD's arguments, clip_norm, label_smoothing, situation)
+    ("sgd", {"lr": 0.5}, 0.05, 0.0, "SGD(lr=0.5), clip_norm=0.05 (below the gradient's norm)"),
+    ("decay", {"lr": 0.3, "weight_decay": 0.1}, 1e6, 0.1,
+     "SGD(lr=0.3, weight_decay=0.1), clip_norm=1e6, label_smoothing=0.1"),
+]
+
+
+def _reference_step(d: dict, *, clip: bool = True, zero_grad: bool = True) -> tuple[float, np.ndarray]:
+    """The reference train_step on the case's weights: (loss, parameters after); the flags make known mistakes
+    (no clipping, stale gradients kept)."""
+    from decoder_course.visible.l07_training import parameter_vector
+
+    model = _model(STEP_MODEL, state=d["state"])
     stale = d["stale"]  # an earlier backward pass, whose gradients are still in .grad
     logits = model(torch.from_numpy(stale["src_ids"]), torch.from_numpy(stale["tgt_ids"]))
     (logits * torch.from_numpy(stale["weights"])).sum().backward()
-    optimizer = _optimizer(d["optimizer"], model.parameters())
+    optimizer = torch.optim.SGD(model.parameters(), **d["sgd"])
     batch = {k: torch.from_numpy(v) for k, v in d["batch"].items()}
     if zero_grad and clip:
         loss = ref_training.train_step(model, batch, optimizer, d["clip_norm"], d["label_smoothing"])
     else:  # the same step with one thing left out
-        logits = model(batch["src_ids"], ref_training.shift_right(batch["tgt_ids"], 1), batch["src_is_real"])
-        loss_t = ref_training.sequence_loss(logits, batch["tgt_ids"], 0, d["label_smoothing"])
+        logits = model(batch["src_ids"], ref_training.shift_right(batch["tgt_ids"], BOS), batch["src_is_real"])
+        loss_t = ref_training.sequence_loss(logits, batch["tgt_ids"], PAD, d["label_smoothing"])
         if zero_grad:
             optimizer.zero_grad()
         loss_t.backward()
@@ -355,7 +383,7 @@ def _reference_step(d: dict, *, clip: bool = True, zero_grad: bool = True) -> tu
             torch.nn.utils.clip_grad_norm_(model.parameters(), d["clip_norm"])
         optimizer.step()
         loss = loss_t.item()
-    return loss, parameter_vector(model).numpy(), gradient_norm(model)
+    return loss, parameter_vector(model).numpy()
 
 
 @exercise(LESSON, "train_step", points=2)
@@ -370,82 +398,62 @@ class TrainStep(Exercise):
     reference = ref_training
 
     def cases(self, rng):
-        from decoder_course.conventions import EOS, PAD
-
         cases = []
-        for case_id, optimizer, clip_norm, smoothing in (("sgd", "SGD", 0.05, 0.0), ("decay", "SGD_wd", 1e6, 0.1)):
-            state = {k: v.detach().numpy().copy() for k, v in
-                     _step_model(seed=int(rng.integers(2**31))).state_dict().items()}
+        for case_id, sgd, clip_norm, smoothing, what in STEPS:
+            state = _weights(STEP_MODEL, rng)
             B, S, T, V = 4, 6, 5, STEP_MODEL["tgt_vocab"]
-            src_real = np.arange(S)[None, :] < rng.integers(2, S + 1, size=B)[:, None]
-            src_real[0] = True
-            batch = {"src_ids": np.where(src_real, rng.integers(3, V, size=(B, S)), PAD).astype(np.int64),
-                     "src_is_real": src_real,
-                     "tgt_ids": _targets(rng, B, T, PAD, EOS).clip(max=V - 1).astype(np.int64)}
+            batch = _batch(rng, B, S, T, min_src=2)
             stale = {"src_ids": rng.integers(3, V, size=(2, S)), "tgt_ids": rng.integers(3, V, size=(2, T)),
                      "weights": rng.normal(0.0, 1.0, (2, T, V)).astype(np.float32)}
-            what = ("SGD(lr=0.5), clip_norm=0.05 (below the gradient's norm)" if optimizer == "SGD" else
-                    "SGD(lr=0.3, weight_decay=0.1), clip_norm=1e6, label_smoothing=0.1")
             desc = f"B={B}, S={S}, T={T}, a 1-layer model, {what}, stale gradients in .grad before the call"
-            case = Case(case_id, desc, data={"state": state, "batch": batch, "optimizer": optimizer,
-                                             "clip_norm": clip_norm, "label_smoothing": smoothing})
-            case.call("Seq2SeqTransformer", **STEP_MODEL, let="m")
-            case.load_state("m", state)
-            case.steps.append({"train": "m"})
+            case = Case(case_id, desc, data={"state": state, "batch": batch, "sgd": sgd, "clip_norm": clip_norm,
+                                             "label_smoothing": smoothing, "stale": stale})
+            _student_model(case, STEP_MODEL, state)
             case.method("m", "forward", case.tensor(stale["src_ids"]), case.tensor(stale["tgt_ids"]), let="junk")
             case.backward("junk", stale["weights"])  # stale gradients: train_step must clear them
             case.let("torch_", {"global": "torch"})
             case.call({"attr": ["m", "parameters"]}, let="params")
-            kwargs = {"lr": 0.5} if optimizer == "SGD" else {"lr": 0.3, "weight_decay": 0.1}
-            case.call({"attr": ["torch_", "optim", "SGD"]}, {"ref": "params"}, let="opt", **kwargs)
+            case.call({"attr": ["torch_", "optim", "SGD"]}, {"ref": "params"}, let="opt", **sgd)
             case.let("batch", {"dict": {k: case.tensor(v) for k, v in batch.items()}})
             extra = {"label_smoothing": smoothing} if smoothing else {}
             case.call("train_step", {"ref": "m"}, {"ref": "batch"}, {"ref": "opt"}, clip_norm, record="loss",
                       **extra)
             case.record("training", {"attr": ["m", "training"]})
-            case.record("batch_after", {"ref": "batch"})
+            case.data["before"] = _record_batches_after(case, "batch", batch)
             # what the step did to the weights follows the gradients of the student's own loss: "grad" names
             case.record("grad_params", {"new": VECTOR, "args": [{"ref": "m"}]})
             case.record("grad_norm", {"new": GRAD_NORM, "args": [{"ref": "m"}]})
-            case.data["stale"] = stale
             cases.append(case)
         return cases
 
     def judge(self, result: Result):
         for case in result.cases.values():
             d = case.data
-            error = result.error(case.id)
-            if error is not None:
-                raise Fail(f"train_step raised an exception on a case with {case.desc}:\n    "
-                           f"{error.splitlines()[-1]}")
+            _raised(result, case, "train_step")
             meta = result.meta(case.id, "loss")
             if meta.get("type") != "float":
                 raise Fail(f"train_step should return the loss as a Python float (loss.item()), got "
                            f"{meta.get('type')} ({case.desc}): a tensor would keep the step's graph alive.")
             loss = float(result.get(case.id, "loss", what="train_step's loss"))
-            want_loss, want_params, _ = _reference_step(d)
-            _expect_scalar(loss, want_loss, "the loss train_step returned", case.desc,
-                           "The model reads shift_right(tgt_ids, BOS) with src_is_real; sequence_loss(logits, "
-                           "tgt_ids, PAD, label_smoothing) scores it; return it before the update.",
-                           rtol=1e-5, atol=1e-6)
+            want_loss, want_params = _reference_step(d)
+            judges.scalar(loss, want_loss, "the loss train_step returned", case.desc,
+                          "The model reads shift_right(tgt_ids, BOS) with src_is_real; sequence_loss(logits, "
+                          "tgt_ids, PAD, label_smoothing) scores it; return it before the update.")
             if not bool(result.get(case.id, "training", what="model.training")):
                 raise Fail(f"train_step left the model in eval mode ({case.desc}): leave its mode as it is.")
-            for name, value in d["batch"].items():
-                after = result.get(case.id, f"batch_after/{name}", what=f"batch['{name}'] after the call")
-                if not np.array_equal(after, value):
-                    raise Fail(f"train_step changed batch['{name}'] in place ({case.desc}).")
+            judges.unchanged(result, case.id, d["before"], "train_step")
             got = result.get(case.id, "grad_params", what="the parameters after the step", kind="tensor",
                              dtype="float", shape=want_params.shape)
             if not np.allclose(got, want_params, rtol=1e-4, atol=1e-6):
                 variants = {
-                    "the step with unclipped gradients: call torch.nn.utils.clip_grad_norm_(model.parameters(), "
-                    "clip_norm) after loss.backward() and before optimizer.step()": _reference_step(d, clip=False),
-                    "the step with the stale gradients of an earlier step added in: call optimizer.zero_grad() "
-                    "before loss.backward()": _reference_step(d, zero_grad=False),
+                    "the parameters of a step with unclipped gradients: call torch.nn.utils.clip_grad_norm_("
+                    "model.parameters(), clip_norm) after loss.backward() and before optimizer.step()":
+                        _reference_step(d, clip=False)[1],
+                    "the parameters of a step with the stale gradients of an earlier step added in: call "
+                    "optimizer.zero_grad() before loss.backward()": _reference_step(d, zero_grad=False)[1],
                 }
-                hint = next((f"Your parameters match {what}." for what, (_, params, _) in variants.items()
-                             if np.allclose(got, params, rtol=1e-4, atol=1e-6)),
-                            "Clear old gradients, backward, clip to clip_norm, then exactly one optimizer.step().")
+                hint = judges.diagnose(got, variants, rtol=1e-4, atol=1e-6) or (
+                    "Clear old gradients, backward, clip to clip_norm, then exactly one optimizer.step().")
                 raise Fail(f"the parameters after train_step are not those of one reference step on a case with "
                            f"{case.desc}. {hint}")
             norm = float(result.get(case.id, "grad_norm", what="the gradient norm after the step"))
@@ -455,30 +463,10 @@ class TrainStep(Exercise):
 
 
 # -- validation_loss: find the bug (autograder.bugs), judged relative to the student's shift_right, sequence_loss --
-LOSS_MODEL = {**STEP_MODEL, "dropout": 0.3}  # dropout that would shake the loss, were the model left in train mode
-
-
-def _loss_batch(rng: np.random.Generator, B: int, S: int, T: int) -> dict[str, np.ndarray]:
-    """A batch as task.make_batch makes it: padded sources and targets (the target, EOS, then PAD)."""
-    from decoder_course.conventions import EOS, PAD
-
-    V = LOSS_MODEL["tgt_vocab"]
-    src_real = np.arange(S)[None, :] < rng.integers(1, S + 1, size=B)[:, None]
-    src_real[0] = True
-    return {"src_ids": np.where(src_real, rng.integers(3, V, size=(B, S)), PAD).astype(np.int64),
-            "src_is_real": src_real, "tgt_ids": _targets(rng, B, T, PAD, EOS).clip(max=V - 1).astype(np.int64)}
-
-
 def _batch_losses(state: dict, batches: list[dict]) -> list[tuple[float, int, int, int]]:
     """Per batch, with PyTorch's own loss on the eval-mode model: (sum of the real tokens' losses, real tokens,
     sequences, positions)."""
-    from decoder_course.conventions import BOS, PAD
-
-    with torch.random.fork_rng():
-        torch.manual_seed(0)
-        model = ref_training.Seq2SeqTransformer(**LOSS_MODEL)
-    model.load_state_dict({k: torch.from_numpy(v) for k, v in state.items()})
-    model.eval()
+    model = _model(LOSS_MODEL, state=state).eval()
     rows = []
     with torch.no_grad():
         for batch in batches:
@@ -499,51 +487,45 @@ class ValidationLoss(Exercise):
 
     uses = ("shift_right", "sequence_loss")
     reference = ref_training
+    AGAIN = "one"  # the case called twice on the same batch: dropout left on would change the value
 
     def cases(self, rng):
+        rows = [  # (id, situation, each batch's (B, S, T))
+            ("sizes", "3 batches of 4, 4 and 2 sequences (a small last batch), targets of different lengths",
+             [(4, 6, 6), (4, 5, 5), (2, 4, 7)]),
+            ("buckets", "2 batches of 3 sequences, one of short targets and one of long ones (batches grouped by "
+                        "length)", [(3, 5, 2), (3, 6, 9)]),
+            ("one", "a single batch of 3 sequences", [(3, 6, 6)]),
+        ]
         cases = []
-        specs = (("sizes", "3 batches of 4, 4 and 2 sequences (a small last batch), targets of different lengths",
-                  [(4, 6, 6), (4, 5, 5), (2, 4, 7)]),
-                 ("buckets", "2 batches of 3 sequences, one of short targets and one of long ones (batches grouped "
-                             "by length)", [(3, 5, 2), (3, 6, 9)]),
-                 ("one", "a single batch of 3 sequences", [(3, 6, 6)]))
-        for case_id, what, shapes in specs:
-            with torch.random.fork_rng():
-                torch.manual_seed(int(rng.integers(2**31)))
-                model = ref_training.Seq2SeqTransformer(**LOSS_MODEL)
-            state = {k: v.detach().numpy().copy() for k, v in model.state_dict().items()}
-            batches = [_loss_batch(rng, B, S, T) for B, S, T in shapes]
-            desc = f"{what}, a 1-layer model with dropout 0.3 in train mode"
-            case = Case(case_id, desc, data={"state": state, "batches": batches})
-            case.call("Seq2SeqTransformer", **LOSS_MODEL, let="m")
-            case.load_state("m", state)
-            case.steps.append({"train": "m"})
+        for case_id, what, shapes in rows:
+            state = _weights(LOSS_MODEL, rng)
+            batches = [_batch(rng, B, S, T) for B, S, T in shapes]
+            case = Case(case_id, f"{what}, a 1-layer model with dropout 0.3 in train mode",
+                        data={"state": state, "batches": batches})
+            _student_model(case, LOSS_MODEL, state)
             case.let("batches", {"list": [{"dict": {k: case.tensor(v) for k, v in b.items()}} for b in batches]})
-            case.call("validation_loss", {"ref": "m"}, {"ref": "batches"}, record="loss")
-            if case_id == "one":  # the same batch again: dropout left on would change the value
-                case.call("validation_loss", {"ref": "m"}, {"ref": "batches"}, record="again")
+            for name in ("loss", "again") if case_id == self.AGAIN else ("loss",):
+                case.call("validation_loss", {"ref": "m"}, {"ref": "batches"}, record=name)
             case.record("training", {"attr": ["m", "training"]})
-            case.record("batches_after", {"ref": "batches"})
+            case.data["before"] = _record_batches_after(case, "batches", batches)
             cases.append(case)
         return cases
 
     def judge(self, result: Result):
+        what = "validation_loss(...)"
         for case in result.cases.values():
-            error = result.error(case.id)
-            if error is not None:
-                raise Fail(f"validation_loss raised an exception on a case with {case.desc}:\n    "
-                           f"{error.splitlines()[-1]}\nIt runs your shift_right and sequence_loss: if one of "
-                           "their checks fails, fix it first.")
-        case = result.cases["one"]
-        first, again = (float(result.get("one", name, what="validation_loss(...)", kind="any", dtype="float",
-                                         shape=())) for name in ("loss", "again"))
+            _raised(result, case, "validation_loss", "\nIt runs your shift_right and sequence_loss: if one of "
+                                                     "their checks fails, fix it first.")
+        case = result.cases[self.AGAIN]
+        first, again = (float(result.get(case.id, name, what=what, kind="any", dtype="float", shape=()))
+                        for name in ("loss", "again"))
         if abs(first - again) > 1e-6 * (1 + abs(first)):
             raise Fail(f"two calls on the same batch gave different losses ({case.desc}): dropout is acting. "
                        "Evaluate in eval mode (model.eval()), then put back the mode the model had.")
         for case in result.cases.values():
             d = case.data
-            got = float(result.get(case.id, "loss", what="validation_loss(...)", kind="any", dtype="float",
-                                   shape=()))
+            got = float(result.get(case.id, "loss", what=what, kind="any", dtype="float", shape=()))
             rows = _batch_losses(d["state"], d["batches"])
             sums, reals, seqs, cells = (np.array(column, dtype=np.float64) for column in zip(*rows, strict=True))
             want = float(sums.sum() / max(reals.sum(), 1))
@@ -556,18 +538,12 @@ class ValidationLoss(Exercise):
                 "the batches' losses weighted by all their B × T positions: padded positions count":
                     float((means * cells).sum() / cells.sum()),
             }
-            hint = next((f"Your value is {mistake}." for mistake, value in mistakes.items()
-                         if abs(got - value) <= 1e-5 * (1 + abs(value)) and abs(value - want) > 1e-4), "")
-            _expect_scalar(got, want, "validation_loss(...)", case.desc,
-                           hint or "The loss of the whole set is the sum of every real token's loss divided by the "
-                                   "number of real tokens, whichever batch each sits in; the model runs in eval "
-                                   "mode.", rtol=1e-5, atol=1e-6)
+            hint = judges.diagnose(got, {m: v for m, v in mistakes.items() if abs(v - want) > 1e-4},
+                                   rtol=1e-5, atol=1e-5) or (
+                "The loss of the whole set is the sum of every real token's loss divided by the number of real "
+                "tokens, whichever batch each sits in; the model runs in eval mode.")
+            judges.scalar(got, want, what, case.desc, hint)
             if not bool(result.get(case.id, "training", what="model.training")):
                 raise Fail(f"validation_loss left the model in eval mode ({case.desc}): put back the mode it "
                            "found (model.train(was_training)).")
-            for i, batch in enumerate(d["batches"]):
-                for name, value in batch.items():
-                    after = result.get(case.id, f"batches_after/{i}/{name}", what=f"batch {i}'s {name} after "
-                                       "the call", finite=False)
-                    if not np.array_equal(after, value):
-                        raise Fail(f"validation_loss changed batch {i}'s {name} in place ({case.desc}).")
+            judges.unchanged(result, case.id, d["before"], "validation_loss")
