@@ -17,12 +17,11 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
+from autograder.checks import judges
 from autograder.checks.framework import Case, Exercise, Fail, Result, exercise, expect_close
 from autograder.checks.l03_multi_head import (
     ATOL,
     RTOL,
-    check_unchanged,
-    expect_value_error,
     get_pair,
     judge_attention_output,
     raise_module_error,
@@ -88,7 +87,7 @@ class CrossAttentionMask(Exercise):
             expect_close(got, want, "cross_attention_mask(...)", case.desc,
                          hint="Every query may attend to every real memory token and to no padding: each of the "
                               "T rows of sequence b is memory_is_real[b].")
-            check_unchanged(result, case.id, {"is_real_after": is_real}, "cross_attention_mask")
+            judges.unchanged(result, case.id, {"is_real": is_real}, "cross_attention_mask")
             strides = [int(result.get(case.id, f"strides/{i}", what="the mask's strides", kind="any"))
                        for i in range(got.ndim)]
             if 0 in strides[:3] and T > 1:
@@ -229,7 +228,7 @@ class CrossAttentionCheck(Exercise):
                 self._judge_both(result, case)
                 continue
             if case.id == "c6":
-                expect_value_error(result, case.id, "given neither memory nor memory_kv, there is nothing to attend "
+                judges.value_error(result, case.id, "given neither memory nor memory_kv, there is nothing to attend "
                                    "to")
                 continue
             error = result.error(case.id)
@@ -246,7 +245,7 @@ class CrossAttentionCheck(Exercise):
                                             value_name="memory")
             if case.id == "c0":
                 self._judge_project_memory(result, case)
-                check_unchanged(result, case.id, {"query_after": d["query"], "memory_after": d["memory"]}, what)
+                judges.unchanged(result, case.id, {"query": d["query"], "memory": d["memory"]}, what)
             if case.id == "c2":
                 for t in range(d["query"].shape[1]):
                     get_pair(result, case.id, f"step{t}", what)
@@ -259,7 +258,7 @@ class CrossAttentionCheck(Exercise):
                         raise Fail(f"decoding step {t} alone (one query, the same memory_kv) differs from row {t} "
                                    f"of the full pass ({case.desc}): each query's output may depend only on that "
                                    "query and the memory.")
-                check_unchanged(result, case.id, {"memory_after": d["memory"]}, what)
+                judges.unchanged(result, case.id, {"memory": d["memory"]}, what)
             if case.id == "c4":
                 get_pair(result, case.id, "res2", what)
                 out2 = result.get(case.id, "res2/0", what="the output of the second call", kind="tensor",
@@ -304,13 +303,13 @@ class CrossAttentionCheck(Exercise):
         expect_close(out.astype(np.float64), want_out, "the output of CrossAttention", case.desc, rtol=RTOL,
                      atol=ATOL, hint="With memory_kv = (k, v) the values are v exactly as given: average them with "
                                      "the weights, merge the heads, then out_proj.")
-        check_unchanged(result, case.id, {"k_after": d["k"], "v_after": d["v"]}, "CrossAttention")
+        judges.unchanged(result, case.id, {"k": d["k"], "v": d["v"]}, "CrossAttention")
 
     def _judge_both(self, result: Result, case: Case) -> None:
         if result.error(case.id) is None:
             raise Fail("given both memory and memory_kv, forward silently used one of them. The two could "
                        "disagree: raise a ValueError and ask for exactly one.")
-        expect_value_error(result, case.id, "given both memory and memory_kv, which could disagree")
+        judges.value_error(result, case.id, "given both memory and memory_kv, which could disagree")
 
 
 
@@ -410,4 +409,4 @@ class CachedCrossAttentionCheck(Exercise):
                 raise Fail(f"{what} projected a memory {projected} times in {len(plan)} calls, where the memory "
                            f"changed {wanted} times ({case.desc}): project each new memory once, and let the calls "
                            "that pass the same memory again reuse its keys and values.")
-            check_unchanged(result, case.id, {f"memory{i}_after": m for i, m in enumerate(memories)}, what)
+            judges.unchanged(result, case.id, {f"memory{i}": m for i, m in enumerate(memories)}, what)
