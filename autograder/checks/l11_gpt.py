@@ -15,15 +15,18 @@
 - ``generate`` on ``decoder_course.testing.HashedLM``, a stand-in whose logits are fixed by the prefix and whose
   past lives only in the cache it is handed: greedy tokens exactly, positions run (the cache used, each token
   fed once), reproducible draws, nothing outside top-k, first-token frequencies = softmax(logits / T).
+
+Generic judges (inputs unchanged, ValueError, the known mistakes' diagnosis) come from
+:mod:`autograder.checks.judges`.
 """
 
 from __future__ import annotations
 
 import numpy as np
 import torch
-from torch import nn
 
 from autograder.checks.framework import Case, Exercise, Fail, Result, exercise, expect_close
+from autograder.checks.judges import diagnose, record_after, unchanged, value_error
 from autograder.reference import generation as ref_gen
 from autograder.reference import gpt as ref
 from decoder_course.testing import HashedLM
@@ -44,6 +47,20 @@ def _tie_text(rng: np.random.Generator, smaller_first: bool) -> str:
     return f"{first * 1} {second * 1} " + " ".join([first] * n + [second] * n)
 
 
+def _int_at(result: Result, case: Case, key: str, what: str) -> int:
+    leaf = result.meta(case.id, key)
+    if leaf.get("type") != "int":
+        raise Fail(f"{what} should hold Python ints, got `{leaf.get('type')}` ({case.desc}): convert with int(...).")
+    return int(result.leaves[f"{case.id}/{key}"])
+
+
+def _read_ints(result: Result, case: Case, name: str, what: str) -> list[int]:
+    meta = result.meta(case.id, name)
+    if meta.get("type") != "list":
+        raise Fail(f"{what} should return a list of ints, got `{meta.get('type')}` ({case.desc}).")
+    return [_int_at(result, case, f"{name}/{i}", what) for i in range(int(meta.get("len", 0)))]
+
+
 def _read_merges(result: Result, case: Case, name: str, what: str) -> list[tuple[int, int]]:
     meta = result.meta(case.id, name)
     if meta.get("type") not in ("list", "tuple"):
@@ -54,14 +71,7 @@ def _read_merges(result: Result, case: Case, name: str, what: str) -> list[tuple
         if item.get("type") not in ("tuple", "list") or item.get("len") != 2:
             raise Fail(f"merge {i} of {what} should be a pair (a, b) of token ids, got `{item.get('type')}` "
                        f"({case.desc}).")
-        pair = []
-        for j in range(2):
-            leaf = result.meta(case.id, f"{name}/{i}/{j}")
-            if leaf.get("type") != "int":
-                raise Fail(f"merge {i} of {what} should hold Python ints, got `{leaf.get('type')}` ({case.desc}): "
-                           "convert with int(...).")
-            pair.append(int(result.leaves[f"{case.id}/{name}/{i}/{j}"]))
-        merges.append((pair[0], pair[1]))
+        merges.append(tuple(_int_at(result, case, f"{name}/{i}/{j}", f"merge {i} of {what}") for j in range(2)))
     return merges
 
 
@@ -77,8 +87,8 @@ class TrainBPE(Exercise):
             ("random", "".join(rng.choice(list("ab c\n"), size=400)), 256 + int(rng.integers(20, 30)),
              "400 random characters over 'ab c\\n'"),
             ("unicode", "".join(rng.choice(list(UNICODE), size=200)), 256 + 25, "200 characters of 1 to 4 bytes"),
-            ("runs", "x" * int(rng.integers(7, 12)) + " yy " + "x" * 5, 256 + 6, "long runs of one byte (overlapping "
-                                                                                "pairs)"),
+            ("runs", "x" * int(rng.integers(7, 12)) + " yy " + "x" * 5, 256 + 6,
+             "long runs of one byte (overlapping pairs)"),
             ("exhaust", "abab", 256 + 10, "'abab' with room for 10 merges (it runs out of pairs)"),
             ("small", "hello hello", 200, "vocab_size=200 (no merge)"),
             ("empty", "", 300, "the empty text"),
@@ -92,7 +102,7 @@ class TrainBPE(Exercise):
 
     def judge(self, result: Result):
         for case in result.cases.values():
-            got = _read_merges(result, case, "out", "train_bpe", )
+            got = _read_merges(result, case, "out", "train_bpe")
             want, text = case.data["want"], case.data["text"]
             if got == want:
                 continue
@@ -136,42 +146,33 @@ class BPETokenizerCheck(Exercise):
     of a 1-D tensor; a bad id raises."""
 
     def cases(self, rng):
-        cases = []
         train = "".join(rng.choice(list("the cat sat on a mat\n"), size=500)) + " ".join(["ab"] * 6 + ["bab"] * 4)
         merges = ref.train_bpe(train, 256 + int(rng.integers(30, 40)))
-        tok = ref.BPETokenizer(merges)
-        others = {"unicode": "".join(rng.choice(list(UNICODE), size=60)), "unseen": "🙂 the mat 🙂\x00\x7f",
-                  "empty": "", "one": "t"}
-        case = Case("encode", f"a tokenizer of {len(merges)} merges learned here, the training text and others",
-                    data={"merges": merges, "texts": {"train": train, **others}})
-        case.call("BPETokenizer", [list(p) for p in merges], let="tok")
-        case.record("vocab_size", {"attr": ["tok", "vocab_size"]})
-        for name, text in {"train": train, **others}.items():
-            case.call({"attr": ["tok", "encode"]}, text, let=f"ids_{name}", record=f"enc_{name}")
-            case.call({"attr": ["tok", "decode"]}, {"ref": f"ids_{name}"}, let=f"back_{name}")
-            _codes(case, f"dec_{name}", f"back_{name}")
-        cases.append(case)
-        # decoding id lists that no encode produced: cut multi-byte characters, a tensor
-        lam = list("λ".encode())  # two bytes
-        emoji = list("😀".encode())  # four bytes
-        lists = {"cut2": [lam[0]], "cut4": emoji[:3] + [ord("a")], "mixed": [ord("o"), 256, lam[0], lam[1]]}
-        case = Case("decode", "decode of id lists cut inside multi-byte characters, and of a 1-D tensor",
-                    data={"merges": merges, "lists": lists})
-        case.call("BPETokenizer", [list(p) for p in merges], let="tok")
+        vocab_size = 256 + len(merges)
+        texts = {"train": train, "unicode": "".join(rng.choice(list(UNICODE), size=60)),
+                 "unseen": "🙂 the mat 🙂\x00\x7f", "empty": "", "one": "t"}
+        lam, emoji = list("λ".encode()), list("😀".encode())  # two and four bytes
+        # id lists that no encode produced: cut multi-byte characters, and (as a 1-D tensor) a training prefix
+        lists = {"cut2": [lam[0]], "cut4": emoji[:3] + [ord("a")], "mixed": [ord("o"), 256, lam[0], lam[1]],
+                 "tensor": ref.BPETokenizer(merges).encode(train[:40])}
+        cases = [Case("encode", f"a tokenizer of {len(merges)} merges learned here, the training text and others",
+                      data={"merges": merges, "texts": texts}),
+                 Case("decode", "decode of id lists cut inside multi-byte characters, and of a 1-D tensor",
+                      data={"lists": lists}),
+                 Case("bad_id", f"decode([{vocab_size}]) with vocab_size={vocab_size}")]
+        for case in cases:
+            case.call("BPETokenizer", [list(p) for p in merges], let="tok")
+        encode, decode, bad_id = cases
+        encode.record("vocab_size", {"attr": ["tok", "vocab_size"]})
+        for name, text in texts.items():
+            encode.method("tok", "encode", text, let=f"ids_{name}", record=f"enc_{name}")
+            encode.method("tok", "decode", {"ref": f"ids_{name}"}, let=f"back_{name}")
+            _codes(encode, f"dec_{name}", f"back_{name}")
         for name, ids in lists.items():
-            case.call({"attr": ["tok", "decode"]}, ids, let=f"s_{name}")
-            _codes(case, name, f"s_{name}")
-        ids = tok.encode(train[:40])
-        case.call({"attr": ["tok", "decode"]}, case.tensor(np.array(ids, dtype=np.int64)), let="s_tensor")
-        _codes(case, "tensor", "s_tensor")
-        case.data["lists"]["tensor"] = ids
-        cases.append(case)
-        # an id outside the vocabulary raises
-        case = Case("bad_id", f"decode([{tok.vocab_size}]) with vocab_size={tok.vocab_size}",
-                    data={"expect_error": True})
-        case.call("BPETokenizer", [list(p) for p in merges], let="tok")
-        case.call({"attr": ["tok", "decode"]}, [ord("a"), tok.vocab_size], record="out")
-        cases.append(case)
+            decode.method("tok", "decode", decode.tensor(np.array(ids, dtype=np.int64)) if name == "tensor" else ids,
+                          let=f"s_{name}")
+            _codes(decode, name, f"s_{name}")
+        bad_id.method("tok", "decode", [ord("a"), vocab_size], record="out")  # an id outside the vocabulary
         return cases
 
     def judge(self, result: Result):
@@ -209,19 +210,6 @@ class BPETokenizerCheck(Exercise):
                        "instead of inventing bytes for it.")
 
 
-def _read_ints(result: Result, case: Case, name: str, what: str) -> list[int]:
-    meta = result.meta(case.id, name)
-    if meta.get("type") != "list":
-        raise Fail(f"{what} should return a list of ints, got `{meta.get('type')}` ({case.desc}).")
-    out = []
-    for i in range(int(meta.get("len", 0))):
-        leaf = result.meta(case.id, f"{name}/{i}")
-        if leaf.get("type") != "int":
-            raise Fail(f"{what} should return Python ints, got `{leaf.get('type')}` ({case.desc}).")
-        out.append(int(result.leaves[f"{case.id}/{name}/{i}"]))
-    return out
-
-
 def _read_text(result: Result, case: Case, name: str, what: str) -> str:
     error = result.error(case.id)
     if error is not None and "expected a str" in error:
@@ -257,25 +245,32 @@ def _build_gpt(case: Case, state: dict) -> None:
     case.eval("m")
 
 
-def _variants(model: ref.GPT, ids: torch.Tensor) -> dict[str, np.ndarray]:
-    """What common mistakes compute, for the diagnosis."""
+def _gpt_mistakes(model: ref.GPT, ids: torch.Tensor) -> dict[str, np.ndarray]:
+    """What the usual mistakes compute, by the idea each one misses."""
     T = ids.shape[1]
+
+    def run(h: torch.Tensor, allowed, final_norm: bool = True) -> np.ndarray:
+        for layer in model.layers:
+            h = layer(h, self_allowed=allowed)
+        return model.out_proj(model.norm(h) if final_norm else h).numpy()
+
     with torch.no_grad():
-        x = model.tok_embed(ids) + model.pos_embed(torch.arange(T))
-        out = {}
-        h = x
-        for layer in model.layers:
-            h = layer(h)  # no causal mask
-        out["no_mask"] = model.out_proj(model.norm(h))
-        h = x
-        for layer in model.layers:
-            h = layer(h, self_allowed=ref.causal_allowed(T))
-        out["no_final_norm"] = model.out_proj(h)
-        h = model.tok_embed(ids)
-        for layer in model.layers:
-            h = layer(h, self_allowed=ref.causal_allowed(T))
-        out["no_positions"] = model.out_proj(model.norm(h))
-    return {k: v.numpy() for k, v in out.items()}
+        tokens = model.tok_embed(ids)  # (B, T, D)
+        x, causal = tokens + model.pos_embed(torch.arange(T)), ref.causal_allowed(T)
+        return {"a model without the causal mask (its logits at a position depend on later tokens): pass the causal "
+                "mask (T, T) as self_allowed to every layer": run(x, None),
+                "a model without the final LayerNorm: apply self.norm before out_proj, pre-LN layers leave the stream "
+                "unnormalised": run(x, causal, final_norm=False),
+                "a model without positions: add the learned position embeddings pos_embed(arange(T)) to the token "
+                "embeddings": run(tokens, causal)}
+
+
+def _load_error(result: Result, case: Case) -> None:
+    error = result.error(case.id)
+    if error is not None and "state_dict" in error:
+        raise Fail(f"the weights could not be loaded into your GPT ({case.desc}):\n    {error.splitlines()[-1]}\n"
+                   "The names are part of the contract: tok_embed, pos_embed, layers (DecoderLayer with "
+                   "cross_attn=False), norm, out_proj (no bias).")
 
 
 @exercise(LESSON, "GPT", points=3)
@@ -286,50 +281,42 @@ class GPTCheck(Exercise):
 
     forbidden = ("nn.TransformerEncoderLayer", "nn.TransformerEncoder", "nn.TransformerDecoderLayer",
                  "nn.Transformer")
+    PREFILL, TOTAL = 4, 9  # the cached case: a prefill of 4 positions, then one at a time up to 9
 
     def cases(self, rng):
         cases = []
         model, state = _random_gpt(rng)
-        ids = rng.integers(0, V, size=(3, 7))
-        ids_t = torch.from_numpy(ids)
-        with torch.no_grad():
-            want = model(ids_t).numpy()
-        case = Case("full", f"GPT(V={V}, D={D}, H={H}, F={F}, n_layers={LAYERS}, max_len={MAX_LEN}) with random "
-                            "weights, B=3, T=7, eval mode",
-                    data={"want": want, "variants": _variants(model, ids_t)})
-        _build_gpt(case, state)
-        case.call({"ref": "m"}, case.tensor(ids), record="out")
-        case.call({"attr": ["m", "out_proj", "weight", "data_ptr"]}, record="ptr_out")
-        case.call({"attr": ["m", "tok_embed", "weight", "data_ptr"]}, record="ptr_tok")
-        cases.append(case)
-        # the whole of max_len, B = 2
-        ids = rng.integers(0, V, size=(2, MAX_LEN))
-        with torch.no_grad():
-            want = model(torch.from_numpy(ids)).numpy()
-        case = Case("max_len", f"B=2, T=max_len={MAX_LEN}", data={"want": want})
-        _build_gpt(case, state)
-        case.call({"ref": "m"}, case.tensor(ids), record="out")
-        cases.append(case)
-        # the cached path: a prefill of 4 positions, then one at a time
-        ids = rng.integers(0, V, size=(2, 9))
+        for case_id, B, T, desc in (
+                ("full", 3, 7, f"GPT(V={V}, D={D}, H={H}, F={F}, n_layers={LAYERS}, max_len={MAX_LEN}) with random "
+                               "weights, B=3, T=7, eval mode"),
+                ("max_len", 2, MAX_LEN, f"B=2, T=max_len={MAX_LEN}")):
+            ids = torch.from_numpy(rng.integers(0, V, size=(B, T)))
+            with torch.no_grad():
+                want = model(ids).numpy()
+            case = Case(case_id, desc, data={"want": want, "mistakes": _gpt_mistakes(model, ids)})
+            _build_gpt(case, state)
+            case.call({"ref": "m"}, case.tensor(ids), record="out")
+            cases.append(case)
+        for name in ("out_proj", "tok_embed"):  # the tied weight: one storage
+            cases[0].call({"attr": ["m", name, "weight", "data_ptr"]}, record=f"ptr_{name}")
+        ids = rng.integers(0, V, size=(2, self.TOTAL))
         with torch.no_grad():
             want = model(torch.from_numpy(ids)).numpy()
-        case = Case("cache", "B=2, a KVCache prefilled with 4 positions, then 5 single tokens", data={"want": want})
+        case = Case("cache", f"B=2, a KVCache prefilled with {self.PREFILL} positions, then "
+                             f"{self.TOTAL - self.PREFILL} single tokens", data={"want": want})
         _build_gpt(case, state)
         case.call("KVCache", LAYERS, let="cache")
-        case.call({"ref": "m"}, case.tensor(ids[:, :4]), {"ref": "cache"}, record="step0")
-        for t in range(4, 9):
-            case.call({"ref": "m"}, case.tensor(ids[:, t:t + 1]), {"ref": "cache"}, record=f"step{t - 3}")
+        case.call({"ref": "m"}, case.tensor(ids[:, :self.PREFILL]), {"ref": "cache"}, record="step0")
+        for step, t in enumerate(range(self.PREFILL, self.TOTAL), start=1):
+            case.call({"ref": "m"}, case.tensor(ids[:, t:t + 1]), {"ref": "cache"}, record=f"step{step}")
         cases.append(case)
-        # a fresh model: small embeddings
-        case = Case("init", "a freshly built GPT(300, 64, 4, 128, 1, 32)", data={})
+        case = Case("init", "a freshly built GPT(300, 64, 4, 128, 1, 32)")
         case.seed(int(rng.integers(2**31)))
         case.call("GPT", 300, 64, 4, 128, 1, 32, let="fresh")
-        case.record("tok", {"attr": ["fresh", "tok_embed", "weight", "data"]})
-        case.record("pos", {"attr": ["fresh", "pos_embed", "weight", "data"]})
+        for name in ("tok_embed", "pos_embed"):
+            case.record(name, {"attr": ["fresh", name, "weight", "data"]})
         cases.append(case)
-        # too long
-        case = Case("too_long", f"T = max_len + 1 = {MAX_LEN + 1}", data={"expect_error": True})
+        case = Case("too_long", f"T = max_len + 1 = {MAX_LEN + 1}")
         _build_gpt(case, state)
         case.call({"ref": "m"}, case.tensor(rng.integers(0, V, size=(2, MAX_LEN + 1))), record="out")
         cases.append(case)
@@ -337,59 +324,38 @@ class GPTCheck(Exercise):
 
     def judge(self, result: Result):
         for case_id in ("full", "max_len"):
-            case = result.cases[case_id]
+            case, d = result.cases[case_id], result.cases[case_id].data
             _load_error(result, case)
-            want = case.data["want"]
-            got = result.get(case.id, "out", what="GPT's logits", kind="tensor", dtype="float", shape=want.shape)
-            hint = ("Token embedding + position embedding (rows 0 .. T-1 of pos_embed), the layers with the causal "
-                    "mask, the final norm, then out_proj.")
-            for variant, idea in (("no_mask", "Your logits at a position depend on later tokens: pass the causal "
-                                              "mask (T, T) as self_allowed to every layer."),
-                                  ("no_final_norm", "Apply the final LayerNorm (self.norm) before out_proj: pre-LN "
-                                                    "layers leave the stream unnormalised."),
-                                  ("no_positions", "Add the learned position embeddings pos_embed(arange(T)) to the "
-                                                   "token embeddings.")):
-                alt = case.data.get("variants", {}).get(variant)
-                if alt is not None and np.allclose(got, alt, rtol=1e-4, atol=1e-4):
-                    hint = idea
-            expect_close(got, want, "GPT's logits", case.desc, hint=hint, rtol=1e-4, atol=1e-4)
-        full = result.cases["full"]
-        p_out = result.get(full.id, "ptr_out", what="out_proj.weight.data_ptr()", kind="any")
-        p_tok = result.get(full.id, "ptr_tok", what="tok_embed.weight.data_ptr()", kind="any")
-        if int(p_out) != int(p_tok):
+            got = result.get(case.id, "out", what="GPT's logits", kind="tensor", dtype="float", shape=d["want"].shape)
+            hint = diagnose(got, d["mistakes"], rtol=1e-4, atol=1e-4) or (
+                "Token embedding + position embedding (rows 0 .. T-1 of pos_embed), the layers with the causal mask, "
+                "the final norm, then out_proj.")
+            expect_close(got, d["want"], "GPT's logits", case.desc, hint=hint, rtol=1e-4, atol=1e-4)
+        ptrs = [result.get("full", f"ptr_{name}", what=f"{name}.weight.data_ptr()", kind="any")
+                for name in ("out_proj", "tok_embed")]
+        if int(ptrs[0]) != int(ptrs[1]):
             raise Fail("out_proj.weight is not tok_embed.weight: tie them (self.out_proj.weight = "
                        "self.tok_embed.weight), one Parameter that both embeds and scores tokens.")
         case = result.cases["cache"]
         _load_error(result, case)
-        want = case.data["want"]
-        parts = [result.get(case.id, "step0", what="GPT's logits on the prefill", kind="tensor", dtype="float",
-                            shape=(2, 4, V))]
-        for s in range(1, 6):
-            parts.append(result.get(case.id, f"step{s}", what=f"GPT's logits at cached step {s}", kind="tensor",
-                                    dtype="float", shape=(2, 1, V)))
-        expect_close(np.concatenate(parts, axis=1), want, "GPT's logits with a KVCache", case.desc, rtol=1e-4,
-                     atol=1e-4, hint="With a cache the new tokens sit at positions cache.length .. (read it before "
-                                     "the first layer updates it); each layer appends its new keys and values "
-                                     "(cache.update(k, v, i)) and attends over all of them with "
-                                     "cached_causal_mask(positions, S).")
+        B = case.data["want"].shape[0]
+        steps = [result.get(case.id, "step0", what="GPT's logits on the prefill", kind="tensor", dtype="float",
+                            shape=(B, self.PREFILL, V))]
+        steps += [result.get(case.id, f"step{s}", what=f"GPT's logits at cached step {s}", kind="tensor",
+                             dtype="float", shape=(B, 1, V)) for s in range(1, self.TOTAL - self.PREFILL + 1)]
+        expect_close(np.concatenate(steps, axis=1), case.data["want"], "GPT's logits with a KVCache", case.desc,
+                     rtol=1e-4, atol=1e-4, hint="With a cache the new tokens sit at positions cache.length .. (read "
+                     "it before the first layer updates it); each layer appends its new keys and values "
+                     "(cache.update(k, v, i)) and attends over all of them with cached_causal_mask(positions, S).")
         case = result.cases["init"]
-        for name, what in (("tok", "tok_embed"), ("pos", "pos_embed")):
-            w = result.get(case.id, name, what=f"{what}.weight", kind="tensor", dtype="float")
+        for name in ("tok_embed", "pos_embed"):
+            w = result.get(case.id, name, what=f"{name}.weight", kind="tensor", dtype="float")
             if float(np.std(w)) > 0.1:
-                raise Fail(f"a fresh GPT's {what}.weight has std {float(np.std(w)):.2f} ({case.desc}): start the "
+                raise Fail(f"a fresh GPT's {name}.weight has std {float(np.std(w)):.2f} ({case.desc}): start the "
                            "embeddings at N(0, 0.02²) (nn.init.normal_(w, std=0.02)); tied to the output, N(0, 1) "
                            "gives huge initial logits.")
-        if result.error("too_long") is None:
-            raise Fail(f"GPT ran on {MAX_LEN + 1} positions with max_len={MAX_LEN}: raise ValueError, there is no "
-                       "learned position embedding past max_len - 1.")
-
-
-def _load_error(result: Result, case: Case) -> None:
-    error = result.error(case.id)
-    if error is not None and "state_dict" in error:
-        raise Fail(f"the weights could not be loaded into your GPT ({case.desc}):\n    {error.splitlines()[-1]}\n"
-                   "The names are part of the contract: tok_embed, pos_embed, layers (DecoderLayer with "
-                   "cross_attn=False), norm, out_proj (no bias).")
+        value_error(result, "too_long", f"GPT was handed {MAX_LEN + 1} positions with max_len={MAX_LEN}, and there "
+                                        "is no learned position embedding past max_len - 1")
 
 
 # -- lm_batches --------------------------------------------------------------------------------------------------------
@@ -410,15 +376,15 @@ class LMBatches(Exercise):
         N, block, batch = int(rng.integers(40, 60)), int(rng.integers(5, 9)), 6
         ids = rng.permutation(1000)[:N].astype(np.int64) + 3  # distinct ids: each window's offset can be read back
         seed = int(rng.integers(2**31))
-        want = [t.numpy() for t in ref.lm_batches(torch.from_numpy(ids), block, batch, torch.Generator()
-                                                  .manual_seed(seed))]
+        want = [t.numpy() for t in ref.lm_batches(torch.from_numpy(ids), block, batch,
+                                                  torch.Generator().manual_seed(seed))]
         case = Case("draws", f"a stream of N={N} distinct ids, block={block}, batch={batch}, a seeded generator",
                     data={"ids": ids, "block": block, "batch": batch, "want": want})
         case.let("ids", case.tensor(ids))
         for name, global_seed in (("a", 1), ("b", 2)):
             case.seed(int(rng.integers(2**31)) + global_seed)
             case.call("lm_batches", {"ref": "ids"}, block, batch, {"generator": seed}, record=name)
-        case.record("ids_after", {"ref": "ids"})
+        record_after(case, ["ids"])
         cases.append(case)
         # a short stream, many rows: every offset must come up, none beyond
         block = 5
@@ -427,7 +393,7 @@ class LMBatches(Exercise):
                     data={"ids": ids, "block": block, "batch": 300})
         case.call("lm_batches", case.tensor(ids), block, 300, {"generator": int(rng.integers(2**31))}, record="a")
         cases.append(case)
-        case = Case("short", "a stream of N=block tokens", data={"expect_error": True})
+        case = Case("short", "a stream of N=block tokens")
         case.call("lm_batches", case.tensor(np.arange(6)), 6, 2, {"generator": 0}, record="a")
         cases.append(case)
         return cases
@@ -441,8 +407,8 @@ class LMBatches(Exercise):
             if meta.get("type") not in ("tuple", "list") or meta.get("len") != 2:
                 raise Fail(f"lm_batches should return a pair (inputs, targets), got {meta.get('type')} "
                            f"({case.desc}).")
-            x = result.get(case.id, "a/0", what="inputs", kind="tensor", dtype="torch.int64", shape=(batch, block))
-            y = result.get(case.id, "a/1", what="targets", kind="tensor", dtype="torch.int64", shape=(batch, block))
+            x, y = (result.get(case.id, f"a/{i}", what=what, kind="tensor", dtype="torch.int64", shape=(batch, block))
+                    for i, what in enumerate(("inputs", "targets")))
             if not np.array_equal(x[:, 1:], y[:, :-1]):
                 raise Fail(f"targets are not the inputs shifted by one ({case.desc}): targets[:, t] is the token that "
                            "follows inputs[:, t], i.e. ids[o + 1 : o + block + 1].")
@@ -459,8 +425,7 @@ class LMBatches(Exercise):
                                f"{len(ids) - block - 1} must be possible ({case.desc}): "
                                "torch.randint(0, N - block, (batch,)) (its high end is exclusive).")
         case = result.cases["draws"]
-        a = [result.get(case.id, f"a/{i}", what="inputs/targets", kind="tensor") for i in range(2)]
-        b = [result.get(case.id, f"b/{i}", what="inputs/targets", kind="tensor") for i in range(2)]
+        a, b = ([result.get(case.id, f"{n}/{i}", what="inputs/targets", kind="tensor") for i in range(2)] for n in "ab")
         if not all(np.array_equal(p, q) for p, q in zip(a, b, strict=True)):
             raise Fail(f"two calls with generators of the same seed gave different batches ({case.desc}): draw the "
                        "offsets with the generator argument (torch.randint(..., generator=generator)), never from "
@@ -468,16 +433,14 @@ class LMBatches(Exercise):
         if not all(np.array_equal(p, q) for p, q in zip(a, case.data["want"], strict=True)):
             raise Fail(f"the windows are valid but not the ones the generator's draws select ({case.desc}): draw "
                        "exactly torch.randint(0, N - block, (batch,), generator=generator), once, as the offsets.")
-        after = result.get(case.id, "ids_after", what="ids after the call", kind="tensor")
-        if not np.array_equal(after, case.data["ids"]):
-            raise Fail(f"lm_batches changed the caller's ids ({case.desc}).")
-        if result.error("short") is None:
-            raise Fail("lm_batches returned for a stream of N = block tokens: there is no window with a target; "
-                       "raise ValueError.")
+        unchanged(result, case.id, {"ids": case.data["ids"]}, "lm_batches")
+        value_error(result, "short", "lm_batches was handed a stream of N = block tokens, and there is no window with "
+                                     "a target")
 
 
 # -- generate ----------------------------------------------------------------------------------------------------------
 def _lm(case: Case, name: str, seed: int, vocab: int = 14, **kwargs) -> HashedLM:
+    """Bind a HashedLM in the kernel; the same stand-in on the trusted side is returned."""
     case.let(name, {"new": HASHED_LM, "args": [vocab, seed], "kwargs": kwargs})
     return HashedLM(vocab, seed, **kwargs)
 
@@ -487,6 +450,14 @@ def _allowed(model: HashedLM, prefix: list[int], temperature: float, top_k) -> s
     if top_k is not None:
         x = ref_gen.top_k_filter(x, top_k)
     return set(torch.isfinite(x[0]).nonzero().flatten().tolist())
+
+
+def _prompt_head(result: Result, case: Case, got: np.ndarray, what: str) -> None:
+    """The output starts with the prompt, and the caller's prompt_ids (bound, see record_after) are unchanged."""
+    prompt = case.data["prompt"]
+    if not np.array_equal(got[:, :prompt.shape[1]], prompt):
+        raise Fail(f"the first T columns of {what}'s output are not the prompt ({case.desc}).")
+    unchanged(result, case.id, {"prompt_ids": prompt}, what)
 
 
 @exercise(LESSON, "generate", points=2)
@@ -500,46 +471,37 @@ class Generate(Exercise):
         # 1. greedy, a batch, the cache used
         seed, T, new = int(rng.integers(2**31)), 3, int(rng.integers(5, 8))
         prompt = rng.integers(0, 14, size=(3, T))
-        model = HashedLM(14, seed, n_layers=3, max_len=16)
-        want = ref.generate(model, torch.from_numpy(prompt), new, temperature=0).numpy()
         case = Case("greedy", f"B=3, a prompt of T={T}, max_new_tokens={new}, temperature=0, a 3-layer stand-in",
-                    data={"want": want, "prompt": prompt, "T": T, "new": new})
-        _lm(case, "m", seed, n_layers=3, max_len=16)
-        case.let("prompt", case.tensor(prompt))
-        case.call("generate", {"ref": "m"}, {"ref": "prompt"}, new, temperature=0, record="out")
-        case.record("prompt_after", {"ref": "prompt"})
+                    data={"prompt": prompt, "T": T, "new": new})
+        model = _lm(case, "m", seed, n_layers=3, max_len=16)
+        case.data["want"] = ref.generate(model, torch.from_numpy(prompt), new, temperature=0).numpy()
+        case.let("prompt_ids", case.tensor(prompt))
+        case.call("generate", {"ref": "m"}, {"ref": "prompt_ids"}, new, temperature=0, record="out")
+        record_after(case, ["prompt_ids"])
         case.record("positions", {"attr": ["m", "positions_run"]})
         cases.append(case)
         # 2. reproducible draws
         seed, g1, g2 = (int(s) for s in rng.integers(2**31, size=3))
-        case = Case("repro", "B=8, a prompt of T=2, max_new_tokens=8, temperature 1, seeded generators",
-                    data={"B": 8, "T": 2, "new": 8})
+        case = Case("repro", "B=8, a prompt of T=2, max_new_tokens=8, temperature 1, seeded generators")
         _lm(case, "m", seed, max_len=16)
         prompt = rng.integers(0, 14, size=(8, 2))
         for name, global_seed, g in (("a", 1, g1), ("b", 2, g1), ("c", 3, g2)):
             case.seed(int(rng.integers(2**31)) + global_seed)
             case.call("generate", {"ref": "m"}, case.tensor(prompt), 8, generator={"generator": g}, record=name)
         cases.append(case)
-        # 3. top-k: nothing outside the k best
-        seed, k = int(rng.integers(2**31)), int(rng.integers(2, 4))
-        prompt = np.tile(rng.integers(0, 14, size=(1, 1)), (400, 1))
-        model = HashedLM(14, seed, max_len=8, scale=2.0)
-        case = Case("top_k", f"B=400 copies of one prompt, max_new_tokens=2, top_k={k}, temperature 0.8",
-                    data={"model": model, "prompt": prompt, "k": k, "temperature": 0.8})
-        _lm(case, "m", seed, max_len=8, scale=2.0)
-        case.call("generate", {"ref": "m"}, case.tensor(prompt), 2, temperature=0.8, top_k=k,
-                  generator={"generator": int(rng.integers(2**31))}, record="out")
-        cases.append(case)
-        # 4. temperature: first-token frequencies
-        seed, temperature = int(rng.integers(2**31)), float(rng.choice([0.5, 2.0]))
-        prompt = np.tile(rng.integers(0, 8, size=(1, 2)), (3000, 1))
-        model = HashedLM(8, seed, max_len=8, scale=1.2)
-        case = Case("temperature", f"B=3000 copies of one prompt, one new token, temperature {temperature}",
-                    data={"model": model, "prompt": prompt, "temperature": temperature})
-        _lm(case, "m", seed, vocab=8, max_len=8, scale=1.2)
-        case.call("generate", {"ref": "m"}, case.tensor(prompt), 1, temperature=temperature,
-                  generator={"generator": int(rng.integers(2**31))}, record="out")
-        cases.append(case)
+        # 3. top-k: nothing outside the k best; 4. temperature: first-token frequencies
+        k, temperature = int(rng.integers(2, 4)), float(rng.choice([0.5, 2.0]))
+        for case_id, vocab, B, T, new, temp, top_k, scale, desc in (
+                ("top_k", 14, 400, 1, 2, 0.8, k, 2.0,
+                 f"B=400 copies of one prompt, max_new_tokens=2, top_k={k}, temperature 0.8"),
+                ("temperature", 8, 3000, 2, 1, temperature, None, 1.2,
+                 f"B=3000 copies of one prompt, one new token, temperature {temperature}")):
+            prompt = np.tile(rng.integers(0, vocab, size=(1, T)), (B, 1))
+            case = Case(case_id, desc, data={"prompt": prompt, "k": top_k, "temperature": temp})
+            case.data["model"] = _lm(case, "m", int(rng.integers(2**31)), vocab=vocab, max_len=8, scale=scale)
+            case.call("generate", {"ref": "m"}, case.tensor(prompt), new, temperature=temp, record="out",
+                      generator={"generator": int(rng.integers(2**31))}, **({} if top_k is None else {"top_k": top_k}))
+            cases.append(case)
         return cases
 
     def judge(self, result: Result):
@@ -555,11 +517,7 @@ class Generate(Exercise):
         if got.shape != (B, T + new):
             raise Fail(f"generate should return (B, T + max_new_tokens) = {(B, T + new)}, got {got.shape} "
                        f"({case.desc}): the prompt, then the new tokens.")
-        if not np.array_equal(got[:, :T], d["prompt"]):
-            raise Fail(f"the first T columns of generate's output are not the prompt ({case.desc}).")
-        after = result.get(case.id, "prompt_after", what="the prompt after the call", kind="tensor")
-        if not np.array_equal(after, d["prompt"]):
-            raise Fail(f"generate changed the caller's prompt_ids ({case.desc}).")
+        _prompt_head(result, case, got, "generate")
         positions = int(result.get(case.id, "positions", what="positions run", kind="any"))
         if not np.array_equal(got, d["want"]):
             idea = "At temperature 0 take the argmax of the last position's logits, each step."
@@ -604,9 +562,6 @@ class Generate(Exercise):
                        "divide the last position's logits by the temperature, then draw from the softmax.")
 
 
-_ = nn  # torch.nn is imported for the policy's names only
-
-
 # -- generate_long: find the bug (autograder.bugs), judged relative to the student's generate -----------------------
 def _windows_by_start(model: HashedLM, prompt: np.ndarray, new: int, keep: int) -> np.ndarray:
     """What the shown bug computes (each round handed the first ``keep`` tokens), for the diagnosis."""
@@ -637,17 +592,14 @@ class GenerateLong(Exercise):
                 ("long_prompt", 2, 7, 6, 4, 9, "a prompt longer than keep")):
             seed = int(rng.integers(2**31))
             prompt = rng.integers(0, 14, size=(B, T))
-            model = HashedLM(14, seed, n_layers=2, max_len=max_len)
             case = Case(case_id, f"B={B}, a prompt of T={T}, max_new_tokens={new}, keep={keep}, a stand-in model "
-                                 f"with max_len={max_len}, temperature=0 ({what})",
-                        data={"prompt": prompt, "new": new, "keep": keep,
-                              "want": ref.generate_long(model, torch.from_numpy(prompt), new, keep,
-                                                        temperature=0).numpy(),
-                              "first": _windows_by_start(model, prompt, new, keep)})
-            _lm(case, "m", seed, n_layers=2, max_len=max_len)
-            case.let("prompt", case.tensor(prompt))
-            case.call("generate_long", {"ref": "m"}, {"ref": "prompt"}, new, keep, temperature=0, record="out")
-            case.record("prompt_after", {"ref": "prompt"})
+                                 f"with max_len={max_len}, temperature=0 ({what})", data={"prompt": prompt})
+            model = _lm(case, "m", seed, n_layers=2, max_len=max_len)
+            case.data["want"] = ref.generate_long(model, torch.from_numpy(prompt), new, keep, temperature=0).numpy()
+            case.data["first"] = _windows_by_start(model, prompt, new, keep)
+            case.let("prompt_ids", case.tensor(prompt))
+            case.call("generate_long", {"ref": "m"}, {"ref": "prompt_ids"}, new, keep, temperature=0, record="out")
+            record_after(case, ["prompt_ids"])
             cases.append(case)
         return cases
 
@@ -665,17 +617,13 @@ class GenerateLong(Exercise):
                 raise Fail(f"generate_long should return (B, T + max_new_tokens) = {want.shape}, got {got.shape} "
                            f"({case.desc}): the whole prompt, then every round's new tokens (each round's output "
                            "minus the prompt it was handed).")
-            if not np.array_equal(got[:, :d["prompt"].shape[1]], d["prompt"]):
-                raise Fail(f"the first T columns of generate_long's output are not the prompt ({case.desc}).")
+            _prompt_head(result, case, got, "generate_long")
             if not np.array_equal(got, want):
-                hint = ("Each round's prompt is the last keep tokens of the sequence so far (the prompt, then every "
-                        "earlier round's new tokens), and only the round's new tokens are appended.")
-                if np.array_equal(got, d["first"]):
-                    hint = ("Your output matches rounds that are handed the *first* keep tokens of the sequence: "
-                            "every round continues the start of the text again (a greedy model then writes the same "
-                            "continuation twice). Hand each round the latest tokens, the last keep of them.")
+                hint = diagnose(got, {
+                    "rounds that are handed the *first* keep tokens of the sequence: every round continues the start "
+                    "of the text again (a greedy model then writes the same continuation twice). Hand each round the "
+                    "latest tokens, the last keep of them": d["first"]}, rtol=0, atol=0) or (
+                    "Each round's prompt is the last keep tokens of the sequence so far (the prompt, then every "
+                    "earlier round's new tokens), and only the round's new tokens are appended.")
                 first = int(np.argwhere((got != want).any(axis=0))[0][0])
                 raise Fail(f"generate_long's tokens are wrong from position {first} on ({case.desc}). {hint}")
-            after = result.get(case.id, "prompt_after", what="the prompt after the call", kind="tensor")
-            if not np.array_equal(after, d["prompt"]):
-                raise Fail(f"generate_long changed the caller's prompt_ids ({case.desc}).")
