@@ -1,7 +1,7 @@
 """Hidden checks of lesson 04-cross-attention: the cross-attention mask, then CrossAttention with reusable memory.
 
-Expected outputs come from PyTorch: ``nn.MultiheadAttention`` (float64, eval, weights copied, padding given as
-``key_padding_mask = ~memory_is_real``, PyTorch's polarity) for attention over a memory, and
+Expected outputs come from PyTorch: ``nn.MultiheadAttention`` (lesson 03's ``torch_mha_expected``: float64, eval,
+weights copied by ``decoder_course.twins``, the mask inverted to PyTorch's polarity) for attention over a memory, and
 ``F.scaled_dot_product_attention`` (whose boolean mask has our polarity, True = may attend) for keys and values
 handed in directly through ``memory_kv``. ``CachedCrossAttention`` (find the bug) is judged relative to the
 student's ``CrossAttention`` and ``cross_attention_mask``: each call against ``nn.MultiheadAttention`` on that
@@ -18,29 +18,12 @@ import torch
 import torch.nn.functional as F
 
 from autograder.checks import judges
+from autograder.checks import l03_multi_head as mha
 from autograder.checks.framework import Case, Exercise, Fail, Result, exercise, expect_close
-from autograder.checks.l03_multi_head import (
-    ATOL,
-    RTOL,
-    get_pair,
-    judge_attention_output,
-    raise_module_error,
-    random_mha_state,
-    torch_mha_expected,
-)
 from autograder.reference import cross_attention as ref
 
 LESSON = "04-cross-attention"
-
-
-def _memory_is_real(rng, B: int, S: int, empty_row: int | None = None) -> np.ndarray:
-    """(B, S) bool: right padding of random lengths, row 0 unpadded, optionally one row with no real token."""
-    lengths = rng.integers(1, S, size=B)
-    lengths[0] = S
-    is_real = np.arange(S)[None, :] < lengths[:, None]  # (B, S)
-    if empty_row is not None:
-        is_real[empty_row] = False
-    return is_real
+TOL = {"rtol": mha.RTOL, "atol": mha.ATOL}  # float32 student code against float64 PyTorch (lesson 03's)
 
 
 # -- cross_attention_mask ----------------------------------------------------------------------------------------
@@ -55,12 +38,12 @@ class CrossAttentionMask(Exercise):
                 is_real = rng.random((B, S)) < 0.6
                 is_real[0] = True
             else:
-                is_real = _memory_is_real(rng, B, S, empty_row=1 if kind == "empty" else None)
+                is_real = judges.right_padded(rng, B, S, empty_row=1 if kind == "empty" else None)
             desc = f"B={B}, S={S}, T={T}" + (", one sequence whose memory is all padding" if kind == "empty" else "")
             case = Case(f"c{i}", desc, data={"is_real": is_real, "T": T})
             case.let("is_real", case.tensor(is_real))
             case.call("cross_attention_mask", {"ref": "is_real"}, T, let="mask", record="out")
-            case.record("is_real_after", {"ref": "is_real"})
+            judges.record_after(case, ["is_real"])
             case.call({"attr": ["mask", "stride"]}, record="strides")  # 0 in a stride: a view, not a new tensor
             cases.append(case)
         return cases
@@ -104,13 +87,18 @@ def _heads(x: torch.Tensor, H: int) -> torch.Tensor:
     return x.view(B, L, H, D // H).transpose(1, 2)
 
 
+def _f64(a) -> torch.Tensor:
+    return torch.from_numpy(np.asarray(a, dtype=np.float64))
+
+
+def _linear(state, name: str, x: torch.Tensor) -> torch.Tensor:
+    """The course's projection ``name`` (q_proj, ...) of ``state`` applied to ``x``, in float64."""
+    return F.linear(x, _f64(state[f"{name}.weight"]), _f64(state[f"{name}.bias"]))
+
+
 def _projected_memory(state, H, memory) -> tuple[np.ndarray, np.ndarray]:
-    """The memory's keys and values per head, computed with F.linear (float64)."""
-    t = {name: torch.from_numpy(np.asarray(value, dtype=np.float64)) for name, value in state.items()}
-    m = torch.from_numpy(np.asarray(memory, dtype=np.float64))
-    k = _heads(F.linear(m, t["k_proj.weight"], t["k_proj.bias"]), H)  # (B, H, S, Dh)
-    v = _heads(F.linear(m, t["v_proj.weight"], t["v_proj.bias"]), H)  # (B, H, S, Dh)
-    return k.numpy(), v.numpy()
+    """The memory's keys and values per head, computed with F.linear (float64): (B, H, S, Dh) each."""
+    return tuple(_heads(_linear(state, name, _f64(memory)), H).numpy() for name in ("k_proj", "v_proj"))
 
 
 def _attend_to_given_kv(state, H, query, k, v, allowed) -> tuple[np.ndarray, np.ndarray]:
@@ -120,17 +108,29 @@ def _attend_to_given_kv(state, H, query, k, v, allowed) -> tuple[np.ndarray, np.
         query: (B, T, D), k/v: (B, H, S, Dh), allowed: bool broadcastable to (B, H, T, S), no empty row
         -> out: (B, T, D), weights: (B, H, T, S)
     """
-    t = {name: torch.from_numpy(np.asarray(value, dtype=np.float64)) for name, value in state.items()}
-    k, v = (torch.from_numpy(np.asarray(a, dtype=np.float64)) for a in (k, v))
-    q = _heads(F.linear(torch.from_numpy(np.asarray(query, dtype=np.float64)), t["q_proj.weight"],
-                        t["q_proj.bias"]), H)  # (B, H, T, Dh)
+    k, v, q = _f64(k), _f64(v), _heads(_linear(state, "q_proj", _f64(query)), H)  # q: (B, H, T, Dh)
     mask = torch.from_numpy(np.asarray(allowed, dtype=bool))
     out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask)  # (B, H, T, Dh); its mask: True = attend
     scores = (q @ k.transpose(-2, -1) / math.sqrt(q.shape[-1])).masked_fill(~mask, -math.inf)
     weights = torch.softmax(scores, dim=-1)  # (B, H, T, S)
     B, _, T, _ = out.shape
     merged = out.transpose(1, 2).reshape(B, T, -1)  # (B, T, D)
-    return F.linear(merged, t["out_proj.weight"], t["out_proj.bias"]).numpy(), weights.numpy()
+    return _linear(state, "out_proj", merged).numpy(), weights.numpy()
+
+
+# (kind, situation, B, T, S, H, Dh, memory padding: None for no mask, "padded", "empty row" (sequence 2 all padding) or
+# "short row" (sequence 1 with 3 real tokens at most)); the kind says which calls the case makes and what it judges
+_CROSS_ROWS = [
+    ("memory", "forward(query, memory, allowed) with {sizes}, memory padding and one sequence whose memory is all "
+     "padding", 3, 4, 6, 2, 3, "empty row"),
+    ("given kv", "forward(query, memory_kv=(k, v), allowed) without a memory, {sizes}", 2, 5, 7, 3, 2, "padded"),
+    ("reuse", "project_memory once, then forward(query, memory_kv=...) for all T={T} queries and for one query at a "
+     "time, B={B}, S={S}, H={H}, Dh={Dh}", 2, 3, 5, 2, 4, "padded"),
+    ("positional", "B={B}, H={H}, T={T}, S={S}, Dh={Dh}, no mask", 1, 3, 5, 1, 6, None),
+    ("leak", "memory padding, {sizes}", 3, 2, 6, 4, 2, "short row"),
+    ("both", "forward given both memory and memory_kv", 2, 3, 4, 2, 3, None),
+    ("neither", "forward given neither memory nor memory_kv", 2, 3, 4, 2, 3, None),
+]
 
 
 @exercise(LESSON, "CrossAttention", points=2)
@@ -138,179 +138,142 @@ class CrossAttentionCheck(Exercise):
     # PyTorch's own multi-head attention, or its fused kernel, would do the exercise's work
     forbidden = ("nn.MultiheadAttention", "F.scaled_dot_product_attention", "F.multi_head_attention_forward")
 
-    def _case(self, rng, cid, desc, B, T, S, H, Dh, is_real):
-        D = H * Dh
-        state = random_mha_state(rng, D)
-        query = rng.normal(size=(B, T, D)).astype(np.float32)
-        memory = rng.normal(size=(B, S, D)).astype(np.float32)
-        allowed = None if is_real is None else np.repeat(is_real[:, None, None, :], T, axis=2)  # (B, 1, T, S)
-        case = Case(cid, desc, data={"state": state, "H": H, "query": query, "memory": memory, "allowed": allowed})
-        case.call("CrossAttention", D, H, let="m")
-        case.load_state("m", state)
-        case.eval("m")
-        case.let("query", case.tensor(query))
-        case.let("memory", case.tensor(memory))
-        if allowed is not None:
-            case.let("allowed", case.tensor(allowed))
-        return case
-
     def cases(self, rng):
         cases = []
-        # c0 forward with the memory; one sequence's memory is all padding (fully masked rows); project_memory
-        B, T, S, H, Dh = 3, 4, 6, 2, 3
-        case = self._case(rng, "c0", f"forward(query, memory, allowed) with B={B}, T={T}, S={S}, H={H}, Dh={Dh}, "
-                          "memory padding and one sequence whose memory is all padding",
-                          B, T, S, H, Dh, _memory_is_real(rng, B, S, empty_row=2))
-        case.call({"ref": "m"}, {"ref": "query"}, {"ref": "memory"}, allowed={"ref": "allowed"}, record="res")
-        case.method("m", "project_memory", {"ref": "memory"}, record="kv")
-        case.record("query_after", {"ref": "query"})
-        case.record("memory_after", {"ref": "memory"})
-        cases.append(case)
-        # c1 memory_kv handed in, memory=None: keys and values that come from no memory at all
-        B, T, S, H, Dh = 2, 5, 7, 3, 2
-        case = self._case(rng, "c1", f"forward(query, memory_kv=(k, v), allowed) without a memory, B={B}, T={T}, "
-                          f"S={S}, H={H}, Dh={Dh}", B, T, S, H, Dh, _memory_is_real(rng, B, S))
-        k = rng.normal(size=(B, H, S, Dh)).astype(np.float32)
-        v = rng.normal(size=(B, H, S, Dh)).astype(np.float32)
-        case.data.update(k=k, v=v)
-        case.let("k", case.tensor(k))
-        case.let("v", case.tensor(v))
-        case.call({"ref": "m"}, {"ref": "query"}, memory_kv={"tuple": [{"ref": "k"}, {"ref": "v"}]},
-                  allowed={"ref": "allowed"}, record="res")
-        case.record("k_after", {"ref": "k"})
-        case.record("v_after", {"ref": "v"})
-        cases.append(case)
-        # c2 project once, reuse for the whole query and for one decoding step at a time
-        B, T, S, H, Dh = 2, 3, 5, 2, 4
-        case = self._case(rng, "c2", f"project_memory once, then forward(query, memory_kv=...) for all T={T} "
-                          f"queries and for one query at a time, B={B}, S={S}, H={H}, Dh={Dh}",
-                          B, T, S, H, Dh, _memory_is_real(rng, B, S))
-        case.method("m", "project_memory", {"ref": "memory"}, let="kv")
-        case.call({"ref": "m"}, {"ref": "query"}, memory_kv={"ref": "kv"}, allowed={"ref": "allowed"}, record="res")
-        for t in range(T):
-            step_query = case.tensor(case.data["query"][:, t:t + 1])  # (B, 1, D)
-            step_allowed = case.tensor(case.data["allowed"][:, :, t:t + 1])  # (B, 1, 1, S)
-            case.call({"ref": "m"}, step_query, memory_kv={"ref": "kv"}, allowed=step_allowed, record=f"step{t}")
-        case.record("memory_after", {"ref": "memory"})
-        cases.append(case)
-        # c3 B = 1, H = 1, no mask, memory passed by position
-        case = self._case(rng, "c3", "B=1, H=1, T=3, S=5, Dh=6, no mask", 1, 3, 5, 1, 6, None)
-        case.call({"ref": "m"}, {"ref": "query"}, {"ref": "memory"}, record="res")
-        cases.append(case)
-        # c4 padding leakage: padded memory positions replaced by huge values in a second call
-        B, T, S, H, Dh = 3, 2, 6, 4, 2
-        is_real = _memory_is_real(rng, B, S)
-        is_real[1, 3:] = False
-        case = self._case(rng, "c4", f"memory padding, B={B}, T={T}, S={S}, H={H}, Dh={Dh}", B, T, S, H, Dh, is_real)
-        case.call({"ref": "m"}, {"ref": "query"}, {"ref": "memory"}, allowed={"ref": "allowed"}, record="res")
-        memory2 = case.data["memory"].copy()
-        memory2[~is_real] = 100.0 * rng.normal(size=memory2[~is_real].shape)
-        case.call({"ref": "m"}, {"ref": "query"}, case.tensor(memory2), allowed={"ref": "allowed"}, record="res2")
-        cases.append(case)
-        # c5 both memory and memory_kv: ambiguous, must be refused
-        B, T, S, H, Dh = 2, 3, 4, 2, 3
-        case = self._case(rng, "c5", "forward given both memory and memory_kv", B, T, S, H, Dh, None)
-        other = rng.normal(size=(B, S, H * Dh)).astype(np.float32)
-        case.method("m", "project_memory", case.tensor(other), let="kv_other")
-        case.call({"ref": "m"}, {"ref": "query"}, {"ref": "memory"}, memory_kv={"ref": "kv_other"}, record="res")
-        cases.append(case)
-        # c6 neither memory nor memory_kv: nothing to attend to, must be refused
-        case = self._case(rng, "c6", "forward given neither memory nor memory_kv", B, T, S, H, Dh, None)
-        case.call({"ref": "m"}, {"ref": "query"}, record="res")
-        cases.append(case)
+        for i, (kind, situation, B, T, S, H, Dh, padding) in enumerate(_CROSS_ROWS):
+            D = H * Dh
+            is_real = None if padding is None else judges.right_padded(rng, B, S, empty_row=2 if padding == "empty row"
+                                                                       else None)  # (B, S)
+            if padding == "short row":
+                is_real[1, 3:] = False
+            allowed = None if is_real is None else np.repeat(is_real[:, None, None, :], T, axis=2)  # (B, 1, T, S)
+            state = mha.random_mha_state(rng, D)
+            query, memory = (rng.normal(size=(B, L, D)).astype(np.float32) for L in (T, S))
+            desc = situation.format(B=B, T=T, S=S, H=H, Dh=Dh, sizes=f"B={B}, T={T}, S={S}, H={H}, Dh={Dh}")
+            case = Case(f"c{i}", desc, data={"kind": kind, "state": state, "H": H, "query": query, "memory": memory,
+                                             "allowed": allowed})
+            case.call("CrossAttention", D, H, let="m")
+            case.load_state("m", state)
+            case.eval("m")
+            for name in ("query", "memory") + (() if allowed is None else ("allowed",)):
+                case.let(name, case.tensor(case.data[name]))
+            mask = {} if allowed is None else {"allowed": {"ref": "allowed"}}
+            if kind in ("memory", "positional", "leak"):
+                case.call({"ref": "m"}, {"ref": "query"}, {"ref": "memory"}, **mask, record="res")
+            if kind == "memory":  # then project_memory on its own
+                case.method("m", "project_memory", {"ref": "memory"}, record="kv")
+                judges.record_after(case, ["query", "memory"])
+            elif kind == "given kv":  # keys and values that come from no memory at all
+                case.data.update(k=rng.normal(size=(B, H, S, Dh)).astype(np.float32),
+                                 v=rng.normal(size=(B, H, S, Dh)).astype(np.float32))
+                case.let("k", case.tensor(case.data["k"]))
+                case.let("v", case.tensor(case.data["v"]))
+                case.call({"ref": "m"}, {"ref": "query"}, memory_kv={"tuple": [{"ref": "k"}, {"ref": "v"}]}, **mask,
+                          record="res")
+                judges.record_after(case, ["k", "v"])
+            elif kind == "reuse":  # project once, reuse for the whole query and for one decoding step at a time
+                case.method("m", "project_memory", {"ref": "memory"}, let="kv")
+                case.call({"ref": "m"}, {"ref": "query"}, memory_kv={"ref": "kv"}, **mask, record="res")
+                for t in range(T):
+                    case.call({"ref": "m"}, case.tensor(query[:, t:t + 1]), memory_kv={"ref": "kv"},
+                              allowed=case.tensor(allowed[:, :, t:t + 1]), record=f"step{t}")  # (B, 1, D), (B, 1, 1, S)
+                judges.record_after(case, ["memory"])
+            elif kind == "leak":  # padded memory positions replaced by huge values in a second call
+                memory2 = memory.copy()
+                memory2[~is_real] = 100.0 * rng.normal(size=memory2[~is_real].shape)
+                case.call({"ref": "m"}, {"ref": "query"}, case.tensor(memory2), **mask, record="res2")
+            elif kind == "both":  # ambiguous: must be refused
+                case.method("m", "project_memory", case.tensor(rng.normal(size=(B, S, D)).astype(np.float32)),
+                            let="kv_other")
+                case.call({"ref": "m"}, {"ref": "query"}, {"ref": "memory"}, memory_kv={"ref": "kv_other"},
+                          record="res")
+            elif kind == "neither":  # nothing to attend to: must be refused
+                case.call({"ref": "m"}, {"ref": "query"}, record="res")
+            cases.append(case)
         return cases
 
     def judge(self, result: Result):
         what = "CrossAttention"
         for case in result.cases.values():
-            d = case.data
-            if case.id == "c5":
-                self._judge_both(result, case)
+            d, kind = case.data, case.data["kind"]
+            if kind == "both":
+                if result.error(case.id) is None:
+                    raise Fail("given both memory and memory_kv, forward silently used one of them. The two could "
+                               "disagree: raise a ValueError and ask for exactly one.")
+                judges.value_error(result, case.id, "given both memory and memory_kv, which could disagree")
                 continue
-            if case.id == "c6":
-                judges.value_error(result, case.id, "given neither memory nor memory_kv, there is nothing to attend "
-                                   "to")
+            if kind == "neither":
+                judges.value_error(result, case.id, "given neither memory nor memory_kv, there is nothing to attend to")
                 continue
             error = result.error(case.id)
-            if case.id == "c1" and error is not None and "NotImplementedError" not in error:
-                raise Fail(f"your code raised an exception on a case with {case.desc}:\n    "
-                           f"{error.splitlines()[-1]}\nWhen memory_kv is given, memory is None: take the keys "
-                           "and values from memory_kv (do not project the memory again).")
-            raise_module_error(result, case.id)
-            if case.id == "c1":
+            if kind == "given kv" and error is not None and "NotImplementedError" not in error:
+                raise Fail(f"your code raised an exception on a case with {case.desc}:\n    {error.splitlines()[-1]}\n"
+                           "When memory_kv is given, memory is None: take the keys and values from memory_kv (do not "
+                           "project the memory again).")
+            mha.raise_module_error(result, case.id)
+            if kind == "given kv":
                 self._judge_given_kv(result, case)
                 continue
-            out, _ = judge_attention_output(result, case.id, "res", d["state"], d["H"], d["query"], d["memory"],
-                                            d["memory"], d["allowed"], what, key_name="memory",
-                                            value_name="memory")
-            if case.id == "c0":
+            out, _ = mha.judge_attention_output(result, case.id, "res", d["state"], d["H"], d["query"], d["memory"],
+                                            d["memory"], d["allowed"], what, key_name="memory", value_name="memory")
+            if kind == "memory":
                 self._judge_project_memory(result, case)
                 judges.unchanged(result, case.id, {"query": d["query"], "memory": d["memory"]}, what)
-            if case.id == "c2":
+            elif kind == "reuse":
                 for t in range(d["query"].shape[1]):
-                    get_pair(result, case.id, f"step{t}", what)
-                    step = result.get(case.id, f"step{t}/0", what=f"the output of decoding step {t}",
-                                      kind="tensor", dtype="float")
+                    mha.get_pair(result, case.id, f"step{t}", what)
+                    step = result.get(case.id, f"step{t}/0", what=f"the output of decoding step {t}", kind="tensor",
+                                      dtype="float")
                     if step.shape != (out.shape[0], 1, out.shape[2]):
                         raise Fail(f"with one query (T=1) the output should have shape (B, 1, D), got {step.shape} "
                                    f"({case.desc}).")
-                    if not np.allclose(step[:, 0], out[:, t], rtol=RTOL, atol=ATOL):
-                        raise Fail(f"decoding step {t} alone (one query, the same memory_kv) differs from row {t} "
-                                   f"of the full pass ({case.desc}): each query's output may depend only on that "
-                                   "query and the memory.")
+                    if not np.allclose(step[:, 0], out[:, t], **TOL):
+                        raise Fail(f"decoding step {t} alone (one query, the same memory_kv) differs from row {t} of "
+                                   f"the full pass ({case.desc}): each query's output may depend only on that query "
+                                   "and the memory.")
                 judges.unchanged(result, case.id, {"memory": d["memory"]}, what)
-            if case.id == "c4":
-                get_pair(result, case.id, "res2", what)
+            elif kind == "leak":
+                mha.get_pair(result, case.id, "res2", what)
                 out2 = result.get(case.id, "res2/0", what="the output of the second call", kind="tensor",
                                   shape=out.shape)
-                if not np.allclose(out2, out, rtol=RTOL, atol=ATOL):
-                    raise Fail(f"the output changed when only padded memory positions changed ({case.desc}): "
-                               "memory padding leaks into the output. Is `allowed` passed on to attention?")
+                judges.leak(out, out2, f"the output changed when only padded memory positions changed ({case.desc}): "
+                            "memory padding leaks into the output. Is `allowed` passed on to attention?",
+                            atol=TOL["atol"])
 
     def _judge_project_memory(self, result: Result, case: Case) -> None:
         d = case.data
-        B, S, D = d["memory"].shape
-        H = d["H"]
+        (B, S, D), H = d["memory"].shape, d["H"]
         meta = result.meta(case.id, "kv")
         if meta.get("type") not in ("tuple", "list") or meta.get("len") != 2:
             raise Fail(f"project_memory should return a pair `(k, v)`, got `{meta.get('type')}` ({case.desc}).")
         want_k, want_v = _projected_memory(d["state"], H, d["memory"])
         for index, (name, want, proj) in enumerate([("k", want_k, "k_proj"), ("v", want_v, "v_proj")]):
-            got = result.get(case.id, f"kv/{index}", what=f"the {name} of project_memory", kind="tensor",
-                             dtype="float")
+            got = result.get(case.id, f"kv/{index}", what=f"the {name} of project_memory", kind="tensor", dtype="float")
             if got.shape != (B, H, S, D // H):
-                hint = ": split the heads and put them before S" if got.shape in ((B, S, D), (B, S, H, D // H)) \
-                    else ""
+                hint = ": split the heads and put them before S" if got.shape in ((B, S, D), (B, S, H, D // H)) else ""
                 raise Fail(f"project_memory's {name} should have shape (B, H, S, Dh) = {(B, H, S, D // H)}, got "
                            f"{got.shape} ({case.desc}){hint}.")
-            expect_close(got.astype(np.float64), want, f"project_memory's {name}", case.desc, rtol=RTOL, atol=ATOL,
+            expect_close(got.astype(np.float64), want, f"project_memory's {name}", case.desc, **TOL,
                          hint=f"{name} is the memory through {proj}, split into heads (B, H, S, Dh).")
 
     def _judge_given_kv(self, result: Result, case: Case) -> None:
         d = case.data
         B, T, D = d["query"].shape
         H, S = d["H"], d["k"].shape[2]
-        get_pair(result, case.id, "res", "CrossAttention")
+        mha.get_pair(result, case.id, "res", "CrossAttention")
         out = result.get(case.id, "res/0", what="the output of CrossAttention", kind="tensor", dtype="float")
         weights = result.get(case.id, "res/1", what="the weights of CrossAttention", kind="tensor", dtype="float")
         if out.shape != (B, T, D) or weights.shape != (B, H, T, S):
             raise Fail(f"with memory_kv the output should be (B, T, D) = {(B, T, D)} and the weights (B, H, T, S) = "
                        f"{(B, H, T, S)}; got {out.shape} and {weights.shape} ({case.desc}).")
         want_out, want_w = _attend_to_given_kv(d["state"], H, d["query"], d["k"], d["v"], d["allowed"])
-        expect_close(weights.astype(np.float64), want_w, "the weight tensor of CrossAttention", case.desc, rtol=RTOL,
-                     atol=ATOL, hint="With memory_kv = (k, v) the keys are k exactly as given (already projected and "
-                                     "split into heads): only the query goes through q_proj.")
-        expect_close(out.astype(np.float64), want_out, "the output of CrossAttention", case.desc, rtol=RTOL,
-                     atol=ATOL, hint="With memory_kv = (k, v) the values are v exactly as given: average them with "
-                                     "the weights, merge the heads, then out_proj.")
+        expect_close(weights.astype(np.float64), want_w, "the weight tensor of CrossAttention", case.desc, **TOL,
+                     hint="With memory_kv = (k, v) the keys are k exactly as given (already projected and split into "
+                          "heads): only the query goes through q_proj.")
+        expect_close(out.astype(np.float64), want_out, "the output of CrossAttention", case.desc, **TOL,
+                     hint="With memory_kv = (k, v) the values are v exactly as given: average them with the weights, "
+                          "merge the heads, then out_proj.")
         judges.unchanged(result, case.id, {"k": d["k"], "v": d["v"]}, "CrossAttention")
-
-    def _judge_both(self, result: Result, case: Case) -> None:
-        if result.error(case.id) is None:
-            raise Fail("given both memory and memory_kv, forward silently used one of them. The two could "
-                       "disagree: raise a ValueError and ask for exactly one.")
-        judges.value_error(result, case.id, "given both memory and memory_kv, which could disagree")
-
 
 
 # -- CachedCrossAttention: find the bug (autograder.bugs), judged relative to the student's blocks --------------
@@ -343,7 +306,7 @@ class CachedCrossAttentionCheck(Exercise):
     def _case(self, rng, cid, desc, H, Dh, batches, plan):
         """``batches``: (B, S, lengths) per memory; ``plan``: (batch index, T) per call, in order."""
         D = H * Dh
-        state = random_mha_state(rng, D)
+        state = mha.random_mha_state(rng, D)
         memories = [rng.normal(size=(B, S, D)).astype(np.float32) for B, S, _ in batches]
         is_real = [np.arange(S)[None, :] < np.asarray(lengths)[:, None] for _, S, lengths in batches]  # (B, S)
         queries = [rng.normal(size=(batches[i][0], T, D)).astype(np.float32) for i, T in plan]
@@ -359,8 +322,7 @@ class CachedCrossAttentionCheck(Exercise):
         for step, ((i, _), query) in enumerate(zip(plan, queries, strict=True)):
             case.call({"ref": "cached"}, case.tensor(query), {"ref": f"memory{i}"}, {"ref": f"is_real{i}"},
                       record=f"step{step}")
-        for i in range(len(memories)):
-            case.record(f"memory{i}_after", {"ref": f"memory{i}"})
+        judges.record_after(case, [f"memory{i}" for i in range(len(memories))])
         return case
 
     def cases(self, rng):
@@ -379,27 +341,27 @@ class CachedCrossAttentionCheck(Exercise):
     def judge(self, result: Result):
         what = "CachedCrossAttention"
         for case in result.cases.values():
-            raise_module_error(result, case.id)
+            mha.raise_module_error(result, case.id)
             d = case.data
             H, plan, memories, is_real = d["H"], d["plan"], d["memories"], d["is_real"]
             new = [step == 0 or plan[step][0] != plan[step - 1][0] for step in range(len(plan))]  # memory changed
             for step, ((i, T), query) in enumerate(zip(plan, d["queries"], strict=True)):
-                get_pair(result, case.id, f"step{step}", what)
+                mha.get_pair(result, case.id, f"step{step}", what)
                 B, S, D = memories[i].shape
                 out = result.get(case.id, f"step{step}/0", what=f"the output of call {step}", kind="tensor",
                                  dtype="float", shape=(B, T, D))
                 allowed = is_real[i][:, None, None, :]  # (B, 1, 1, S)
                 if step and new[step] and memories[plan[step - 1][0]].shape == memories[i].shape:
                     previous = memories[plan[step - 1][0]]
-                    stale, _ = torch_mha_expected(d["state"], H, query, previous, previous, allowed)
-                    if np.allclose(out, stale, rtol=RTOL, atol=ATOL):
+                    stale, _ = mha.torch_mha_expected(d["state"], H, query, previous, previous, allowed)
+                    if np.allclose(out, stale, **TOL):
                         raise Fail(f"call {step} of {what} attends to the memory of the previous calls, not to the "
                                    f"one it was given ({case.desc}): the keys and values of one batch are reused for "
                                    "the next. They belong to the memory they came from: a call with another memory "
                                    "must project that memory.")
-                judge_attention_output(result, case.id, f"step{step}", d["state"], H, query, memories[i],
-                                       memories[i], allowed, f"call {step} of {what}", key_name="memory",
-                                       value_name="memory")
+                mha.judge_attention_output(result, case.id, f"step{step}", d["state"], H, query, memories[i],
+                                           memories[i], allowed, f"call {step} of {what}", key_name="memory",
+                                           value_name="memory")
             if _memory_handed_to_forward(result, case.id):
                 raise Fail(f"{what} hands xattn the memory to project at every call ({case.desc}): the point of the "
                            "wrapper is to project each memory once and hand the later calls its keys and values "
