@@ -5,14 +5,17 @@ notebook's given ``MultiHeadAttention`` / ``CrossAttention`` and a plain ``nn.Se
 ``linear1``, ``relu``, ``linear2``, so the contract's parameter names load), then compare with PyTorch's own
 ``nn.TransformerDecoderLayer`` carrying the same weights. Only one case builds the default sublayers, and it
 looks at their types and the output's shape, so a wrong ``FeedForward`` costs only its own item.
+
+Each layer exercise is a table of rows (sizes, LayerNorm placement, inputs, masks) fed to one loop; the generic
+judges (inputs unchanged, leakage, dropout, a known mistake's output) are :mod:`autograder.checks.judges`'.
 """
 
 from __future__ import annotations
 
 import numpy as np
 import torch
-from torch import nn
 
+from autograder.checks import judges
 from autograder.checks.framework import Case, Exercise, Fail, Raised, Result, exercise, expect_close
 from autograder.reference import cross_attention as ref_cross
 from autograder.reference import decoder_layer as ref
@@ -34,11 +37,30 @@ def _inputs(rng: np.random.Generator, B: int, T: int, S: int, D: int) -> tuple[n
     return x, memory
 
 
-def _lengths(rng: np.random.Generator, B: int, n: int) -> np.ndarray:
-    """is_real (B, n): padding at the end, every row keeping at least one real token, one row unpadded."""
-    lengths = rng.integers(1, n, size=B)
-    lengths[rng.integers(B)] = n
-    return np.arange(n)[None, :] < lengths[:, None]  # (B, n)
+def _padded(rng: np.random.Generator, B: int, n: int, min_real: int = 1) -> np.ndarray:
+    """is_real (B, n): padding at the end, at least ``min_real`` real tokens a row, a random row unpadded."""
+    return judges.right_padded(rng, B, n, min_real=min_real, full_row=int(rng.integers(B)))
+
+
+def _perturbed(rng: np.random.Generator, x: np.ndarray, memory: np.ndarray, mem_is_real: np.ndarray):
+    """(t0, x with the positions after t0 redrawn, memory with its padded positions redrawn): what must not
+    matter to the outputs at positions <= t0, and to every output."""
+    B, T, D = x.shape
+    t0 = int(rng.integers(1, T - 1))
+    x_future, memory_pad = x.copy(), memory.copy()
+    x_future[:, t0 + 1:] = rng.standard_normal((B, T - t0 - 1, D)) * 3.0
+    memory_pad[~mem_is_real] = rng.standard_normal((int((~mem_is_real).sum()), D)) * 3.0
+    return t0, x_future, memory_pad
+
+
+def _ff_state(rng: np.random.Generator, D: int, F: int, prefix: str = "", bias: float = 0.2,
+              unit: bool = False) -> dict[str, np.ndarray]:
+    """linear1 (D -> F) and linear2 (F -> D), float32: weights N(0, 1/fan_in) (N(0, 1) if ``unit``)."""
+    state = {}
+    for name, n_in, n_out in (("linear1", D, F), ("linear2", F, D)):
+        state[f"{prefix}{name}.weight"] = rng.normal(0.0, 1.0 if unit else 1.0 / np.sqrt(n_in), (n_out, n_in))
+        state[f"{prefix}{name}.bias"] = rng.normal(0.0, bias, n_out)
+    return {key: value.astype(np.float32) for key, value in state.items()}
 
 
 def _layer_state(rng: np.random.Generator, D: int, F: int) -> dict[str, np.ndarray]:
@@ -48,56 +70,88 @@ def _layer_state(rng: np.random.Generator, D: int, F: int) -> dict[str, np.ndarr
         for proj in ATTN_PROJ:
             state[f"{sub}.{proj}.weight"] = rng.normal(0.0, 1.0 / np.sqrt(D), (D, D))
             state[f"{sub}.{proj}.bias"] = rng.normal(0.0, 0.2, D)
-    state["feed_forward.linear1.weight"] = rng.normal(0.0, 1.0 / np.sqrt(D), (F, D))
-    state["feed_forward.linear1.bias"] = rng.normal(0.0, 0.2, F)
-    state["feed_forward.linear2.weight"] = rng.normal(0.0, 1.0 / np.sqrt(F), (D, F))
-    state["feed_forward.linear2.bias"] = rng.normal(0.0, 0.2, D)
+    state.update(_ff_state(rng, D, F, "feed_forward."))
     for norm in NORMS:
-        state[f"{norm}.weight"] = 1.0 + rng.normal(0.0, 0.3, D)
-        state[f"{norm}.bias"] = rng.normal(0.0, 0.3, D)
+        state[f"{norm}.weight"], state[f"{norm}.bias"] = 1.0 + rng.normal(0.0, 0.3, D), rng.normal(0.0, 0.3, D)
     return {key: value.astype(np.float32) for key, value in state.items()}
 
 
-def _torch_layer(state: dict, H: int, F: int, norm_first: bool) -> nn.TransformerDecoderLayer:
-    """PyTorch's own decoder layer (float64, eval) carrying the weights of a contract state dict (its packed in_proj
-    built by decoder_course.twins)."""
+# -- PyTorch's side, and the reference's ---------------------------------------------------------------------
+def _blocked(allowed) -> torch.Tensor | None:
+    """Our polarity (True = may attend) to PyTorch's (True = blocked): the one place it is inverted."""
+    return None if allowed is None else ~torch.from_numpy(np.asarray(allowed, bool))
+
+
+def _torch_layer(state: dict, H: int, F: int, norm_first: bool) -> torch.nn.TransformerDecoderLayer:
+    """PyTorch's own decoder layer (float64, eval) carrying the weights of a contract state dict."""
     return twins.torch_twin(state, "decoder", H, d_ff=F, norm_first=norm_first, dtype=torch.float64)
 
 
 def _torch_forward(theirs, x, memory, causal=None, tgt_is_real=None, mem_is_real=None) -> np.ndarray:
-    """Run PyTorch's layer; its masks mean True = BLOCKED, so ours are inverted here, at the boundary."""
+    """Run PyTorch's decoder layer or stack on our inputs and masks (inverted at the boundary)."""
+    with torch.no_grad():
+        return theirs(torch.from_numpy(np.asarray(x, np.float64)), torch.from_numpy(np.asarray(memory, np.float64)),
+                      tgt_mask=_blocked(causal), tgt_key_padding_mask=_blocked(tgt_is_real),
+                      memory_key_padding_mask=_blocked(mem_is_real)).numpy()
 
-    def blocked(allowed):
-        return None if allowed is None else ~torch.from_numpy(np.asarray(allowed, bool))
+
+def _reference_layer_out(d: dict, self_allowed, cross_allowed) -> np.ndarray:
+    """The reference layer (float64, eval) with the case's weights and the given masks of our polarity: where a
+    mask leaves a query with no key (a known mistake's, or a sequence without memory), PyTorch would give NaN."""
+    D, H, F = d["D"], d["H"], d["F"]
+    ours = ref.DecoderLayer(D, H, F, dropout=0.0, norm_first=d["norm_first"],
+                            self_attn=ref_mh.MultiHeadAttention(D, H), cross_attn=ref_cross.CrossAttention(D, H))
+    ours.load_state_dict({k: torch.from_numpy(v) for k, v in d["state"].items()})
+
+    def tensor(a):
+        return None if a is None else torch.from_numpy(np.ascontiguousarray(a))
 
     with torch.no_grad():
-        out = theirs(
-            torch.from_numpy(np.asarray(x, np.float64)),
-            torch.from_numpy(np.asarray(memory, np.float64)),
-            tgt_mask=blocked(causal),
-            tgt_key_padding_mask=blocked(tgt_is_real),
-            memory_key_padding_mask=blocked(mem_is_real),
-        )
-    return out.numpy()
+        return ours.double().eval()(torch.from_numpy(d["x"].astype(np.float64)),
+                                    torch.from_numpy(d["memory"].astype(np.float64)),
+                                    tensor(self_allowed), tensor(cross_allowed)).numpy()
 
 
-def _self_allowed(causal: np.ndarray, tgt_is_real: np.ndarray | None) -> np.ndarray:
+def _self_allowed(causal: np.ndarray | None, tgt_is_real: np.ndarray | None) -> np.ndarray | None:
     """Our self-attention mask: (T, T) causal alone, or (B, 1, T, T) with target padding on the keys."""
     if tgt_is_real is None:
         return causal
     return causal[None, None] & tgt_is_real[:, None, None, :]
 
 
-def _cross_allowed(mem_is_real: np.ndarray, T: int) -> np.ndarray:
-    return np.repeat(mem_is_real[:, None, None, :], T, axis=2)  # (B, 1, T, S)
+def _cross_allowed(mem_is_real: np.ndarray | None, T: int) -> np.ndarray | None:
+    return None if mem_is_real is None else np.repeat(mem_is_real[:, None, None, :], T, axis=2)  # (B, 1, T, S)
 
 
-def _diagnose(got: np.ndarray, candidates: dict[str, np.ndarray]) -> str:
-    """Name the mistake whose output the student's matches, if any (never a value)."""
-    for mistake, want in candidates.items():
-        if got.shape == want.shape and np.allclose(got, want, rtol=1e-4, atol=1e-4):
-            return f"Your output matches {mistake}."
-    return ""
+# -- judges of this lesson (and the next, which builds stacks of these layers) --------------------------------
+def _unchanged(result: Result, case_id: str, before: dict, what: str, hint: str = "") -> None:
+    """judges.unchanged, its message followed by ``hint``: how this exercise's input was written into."""
+    try:
+        judges.unchanged(result, case_id, before, what)
+    except Fail as fail:
+        raise type(fail)(f"{fail} {hint}".rstrip()) from None
+
+
+def _leaks(outs: dict, case: Case, future: str, pad: str, tol: float = 1e-5) -> None:
+    """The outputs at positions <= t0 ignore x after t0 ("_future"), and every output ignores the padded memory
+    ("_pad"); ``future`` and ``pad`` say what to pass where."""
+    t0 = case.data["t0"]
+    for base, moved, message in (
+        (outs["post"][:, : t0 + 1], outs["post_future"][:, : t0 + 1],
+         f"positions <= {t0} changed when only later positions of x changed ({case.desc}): the future leaks. "
+         f"{future}"),
+        (outs["post"], outs["post_pad"],
+         f"the output changed when only padded memory positions changed ({case.desc}): {pad}"),
+    ):
+        judges.leak(base, moved, message, atol=tol)
+        if not np.allclose(base, moved, rtol=tol, atol=tol):  # the float64 NumPy layer: tighter than judges.leak
+            raise Fail(message)
+
+
+def _placement(norm_first: bool) -> str:
+    """The recognisable output of the other LayerNorm placement, named."""
+    other = "pre-LN (norm_first=True)" if not norm_first else "post-LN (norm_first=False)"
+    return f"a {other} layer: check where the LayerNorms sit for norm_first={norm_first}"
 
 
 # -- FeedForward ---------------------------------------------------------------------------------------------
@@ -107,125 +161,78 @@ class FeedForwardCheck(Exercise):
 
     def cases(self, rng):
         cases = []
-        for i, (B, T, D, F) in enumerate([(2, 5, 12, 20), (1, 3, 8, 32)]):
-            state = {
-                "linear1.weight": rng.normal(0, 1 / np.sqrt(D), (F, D)),
-                "linear1.bias": rng.normal(0, 0.5, F),
-                "linear2.weight": rng.normal(0, 1 / np.sqrt(F), (D, F)),
-                "linear2.bias": rng.normal(0, 0.5, D),
-            }
-            state = {k: v.astype(np.float32) for k, v in state.items()}
-            x, _ = _inputs(rng, B, T, 1, D)
-            case = Case(
-                f"c{i}", f"B={B}, T={T}, D={D}, F={F}, dropout=0.1, eval mode", data={"state": state, "x": x}
-            )
-            case.call("FeedForward", D, F, 0.1, let="ff")
-            case.load_state("ff", state)
-            case.eval("ff")
-            case.let("x", case.tensor(x))
-            case.method("ff", "forward", {"ref": "x"}, record="out")
-            case.record("x_after", {"ref": "x"})
+        # id, B, T, D, F, dropout, training mode: there F < D, so the hidden units can be read back from the
+        # output (W2 has full column rank)
+        for case_id, B, T, D, F, p, train in (("c0", 2, 5, 12, 20, 0.1, False), ("c1", 1, 3, 8, 32, 0.1, False),
+                                              ("train", 3, 7, 10, 6, 0.5, True)):
+            state = _ff_state(rng, D, F, bias=0.5, unit=train)
+            x = rng.standard_normal((B, T, D)).astype(np.float32) if train else _inputs(rng, B, T, 1, D)[0]
+            mode = "training mode" if train else "eval mode"
+            case = Case(case_id, f"B={B}, T={T}, D={D}, F={F}, dropout={p}, {mode}", data={"state": state, "x": x,
+                                                                                          "p": p})
+            if train:
+                case.call("FeedForward", D, F, dropout=p, let="ff")
+                case.load_state("ff", state)
+                case.steps.append({"train": "ff"})
+                case.seed(int(rng.integers(2**31)))
+                case.method("ff", "forward", case.tensor(x), record="out")
+            else:  # dropout passed by position: the contract's third argument
+                case.call("FeedForward", D, F, p, let="ff")
+                case.load_state("ff", state)
+                case.eval("ff")
+                case.let("x", case.tensor(x))
+                case.method("ff", "forward", {"ref": "x"}, record="out")
+                judges.record_after(case, ("x",))
             cases.append(case)
-        # Training mode, F < D: the hidden units can be read back from the output (W2 has full column rank)
-        B, T, D, F, p = 3, 7, 10, 6, 0.5
-        state = {
-            "linear1.weight": rng.normal(0, 1, (F, D)),
-            "linear1.bias": rng.normal(0, 0.5, F),
-            "linear2.weight": rng.normal(0, 1, (D, F)),
-            "linear2.bias": rng.normal(0, 0.5, D),
-        }
-        state = {k: v.astype(np.float32) for k, v in state.items()}
-        x = rng.standard_normal((B, T, D)).astype(np.float32)
-        case = Case(
-            "train",
-            f"B={B}, T={T}, D={D}, F={F}, dropout={p}, training mode",
-            data={"state": state, "x": x, "p": p},
-        )
-        case.call("FeedForward", D, F, dropout=p, let="ff")
-        case.load_state("ff", state)
-        case.steps.append({"train": "ff"})
-        case.seed(int(rng.integers(2**31)))
-        case.method("ff", "forward", case.tensor(x), record="out")
-        cases.append(case)
         return cases
 
     def judge(self, result: Result):
         for case_id in ("c0", "c1"):
             case = result.cases[case_id]
             state, x = case.data["state"], case.data["x"]
-            got = result.get(
-                case_id, "out", what="FeedForward's output", kind="tensor", dtype="float", shape=x.shape
-            )
+            got = result.get(case_id, "out", what="FeedForward's output", kind="tensor", dtype="float", shape=x.shape)
             w = {k: torch.from_numpy(v.astype(np.float64)) for k, v in state.items()}
-            xt = torch.from_numpy(x.astype(np.float64))
-            hidden = xt @ w["linear1.weight"].T + w["linear1.bias"]  # (B, T, F)
-            want = torch.relu(hidden) @ w["linear2.weight"].T + w["linear2.bias"]  # (B, T, D)
-            without_relu = hidden @ w["linear2.weight"].T + w["linear2.bias"]
-            gelu = torch.nn.functional.gelu(hidden) @ w["linear2.weight"].T + w["linear2.bias"]
-            hint = _diagnose(
-                got,
-                {
-                    "the network without its ReLU (two linear maps are one linear map)": without_relu.numpy(),
-                    "GELU, not ReLU (nn.TransformerDecoderLayer's default activation is ReLU)": gelu.numpy(),
-                },
-            )
-            expect_close(
-                got,
-                want.numpy(),
-                "FeedForward's output",
-                case.desc,
-                rtol=1e-4,
-                atol=1e-4,
-                hint=hint
-                or "Expected linear2(dropout(relu(linear1(x)))), with linear1: D -> F and "
-                "linear2: F -> D; in eval mode dropout does nothing.",
-            )
-            after = result.get(case_id, "x_after", what="x after the call", kind="tensor")
-            if not np.array_equal(after, x):
-                raise Fail(
-                    "FeedForward changed its input x in place: use out-of-place operations "
-                    "(torch.relu(h), not h.relu_() on a view of x)."
-                )
+            hidden = torch.from_numpy(x.astype(np.float64)) @ w["linear1.weight"].T + w["linear1.bias"]  # (B, T, F)
+
+            def out(h, w=w):  # (B, T, F) -> (B, T, D)
+                return (h @ w["linear2.weight"].T + w["linear2.bias"]).numpy()
+
+            hint = judges.diagnose(got, {
+                "the network without its ReLU (two linear maps are one linear map)": out(hidden),
+                "GELU, not ReLU (nn.TransformerDecoderLayer's default activation is ReLU)":
+                    out(torch.nn.functional.gelu(hidden)),
+            }) or ("Expected linear2(dropout(relu(linear1(x)))), with linear1: D -> F and linear2: F -> D; in eval "
+                   "mode dropout does nothing.")
+            expect_close(got, out(torch.relu(hidden)), "FeedForward's output", case.desc, rtol=1e-4, atol=1e-4,
+                         hint=hint)
+            _unchanged(result, case_id, {"x": x}, "FeedForward",
+                       "Use out-of-place operations: torch.relu(h), not h.relu_() on a view of x.")
         self._judge_train(result)
 
     @staticmethod
     def _judge_train(result: Result):
         case = result.cases["train"]
         state, x, p = case.data["state"], case.data["x"].astype(np.float64), case.data["p"]
-        got = result.get(
-            "train",
-            "out",
-            what="FeedForward's output in training mode",
-            kind="tensor",
-            dtype="float",
-            shape=x.shape,
-        ).astype(np.float64)
-        W1, b1 = state["linear1.weight"].astype(np.float64), state["linear1.bias"].astype(np.float64)
-        W2, b2 = state["linear2.weight"].astype(np.float64), state["linear2.bias"].astype(np.float64)
+        got = result.get("train", "out", what="FeedForward's output in training mode", kind="tensor", dtype="float",
+                         shape=x.shape).astype(np.float64)
+        W1, b1, W2, b2 = (state[k].astype(np.float64) for k in ("linear1.weight", "linear1.bias", "linear2.weight",
+                                                                "linear2.bias"))
         kept = np.maximum(x @ W1.T + b1, 0.0) / (1.0 - p)  # (B, T, F): a hidden unit that survives dropout
         # read the hidden units back: out - b2 = hidden @ W2.T, and W2 (D, F) has full column rank
         hidden = (got - b2) @ np.linalg.pinv(W2.T)  # (B, T, F)
         scale = 1e-3 * (1.0 + np.abs(kept))
-        fits = (np.abs(hidden) <= scale) | (np.abs(hidden - kept) <= scale)
-        if not fits.all():
-            raise Fail(
-                f"in training mode ({case.desc}), dropout should act on the hidden activations, between the "
-                "ReLU and linear2: each hidden unit is either 0 or relu(linear1(x)) / (1 - p). Yours is "
-                "not of that form: is dropout applied to the output or the input instead of the hidden layer?"
-            )
-        dropped = (np.abs(hidden) <= scale) & (kept > 1e-2)
-        if not dropped.any():
-            raise Fail(
-                f"in training mode with dropout={p} ({case.desc}) no hidden unit was dropped: create "
-                "nn.Dropout(dropout) in __init__ and apply it to the hidden activations in forward."
-            )
+        if not ((np.abs(hidden) <= scale) | (np.abs(hidden - kept) <= scale)).all():
+            raise Fail(f"in training mode ({case.desc}), dropout should act on the hidden activations, between the "
+                       "ReLU and linear2: each hidden unit is either 0 or relu(linear1(x)) / (1 - p). Yours is not of "
+                       "that form: is dropout applied to the output or the input instead of the hidden layer?")
+        if not ((np.abs(hidden) <= scale) & (kept > 1e-2)).any():
+            raise Fail(f"in training mode with dropout={p} ({case.desc}) no hidden unit was dropped: create "
+                       "nn.Dropout(dropout) in __init__ and apply it to the hidden activations in forward.")
 
 
 # -- DecoderLayer --------------------------------------------------------------------------------------------
-def _build_injected(
-    case: Case, D: int, H: int, F: int, norm_first: bool, dropout: float = 0.1, state: dict | None = None,
-    cross: bool = True,
-) -> None:
+def _build_injected(case: Case, D: int, H: int, F: int, norm_first: bool, dropout: float = 0.1,
+                    state: dict | None = None, cross: bool = True) -> None:
     """Steps building ``layer`` from the notebook's given attention modules and an nn.Sequential FFN
     (``cross=False``: a decoder-only layer, ``cross_attn=False``)."""
     case.call("MultiHeadAttention", D, H, let="sa")
@@ -233,24 +240,22 @@ def _build_injected(
         case.call("CrossAttention", D, H, let="ca")
     case.let("nn_", {"global": "nn"})
     case.call({"attr": ["nn_", "Sequential"]}, let="ff")
-    for name, args in (("linear1", [D, F]), ("relu", []), ("linear2", [F, D])):
-        kind = "ReLU" if name == "relu" else "Linear"
+    for name, kind, args in (("linear1", "Linear", [D, F]), ("relu", "ReLU", []), ("linear2", "Linear", [F, D])):
         case.call({"attr": ["nn_", kind]}, *args, let=f"ff_{name}")
         case.method("ff", "add_module", name, {"ref": f"ff_{name}"})
-    case.call(
-        "DecoderLayer",
-        D,
-        H,
-        F,
-        dropout=dropout,
-        norm_first=norm_first,
-        self_attn={"ref": "sa"},
-        cross_attn={"ref": "ca"} if cross else False,
-        feed_forward={"ref": "ff"},
-        let="layer",
-    )
+    case.call("DecoderLayer", D, H, F, dropout=dropout, norm_first=norm_first, self_attn={"ref": "sa"},
+              cross_attn={"ref": "ca"} if cross else False, feed_forward={"ref": "ff"}, let="layer")
     if state is not None:
         case.load_state("layer", state)
+
+
+def _forward(case: Case, obj: str, *args, record: str = "out") -> None:
+    """``obj.forward(*args)``, trailing None arguments left out (the defaults); an array becomes a tensor."""
+    args = list(args)
+    while args and args[-1] is None:
+        args.pop()
+    case.method(obj, "forward", *(a if a is None or isinstance(a, dict) else case.tensor(a) for a in args),
+                record=record)
 
 
 @exercise(LESSON, "DecoderLayer", points=2)
@@ -263,162 +268,72 @@ class DecoderLayerCheck(Exercise):
     forbidden = ("nn.TransformerDecoderLayer", "nn.TransformerDecoder")
 
     def cases(self, rng):
-        cases = []
         B, T, S, D, H, F = 2, 5, 7, 16, 4, 24  # T != S != H, Dh = 4, F != D
         causal = causal_mask(T)
-        mem_is_real = _lengths(rng, B, S)
-        tgt_is_real = _lengths(rng, B, T)
+        mem_is_real, tgt_is_real = _padded(rng, B, S), _padded(rng, B, T)
         x, memory = _inputs(rng, B, T, S, D)
-        t0 = int(rng.integers(1, T - 1))
-        x_future = x.copy()
-        x_future[:, t0 + 1 :] = rng.standard_normal((B, T - t0 - 1, D)).astype(np.float32) * 3.0
-        memory_pad = memory.copy()
-        memory_pad[~mem_is_real] = (
-            rng.standard_normal((int((~mem_is_real).sum()), D)).astype(np.float32) * 3.0
-        )
-        for norm_first in (False, True):
-            state = _layer_state(rng, D, F)
-            name = "pre" if norm_first else "post"
-            # post-LN: causal (T, T) only; pre-LN: causal and target padding, (B, 1, T, T)
-            tgt = tgt_is_real if norm_first else None
-            data = {
-                "state": state,
-                "D": D,
-                "H": H,
-                "F": F,
-                "norm_first": norm_first,
-                "causal": causal,
-                "tgt_is_real": tgt,
-                "mem_is_real": mem_is_real,
-                "t0": t0,
-            }
-            variants = [("", x, memory)]
-            if not norm_first:
-                variants += [("_future", x_future, memory), ("_pad", x, memory_pad)]
-            for suffix, xs, ms in variants:
-                label = {
-                    "": "",
-                    "_future": ", positions after a query changed",
-                    "_pad": ", padded memory positions changed",
-                }[suffix]
-                desc = (
-                    f"B={B}, T={T}, S={S}, D={D}, H={H}, F={F}, {name}-LN, causal + "
-                    f"{'target and ' if tgt is not None else ''}memory padding{label}"
-                )
-                case = Case(name + suffix, desc, data={**data, "x": xs, "memory": ms})
-                _build_injected(case, D, H, F, norm_first, state=state)
-                case.eval("layer")
-                case.let("x", case.tensor(xs))
-                case.let("memory", case.tensor(ms))
-                case.method(
-                    "layer",
-                    "forward",
-                    {"ref": "x"},
-                    {"ref": "memory"},
-                    case.tensor(_self_allowed(causal, tgt)),
-                    case.tensor(_cross_allowed(mem_is_real, T)),
-                    record="out",
-                )
-                if not suffix:
-                    case.record("x_after", {"ref": "x"})
-                    case.record("memory_after", {"ref": "memory"})
-                    # the injected modules must be the ones used: the state dict was loaded into them
-                    case.record("sa_q", {"attr": ["sa", "q_proj", "weight", "data"]})
-                    case.record("ca_q", {"attr": ["ca", "q_proj", "weight", "data"]})
-                    case.record("ff_w1", {"attr": ["ff", "linear1", "weight", "data"]})
-                cases.append(case)
-
-        # B = 1, T != S, no masks at all, another width and head count
-        B1, T1, S1, D1, H1, F1 = 1, 3, 6, 12, 2, 20
-        norm_first = bool(rng.integers(2))
-        state = _layer_state(rng, D1, F1)
-        x1, memory1 = _inputs(rng, B1, T1, S1, D1)
-        case = Case(
-            "b1",
-            f"B=1, T={T1}, S={S1}, D={D1}, H={H1}, F={F1}, {'pre' if norm_first else 'post'}-LN, no masks",
-            data={
-                "state": state,
-                "D": D1,
-                "H": H1,
-                "F": F1,
-                "norm_first": norm_first,
-                "x": x1,
-                "memory": memory1,
-                "causal": None,
-                "tgt_is_real": None,
-                "mem_is_real": None,
-            },
-        )
-        _build_injected(case, D1, H1, F1, norm_first, state=state)
-        case.eval("layer")
-        case.method("layer", "forward", case.tensor(x1), case.tensor(memory1), record="out")
-        cases.append(case)
-
-        # One sequence with no real memory token at all: finite, as our conventions say (zeros from attention)
+        t0, x_future, memory_pad = _perturbed(rng, x, memory, mem_is_real)
         mem_empty = mem_is_real.copy()
-        mem_empty[1] = False
-        state = _layer_state(rng, D, F)
-        case = Case(
-            "empty",
-            f"B={B}, T={T}, S={S}, post-LN, batch item 1 has no real memory token",
-            data={
-                "state": state,
-                "D": D,
-                "H": H,
-                "F": F,
-                "x": x,
-                "memory": memory,
-                "causal": causal,
-                "mem_is_real": mem_empty,
-            },
-        )
-        _build_injected(case, D, H, F, False, state=state)
-        case.eval("layer")
-        case.method(
-            "layer",
-            "forward",
-            case.tensor(x),
-            case.tensor(memory),
-            case.tensor(causal),
-            case.tensor(_cross_allowed(mem_empty, T)),
-            record="out",
-        )
-        cases.append(case)
+        mem_empty[1] = False  # one sequence with no real memory token: finite, zeros from the attention
+        post, pre, empty = (_layer_state(rng, D, F) for _ in range(3))
+        B1, T1, S1, D1, H1, F1 = 1, 3, 6, 12, 2, 20  # B = 1, T != S, another width and head count
+        x1, memory1 = _inputs(rng, B1, T1, S1, D1)
+        nf1 = bool(rng.integers(2))
+        sizes, dims = f"B={B}, T={T}, S={S}, D={D}, H={H}, F={F}", (D, H, F)
+        # id, situation, (D, H, F), weights, norm_first, x, memory, causal, target padding, memory padding
+        rows = [
+            ("post", f"{sizes}, post-LN, causal + memory padding", dims, post, False, x, memory, causal, None,
+             mem_is_real),
+            ("post_future", f"{sizes}, post-LN, causal + memory padding, positions after a query changed", dims, post,
+             False, x_future, memory, causal, None, mem_is_real),
+            ("post_pad", f"{sizes}, post-LN, causal + memory padding, padded memory positions changed", dims, post,
+             False, x, memory_pad, causal, None, mem_is_real),
+            ("pre", f"{sizes}, pre-LN, causal + target and memory padding", dims, pre, True, x, memory, causal,
+             tgt_is_real, mem_is_real),
+            ("b1", f"B=1, T={T1}, S={S1}, D={D1}, H={H1}, F={F1}, {'pre' if nf1 else 'post'}-LN, no masks",
+             (D1, H1, F1), _layer_state(rng, D1, F1), nf1, x1, memory1, None, None, None),
+            ("empty", f"{sizes}, post-LN, batch item 1 has no real memory token", dims, empty, False, x, memory,
+             causal, None, mem_empty),
+        ]
+        cases = []
+        for case_id, desc, (Dc, Hc, Fc), state, norm_first, xs, ms, cm, tgt, mem in rows:
+            case = Case(case_id, desc, data={"state": state, "D": Dc, "H": Hc, "F": Fc, "norm_first": norm_first,
+                                             "x": xs, "memory": ms, "causal": cm, "tgt_is_real": tgt,
+                                             "mem_is_real": mem, "t0": t0})
+            _build_injected(case, Dc, Hc, Fc, norm_first, state=state)
+            case.eval("layer")
+            case.let("x", case.tensor(xs))
+            case.let("memory", case.tensor(ms))
+            _forward(case, "layer", {"ref": "x"}, {"ref": "memory"}, _self_allowed(cm, tgt),
+                     _cross_allowed(mem, xs.shape[1]))
+            if case_id == "post":
+                judges.record_after(case, ("x", "memory"))
+                # the injected modules must be the ones used: the state dict was loaded into them
+                for name, path in (("sa_q", ["sa", "q_proj"]), ("ca_q", ["ca", "q_proj"]),
+                                   ("ff_w1", ["ff", "linear1"])):
+                    case.record(name, {"attr": [*path, "weight", "data"]})
+            cases.append(case)
 
         # Dropout: active in training mode, off in eval mode
-        case = Case(
-            "train",
-            f"B={B}, T={T}, S={S}, dropout=0.5, training mode then eval mode",
-            data={"x": x, "memory": memory},
-        )
+        case = Case("train", f"B={B}, T={T}, S={S}, dropout=0.5, training mode then eval mode",
+                    data={"x": x, "memory": memory})
         _build_injected(case, D, H, F, False, dropout=0.5, state=_layer_state(rng, D, F))
         case.steps.append({"train": "layer"})
         case.seed(int(rng.integers(2**31)))
-        case.method(
-            "layer", "forward", case.tensor(x), case.tensor(memory), case.tensor(causal), record="out_train"
-        )
-        case.eval("layer")
-        case.method(
-            "layer", "forward", case.tensor(x), case.tensor(memory), case.tensor(causal), record="out_eval"
-        )
-        case.method(
-            "layer", "forward", case.tensor(x), case.tensor(memory), case.tensor(causal), record="out_eval2"
-        )
+        for record in ("out_train", "out_eval", "out_eval2"):
+            if record == "out_eval":
+                case.eval("layer")
+            _forward(case, "layer", x, memory, causal, record=record)
         cases.append(case)
 
         # Nothing injected: the layer builds its own sublayers of the contract's kinds
-        case = Case(
-            "default",
-            f"DecoderLayer({D}, {H}, {F}) with no sublayer given",
-            data={"x": x, "call": f"DecoderLayer({D}, {H}, {F})"},
-        )
+        case = Case("default", f"DecoderLayer({D}, {H}, {F}) with no sublayer given",
+                    data={"x": x, "call": f"DecoderLayer({D}, {H}, {F})"})
         case.call("DecoderLayer", D, H, F, let="layer")
         for sub in ("self_attn", "cross_attn", "feed_forward", *NORMS):
             case.record(sub, {"attr": ["layer", sub]})
         case.eval("layer")
-        case.method(
-            "layer", "forward", case.tensor(x), case.tensor(memory), case.tensor(causal), record="out"
-        )
+        _forward(case, "layer", x, memory, causal)
         cases.append(case)
 
         # cross_attn=False: a decoder-only layer (lesson 11's GPT), no cross-attention sublayer and no memory
@@ -428,9 +343,68 @@ class DecoderLayerCheck(Exercise):
                     f"T={T}, causal mask, no memory", data={"state": only, "x": x, "causal": causal, "H": H, "F": F})
         _build_injected(case, D, H, F, True, state=only, cross=False)  # the given sublayers: only the layer on trial
         case.eval("layer")
-        case.method("layer", "forward", case.tensor(x), None, case.tensor(causal), record="out")
+        _forward(case, "layer", x, None, causal)
         cases.append(case)
         return cases
+
+    def judge(self, result: Result):
+        self._judge_default(result)
+        outs = {case_id: result.get(case_id, "out", what="DecoderLayer's output", kind="tensor", dtype="float",
+                                    shape=result.cases[case_id].data["x"].shape)
+                for case_id in ("post", "post_future", "post_pad", "pre", "b1", "empty")}
+        post = result.cases["post"]
+        # The injected sublayers are the ones that run
+        for name, key, what in (("sa_q", "self_attn.q_proj.weight", "self_attn"),
+                                ("ca_q", "cross_attn.q_proj.weight", "cross_attn"),
+                                ("ff_w1", "feed_forward.linear1.weight", "feed_forward")):
+            got, want = result.get("post", name, what=f"the injected {what}'s weights", kind="tensor"), \
+                post.data["state"][key]
+            if got.shape != want.shape or not np.allclose(got, want):
+                raise Fail(f"the `{what}` passed to DecoderLayer(...) was not used: store the module you are given "
+                           f"(self.{what} = {what} when it is not None) and build your own only when it is None.")
+        # Leakage, before values: it names the idea that broke
+        _leaks(outs, post, "Only the self-attention may mix positions of x, under self_allowed: pass it along; the "
+               "cross-attention's keys and values come from the memory.",
+               "pass cross_allowed to the cross-attention sublayer.")
+        # Values against PyTorch's nn.TransformerDecoderLayer with the same weights
+        for case_id in ("post", "pre", "b1"):
+            case = result.cases[case_id]
+            d = case.data
+            masks = (d["x"], d["memory"], d["causal"], d["tgt_is_real"], d["mem_is_real"])
+            other = _torch_forward(_torch_layer(d["state"], d["H"], d["F"], not d["norm_first"]), *masks)
+            hint = judges.diagnose(outs[case_id], {_placement(d["norm_first"]): other}) or (
+                "Post-LN (norm_first=False): x = norm(x + sublayer(x)); pre-LN (norm_first=True): "
+                "x = x + sublayer(norm(x)); the sublayers run in the order self-attention (norm1), "
+                "cross-attention over the memory (norm2), feed-forward (norm3).")
+            expect_close(outs[case_id], _torch_forward(_torch_layer(d["state"], d["H"], d["F"], d["norm_first"]),
+                                                       *masks),
+                         "DecoderLayer's output (vs nn.TransformerDecoderLayer with the same weights)", case.desc,
+                         rtol=1e-4, atol=1e-4, hint=hint)
+        # A sequence without memory: our attention gives zeros, PyTorch's NaN, so the reference layer judges
+        d = result.cases["empty"].data
+        expect_close(outs["empty"], _reference_layer_out(d, d["causal"], _cross_allowed(d["mem_is_real"],
+                                                                                        d["x"].shape[1])),
+                     "DecoderLayer's output", result.cases["empty"].desc, rtol=1e-4, atol=1e-4,
+                     hint="Pass cross_allowed to the cross-attention unchanged: the given CrossAttention already "
+                          "returns zeros for a query with no allowed key.")
+        _unchanged(result, "post", {"x": post.data["x"], "memory": post.data["memory"]}, "DecoderLayer",
+                   "In a layer: `x = x + ...`, not `x += ...`.")
+        judges.dropout(result, "train", "DecoderLayer", result.cases["train"].data["x"].shape,
+                       "with dropout1..3, to each sublayer's output before its residual addition")
+        self._judge_decoder_only(result)
+
+    @staticmethod
+    def _judge_default(result: Result):
+        case = result.cases["default"]
+        kinds = {"self_attn": "MultiHeadAttention", "cross_attn": "CrossAttention", "feed_forward": "FeedForward",
+                 **{norm: "LayerNorm" for norm in NORMS}}
+        for sub, kind in kinds.items():
+            got = result.meta("default", sub).get("type", "None")
+            if not got.endswith(kind):
+                raise Fail(f"{case.data['call']}, built without sublayers given, should make `self.{sub}` a {kind}, "
+                           f"but it is `{got.rsplit('.', 1)[-1]}`.")
+        result.get("default", "out", what="DecoderLayer's output", kind="tensor", dtype="float",
+                   shape=case.data["x"].shape)
 
     @staticmethod
     def _judge_decoder_only(result: Result) -> None:
@@ -448,183 +422,28 @@ class DecoderLayerCheck(Exercise):
         state = {("norm2." + key[len("norm3."):] if key.startswith("norm3.") else key): value
                  for key, value in d["state"].items()}
         theirs = twins.torch_twin(state, "encoder", d["H"], d_ff=d["F"], norm_first=True, dtype=torch.float64)
-        with torch.no_grad():  # PyTorch's boundary: its masks say True = blocked
-            want = theirs(torch.from_numpy(np.asarray(d["x"], np.float64)),
-                          src_mask=~torch.from_numpy(d["causal"])).numpy()
+        with torch.no_grad():
+            want = theirs(torch.from_numpy(np.asarray(d["x"], np.float64)), src_mask=_blocked(d["causal"])).numpy()
         expect_close(got, want, "DecoderLayer(..., cross_attn=False)'s output", case.desc, rtol=1e-4, atol=1e-4,
                      hint="A decoder-only layer is PyTorch's encoder layer with a causal mask: masked "
                           "self-attention, then the feed-forward, each with its residual and norm (norm1, norm3), "
                           "and no cross-attention step between them.")
-
-    def judge(self, result: Result):
-        self._judge_default(result)
-        post = result.cases["post"]
-        B, T, D = post.data["x"].shape
-        outs = {}
-        for case_id in ("post", "post_future", "post_pad", "pre", "b1", "empty"):
-            case = result.cases[case_id]
-            outs[case_id] = result.get(
-                case_id,
-                "out",
-                what="DecoderLayer's output",
-                kind="tensor",
-                dtype="float",
-                shape=case.data["x"].shape,
-            )
-        # The injected sublayers are the ones that run
-        state = post.data["state"]
-        for name, key, what in (
-            ("sa_q", "self_attn.q_proj.weight", "self_attn"),
-            ("ca_q", "cross_attn.q_proj.weight", "cross_attn"),
-            ("ff_w1", "feed_forward.linear1.weight", "feed_forward"),
-        ):
-            got = result.get("post", name, what=f"the injected {what}'s weights", kind="tensor")
-            if got.shape != state[key].shape or not np.allclose(got, state[key]):
-                raise Fail(
-                    f"the `{what}` passed to DecoderLayer(...) was not used: store the module you are "
-                    f"given (self.{what} = {what} when it is not None) and build your own only when it "
-                    "is None."
-                )
-        # Leakage, before values: it names the idea that broke
-        t0 = post.data["t0"]
-        if not np.allclose(outs["post_future"][:, : t0 + 1], outs["post"][:, : t0 + 1], rtol=1e-5, atol=1e-5):
-            raise Fail(
-                f"positions <= {t0} changed when only later positions of x changed ({post.desc}): the "
-                "future leaks. Only the self-attention may mix positions of x, under self_allowed: pass it "
-                "along; the cross-attention's keys and values come from the memory."
-            )
-        if not np.allclose(outs["post_pad"], outs["post"], rtol=1e-5, atol=1e-5):
-            raise Fail(
-                f"the output changed when only padded memory positions changed ({post.desc}): pass "
-                "cross_allowed to the cross-attention sublayer."
-            )
-        # Values against PyTorch's nn.TransformerDecoderLayer with the same weights
-        for case_id in ("post", "pre", "b1"):
-            case = result.cases[case_id]
-            d = case.data
-            theirs = _torch_layer(d["state"], d["H"], d["F"], d["norm_first"])
-            other = _torch_layer(d["state"], d["H"], d["F"], not d["norm_first"])
-            want = _torch_forward(
-                theirs, d["x"], d["memory"], d["causal"], d["tgt_is_real"], d["mem_is_real"]
-            )
-            other_name = "pre-LN (norm_first=True)" if not d["norm_first"] else "post-LN (norm_first=False)"
-            other_out = _torch_forward(other, d["x"], d["memory"], d["causal"], d["tgt_is_real"],
-                                       d["mem_is_real"])
-            mistake = f"a {other_name} layer: check where the LayerNorms sit for norm_first={d['norm_first']}"
-            hint = _diagnose(outs[case_id], {mistake: other_out}) or (
-                "Post-LN (norm_first=False): x = norm(x + sublayer(x)); pre-LN (norm_first=True): "
-                "x = x + sublayer(norm(x)); the sublayers run in the order self-attention (norm1), "
-                "cross-attention over the memory (norm2), feed-forward (norm3)."
-            )
-            expect_close(
-                outs[case_id],
-                want,
-                "DecoderLayer's output (vs nn.TransformerDecoderLayer with the same weights)",
-                case.desc,
-                rtol=1e-4,
-                atol=1e-4,
-                hint=hint,
-            )
-        # A sequence without memory: our attention gives zeros, PyTorch's NaN, so our reference judges
-        d = result.cases["empty"].data
-        ours = ref.DecoderLayer(
-            D,
-            d["H"],
-            d["F"],
-            dropout=0.0,
-            self_attn=ref_mh.MultiHeadAttention(D, d["H"]),
-            cross_attn=ref_cross.CrossAttention(D, d["H"]),
-        )
-        ours.load_state_dict({k: torch.from_numpy(v) for k, v in d["state"].items()})
-        with torch.no_grad():
-            want = (
-                ours.double()
-                .eval()(
-                    torch.from_numpy(d["x"].astype(np.float64)),
-                    torch.from_numpy(d["memory"].astype(np.float64)),
-                    torch.from_numpy(d["causal"]),
-                    torch.from_numpy(_cross_allowed(d["mem_is_real"], T)),
-                )
-                .numpy()
-            )
-        expect_close(
-            outs["empty"],
-            want,
-            "DecoderLayer's output",
-            result.cases["empty"].desc,
-            rtol=1e-4,
-            atol=1e-4,
-            hint="Pass cross_allowed to the cross-attention unchanged: the given CrossAttention "
-            "already returns zeros for a query with no allowed key.",
-        )
-        # Inputs unchanged
-        for name, key in (("x_after", "x"), ("memory_after", "memory")):
-            after = result.get("post", name, what=f"{key} after the call", kind="tensor")
-            if not np.array_equal(after, post.data[key]):
-                raise Fail(
-                    f"DecoderLayer changed its input `{key}` in place: write `x = x + ...`, not `x += ...`."
-                )
-        self._judge_train(result)
-        self._judge_decoder_only(result)
-
-    @staticmethod
-    def _judge_default(result: Result):
-        case = result.cases["default"]
-        kinds = {
-            "self_attn": "MultiHeadAttention",
-            "cross_attn": "CrossAttention",
-            "feed_forward": "FeedForward",
-            "norm1": "LayerNorm",
-            "norm2": "LayerNorm",
-            "norm3": "LayerNorm",
-        }
-        for sub, kind in kinds.items():
-            got = result.meta("default", sub).get("type", "None")
-            if not got.endswith(kind):
-                raise Fail(
-                    f"{case.data['call']}, built without sublayers given, should make "
-                    f"`self.{sub}` a {kind}, but it is `{got.rsplit('.', 1)[-1]}`."
-                )
-        x = case.data["x"]
-        result.get(
-            "default", "out", what="DecoderLayer's output", kind="tensor", dtype="float", shape=x.shape
-        )
-
-    @staticmethod
-    def _judge_train(result: Result):
-        case = result.cases["train"]
-        shape = case.data["x"].shape
-        train = result.get(
-            "train",
-            "out_train",
-            what="DecoderLayer's output in training mode",
-            kind="tensor",
-            dtype="float",
-            shape=shape,
-        )
-        eval1 = result.get("train", "out_eval", what="DecoderLayer's output", kind="tensor", shape=shape)
-        eval2 = result.get("train", "out_eval2", what="DecoderLayer's output", kind="tensor", shape=shape)
-        if not np.array_equal(eval1, eval2):
-            raise Fail(
-                f"in eval mode DecoderLayer gave two different outputs for the same input ({case.desc}): "
-                "dropout must be off in eval mode (use nn.Dropout modules, which follow .eval())."
-            )
-        if np.allclose(train, eval1, rtol=1e-6, atol=1e-6):
-            raise Fail(
-                f"with dropout=0.5 in training mode the output equals the eval-mode output ({case.desc}): "
-                "apply dropout1..3 to each sublayer's output before its residual addition."
-            )
 
 
 # -- NumPy layer ---------------------------------------------------------------------------------------------
 PARAM_SHAPES = {
     **{f"{prefix}_W{n}": ("D", "D") for prefix in ("sa", "ca") for n in "qkvo"},
     **{f"{prefix}_b{n}": ("D",) for prefix in ("sa", "ca") for n in "qkvo"},
-    "ff_W1": ("D", "F"),
-    "ff_b1": ("F",),
-    "ff_W2": ("F", "D"),
-    "ff_b2": ("D",),
+    "ff_W1": ("D", "F"), "ff_b1": ("F",), "ff_W2": ("F", "D"), "ff_b2": ("D",),
     **{f"ln{i}_{k}": ("D",) for i in (1, 2, 3) for k in "gb"},
+}
+# numpy_decoder_layer's parameter -> the contract's DecoderLayer key (weights (in, out) there, (out, in) here)
+NP_NAMES = {
+    **{f"{prefix}_{w}{n}": f"{sub}.{proj}.{what}" for prefix, sub in (("sa", "self_attn"), ("ca", "cross_attn"))
+       for n, proj in zip("qkvo", ATTN_PROJ, strict=True) for w, what in (("W", "weight"), ("b", "bias"))},
+    **{f"ff_{w}{i}": f"feed_forward.linear{i}.{what}" for i in (1, 2) for w, what in (("W", "weight"), ("b", "bias"))},
+    **{f"ln{i}_{k}": f"{norm}.{what}" for i, norm in enumerate(NORMS, start=1)
+       for k, what in (("g", "weight"), ("b", "bias"))},
 }
 
 
@@ -645,111 +464,67 @@ class InitNumpyParams(Exercise):
     forbidden = ("torch.",)  # NumPy only
 
     def cases(self, rng):
-        D, H, F = 64, 4, 256
-        seed = int(rng.integers(2**31))
-        case = Case(
-            "seeded",
-            f"D={D}, H={H}, F={F}, twice with np.random.default_rng(the same seed)",
-            data={"D": D, "F": F},
-        )
-        _params_case(case, D, H, F, "p1", seed)
-        _params_case(case, D, H, F, "p2", seed)
-        unseeded = Case("unseeded", "D=12, H=3, F=20, twice without an rng", data={"D": 12, "F": 20})
-        _params_case(unseeded, 12, 3, 20, "p1", None)
-        _params_case(unseeded, 12, 3, 20, "p2", None)
-        return [case, unseeded]
+        seed, cases = int(rng.integers(2**31)), []
+        for case_id, desc, D, H, F, given in (
+            ("seeded", "D=64, H=4, F=256, twice with np.random.default_rng(the same seed)", 64, 4, 256, seed),
+            ("unseeded", "D=12, H=3, F=20, twice without an rng", 12, 3, 20, None),
+        ):
+            case = Case(case_id, desc, data={"D": D, "F": F})
+            for run in ("p1", "p2"):
+                _params_case(case, D, H, F, run, given)
+            cases.append(case)
+        return cases
 
     def judge(self, result: Result):
-        for case_id in ("seeded", "unseeded"):
-            case = result.cases[case_id]
+        for case_id, case in result.cases.items():
             sizes = {"D": case.data["D"], "F": case.data["F"]}
             params = {}
             for run in ("p1", "p2"):
                 meta = result.meta(case_id, run)
                 if meta.get("type") != "dict":
-                    raise Fail(
-                        f"init_numpy_decoder_params should return a dict of NumPy arrays, got "
-                        f"`{meta.get('type')}` ({case.desc})."
-                    )
+                    raise Fail(f"init_numpy_decoder_params should return a dict of NumPy arrays, got "
+                               f"`{meta.get('type')}` ({case.desc}).")
                 keys = set(meta.get("keys", []))
                 if keys != set(PARAM_SHAPES):
                     missing, extra = sorted(set(PARAM_SHAPES) - keys), sorted(keys - set(PARAM_SHAPES))
-                    raise Fail(
-                        f"the parameter dict's keys are not those the exercise names: missing {missing}, "
-                        f"unexpected {extra}."
-                    )
-                params[run] = {
-                    key: result.get(
-                        case_id,
-                        f"{run}/{key}",
-                        what=f"params[{key!r}]",
-                        kind="ndarray",
-                        dtype="float",
-                        shape=tuple(sizes[n] for n in dims),
-                    )
-                    for key, dims in PARAM_SHAPES.items()
-                }
+                    raise Fail(f"the parameter dict's keys are not those the exercise names: missing {missing}, "
+                               f"unexpected {extra}.")
+                params[run] = {key: result.get(case_id, f"{run}/{key}", what=f"params[{key!r}]", kind="ndarray",
+                                               dtype="float", shape=tuple(sizes[n] for n in dims))
+                               for key, dims in PARAM_SHAPES.items()}
             p1, p2 = params["p1"], params["p2"]
             for i in (1, 2, 3):
                 if not (np.all(p1[f"ln{i}_g"] == 1) and np.all(p1[f"ln{i}_b"] == 0)):
-                    raise Fail(
-                        f"ln{i}_g should start at ones and ln{i}_b at zeros: a LayerNorm starts as a plain "
-                        "normalisation (as nn.LayerNorm does)."
-                    )
+                    raise Fail(f"ln{i}_g should start at ones and ln{i}_b at zeros: a LayerNorm starts as a plain "
+                               "normalisation (as nn.LayerNorm does).")
             weights = [k for k in PARAM_SHAPES if "_W" in k]
             if case_id == "seeded":
                 for key in weights:
-                    fan_in = p1[key].shape[0]
-                    std = float(p1[key].std())
+                    fan_in, std = p1[key].shape[0], float(p1[key].std())
                     if not 0.5 / np.sqrt(fan_in) < std < 2.0 / np.sqrt(fan_in):
-                        raise Fail(
-                            f"params[{key!r}] has standard deviation {std:.3g} for fan-in {fan_in}: draw "
-                            "weights with standard deviation 1/sqrt(fan_in), so that x @ W keeps the scale "
-                            "of x."
-                        )
+                        raise Fail(f"params[{key!r}] has standard deviation {std:.3g} for fan-in {fan_in}: draw "
+                                   "weights with standard deviation 1/sqrt(fan_in), so that x @ W keeps the scale "
+                                   "of x.")
                 if np.allclose(p1["sa_Wq"], p1["sa_Wk"]) or np.allclose(p1["sa_Wq"], p1["ca_Wq"]):
                     raise Fail("two weight matrices are equal: draw every matrix separately.")
                 if any(not np.array_equal(p1[k], p2[k]) for k in PARAM_SHAPES):
-                    raise Fail(
-                        f"two calls with the same seed gave different parameters ({case.desc}): draw every "
-                        "number from the rng you are given."
-                    )
+                    raise Fail(f"two calls with the same seed gave different parameters ({case.desc}): draw every "
+                               "number from the rng you are given.")
             elif all(np.array_equal(p1[k], p2[k]) for k in weights):
-                raise Fail(
-                    f"two calls without an rng gave the same parameters ({case.desc}): with rng=None use a "
-                    "fresh np.random.default_rng(), not a fixed seed."
-                )
+                raise Fail(f"two calls without an rng gave the same parameters ({case.desc}): with rng=None use a "
+                           "fresh np.random.default_rng(), not a fixed seed.")
 
 
 def _np_params(rng: np.random.Generator, D: int, F: int) -> dict[str, np.ndarray]:
     """Random float64 parameters for numpy_decoder_layer, biases and LayerNorms not trivial."""
     state = _layer_state(rng, D, F)
-    params = {}
-    for prefix, sub in (("sa", "self_attn"), ("ca", "cross_attn")):
-        for n, proj in zip("qkvo", ATTN_PROJ, strict=True):
-            params[f"{prefix}_W{n}"] = state[f"{sub}.{proj}.weight"].T  # (D_in, D_out)
-            params[f"{prefix}_b{n}"] = state[f"{sub}.{proj}.bias"]
-    for i in (1, 2):
-        params[f"ff_W{i}"] = state[f"feed_forward.linear{i}.weight"].T
-        params[f"ff_b{i}"] = state[f"feed_forward.linear{i}.bias"]
-    for i, norm in enumerate(NORMS, start=1):
-        params[f"ln{i}_g"], params[f"ln{i}_b"] = state[f"{norm}.weight"], state[f"{norm}.bias"]
-    return {k: np.ascontiguousarray(v, dtype=np.float64) for k, v in params.items()}
+    # .T: an (out, in) weight becomes (in, out); a vector is left as it is
+    return {k: np.ascontiguousarray(state[key].T, dtype=np.float64) for k, key in NP_NAMES.items()}
 
 
 def _state_from_np(params: dict) -> dict[str, np.ndarray]:
     """numpy_decoder_layer's parameters under the contract's DecoderLayer names ((out, in) weights)."""
-    state = {}
-    for prefix, sub in (("sa", "self_attn"), ("ca", "cross_attn")):
-        for n, proj in zip("qkvo", ATTN_PROJ, strict=True):
-            state[f"{sub}.{proj}.weight"] = params[f"{prefix}_W{n}"].T
-            state[f"{sub}.{proj}.bias"] = params[f"{prefix}_b{n}"]
-    for i in (1, 2):
-        state[f"feed_forward.linear{i}.weight"] = params[f"ff_W{i}"].T
-        state[f"feed_forward.linear{i}.bias"] = params[f"ff_b{i}"]
-    for i, norm in enumerate(NORMS, start=1):
-        state[f"{norm}.weight"], state[f"{norm}.bias"] = params[f"ln{i}_g"], params[f"ln{i}_b"]
-    return state
+    return {key: params[k].T for k, key in NP_NAMES.items()}
 
 
 @exercise(LESSON, "numpy_decoder_layer", points=2)
@@ -761,221 +536,89 @@ class NumpyDecoderLayer(Exercise):
     forbidden = ("torch.", "nn.TransformerDecoderLayer")
 
     def cases(self, rng):
-        cases = []
         B, T, S, D, H, F = 2, 5, 7, 12, 3, 20  # Dh = 4, T != S != H, F != D
         causal = causal_mask(T)
-        mem_is_real = _lengths(rng, B, S)
+        mem_is_real = _padded(rng, B, S)
         x, memory = (a.astype(np.float64) for a in _inputs(rng, B, T, S, D))
-        t0 = int(rng.integers(1, T - 1))
-        x_future = x.copy()
-        x_future[:, t0 + 1 :] = rng.standard_normal((B, T - t0 - 1, D)) * 3.0
-        memory_pad = memory.copy()
-        memory_pad[~mem_is_real] = rng.standard_normal((int((~mem_is_real).sum()), D)) * 3.0
+        t0, x_future, memory_pad = _perturbed(rng, x, memory, mem_is_real)
         params = _np_params(rng, D, F)
         mem_empty = mem_is_real.copy()
         mem_empty[0] = False
-        specs = [
-            ("post", False, x, memory, mem_is_real, "causal + memory padding"),
-            (
-                "post_future",
-                False,
-                x_future,
-                memory,
-                mem_is_real,
-                "causal + memory padding, later positions changed",
-            ),
-            ("post_pad", False, x, memory_pad, mem_is_real, "causal + memory padding, padded memory changed"),
-            ("pre", True, x, memory, mem_is_real, "causal + memory padding"),
-            ("empty", bool(rng.integers(2)), x, memory, mem_empty, "batch item 0 has no real memory token"),
+        sizes = f"B={B}, T={T}, S={S}, D={D}, H={H}, F={F}"
+        # id, sizes, H, params, norm_first, x, memory, memory padding (None: no masks at all), situation
+        rows = [
+            ("post", sizes, H, params, False, x, memory, mem_is_real, "causal + memory padding"),
+            ("post_future", sizes, H, params, False, x_future, memory, mem_is_real,
+             "causal + memory padding, later positions changed"),
+            ("post_pad", sizes, H, params, False, x, memory_pad, mem_is_real,
+             "causal + memory padding, padded memory changed"),
+            ("pre", sizes, H, params, True, x, memory, mem_is_real, "causal + memory padding"),
+            ("empty", sizes, H, params, bool(rng.integers(2)), x, memory, mem_empty,
+             "batch item 0 has no real memory token"),
         ]
-        for case_id, norm_first, xs, ms, real, what in specs:
-            desc = f"B={B}, T={T}, S={S}, D={D}, H={H}, F={F}, {'pre' if norm_first else 'post'}-LN, {what}"
-            case = Case(
-                case_id,
-                desc,
-                data={
-                    "params": params,
-                    "H": H,
-                    "x": xs,
-                    "memory": ms,
-                    "causal": causal,
-                    "mem_is_real": real,
-                    "norm_first": norm_first,
-                    "t0": t0,
-                },
-            )
+        # B = 1, T != S, no masks, another size; the FFN's F = 2 D
+        x1, memory1 = (a.astype(np.float64) for a in _inputs(rng, 1, 3, 4, 8))
+        rows.append(("b1", "B=1, T=3, S=4, D=8, H=2, F=16", 2, _np_params(rng, 8, 16), bool(rng.integers(2)), x1,
+                     memory1, None, "no masks"))
+        cases = []
+        for case_id, size, Hc, ps, norm_first, xs, ms, real, what in rows:
+            case = Case(case_id, f"{size}, {'pre' if norm_first else 'post'}-LN, {what}",
+                        data={"params": ps, "H": Hc, "x": xs, "memory": ms, "causal": None if real is None else causal,
+                              "mem_is_real": real, "norm_first": norm_first, "t0": t0})
             case.let("x", case.array(xs))
             case.let("memory", case.array(ms))
-            case.let("params", {"dict": {k: case.array(v) for k, v in params.items()}})
-            case.call(
-                "numpy_decoder_layer",
-                {"ref": "x"},
-                {"ref": "memory"},
-                {"ref": "params"},
-                H,
-                case.array(causal),
-                case.array(_cross_allowed(real, T)),
-                norm_first=norm_first,
-                record="out",
-            )
+            case.let("params", {"dict": {k: case.array(v) for k, v in ps.items()}})
+            masks = [] if real is None else [case.array(causal), case.array(_cross_allowed(real, T))]
+            case.call("numpy_decoder_layer", {"ref": "x"}, {"ref": "memory"}, {"ref": "params"}, Hc, *masks,
+                      norm_first=norm_first, record="out")
             if case_id == "post":
-                case.record("x_after", {"ref": "x"})
-                case.record("memory_after", {"ref": "memory"})
-                case.record("params_after", {"ref": "params"})
+                judges.record_after(case, ("x", "memory", "params"))
             cases.append(case)
-        # B = 1, T != S, no masks, another size; the FFN's F = 2 D
-        B1, T1, S1, D1, H1, F1 = 1, 3, 4, 8, 2, 16
-        norm_first = bool(rng.integers(2))
-        x1, memory1 = (a.astype(np.float64) for a in _inputs(rng, B1, T1, S1, D1))
-        params1 = _np_params(rng, D1, F1)
-        case = Case(
-            "b1",
-            f"B=1, T={T1}, S={S1}, D={D1}, H={H1}, F={F1}, {'pre' if norm_first else 'post'}-LN, no masks",
-            data={
-                "params": params1,
-                "H": H1,
-                "x": x1,
-                "memory": memory1,
-                "causal": None,
-                "mem_is_real": None,
-                "norm_first": norm_first,
-            },
-        )
-        case.call(
-            "numpy_decoder_layer",
-            case.array(x1),
-            case.array(memory1),
-            {"dict": {k: case.array(v) for k, v in params1.items()}},
-            H1,
-            norm_first=norm_first,
-            record="out",
-        )
-        cases.append(case)
         return cases
 
     def judge(self, result: Result):
         for case_id, case in result.cases.items():
             error = result.error(case_id) or ""
             if "matmul" in error or "not aligned" in error:
-                raise Fail(
-                    f"a matrix product failed on a case with {case.desc}:\n    {error.splitlines()[-1]}\n"
-                    "Weights are stored (in, out), so activations go on the left: (B, T, D) @ (D, F) -> "
-                    "(B, T, F), i.e. h @ W; W @ h multiplies the wrong axes."
-                )
-        outs = {}
-        for case_id, case in result.cases.items():
-            outs[case_id] = result.get(
-                case_id,
-                "out",
-                what="numpy_decoder_layer(...)",
-                kind="ndarray",
-                dtype="float",
-                shape=case.data["x"].shape,
-            )
+                raise Fail(f"a matrix product failed on a case with {case.desc}:\n    {error.splitlines()[-1]}\n"
+                           "Weights are stored (in, out), so activations go on the left: (B, T, D) @ (D, F) -> "
+                           "(B, T, F), i.e. h @ W; W @ h multiplies the wrong axes.")
+        outs = {case_id: result.get(case_id, "out", what="numpy_decoder_layer(...)", kind="ndarray", dtype="float",
+                                    shape=case.data["x"].shape) for case_id, case in result.cases.items()}
         post = result.cases["post"]
-        t0 = post.data["t0"]
-        if not np.allclose(outs["post_future"][:, : t0 + 1], outs["post"][:, : t0 + 1], rtol=1e-7, atol=1e-7):
-            raise Fail(
-                f"positions <= {t0} changed when only later positions of x changed ({post.desc}): the "
-                "future leaks. Only the self-attention may mix positions of x, under self_allowed; the "
-                "cross-attention's keys and values come from the memory; LayerNorm and the feed-forward "
-                "work on each position alone (LayerNorm's statistics are over the last axis, D)."
-            )
-        if not np.allclose(outs["post_pad"], outs["post"], rtol=1e-7, atol=1e-7):
-            raise Fail(
-                f"the output changed when only padded memory positions changed ({post.desc}): pass "
-                "cross_allowed to the cross-attention, whose keys and values come from the memory."
-            )
+        _leaks(outs, post, "Only the self-attention may mix positions of x, under self_allowed; the "
+               "cross-attention's keys and values come from the memory; LayerNorm and the feed-forward work on each "
+               "position alone (LayerNorm's statistics are over the last axis, D).",
+               "pass cross_allowed to the cross-attention, whose keys and values come from the memory.", tol=1e-7)
         for case_id in ("post", "pre", "b1"):
             case = result.cases[case_id]
             d = case.data
-            F = d["params"]["ff_W1"].shape[1]
-            state = _state_from_np(d["params"])
-            theirs = _torch_layer(state, d["H"], F, d["norm_first"])
-            want = _torch_forward(theirs, d["x"], d["memory"], d["causal"], None, d["mem_is_real"])
-            other = _torch_forward(
-                _torch_layer(state, d["H"], F, not d["norm_first"]),
-                d["x"],
-                d["memory"],
-                d["causal"],
-                None,
-                d["mem_is_real"],
-            )
-            hint = _diagnose(
-                outs[case_id],
-                {
-                    f"the other LayerNorm placement: norm_first={d['norm_first']} was asked for": other,
-                },
-            ) or (
-                "Compare each step with DecoderLayer: LayerNorm over the last axis D (biased variance, "
-                "eps 1e-5, "
-                "then * g + b); every linear map is activations @ W + b (h @ W, never W @ h); post-LN: "
-                "x = LN(x + sublayer(x)); pre-LN: x = x + sublayer(LN(x))."
-            )
-            expect_close(
-                outs[case_id],
-                want,
-                "numpy_decoder_layer's output (vs nn.TransformerDecoderLayer with the same weights)",
-                case.desc,
-                rtol=1e-6,
-                atol=1e-6,
-                hint=hint,
-            )
+            F, state = d["params"]["ff_W1"].shape[1], _state_from_np(d["params"])
+            inputs = (d["x"], d["memory"], d["causal"], None, d["mem_is_real"])
+            other = _torch_forward(_torch_layer(state, d["H"], F, not d["norm_first"]), *inputs)
+            hint = judges.diagnose(outs[case_id], {
+                f"the other LayerNorm placement: norm_first={d['norm_first']} was asked for": other,
+            }) or ("Compare each step with DecoderLayer: LayerNorm over the last axis D (biased variance, eps 1e-5, "
+                   "then * g + b); every linear map is activations @ W + b (h @ W, never W @ h); post-LN: "
+                   "x = LN(x + sublayer(x)); pre-LN: x = x + sublayer(LN(x)).")
+            expect_close(outs[case_id], _torch_forward(_torch_layer(state, d["H"], F, d["norm_first"]), *inputs),
+                         "numpy_decoder_layer's output (vs nn.TransformerDecoderLayer with the same weights)",
+                         case.desc, rtol=1e-6, atol=1e-6, hint=hint)
         d = result.cases["empty"].data
-        want = ref.numpy_decoder_layer(
-            d["x"],
-            d["memory"],
-            d["params"],
-            d["H"],
-            d["causal"],
-            _cross_allowed(d["mem_is_real"], d["x"].shape[1]),
-            d["norm_first"],
-        )
-        expect_close(
-            outs["empty"],
-            want,
-            "numpy_decoder_layer's output",
-            result.cases["empty"].desc,
-            rtol=1e-6,
-            atol=1e-6,
-            hint="A query with no allowed key gets zero attention output (the given "
-            "scaled_dot_product_attention does it): pass cross_allowed to it unchanged.",
-        )
-        for name, key in (("x_after", "x"), ("memory_after", "memory")):
-            after = result.get("post", name, what=f"{key} after the call", kind="ndarray")
-            if not np.array_equal(after, post.data[key]):
-                raise Fail(
-                    f"numpy_decoder_layer changed its input `{key}` in place: write `x = x + ...`, not "
-                    "`x += ...`."
-                )
+        want = ref.numpy_decoder_layer(d["x"], d["memory"], d["params"], d["H"], d["causal"],
+                                       _cross_allowed(d["mem_is_real"], d["x"].shape[1]), d["norm_first"])
+        expect_close(outs["empty"], want, "numpy_decoder_layer's output", result.cases["empty"].desc, rtol=1e-6,
+                     atol=1e-6, hint="A query with no allowed key gets zero attention output (the given "
+                                     "scaled_dot_product_attention does it): pass cross_allowed to it unchanged.")
+        _unchanged(result, "post", {"x": post.data["x"], "memory": post.data["memory"]}, "numpy_decoder_layer",
+                   "In a layer: `x = x + ...`, not `x += ...`.")
         for key, value in post.data["params"].items():
-            after = result.get(
-                "post", f"params_after/{key}", what=f"params[{key!r}] after the call", kind="ndarray"
-            )
+            after = result.get("post", f"params_after/{key}", what=f"params[{key!r}] after the call", kind="ndarray")
             if not np.array_equal(after, value):
-                raise Fail(
-                    f"numpy_decoder_layer changed params[{key!r}] in place: never write into the parameters."
-                )
+                raise Fail(f"numpy_decoder_layer changed params[{key!r}] in place: never write into the parameters.")
 
 
 # -- run_with_torch_masks: find the bug (autograder.bugs), judged relative to the student's DecoderLayer --------
-def _reference_layer_out(d: dict, self_allowed, cross_allowed) -> np.ndarray:
-    """The reference layer (float64, eval) with the case's weights and the given masks of our polarity: the outputs
-    of recognisable mistakes, whose masks may leave a query with no key (PyTorch would give NaN there)."""
-    D, H, F = d["D"], d["H"], d["F"]
-    ours = ref.DecoderLayer(D, H, F, dropout=0.0, norm_first=d["norm_first"],
-                            self_attn=ref_mh.MultiHeadAttention(D, H), cross_attn=ref_cross.CrossAttention(D, H))
-    ours.load_state_dict({k: torch.from_numpy(v) for k, v in d["state"].items()})
-
-    def tensor(a):
-        return None if a is None else torch.from_numpy(np.ascontiguousarray(a))
-
-    with torch.no_grad():
-        return ours.double().eval()(torch.from_numpy(d["x"].astype(np.float64)),
-                                    torch.from_numpy(d["memory"].astype(np.float64)),
-                                    tensor(self_allowed), tensor(cross_allowed)).numpy()
-
-
 @exercise(LESSON, "run_with_torch_masks")
 class RunWithTorchMasks(Exercise):
     """The given helper turns nn.TransformerDecoderLayer's mask arguments (True = blocked) into the student's
@@ -987,14 +630,15 @@ class RunWithTorchMasks(Exercise):
     uses = ("DecoderLayer",)
     reference = ref
 
-    def _case(self, rng, cid, desc, B, T, S, norm_first, tgt_mask, tgt_real, mem_real):
+    def _case(self, rng, cid, situation, B, T, S, norm_first, tgt_mask, tgt_real, mem_real):
         D, H, F = 16, 4, 24  # Dh = 4, T != S != H
         x, memory = _inputs(rng, B, T, S, D)
         state = _layer_state(rng, D, F)
         masks = {"tgt_mask": tgt_mask, "tgt_key_padding_mask": None if tgt_real is None else ~tgt_real,
                  "memory_key_padding_mask": None if mem_real is None else ~mem_real}  # PyTorch's: True = blocked
-        case = Case(cid, desc, data={"state": state, "D": D, "H": H, "F": F, "norm_first": norm_first, "x": x,
-                                     "memory": memory, "masks": masks})
+        case = Case(cid, f"B={B}, T={T}, S={S}, D={D}, H={H}, F={F}, {situation}",
+                    data={"state": state, "D": D, "H": H, "F": F, "norm_first": norm_first, "x": x, "memory": memory,
+                          "masks": masks})
         _build_injected(case, D, H, F, norm_first, state=state)
         case.eval("layer")
         case.let("tgt", case.tensor(x))
@@ -1004,10 +648,8 @@ class RunWithTorchMasks(Exercise):
             if mask is not None:
                 case.let(name, case.tensor(mask))
                 given[name] = {"ref": name}
-        case.call("run_with_torch_masks", {"ref": "layer"}, {"ref": "tgt"}, {"ref": "memory"}, record="out",
-                  **given)
-        for name in ("tgt", "memory", *given):
-            case.record(f"{name}_after", {"ref": name})
+        case.call("run_with_torch_masks", {"ref": "layer"}, {"ref": "tgt"}, {"ref": "memory"}, record="out", **given)
+        judges.record_after(case, ("tgt", "memory", *given))
         return case
 
     def cases(self, rng):
@@ -1015,25 +657,16 @@ class RunWithTorchMasks(Exercise):
         causal = ~causal_mask(T)  # (T, T) PyTorch's: True above the diagonal, the future blocked
         index = np.arange(T)
         window = (index[None, :] > index[:, None]) | (index[:, None] - index[None, :] > 2)  # (T, T): 3 keys back
-
-        def padded(n, low):  # (B, n) is_real: right padding, lengths from low to n, one row unpadded
-            lengths = rng.integers(low, n + 1, size=B)
-            lengths[rng.integers(B)] = n
-            return np.arange(n)[None, :] < lengths[:, None]
-
-        sizes = f"B={B}, T={T}, S={S}, D=16, H=4, F=24"
-        return [
-            self._case(rng, "causal+padding", f"{sizes}, post-LN, tgt_mask causal, target and memory padding", B,
-                       T, S, False, causal, padded(T, 1), padded(S, 1)),
-            self._case(rng, "padding", f"{sizes}, pre-LN, no tgt_mask, target padding only", B, T, S, True, None,
-                       padded(T, 1), None),
-            self._case(rng, "window+padding", f"{sizes}, pre-LN, tgt_mask a causal window of 3 keys, target "
-                       "padding", B, T, S, True, window, padded(T, 3), None),
-            self._case(rng, "causal", "B=2, T=4, S=7, D=16, H=4, F=24, post-LN, tgt_mask causal only, no padding",
-                       2, 4, 7, False, ~causal_mask(4), None, None),
-            self._case(rng, "memory", f"{sizes}, post-LN, memory padding only", B, T, S, False, None, None,
-                       padded(S, 1)),
+        rows = [  # id, situation, B, T, S, norm_first, tgt_mask, target is_real, memory is_real
+            ("causal+padding", "post-LN, tgt_mask causal, target and memory padding", B, T, S, False, causal,
+             _padded(rng, B, T), _padded(rng, B, S)),
+            ("padding", "pre-LN, no tgt_mask, target padding only", B, T, S, True, None, _padded(rng, B, T), None),
+            ("window+padding", "pre-LN, tgt_mask a causal window of 3 keys, target padding", B, T, S, True, window,
+             _padded(rng, B, T, min_real=3), None),
+            ("causal", "post-LN, tgt_mask causal only, no padding", 2, 4, 7, False, ~causal_mask(4), None, None),
+            ("memory", "post-LN, memory padding only", B, T, S, False, None, None, _padded(rng, B, S)),
         ]
+        return [self._case(rng, *row) for row in rows]
 
     def judge(self, result: Result):
         what = "run_with_torch_masks"
@@ -1041,7 +674,6 @@ class RunWithTorchMasks(Exercise):
             result.raise_if_error(case.id)
             d = case.data
             x, memory, masks = d["x"], d["memory"], d["masks"]
-            B, T, _ = x.shape
             out = result.get(case.id, "out", what=f"the output of {what}", kind="tensor", dtype="float",
                              shape=x.shape)
             theirs = _torch_layer(d["state"], d["H"], d["F"], d["norm_first"])
@@ -1054,14 +686,7 @@ class RunWithTorchMasks(Exercise):
                          case.desc, rtol=1e-4, atol=1e-4,
                          hint="A key is hidden from a query when any of the masks blocks it; PyTorch's masks say "
                               "True = blocked and ours True = may attend, so each is inverted once, at the call.")
-            check_unchanged_masks = {"tgt_after": x, "memory_after": memory,
-                                     **{f"{k}_after": m for k, m in masks.items() if m is not None}}
-            for name, before in check_unchanged_masks.items():
-                after = result.get(case.id, name, what=f"{name.removesuffix('_after')} after the call",
-                                   kind="tensor", finite=False)
-                if not np.array_equal(after, before):
-                    raise Fail(f"{what} changed the caller's `{name.removesuffix('_after')}` in place "
-                               f"({case.desc}): build new masks instead.")
+            _unchanged(result, case.id, {"tgt": x, "memory": memory, **masks}, what, "Build new masks instead.")
 
     @staticmethod
     def _diagnose(out, d, desc, what) -> None:
@@ -1090,11 +715,9 @@ class RunWithTorchMasks(Exercise):
                                    "keys tgt_mask blocks (the future) are read"))
         if mem is not None:
             self_allowed = ~(tm if pad is None else tm | pad[:, None, None, :])
-            candidates += [(self_allowed, None, "ignores memory_key_padding_mask: padded memory positions are "
-                            "read"),
+            candidates += [(self_allowed, None, "ignores memory_key_padding_mask: padded memory positions are read"),
                            (self_allowed, mem[:, None, None, :], "hands memory_key_padding_mask to the layer "
                             "without inverting it: True means blocked there, may attend here")]
         for self_allowed, cross_allowed, why in candidates:
-            got = _reference_layer_out(d, self_allowed, cross_allowed)
-            if np.allclose(out, got, rtol=1e-4, atol=1e-4):
+            if np.allclose(out, _reference_layer_out(d, self_allowed, cross_allowed), rtol=1e-4, atol=1e-4):
                 raise Fail(f"{what} {why} ({desc}).")
