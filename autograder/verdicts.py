@@ -15,10 +15,7 @@ The flow for one notebook (see docs/ARCHITECTURE.md):
 from __future__ import annotations
 
 import hashlib
-import math
 import os
-import stat
-import zipfile
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -26,8 +23,8 @@ import numpy as np
 from nbformat import NotebookNode
 
 from autograder import lessons, policy
+from autograder.checks import framework
 from autograder.checks.framework import (
-    MAX_REPORT_BYTES,
     REGISTRY,
     Case,
     Exercise,
@@ -37,7 +34,6 @@ from autograder.checks.framework import (
     write_cases,
 )
 from autograder.text import without_escapes
-from decoder_course import harvest
 
 # How verdicts.apply writes a verdict into a graded cell, and autograder.feedback finds it again.
 PASSED_PREFIX = "✓ Hidden checks: "  # a passed item's last output: a stdout stream, this and the message
@@ -142,69 +138,18 @@ def prepare(nb: NotebookNode, lesson: str, student: str, secret: bytes, scratch:
     return Plan(lesson, scratch, items, solution_sources(nb), cells)
 
 
-# What the grader reads of one exercise's outputs, at most: the kernel side refuses to hand in more than
-# harvest.MAX_OUTPUT_BYTES of arrays; headers and the report get room of their own. Every file is judged by its
-# size (and the npz by its zip directory) before a byte of it is parsed, so a forged file costs no memory.
-MAX_OUTPUT_BYTES = harvest.MAX_OUTPUT_BYTES + (16 << 20)  # the .npz: arrays plus their headers
-MAX_LEAVES = 50_000  # arrays in one .npz
-
-
-def _zip_entries(path: Path) -> int | None:
-    """How many entries a zip's end-of-central-directory record declares (None if there is none, or zip64)."""
-    with open(path, "rb") as handle:
-        handle.seek(0, os.SEEK_END)
-        size = handle.tell()
-        handle.seek(max(0, size - (1 << 16) - 22))
-        tail = handle.read()
-    at = tail.rfind(b"PK\x05\x06")
-    if at < 0 or len(tail) < at + 22:
-        return None
-    entries = int.from_bytes(tail[at + 10: at + 12], "little")
-    return None if entries == 0xFFFF else entries
+MAX_OUTPUT_BYTES = framework.MAX_OUTPUT_BYTES  # the .npz: arrays plus their headers (harvest's cap + 16 MB)
+MAX_LEAVES = framework.MAX_LEAVES
 
 
 def unreadable_outputs(folder: Path, item: str, max_bytes: int = MAX_OUTPUT_BYTES) -> str | None:
     """Why the kernel's files for ``item`` must not be read (a link, a FIFO, too large, too many arrays, an array
     whose header claims more than its bytes, a compressed or object array), or None when they are plain harvest
-    files.
-
-    The kernel wrote them and may have forged them: read nothing before these checks (the kernel is dead by now,
-    so nothing changes between the check and the read).
-    """
-    limits = {".json": min(max_bytes, MAX_REPORT_BYTES), ".npz": min(max_bytes, MAX_OUTPUT_BYTES)}
-    for suffix, limit in limits.items():
-        path = folder / f"{item}{suffix}"
-        try:
-            info = os.lstat(path)
-        except FileNotFoundError:
-            continue  # Result says the cell was not reached
-        if not stat.S_ISREG(info.st_mode) or info.st_nlink != 1:
-            return f"{path.name} is not a plain file"
-        if info.st_size > limit:
-            return f"{path.name} is {info.st_size / 2**20:.0f} MB, over the {limit / 2**20:.0f} MB limit"
-    npz = folder / f"{item}.npz"
-    if not npz.exists():
-        return None
-    entries = _zip_entries(npz)
-    if entries is None or entries > MAX_LEAVES:
-        return f"{npz.name} is not a plain .npz file of at most {MAX_LEAVES} arrays"
+    files (:func:`autograder.checks.framework.read_outputs`, which grading calls once per judgement)."""
     try:
-        with zipfile.ZipFile(npz) as archive:
-            members = archive.infolist()
-            if len(members) != entries or sum(m.file_size for m in members) > limits[".npz"]:
-                return f"{npz.name} holds more than {limits['.npz'] / 2**20:.0f} MB"
-            for member in members:
-                if member.compress_type != zipfile.ZIP_STORED:
-                    return f"{npz.name} is compressed"
-                with archive.open(member) as handle:
-                    version = np.lib.format.read_magic(handle)
-                    read_header = (np.lib.format.read_array_header_1_0 if version == (1, 0)
-                                   else np.lib.format.read_array_header_2_0)
-                    shape, _, dtype = read_header(handle)
-                    if dtype.hasobject or math.prod(shape) * dtype.itemsize > member.file_size:
-                        return f"{npz.name} holds an array whose header does not match its data"
-    except Exception as exc:  # not a zip, a broken header: the kernel did not write it with np.savez
-        return f"{npz.name} is not a plain .npz file ({type(exc).__name__})"
+        framework.read_outputs(folder, item, max_bytes)
+    except framework.Unreadable as exc:
+        return str(exc)
     return None
 
 
@@ -218,12 +163,12 @@ def answered_cases(ex: Exercise, cases: list[Case], folder: Path) -> list[Case] 
     """An item built on the student's other items whose building block raised on its cases: those cases again,
     with a correct building block's answers where the student's raised (:func:`autograder.checks.relative.answered`),
     to run once more in the same kernel; None when there is nothing to answer (or nothing readable to go by)."""
-    if not getattr(ex, "uses", ()) or unreadable_outputs(folder, ex.name):
+    if not getattr(ex, "uses", ()):
         return None
     from autograder.checks import relative
 
     try:
-        return relative.answered(ex, Result(folder, ex.name, cases))
+        return relative.answered(ex, Result(folder, ex.name, cases, framework.read_outputs(folder, ex.name)))
     except Exception:  # noqa: BLE001 - outputs the first run could not hand in: judged as they are
         return None
 
@@ -235,7 +180,10 @@ def decide(plan: Plan) -> dict[str, Verdict]:
     for item, (ex, cases) in plan.items.items():
         own = plan.sources.get(item, "")
         broken = policy.violations(plan.cells or [own], [own], [item], tuple(getattr(ex, "forbidden", ())))
-        unreadable = unreadable_outputs(plan.scratch / "outputs", item)
+        try:
+            outputs, unreadable = framework.read_outputs(plan.scratch / "outputs", item), None
+        except framework.Unreadable as exc:
+            outputs, unreadable = None, str(exc)
         if broken:
             decided[item] = Verdict(False, policy_message(item, broken))
         elif unreadable:
@@ -243,7 +191,7 @@ def decide(plan: Plan) -> dict[str, Verdict]:
                 f"the grader refused to read what your notebook handed in for `{item}` ({unreadable}): it was not "
                 "written by the course's hidden checks. Do not write into the grading folder."))
         else:
-            decided[item] = run_judge(ex, plan.scratch / "outputs", cases, sound)
+            decided[item] = run_judge(ex, plan.scratch / "outputs", cases, sound, outputs)
         # sound: passed, and so did everything it is built on (an item judged relative to a wrong building block
         # can pass while the pieces it calls are wrong: what calls it must not take it for right)
         sound[item] = decided[item].passed and all(sound.get(name, False) for name in getattr(ex, "uses", ()))
@@ -287,7 +235,6 @@ def judge_namespace(lesson: str, namespace: dict, secret: bytes = b"in-process",
 
     The same cases, harvest and verdicts as a grading run; only the kernel is replaced by this process.
     """
-    import os
     import tempfile
 
     from decoder_course.harvest import ENV_VAR, collect

@@ -8,7 +8,12 @@ with a message that teaches. Reference code runs only here, never in the student
 
 from __future__ import annotations
 
+import io
 import json
+import math
+import os
+import stat
+import zipfile
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -16,8 +21,14 @@ from typing import Any
 
 import numpy as np
 
+from decoder_course import harvest
+
 REGISTRY: dict[str, dict[str, type[Exercise]]] = {}
-MAX_REPORT_BYTES = 4 << 20  # the most of a kernel's JSON report the grader reads (autograder.verdicts checks first)
+MAX_REPORT_BYTES = 4 << 20  # the most of a kernel's JSON report the grader reads
+# The most of one exercise's arrays the grader reads: the kernel side refuses to hand in more than
+# harvest.MAX_OUTPUT_BYTES of arrays; headers get room of their own.
+MAX_OUTPUT_BYTES = harvest.MAX_OUTPUT_BYTES + (16 << 20)
+MAX_LEAVES = 50_000  # arrays in one .npz
 
 
 PASSED_MESSAGE = "all {n} hidden cases passed"  # a passed item's verdict (autograder.feedback reads it back)
@@ -151,28 +162,25 @@ _FLOAT_KINDS = "f"
 class Result:
     """What the kernel handed back for one exercise, read without trusting any of it."""
 
-    def __init__(self, folder: Path, item: str, cases: list[Case]):
+    def __init__(self, folder: Path, item: str, cases: list[Case], outputs: tuple | None = None):
+        """``outputs`` is what :func:`read_outputs` returned for ``folder`` and ``item``, when the caller has it."""
         self.item = item
         self.cases = {case.id: case for case in cases}
-        json_path, npz_path = folder / f"{item}.json", folder / f"{item}.npz"
-        if not json_path.exists() or not npz_path.exists():
+        try:
+            report, self.leaves = outputs if outputs is not None else read_outputs(folder, item)
+        except Unreadable as exc:
+            raise Fail(f"the grader refused to read what was handed in for this exercise ({exc}): it was not "
+                       "written by the course's hidden checks.") from exc
+        if report is None or self.leaves is None:
             raise Fail(
                 "the hidden checks never ran for this exercise: the cell was not reached (an earlier cell hung, "
                 "crashed the kernel or exited), or the test cell was changed."
             )
         try:
-            with open(json_path, "rb") as handle:  # bounded: verdicts.unreadable_outputs judged its size first
-                raw = handle.read(MAX_REPORT_BYTES + 1)
-            if len(raw) > MAX_REPORT_BYTES:
-                raise Fail(f"the report handed in for this exercise is over {MAX_REPORT_BYTES >> 20} MB: it was "
-                           "not written by the course's hidden checks.")
-            report = json.loads(raw)
-            leaf_keys = list(report["leaves"])
             self.report_cases = dict(report["cases"])
-            with np.load(npz_path, allow_pickle=False) as npz:
-                self.leaves = {key: npz[f"leaf{i}"] for i, key in enumerate(leaf_keys)}
-        except Fail:
-            raise
+            if set(self.leaves) != {f"leaf{i}" for i in range(len(report["leaves"]))}:
+                raise ValueError("the report and the arrays do not match")
+            self.leaves = {key: self.leaves[f"leaf{i}"] for i, key in enumerate(report["leaves"])}
         except Exception as exc:
             raise Fail(f"the grader could not read this exercise's outputs ({type(exc).__name__}).") from exc
 
@@ -237,6 +245,132 @@ class Result:
                 "or huge scores? Subtract the row max before exp, and give fully masked rows zeros."
             )
         return array
+
+
+class Unreadable(Exception):
+    """A file the kernel handed in is not one the harvest writes (a link, a FIFO, too large, forged): not read."""
+
+
+def _read_plain(path: Path, limit: int) -> bytearray | None:
+    """The bytes of a plain file of at most ``limit`` bytes, read through one descriptor (None if it is missing).
+
+    The kernel may still run and may swap the file at any moment: it is opened once, without following a link or
+    blocking on a FIFO, judged by ``fstat`` of that very descriptor, and read from it, so no check can be raced."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+    except FileNotFoundError:
+        return None
+    except OSError as exc:  # ELOOP for a link, ENXIO for a socket, ...
+        raise Unreadable(f"{path.name} is not a plain file") from exc
+    with os.fdopen(fd, "rb", buffering=0) as handle:
+        info = os.fstat(fd)
+        if not stat.S_ISREG(info.st_mode) or info.st_nlink != 1:
+            raise Unreadable(f"{path.name} is not a plain file")
+        if info.st_size > limit:
+            raise Unreadable(f"{path.name} is {info.st_size / 2**20:.0f} MB, over the {limit / 2**20:.0f} MB limit")
+        data = bytearray(info.st_size)
+        view, done = memoryview(data), 0
+        while done < len(data):
+            got = handle.readinto(view[done:])
+            if not got:
+                raise Unreadable(f"{path.name} shrank while it was read")
+            done += got
+    return data
+
+
+class _Reader(io.RawIOBase):
+    """A seekable reader over a buffer, without copying it (zipfile reads the directory through it)."""
+
+    def __init__(self, data: bytearray):
+        self._view, self._at = memoryview(data), 0
+
+    def readable(self) -> bool:
+        return True
+
+    def seekable(self) -> bool:
+        return True
+
+    def seek(self, offset: int, whence: int = 0) -> int:
+        self._at = max(0, {0: 0, 1: self._at, 2: len(self._view)}[whence] + offset)
+        return self._at
+
+    def tell(self) -> int:
+        return self._at
+
+    def readinto(self, buffer) -> int:
+        chunk = self._view[self._at: self._at + len(buffer)]
+        buffer[: len(chunk)] = chunk
+        self._at += len(chunk)
+        return len(chunk)
+
+
+def _zip_entries(data: bytearray) -> int | None:
+    """How many entries a zip's end-of-central-directory record declares (None if there is none, or zip64)."""
+    at = data.rfind(b"PK\x05\x06", max(0, len(data) - (1 << 16) - 22))
+    if at < 0 or len(data) < at + 22:
+        return None
+    entries = int.from_bytes(data[at + 10: at + 12], "little")
+    return None if entries == 0xFFFF else entries
+
+
+def _arrays(name: str, data: bytearray, limit: int) -> dict[str, np.ndarray]:
+    """The arrays of an uncompressed ``.npz`` in ``data``, as views into it; :class:`Unreadable` for anything the
+    harvest's ``np.savez`` would not write (checked from the zip directory before any array is made)."""
+    entries = _zip_entries(data)
+    if entries is None or entries > MAX_LEAVES:
+        raise Unreadable(f"{name} is not a plain .npz file of at most {MAX_LEAVES} arrays")
+    try:
+        with zipfile.ZipFile(_Reader(data)) as archive:
+            members = archive.infolist()
+        if len(members) != entries or sum(m.file_size for m in members) > limit:
+            raise Unreadable(f"{name} holds more than {limit / 2**20:.0f} MB")
+        arrays = {}
+        for member in members:
+            if member.compress_type != zipfile.ZIP_STORED or not member.filename.endswith(".npy"):
+                raise Unreadable(f"{name} is compressed")
+            at = member.header_offset
+            if data[at: at + 4] != b"PK\x03\x04":
+                raise ValueError("no local header")
+            start = at + 30 + int.from_bytes(data[at + 26: at + 28], "little") \
+                + int.from_bytes(data[at + 28: at + 30], "little")  # past the name and the extra field
+            end = start + member.file_size
+            if end > len(data):
+                raise ValueError("a member runs past the end")
+            head = io.BytesIO(bytes(data[start: min(end, start + (1 << 16) + 16)]))
+            version = np.lib.format.read_magic(head)
+            read_header = (np.lib.format.read_array_header_1_0 if version == (1, 0)
+                           else np.lib.format.read_array_header_2_0)
+            shape, fortran, dtype = read_header(head)
+            count, offset = math.prod(shape), start + head.tell()
+            if dtype.hasobject or count * dtype.itemsize > end - offset:
+                raise Unreadable(f"{name} holds an array whose header does not match its data")
+            values = (np.frombuffer(data, dtype, count, offset) if dtype.itemsize else np.empty(count, dtype))
+            arrays[member.filename[: -len(".npy")]] = values.reshape(shape, order="F" if fortran else "C")
+        return arrays
+    except Unreadable:
+        raise
+    except Exception as exc:  # not a zip, a broken header: the kernel did not write it with np.savez
+        raise Unreadable(f"{name} is not a plain .npz file ({type(exc).__name__})") from exc
+
+
+def read_outputs(folder: Path, item: str, max_bytes: int = MAX_OUTPUT_BYTES) -> tuple[dict | None, dict | None]:
+    """What the kernel handed in for ``item``: (its JSON report, its arrays by name), each None when missing.
+
+    Raises :class:`Unreadable` for a file the harvest would not have written (a link, a FIFO, a hard link, too
+    large, too many arrays, a compressed or object array, a header that claims more than its bytes). Each file is
+    read once, through one descriptor, and bounded before a byte of it is parsed: a forged file costs no more
+    memory than its capped size, and nothing the kernel does meanwhile changes what was judged."""
+    raw = _read_plain(folder / f"{item}.json", min(max_bytes, MAX_REPORT_BYTES))
+    data = _read_plain(folder / f"{item}.npz", min(max_bytes, MAX_OUTPUT_BYTES))
+    report = None
+    if raw is not None:
+        try:
+            report = json.loads(bytes(raw))
+            if not isinstance(report, dict):
+                raise ValueError("not an object")
+        except ValueError as exc:
+            raise Unreadable(f"{item}.json is not a report the harvest writes") from exc
+    return report, (None if data is None else _arrays(f"{item}.npz", data, min(max_bytes, MAX_OUTPUT_BYTES)))
 
 
 def _check_dtype(array: np.ndarray, declared: str, want: str, what: str, desc: str) -> None:
@@ -321,14 +455,15 @@ def _quotes_an_error(result: Result | None, message: str) -> bool:
     return False
 
 
-def run_judge(ex: Exercise, folder: Path, cases: list[Case], passed: dict[str, bool] | None = None) -> Verdict:
+def run_judge(ex: Exercise, folder: Path, cases: list[Case], passed: dict[str, bool] | None = None,
+              outputs: tuple | None = None) -> Verdict:
     """Judge one exercise from the kernel's outputs in ``folder``; any failure becomes a teaching verdict.
 
     ``passed`` holds the verdicts of the notebook's items judged before this one: an item built on the student's
     other items (``uses``) whose building blocks all passed their own checks is judged by its own checks alone."""
     result = None
     try:
-        result = Result(folder, ex.name, cases)
+        result = Result(folder, ex.name, cases, outputs)
         if ex.uses:
             from autograder.checks import relative
 
