@@ -122,6 +122,18 @@ def test_wrong_answer_loses_its_item_and_no_other(lesson, index):
         f"the message for '{description}' does not say which idea broke: {decided[item].message}")
 
 
+@pytest.mark.parametrize("secret", [b"a1", b"a2", b"a3"])
+def test_a_building_block_just_wrong_enough_to_fail_is_never_taken_for_right(secret):
+    """Label smoothing spread over the V - 1 wrong tokens moves sequence_loss by about 1e-4: its own cell fails,
+    and train_step, built on it, must be judged as built on a wrong block (relative.py compares a block's answers
+    as strictly as the items' own checks do). On secret a1 it once cost train_step too."""
+    lesson = "07-training"
+    item, description, replacement = next(m for m in _mutants(lesson) if "V - 1 wrong tokens" in m[1])
+    decided = verdicts.judge_namespace(lesson, samples.notebook_namespace(lesson, replacement), secret=secret)
+    assert [name for name, v in decided.items() if not v.passed] == [item], (description, {
+        name: v.message for name, v in decided.items() if not v.passed})
+
+
 def _double_faults():
     """A wrong dependent item on top of a wrong building block: judged relative to that block, still caught."""
     for lesson in LESSONS:

@@ -31,7 +31,11 @@ import numpy as np
 from autograder.checks.framework import Case, Fail, Raised, Result, Unobservable
 
 _OPAQUE = object()  # a recorded value that was described, not handed back (a model, a cache)
-_RTOL, _ATOL = 1e-4, 1e-5
+_RTOL, _ATOL = 1e-4, 1e-5  # an item's outputs against the replay's (its own float32 arithmetic may differ)
+# A building block's answer against a correct one's on the same arguments: as strict as the items' own value checks
+# (rtol 1e-5), so that a block just wrong enough to fail its own cell (label smoothing over V - 1 tokens moves a loss
+# by 1e-4) is never taken for right, which would leave the item built on it judged, and failed, by its own checks.
+_BLOCK_RTOL, _BLOCK_ATOL = 1e-5, 1e-6
 _MAX_ANSWERS = 256  # answers sent for one case at most (see ``answered``)
 
 
@@ -111,7 +115,7 @@ def _as_array(value: Any) -> np.ndarray | None:
     return None
 
 
-def _same(a: Any, b: Any) -> bool:
+def _same(a: Any, b: Any, rtol: float = _RTOL, atol: float = _ATOL) -> bool:
     """Recorded ``b`` agrees with ``a`` (opaque parts of ``b`` agree with anything)."""
     if b is _OPAQUE:
         return True
@@ -120,17 +124,17 @@ def _same(a: Any, b: Any) -> bool:
         if x is None or y is None or x.shape != y.shape:
             return False
         if x.dtype.kind in "fc" or y.dtype.kind in "fc":
-            return bool(np.allclose(x.astype(np.float64), y.astype(np.float64), rtol=_RTOL, atol=_ATOL,
+            return bool(np.allclose(x.astype(np.float64), y.astype(np.float64), rtol=rtol, atol=atol,
                                     equal_nan=True))
         return bool(np.array_equal(x, y))
     if isinstance(a, (list, tuple)) and isinstance(b, (list, tuple)):
-        return len(a) == len(b) and all(_same(p, q) for p, q in zip(a, b, strict=True))
+        return len(a) == len(b) and all(_same(p, q, rtol, atol) for p, q in zip(a, b, strict=True))
     if isinstance(a, dict) and isinstance(b, dict):
-        return a.keys() == b.keys() and all(_same(a[k], b[k]) for k in a)
+        return a.keys() == b.keys() and all(_same(a[k], b[k], rtol, atol) for k in a)
     if a is None or b is None:
         return a is b
     if isinstance(a, (bool, int, float)) and isinstance(b, (bool, int, float)):
-        return bool(np.isclose(float(a), float(b), rtol=_RTOL, atol=_ATOL, equal_nan=True))
+        return bool(np.isclose(float(a), float(b), rtol=rtol, atol=atol, equal_nan=True))
     return True  # objects (a model, a generator): not compared
 
 
@@ -227,7 +231,7 @@ class _Replay:
         if not call.returned:  # the student's raised where the reference's did not
             self.differs.add(label)
             raise _DependencyRaised(label)
-        if not _same(real, call.out):
+        if not _same(real, call.out, _BLOCK_RTOL, _BLOCK_ATOL):
             self.differs.add(label)
         given = args[1:] if skip_first else args
         for arg, before, after in zip(given, call.args, call.after, strict=False):
@@ -266,7 +270,7 @@ class _Replay:
             value = self._correct(real_fn, (*head, *call_args), call_kwargs)
         except Exception:  # noqa: BLE001 - a correct one raises on these arguments too (or they cannot be copied)
             return
-        if made.returned and not made.answered and _same(value, made.out):
+        if made.returned and not made.answered and _same(value, made.out, _BLOCK_RTOL, _BLOCK_ATOL):
             return  # the student's answered as a correct one does: it stays theirs
         self._keep(label, list(made.args), dict(made.kwargs), value, call_args, call_kwargs)
 
