@@ -11,6 +11,10 @@ Expected tokens come from the reference decoders on the same models; the filters
 nucleus computed here, and beam search also against exhaustive search. Sampling is judged by what any correct
 sampler guarantees: a seeded generator reproduces its draws whatever the global random state, no draw falls
 outside top-k/top-p, and first-token frequencies follow softmax(logits / temperature).
+
+Every decoder case is one :func:`_decode_case` (a stand-in model, the source, the call, the inputs to find
+unchanged) and is judged by :func:`_tokens` (type, shape, EOS and padding per row) and :func:`_same_tokens`; every
+filter case is one :func:`_logits_case`, judged by :func:`_judge_logits` (shape, dtype kept, inputs unchanged).
 """
 
 from __future__ import annotations
@@ -20,6 +24,7 @@ import math
 import numpy as np
 import torch
 
+from autograder.checks import judges
 from autograder.checks.framework import Case, Exercise, Fail, Result, exercise, expect_close
 from autograder.reference import generation as ref
 from decoder_course.conventions import BOS, EOS
@@ -31,10 +36,9 @@ SCRIPTED = "decoder_course.testing:ScriptedModel"
 
 
 # -- models, built in the kernel from plain data and here from the same data ------------------------------------------
-def _hashed(case: Case, name: str, V: int, seed: int, **kwargs) -> HashedLogitsModel:
-    """Bind a HashedLogitsModel to ``name`` in the kernel; return the same model for the trusted side."""
-    case.let(name, {"new": HASHED, "args": [V, seed], "kwargs": kwargs})
-    return HashedLogitsModel(V, seed, **kwargs)
+def _hashed(V: int, seed: int, **kwargs) -> tuple[HashedLogitsModel, dict]:
+    """A HashedLogitsModel for the trusted side, and the spec that builds the same one in the kernel."""
+    return HashedLogitsModel(V, seed, **kwargs), {"new": HASHED, "args": [V, seed], "kwargs": kwargs}
 
 
 def _tree_data(tree: dict) -> list:
@@ -43,20 +47,17 @@ def _tree_data(tree: dict) -> list:
             tree.items()]
 
 
-def _scripted(case: Case, name: str, V: int, tree: dict | None = None, table=None, **kwargs) -> ScriptedModel:
-    """Bind a ScriptedModel (from a tree or a table) in the kernel; return the same model for the trusted side."""
-    if tree is not None:
-        case.let(name, {"new": SCRIPTED, "args": [V], "kwargs": {"tree": _tree_data(tree), **kwargs}})
-        return ScriptedModel(V, tree=tree, **kwargs)
-    case.let(name, {"new": SCRIPTED, "args": [V], "kwargs": {"table": table, **kwargs}})
-    return ScriptedModel(V, table=table, **kwargs)
+def _scripted(V: int, tree: dict | None = None, **kwargs) -> tuple[ScriptedModel, dict]:
+    """A ScriptedModel (from a tree, or a ``table=``) for the trusted side, and the spec of the same one."""
+    plain = {"tree": _tree_data(tree), **kwargs} if tree is not None else kwargs
+    return ScriptedModel(V, tree=tree, **kwargs), {"new": SCRIPTED, "args": [V], "kwargs": plain}
 
 
 def _padded_source(rng: np.random.Generator, lengths, S: int, V: int, pad_id: int) -> tuple[np.ndarray, np.ndarray]:
     """Source ids (B, S) with real tokens in 3..V-1 (never pad_id) and pad_id after each row's length."""
-    src = rng.integers(3, V, size=(len(lengths), S))
-    src[src == pad_id] = 3 if pad_id != 3 else 4
     is_real = np.arange(S)[None, :] < np.asarray(lengths)[:, None]  # (B, S)
+    src = judges.token_ids(rng, len(lengths), S, V)
+    src[src == pad_id] = 3 if pad_id != 3 else 4  # a real token never reads as padding
     return np.where(is_real, src, pad_id), is_real
 
 
@@ -64,6 +65,38 @@ def _run(fn, model, src: np.ndarray, is_real: np.ndarray | None, *args, **kwargs
     """A reference decoder on the trusted copy of a model, as NumPy ids."""
     real = None if is_real is None else torch.from_numpy(is_real)
     return fn(model, torch.from_numpy(src), *args, src_is_real=real, **kwargs).numpy()
+
+
+def _decode_case(case_id: str, desc: str, fn: str, model: tuple, src: np.ndarray, is_real: np.ndarray | None,
+                 max_len: int, *, n: int | None = None, keep: tuple[str, ...] = (), data: dict | None = None,
+                 reference=None, **kwargs) -> Case:
+    """``fn(m, src_ids, [n,] max_len, BOS, EOS, src_is_real=..., **kwargs)`` on a stand-in ``model`` (trusted copy,
+    kernel spec), recorded as ``out``; ``src_is_real`` is passed only when given, ``keep`` names the inputs
+    (``src_ids``, ``src_is_real``) to find unchanged after the call, and the ``reference`` decoder (if given) run
+    with the same arguments gives the expected ids, ``want``."""
+    case = Case(case_id, desc, data={"B": len(src), "max_len": max_len, "pad_id": kwargs.get("pad_id", 0), "n": n,
+                                     "src": src, "is_real": is_real, "model": model[0], **(data or {})})
+    if reference is not None:
+        case.data["want"] = _run(reference, model[0], src, is_real, max_len, BOS, EOS, **kwargs)
+    case.let("m", model[1])
+    case.let("src_ids", case.tensor(src))
+    if is_real is not None:
+        case.let("src_is_real", case.tensor(is_real))
+        kwargs["src_is_real"] = {"ref": "src_is_real"}
+    case.call(fn, {"ref": "m"}, {"ref": "src_ids"}, *(() if n is None else (n,)), max_len, BOS, EOS, record="out",
+              **kwargs)
+    judges.record_after(case, keep)
+    case.data["kept"] = {name: {"src_ids": src, "src_is_real": is_real}[name] for name in keep}
+    return case
+
+
+def _raise_with_dependencies(result: Result, case: Case, runs: str) -> None:
+    """An exception on a case of an exercise built on others: show it, and say which of the student's own pieces
+    ran inside it (their bugs surface here too)."""
+    error = result.error(case.id)
+    if error is not None:
+        raise Fail(f"your code raised an exception on a case with {case.desc}:\n    {error.splitlines()[-1]}\n"
+                   f"{runs}: if one of their checks fails, fix it first.")
 
 
 # -- judging outputs -------------------------------------------------------------------------------------------------
@@ -78,21 +111,21 @@ def _ids(result: Result, case: Case, name: str, what: str, B: int, max_len: int)
     return got
 
 
-def _structure(got: np.ndarray, eos_id: int, pad_id: int, max_len: int, what: str, desc: str) -> list[int]:
+def _structure(got: np.ndarray, pad_id: int, max_len: int, what: str, desc: str) -> list[int]:
     """Each row stops at its first EOS and holds only pad_id after it; L is the longest row. Returns lengths."""
     lengths = []
     for b, row in enumerate(got.tolist()):
         if row and row[0] == BOS:
             raise Fail(f"row {b} of {what} starts with BOS ({desc}): return the generated tokens only, without "
                        "the BOS every row started from.")
-        end = row.index(eos_id) + 1 if eos_id in row else len(row)
+        end = row.index(EOS) + 1 if EOS in row else len(row)
         if pad_id != 0 and row[end:] and all(t == 0 for t in row[end:]):
             raise Fail(f"row {b} of {what} is padded with 0 after its EOS, but pad_id is {pad_id} here ({desc}): "
                        "pad with the pad_id argument.")
         if any(t != pad_id for t in row[end:]):
             raise Fail(f"row {b} of {what} goes on after its EOS ({desc}): a row that has emitted EOS is "
                        "finished, and every later position must be pad_id. Keep a `finished` flag per row.")
-        if eos_id not in row and len(row) < max_len:
+        if EOS not in row and len(row) < max_len:
             raise Fail(f"row {b} of {what} stopped before max_len = {max_len} without an EOS ({desc}).")
         if pad_id in row[:end]:
             raise Fail(f"row {b} of {what} holds pad_id before its end ({desc}): only finished rows are padded "
@@ -104,6 +137,14 @@ def _structure(got: np.ndarray, eos_id: int, pad_id: int, max_len: int, what: st
     return lengths
 
 
+def _tokens(result: Result, case: Case, fn: str, name: str = "out", call: str = "") -> np.ndarray:
+    """``fn``'s ids (B, L) for a :func:`_decode_case`, with each row's EOS and padding checked."""
+    d = case.data
+    got = _ids(result, case, name, call or f"{fn}(...)", d["B"], d["max_len"])
+    _structure(got, d["pad_id"], d["max_len"], f"{fn}'s output", case.desc)
+    return got
+
+
 def _same_tokens(got: np.ndarray, want: np.ndarray, what: str, desc: str, hint: str) -> None:
     if got.shape != want.shape or not np.array_equal(got, want):
         rows = [b for b in range(min(len(got), len(want)))
@@ -111,13 +152,6 @@ def _same_tokens(got: np.ndarray, want: np.ndarray, what: str, desc: str, hint: 
         first = rows[0] if rows else 0
         raise Fail(f"{what} is wrong for {len(rows) or 'some'} of {len(want)} rows, the first being row {first} "
                    f"({desc}). {hint}")
-
-
-def _unchanged(result: Result, case: Case, name: str, original: np.ndarray, what: str) -> None:
-    after = result.get(case.id, name, what=f"{what} after the call", kind="tensor", finite=False)
-    if not np.array_equal(after, original):
-        raise Fail(f"the caller's {what} was modified in place ({case.desc}): work on new tensors "
-                   "(masked_fill, scatter, torch.cat) rather than writing into the inputs.")
 
 
 # -- greedy_decode -----------------------------------------------------------------------------------------------------
@@ -141,20 +175,23 @@ def _greedy_trap_tree(rng: np.random.Generator, V: int) -> tuple[dict, list[int]
     return tree, greedy, [b, kids[3], EOS]
 
 
+GREEDY_HINT = "At each step take the argmax of the last position's logits (logits[:, -1]) for every row."
+TREE_HINT = ("On this tree greedy decoding follows the most likely token at each step: take the argmax of "
+             "logits[:, -1], the position that predicts the next token.")
+UNMASKED = "the tokens of a source whose padding counts: pass src_is_real to encode and decode"
+
+
 @exercise(LESSON, "greedy_decode", points=2)
 class GreedyDecode(Exercise):
     """Tokens against the reference on a scripted tree and on a padded batch of pseudo-random logits (pad_id != 0),
     max_len without any EOS, B = 1; EOS and padding per row; the caller's source unchanged."""
 
     def cases(self, rng):
-        cases = []
         V = int(rng.integers(10, 14))
         tree, greedy, _ = _greedy_trap_tree(rng, V)
-        case = Case("tree", f"a scripted tree, B=3, V={V}", data={"tree": tree, "V": V, "B": 3, "max_len": 8})
-        _scripted(case, "m", V, tree=tree)
-        case.call("greedy_decode", {"ref": "m"}, case.tensor(np.zeros((3, 4), np.int64)), 8, BOS, EOS, record="out")
-        case.data["want"] = np.array([greedy] * 3)
-        cases.append(case)
+        cases = [_decode_case("tree", f"a scripted tree, B=3, V={V}", "greedy_decode", _scripted(V, tree=tree),
+                              np.zeros((3, 4), np.int64), None, 8, data={"want": np.array([greedy] * 3),
+                                                                         "hint": TREE_HINT})]
         # a padded batch: rows of different real lengths, pad_id != 0, rows that stop at different steps
         pad_id = int(rng.integers(5, 9))
         for _ in range(50):
@@ -162,60 +199,71 @@ class GreedyDecode(Exercise):
             lengths = rng.integers(1, 8, size=5)
             lengths[0] = 7
             src, is_real = _padded_source(rng, lengths, 7, 14, pad_id)
-            model = HashedLogitsModel(14, seed, eos_bias=0.6, pad_id=pad_id)
-            want = _run(ref.greedy_decode, model, src, is_real, 9, BOS, EOS, pad_id=pad_id)
+            model = _hashed(14, seed, eos_bias=0.6, pad_id=pad_id)
+            want = _run(ref.greedy_decode, model[0], src, is_real, 9, BOS, EOS, pad_id=pad_id)
             if len({int((row == EOS).argmax()) for row in want if EOS in row}) >= 3:
                 break
-        case = Case("batch", f"B=5, S=7, V=14, pad_id={pad_id}, padded sources with src_is_real",
-                    data={"B": 5, "max_len": 9, "pad_id": pad_id, "want": want, "src": src,
-                          "without_mask": _run(ref.greedy_decode, model, src, None, 9, BOS, EOS, pad_id=pad_id)})
-        _hashed(case, "m", 14, seed, eos_bias=0.6, pad_id=pad_id)
-        case.let("src", case.tensor(src))
-        case.call("greedy_decode", {"ref": "m"}, {"ref": "src"}, 9, BOS, EOS, src_is_real=case.tensor(is_real),
-                  pad_id=pad_id, record="out")
-        case.record("src_after", {"ref": "src"})
-        cases.append(case)
+        without_mask = _run(ref.greedy_decode, model[0], src, None, 9, BOS, EOS, pad_id=pad_id)
+        cases.append(_decode_case("batch", f"B=5, S=7, V=14, pad_id={pad_id}, padded sources with src_is_real",
+                                  "greedy_decode", model, src, is_real, 9, keep=("src_ids",), pad_id=pad_id,
+                                  data={"want": want, "without_mask": without_mask}))
         # no EOS ever: exactly max_len tokens
         max_len = int(rng.integers(3, 7))
         src, is_real = _padded_source(rng, [4, 2], 4, 12, 0)
-        model = HashedLogitsModel(12, int(rng.integers(2**31)), eos_bias=-50.0)
-        case = Case("maxlen", f"B=2, a model that never emits EOS, max_len={max_len}",
-                    data={"B": 2, "max_len": max_len, "pad_id": 0,
-                          "want": _run(ref.greedy_decode, model, src, is_real, max_len, BOS, EOS)})
-        _hashed(case, "m", 12, model.seed, eos_bias=-50.0)
-        case.call("greedy_decode", {"ref": "m"}, case.tensor(src), max_len, BOS, EOS,
-                  src_is_real=case.tensor(is_real), record="out")
-        cases.append(case)
+        model = _hashed(12, int(rng.integers(2**31)), eos_bias=-50.0)
+        cases.append(_decode_case("maxlen", f"B=2, a model that never emits EOS, max_len={max_len}", "greedy_decode",
+                                  model, src, is_real, max_len, reference=ref.greedy_decode))
         # B = 1, no padding information
         src = rng.integers(3, 12, size=(1, 5))
-        model = HashedLogitsModel(12, int(rng.integers(2**31)), eos_bias=0.2)
-        case = Case("b1", "B=1, S=5, src_is_real=None", data={"B": 1, "max_len": 12, "pad_id": 0,
-                                                              "want": _run(ref.greedy_decode, model, src, None, 12,
-                                                                           BOS, EOS)})
-        _hashed(case, "m", 12, model.seed, eos_bias=0.2)
-        case.call("greedy_decode", {"ref": "m"}, case.tensor(src), 12, BOS, EOS, record="out")
-        cases.append(case)
+        model = _hashed(12, int(rng.integers(2**31)), eos_bias=0.2)
+        cases.append(_decode_case("b1", "B=1, S=5, src_is_real=None", "greedy_decode", model, src, None, 12,
+                                  reference=ref.greedy_decode))
         return cases
 
     def judge(self, result: Result):
         for case in result.cases.values():
             d = case.data
-            pad_id = d.get("pad_id", 0)
-            got = _ids(result, case, "out", "greedy_decode(...)", d["B"], d["max_len"])
-            _structure(got, EOS, pad_id, d["max_len"], "greedy_decode's output", case.desc)
-            hint = "At each step take the argmax of the last position's logits (logits[:, -1]) for every row."
-            if case.id == "tree":
-                hint = ("On this tree greedy decoding follows the most likely token at each step: take the argmax "
-                        "of logits[:, -1], the position that predicts the next token.")
-            if "without_mask" in d and got.shape == d["without_mask"].shape and np.array_equal(got,
-                                                                                                d["without_mask"]):
-                hint = "These are the tokens of a source whose padding counts: pass src_is_real to encode and decode."
+            got = _tokens(result, case, "greedy_decode")
+            hint = judges.diagnose(got, {UNMASKED: d.get("without_mask")}) or d.get("hint", GREEDY_HINT)
             _same_tokens(got, d["want"], "greedy_decode's output", case.desc, hint)
-            if "src" in d:
-                _unchanged(result, case, "src_after", d["src"], "src_ids")
+            judges.unchanged(result, case.id, d["kept"], "greedy_decode")
 
 
 # -- filters -----------------------------------------------------------------------------------------------------------
+def _rounded(logits: np.ndarray, dtype: str) -> np.ndarray:
+    """The logits as the kernel will hold them in ``dtype`` (float16 rounds), back in float32."""
+    return torch.from_numpy(logits).to(getattr(torch, dtype)).float().numpy()
+
+
+def _logits_case(case_id: str, desc: str, fn: str, logits: np.ndarray, dtype: str, *args, data: dict | None = None,
+                 **inputs) -> Case:
+    """``fn(logits, *inputs, *args)`` with the logits in ``dtype``, recorded as ``out``; the logits and the other
+    tensor ``inputs`` (name -> array) are recorded again after the call."""
+    kept = {"logits": logits, **inputs}
+    case = Case(case_id, desc, data={"logits": logits, "dtype": dtype, "args": args, "kept": kept, **(data or {})})
+    case.let("logits", case.tensor(logits, dtype=dtype))
+    for name, value in inputs.items():
+        case.let(name, case.tensor(value))
+    case.call(fn, *({"ref": name} for name in kept), *args, record="out")
+    judges.record_after(case, kept)
+    return case
+
+
+def _judge_logits(result: Result, call: str, check, finite: bool = True) -> None:
+    """Each :func:`_logits_case`: a float tensor of the logits' shape in their dtype, ``check(case, got)``, and the
+    caller's inputs unchanged."""
+    fn = call.split("(")[0]
+    for case in result.cases.values():
+        d = case.data
+        got = result.get(case.id, "out", what=call, kind="tensor", dtype="float", shape=d["logits"].shape,
+                         finite=finite)
+        declared = result.meta(case.id, "out").get("dtype")
+        if declared != f"torch.{d['dtype']}":
+            raise Fail(f"{fn} returned {declared} for {d['dtype']} logits ({case.desc}): keep the dtype.")
+        check(case, got)
+        judges.unchanged(result, case.id, d["kept"], fn)
+
+
 def _judge_filtered(got: np.ndarray, logits: np.ndarray, keep: np.ndarray, what: str, desc: str, idea: str) -> None:
     """Kept logits unchanged, every other logit -inf."""
     kept = np.isfinite(got)
@@ -234,38 +282,28 @@ def _judge_filtered(got: np.ndarray, logits: np.ndarray, keep: np.ndarray, what:
 @exercise(LESSON, "top_k_filter")
 class TopKFilter(Exercise):
     def cases(self, rng):
-        specs = [((3, 11), int(rng.integers(2, 6)), "float32", ""), ((2, 3, 9), 1, "float32", "(B, T, V) logits"),
-                 ((4, 7), 50, "float32", "k > V"), ((2, 6), 3, "float16", "float16 logits"),
-                 ((3, 6), 2, "float32", "a tie with the k-th largest logit")]
+        rows = [((3, 11), int(rng.integers(2, 6)), "float32", ""), ((2, 3, 9), 1, "float32", "(B, T, V) logits"),
+                ((4, 7), 50, "float32", "k > V"), ((2, 6), 3, "float16", "float16 logits"),
+                ((3, 6), 2, "float32", "a tie with the k-th largest logit")]
         cases = []
-        for i, (shape, k, dtype, what) in enumerate(specs):
+        for i, (shape, k, dtype, what) in enumerate(rows):
             logits = rng.standard_normal(shape) * 2.0
             if what.startswith("a tie"):
                 base = np.array([5.0, 4.0, 4.0, 2.0, 1.0, 0.0])  # k = 2: 5 and both 4s stay
                 logits = np.stack([rng.permutation(base) for _ in range(shape[0])])
-            logits = torch.from_numpy(logits).to(getattr(torch, dtype)).float().numpy()
             desc = f"logits {shape} in {dtype}, k={k}" + (f", {what}" if what else "")
-            case = Case(f"c{i}", desc, data={"logits": logits, "k": k, "dtype": dtype})
-            case.let("x", case.tensor(logits, dtype=dtype))
-            case.call("top_k_filter", {"ref": "x"}, k, record="out")
-            case.record("x_after", {"ref": "x"})
-            cases.append(case)
+            cases.append(_logits_case(f"c{i}", desc, "top_k_filter", _rounded(logits, dtype), dtype, k))
         return cases
 
     def judge(self, result: Result):
-        for case in result.cases.values():
-            logits, k, dtype = case.data["logits"], case.data["k"], case.data["dtype"]
-            got = result.get(case.id, "out", what="top_k_filter(logits, k)", kind="tensor", dtype="float",
-                             shape=logits.shape, finite=False)
-            declared = result.meta(case.id, "out").get("dtype")
-            if declared != f"torch.{dtype}":
-                raise Fail(f"top_k_filter returned {declared} for {dtype} logits ({case.desc}): keep the dtype.")
+        def check(case: Case, got: np.ndarray) -> None:
+            logits, (k,) = case.data["logits"], case.data["args"]
             kth = np.sort(logits, axis=-1)[..., ::-1][..., min(k, logits.shape[-1]) - 1 : min(k, logits.shape[-1])]
-            keep = logits >= kth  # ties with the k-th largest stay
-            _judge_filtered(got, logits, keep, "top_k_filter(logits, k)", case.desc,
+            _judge_filtered(got, logits, logits >= kth, "top_k_filter(logits, k)", case.desc,  # ties stay
                             "Keep every logit >= the k-th largest of its row (ties included, along the last axis; "
                             "k larger than V keeps everything).")
-            _unchanged(result, case, "x_after", logits, "logits")
+
+        _judge_logits(result, "top_k_filter(logits, k)", check, finite=False)
 
 
 def _nucleus(logits: np.ndarray, p: float) -> tuple[np.ndarray, float]:
@@ -289,39 +327,27 @@ def _nucleus(logits: np.ndarray, p: float) -> tuple[np.ndarray, float]:
 @exercise(LESSON, "top_p_filter")
 class TopPFilter(Exercise):
     def cases(self, rng):
-        specs = [((6, 15), float(rng.choice([0.5, 0.8, 0.9])), "float32", "rows from flat to peaked"),
-                 ((2, 3, 10), 0.9, "float32", "(B, T, V) logits"), ((3, 8), 1.0, "float32", "p=1"),
-                 ((3, 8), 0.0, "float32", "p=0"), ((4, 9), 0.75, "float16", "float16 logits")]
+        rows = [((6, 15), float(rng.choice([0.5, 0.8, 0.9])), "float32", "rows from flat to peaked"),
+                ((2, 3, 10), 0.9, "float32", "(B, T, V) logits"), ((3, 8), 1.0, "float32", "p=1"),
+                ((3, 8), 0.0, "float32", "p=0"), ((4, 9), 0.75, "float16", "float16 logits")]
         cases = []
-        for i, (shape, p, dtype, what) in enumerate(specs):
+        for i, (shape, p, dtype, what) in enumerate(rows):
             for _ in range(100):  # no cumulative sum within rounding distance of p
                 scales = np.geomspace(0.3, 8.0, shape[-2])[rng.permutation(shape[-2])][:, None]  # (rows, 1)
-                logits = rng.standard_normal(shape) * scales
-                logits = torch.from_numpy(logits).to(getattr(torch, dtype)).float().numpy()
+                logits = _rounded(rng.standard_normal(shape) * scales, dtype)
                 keep, margin = _nucleus(logits, p)
                 if margin > 5e-3:
                     break
-            case = Case(f"c{i}", f"logits {shape} in {dtype}, p={p}, {what}",
-                        data={"logits": logits, "keep": keep, "dtype": dtype})
-            case.let("x", case.tensor(logits, dtype=dtype))
-            case.call("top_p_filter", {"ref": "x"}, p, record="out")
-            case.record("x_after", {"ref": "x"})
-            cases.append(case)
+            cases.append(_logits_case(f"c{i}", f"logits {shape} in {dtype}, p={p}, {what}", "top_p_filter", logits,
+                                      dtype, p, data={"keep": keep}))
         return cases
 
     def judge(self, result: Result):
-        for case in result.cases.values():
-            logits, keep, dtype = case.data["logits"], case.data["keep"], case.data["dtype"]
-            got = result.get(case.id, "out", what="top_p_filter(logits, p)", kind="tensor", dtype="float",
-                             shape=logits.shape, finite=False)
-            declared = result.meta(case.id, "out").get("dtype")
-            if declared != f"torch.{dtype}":
-                raise Fail(f"top_p_filter returned {declared} for {dtype} logits ({case.desc}): keep the dtype.")
-            _judge_filtered(got, logits, keep, "top_p_filter(logits, p)", case.desc,
-                            "Per row (last axis), keep the fewest most likely tokens whose probabilities add up to "
-                            "at least p; the most likely token always stays; p = 1 keeps everything. Sort, decide "
-                            "in sorted order, then scatter the decision back to vocabulary order.")
-            _unchanged(result, case, "x_after", logits, "logits")
+        _judge_logits(result, "top_p_filter(logits, p)", lambda case, got: _judge_filtered(
+            got, case.data["logits"], case.data["keep"], "top_p_filter(logits, p)", case.desc,
+            "Per row (last axis), keep the fewest most likely tokens whose probabilities add up to at least p; the "
+            "most likely token always stays; p = 1 keeps everything. Sort, decide in sorted order, then scatter the "
+            "decision back to vocabulary order."), finite=False)
 
 
 @exercise(LESSON, "apply_repetition_penalty")
@@ -331,38 +357,25 @@ class RepetitionPenalty(Exercise):
         for i, (B, V, L, penalty, dtype) in enumerate([(3, 9, 6, float(rng.choice([1.3, 1.5, 2.0])), "float32"),
                                                        (2, 7, 4, 1.0, "float32"), (1, 6, 5, 1.2, "float32"),
                                                        (2, 8, 3, 2.0, "float16")]):
-            logits = rng.standard_normal((B, V)) * 2.0
-            logits = torch.from_numpy(logits).to(getattr(torch, dtype)).float().numpy()
+            logits = _rounded(rng.standard_normal((B, V)) * 2.0, dtype)
             prev = rng.integers(0, V, size=(B, L))
             prev[:, -1] = prev[:, 0]  # a repeated token in every row
-            case = Case(f"c{i}", f"B={B}, V={V}, {L} previous tokens with repeats, penalty={penalty}, {dtype}",
-                        data={"logits": logits, "prev": prev, "penalty": penalty, "dtype": dtype})
-            case.let("x", case.tensor(logits, dtype=dtype))
-            case.let("prev", case.tensor(prev))
-            case.call("apply_repetition_penalty", {"ref": "x"}, {"ref": "prev"}, penalty, record="out")
-            case.record("x_after", {"ref": "x"})
-            case.record("prev_after", {"ref": "prev"})
-            cases.append(case)
+            cases.append(_logits_case(f"c{i}", f"B={B}, V={V}, {L} previous tokens with repeats, penalty={penalty}, "
+                                      f"{dtype}", "apply_repetition_penalty", logits, dtype, penalty, prev_ids=prev))
         return cases
 
     def judge(self, result: Result):
-        for case in result.cases.values():
+        def check(case: Case, got: np.ndarray) -> None:
             d = case.data
-            got = result.get(case.id, "out", what="apply_repetition_penalty(...)", kind="tensor", dtype="float",
-                             shape=d["logits"].shape)
-            declared = result.meta(case.id, "out").get("dtype")
-            if declared != f"torch.{d['dtype']}":
-                raise Fail(f"apply_repetition_penalty returned {declared} for {d['dtype']} logits ({case.desc}): "
-                           "keep the dtype.")
             x = torch.from_numpy(d["logits"]).to(getattr(torch, d["dtype"]))
-            want = ref.apply_repetition_penalty(x, torch.from_numpy(d["prev"]), d["penalty"]).float().numpy()
+            want = ref.apply_repetition_penalty(x, torch.from_numpy(d["kept"]["prev_ids"]), *d["args"]).float()
             tol = 1e-6 if d["dtype"] == "float32" else 2e-3
-            expect_close(got, want, "apply_repetition_penalty(...)", case.desc, rtol=tol, atol=tol,
+            expect_close(got, want.numpy(), "apply_repetition_penalty(...)", case.desc, rtol=tol, atol=tol,
                          hint="For each row, the tokens in that row's prev_ids: a positive logit is divided by the "
                               "penalty, a negative one multiplied by it; a token seen several times is penalised "
                               "once; other tokens are unchanged.")
-            _unchanged(result, case, "x_after", d["logits"], "logits")
-            _unchanged(result, case, "prev_after", d["prev"], "prev_ids")
+
+        _judge_logits(result, "apply_repetition_penalty(...)", check)
 
 
 # -- sample ------------------------------------------------------------------------------------------------------------
@@ -372,6 +385,15 @@ def _first_step_tree(rng: np.random.Generator, V: int) -> tuple[dict, dict[int, 
     probs = np.array([0.36, 0.26, 0.18, 0.12, 0.08])
     return {t: (float(p), None) for t, p in zip(tokens, probs, strict=True)}, dict(zip(tokens, probs.tolist(),
                                                                                        strict=True))
+
+
+def _looping(rng: np.random.Generator, best: float, runner_up: tuple[float, float]) -> tuple[ScriptedModel, dict]:
+    """A scripted model over 8 tokens that gives two tokens the logits ``best`` and about ``runner_up`` at every
+    step (every other token -9): it loops on one token unless penalised."""
+    a, b = (int(t) for t in rng.choice(np.arange(3, 8), size=2, replace=False))
+    loop = [-9.0] * 8
+    loop[a], loop[b] = best, float(rng.uniform(*runner_up))
+    return _scripted(8, table=[[[], loop]], default_logits=loop)
 
 
 def _allowed_tokens(logits: torch.Tensor, prev: list[int], temperature: float, top_k, top_p, penalty: float):
@@ -387,6 +409,23 @@ def _allowed_tokens(logits: torch.Tensor, prev: list[int], temperature: float, t
     return set(torch.isfinite(x[0]).nonzero().flatten().tolist())
 
 
+def _first_excluded(case: Case, b: int, row: list[int]) -> int | None:
+    """The step of the first token of ``row`` that a correct sampler with the case's settings could not draw after
+    that row's prefix, on source ``b``; None when every token could be drawn."""
+    d = case.data
+    s = {"temperature": 1.0, "top_k": None, "top_p": None, "repetition_penalty": 1.0, **d["settings"]}
+    real = d["src"][b][d["is_real"][b]].tolist()
+    prefix: list[int] = []
+    for token in row:
+        if prefix and prefix[-1] == EOS:
+            break
+        if token not in _allowed_tokens(d["model"].next_logits(real, [BOS] + prefix), prefix, s["temperature"],
+                                        s["top_k"], s["top_p"], s["repetition_penalty"]):
+            return len(prefix)
+        prefix.append(token)
+    return None
+
+
 @exercise(LESSON, "sample", points=2)
 class Sample(Exercise):
     """Reproducible with a generator whatever the global seed, varies with the seed; never outside top-k/top-p;
@@ -397,33 +436,29 @@ class Sample(Exercise):
     reference = ref
 
     def cases(self, rng):
-        cases = []
         # 1. reproducibility: same generator seed under two different global seeds, then another generator seed
         pad_id = int(rng.integers(4, 9))
         src, is_real = _padded_source(rng, rng.integers(2, 7, size=12), 6, 14, pad_id)
-        seed = int(rng.integers(2**31))
+        model = _hashed(14, int(rng.integers(2**31)), eos_bias=0.3, scale=0.7, pad_id=pad_id)
         g1, g2 = (int(s) for s in rng.integers(2**31, size=2))
         case = Case("repro", f"B=12 padded sources, V=14, pad_id={pad_id}, temperature 1, a seeded generator",
                     data={"B": 12, "max_len": 10, "pad_id": pad_id, "src": src, "is_real": is_real,
-                          "model": HashedLogitsModel(14, seed, eos_bias=0.3, scale=0.7, pad_id=pad_id),
-                          "settings": {"temperature": 1.0}})
-        _hashed(case, "m", 14, seed, eos_bias=0.3, scale=0.7, pad_id=pad_id)
+                          "model": model[0], "settings": {"temperature": 1.0}})
+        case.let("m", model[1])
         for name, global_seed, generator in (("a", 1, g1), ("b", 2, g1), ("c", 3, g2)):
             case.seed(int(rng.integers(2**31)) + global_seed)  # a different global random state each time
             case.call("sample", {"ref": "m"}, case.tensor(src), 10, BOS, EOS, generator={"generator": generator},
                       src_is_real=case.tensor(is_real), pad_id=pad_id, record=name)
-        cases.append(case)
+        cases = [case]
         # 2. filters: first tokens drawn with top-k, top-p and both
         V = 10
         tree, first = _first_step_tree(rng, V)
-        ranked = sorted(first, key=first.get, reverse=True)
         settings = [{"top_k": int(rng.integers(2, 4))}, {"top_p": float(rng.choice([0.55, 0.7]))},
                     {"temperature": 2.0, "top_k": 4, "top_p": 0.6},
                     {"top_k": 2, "top_p": 0.55}]  # top-k leaves 0.58 on the top token: it alone reaches p
-        case = Case("filters", "800 first tokens drawn from a scripted five-token distribution, "
-                               "with top-k, top-p and both", data={"first": first, "ranked": ranked,
-                                                                   "settings": settings, "B": 800, "max_len": 1})
-        _scripted(case, "m", V, tree=tree, floor=1e-9)
+        case = Case("filters", "800 first tokens drawn from a scripted five-token distribution, with top-k, top-p "
+                               "and both", data={"first": first, "settings": settings, "B": 800, "max_len": 1})
+        case.let("m", _scripted(V, tree=tree, floor=1e-9)[1])
         for i, setting in enumerate(settings):
             case.call("sample", {"ref": "m"}, case.tensor(np.zeros((800, 1), np.int64)), 1, BOS, EOS,
                       generator={"generator": int(rng.integers(2**31))}, record=f"s{i}", **setting)
@@ -431,102 +466,62 @@ class Sample(Exercise):
         # 3. temperature: frequencies of 3000 first tokens
         tree, first = _first_step_tree(rng, V)
         temperature = float(rng.choice([0.5, 2.0]))
-        case = Case("temp", "3000 first tokens drawn from a scripted five-token distribution, "
-                            f"temperature {temperature}",
-                    data={"first": first, "temperature": temperature, "B": 3000, "max_len": 1})
-        _scripted(case, "m", V, tree=tree, floor=1e-9)
-        case.call("sample", {"ref": "m"}, case.tensor(np.zeros((3000, 1), np.int64)), 1, BOS, EOS,
-                  temperature=temperature, generator={"generator": int(rng.integers(2**31))}, record="out")
-        cases.append(case)
+        cases.append(_decode_case(
+            "temp", f"3000 first tokens drawn from a scripted five-token distribution, temperature {temperature}",
+            "sample", _scripted(V, tree=tree, floor=1e-9), np.zeros((3000, 1), np.int64), None, 1,
+            data={"first": first, "temperature": temperature}, temperature=temperature,
+            generator={"generator": int(rng.integers(2**31))}))
         # 4. temperature 0 is greedy, on a padded batch
         pad_id = int(rng.integers(4, 9))
         src, is_real = _padded_source(rng, rng.integers(1, 6, size=4), 5, 12, pad_id)
-        model = HashedLogitsModel(12, int(rng.integers(2**31)), eos_bias=0.5, pad_id=pad_id)
-        case = Case("greedy", f"B=4 padded sources, pad_id={pad_id}, temperature 0",
-                    data={"B": 4, "max_len": 9, "pad_id": pad_id,
-                          "want": _run(ref.greedy_decode, model, src, is_real, 9, BOS, EOS, pad_id=pad_id)})
-        _hashed(case, "m", 12, model.seed, eos_bias=0.5, pad_id=pad_id)
-        case.call("sample", {"ref": "m"}, case.tensor(src), 9, BOS, EOS, temperature=0,
-                  src_is_real=case.tensor(is_real), pad_id=pad_id, record="out")
-        cases.append(case)
+        model = _hashed(12, int(rng.integers(2**31)), eos_bias=0.5, pad_id=pad_id)
+        greedy = _run(ref.greedy_decode, model[0], src, is_real, 9, BOS, EOS, pad_id=pad_id)
+        cases.append(_decode_case("greedy", f"B=4 padded sources, pad_id={pad_id}, temperature 0", "sample", model,
+                                  src, is_real, 9, data={"want": greedy}, temperature=0, pad_id=pad_id))
         # 5. repetition penalty at temperature 0 on a looping model: two tokens neck and neck
-        a, b = (int(t) for t in rng.choice(np.arange(3, 8), size=2, replace=False))
-        loop = [-9.0] * 8
-        loop[a], loop[b] = 1.0, float(rng.uniform(0.8, 0.9))
+        model = _looping(rng, 1.0, (0.8, 0.9))
         penalty = float(rng.choice([1.5, 2.0]))
-        model = ScriptedModel(8, table=[[[], loop]], default_logits=loop)
-        src = np.zeros((2, 2), np.int64)
-        case = Case("penalty", f"a scripted model that loops on one token, temperature 0, repetition_penalty="
-                               f"{penalty}", data={"B": 2, "max_len": 6, "pad_id": 0,
-                                                   "want": ref.sample(model, torch.from_numpy(src), 6, BOS, EOS,
-                                                                      temperature=0,
-                                                                      repetition_penalty=penalty).numpy()})
-        _scripted(case, "m", 8, table=[[[], loop]], default_logits=loop)
-        case.call("sample", {"ref": "m"}, case.tensor(src), 6, BOS, EOS, temperature=0, repetition_penalty=penalty,
-                  record="out")
-        cases.append(case)
+        cases.append(_decode_case("penalty", f"a scripted model that loops on one token, temperature 0, "
+                                  f"repetition_penalty={penalty}", "sample", model, np.zeros((2, 2), np.int64), None,
+                                  6, reference=ref.sample, temperature=0, repetition_penalty=penalty))
         # 5b. the repetition penalty when sampling: a strong favourite, a runner-up, a heavy penalty
-        a, b = (int(t) for t in rng.choice(np.arange(3, 8), size=2, replace=False))
-        loop = [-9.0] * 8
-        loop[a], loop[b] = 8.0, float(rng.uniform(6.8, 7.2))
-        case = Case("penalty_t", "400 rows of two tokens sampled at temperature 1 from a scripted model that "
-                                 "prefers one token, repetition_penalty=10", data={"B": 400, "max_len": 2, "pad_id": 0})
-        _scripted(case, "m", 8, table=[[[], loop]], default_logits=loop)
-        case.call("sample", {"ref": "m"}, case.tensor(np.zeros((400, 1), np.int64)), 2, BOS, EOS, temperature=1.0,
-                  repetition_penalty=10.0, generator={"generator": int(rng.integers(2**31))}, record="out")
-        cases.append(case)
+        cases.append(_decode_case("penalty_t", "400 rows of two tokens sampled at temperature 1 from a scripted model "
+                                  "that prefers one token, repetition_penalty=10", "sample",
+                                  _looping(rng, 8.0, (6.8, 7.2)), np.zeros((400, 1), np.int64), None, 2,
+                                  temperature=1.0, repetition_penalty=10.0,
+                                  generator={"generator": int(rng.integers(2**31))}))
         # 6. every knob on a padded batch: EOS and padding per row, no draw outside the filters
         pad_id = int(rng.integers(4, 9))
         src, is_real = _padded_source(rng, rng.integers(1, 7, size=10), 6, 16, pad_id)
         seed = int(rng.integers(2**31))
         settings = {"temperature": 0.8, "top_k": 5, "top_p": 0.9, "repetition_penalty": 1.3}
-        case = Case("knobs", f"B=10 padded sources, V=16, pad_id={pad_id}, temperature 0.8, top_k 5, top_p 0.9, "
-                             "repetition_penalty 1.3",
-                    data={"B": 10, "max_len": 12, "pad_id": pad_id, "src": src, "is_real": is_real,
-                          "model": HashedLogitsModel(16, seed, eos_bias=0.4, pad_id=pad_id), "settings": settings})
-        _hashed(case, "m", 16, seed, eos_bias=0.4, pad_id=pad_id)
-        case.call("sample", {"ref": "m"}, case.tensor(src), 12, BOS, EOS, generator={"generator": seed},
-                  src_is_real=case.tensor(is_real), pad_id=pad_id, record="out", **settings)
-        cases.append(case)
+        cases.append(_decode_case("knobs", f"B=10 padded sources, V=16, pad_id={pad_id}, temperature 0.8, top_k 5, "
+                                  "top_p 0.9, repetition_penalty 1.3", "sample",
+                                  _hashed(16, seed, eos_bias=0.4, pad_id=pad_id), src, is_real, 12,
+                                  data={"settings": settings}, generator={"generator": seed}, pad_id=pad_id,
+                                  **settings))
         return cases
 
     @staticmethod
     def _check_draws(got: np.ndarray, case: Case) -> None:
         """Every token of every row is one a correct sampler may draw after that row's prefix."""
-        d = case.data
-        s = {"temperature": 1.0, "top_k": None, "top_p": None, "repetition_penalty": 1.0, **d["settings"]}
         for b, row in enumerate(got.tolist()):
-            real = d["src"][b][d["is_real"][b]].tolist()
-            prefix: list[int] = []
-            for token in row:
-                if prefix and prefix[-1] == EOS:
-                    break
-                allowed = _allowed_tokens(d["model"].next_logits(real, [BOS] + prefix), prefix, s["temperature"],
-                                          s["top_k"], s["top_p"], s["repetition_penalty"])
-                if token not in allowed:
-                    raise Fail(f"sample drew a token that its settings exclude (row {b}, step {len(prefix)}; "
-                               f"{case.desc}). Per step: repetition penalty with the tokens so far, divide by the "
-                               "temperature, top_k_filter, top_p_filter, softmax, then one draw per row; and pass "
-                               "src_is_real to the model.")
-                prefix.append(token)
+            step = _first_excluded(case, b, row)
+            if step is not None:
+                raise Fail(f"sample drew a token that its settings exclude (row {b}, step {step}; {case.desc}). Per "
+                           "step: repetition penalty with the tokens so far, divide by the temperature, top_k_filter, "
+                           "top_p_filter, softmax, then one draw per row; and pass src_is_real to the model.")
 
     def judge(self, result: Result):
         for case in result.cases.values():
-            error = result.error(case.id)
-            if error is not None:
-                raise Fail(f"your code raised an exception on a case with {case.desc}:\n    {error.splitlines()[-1]}\n"
-                           "sample runs your top_k_filter, top_p_filter and apply_repetition_penalty: if one of "
-                           "their checks fails, fix it first.")
+            _raise_with_dependencies(result, case, "sample runs your top_k_filter, top_p_filter and "
+                                                   "apply_repetition_penalty")
         # the most specific diagnosis first: the temperature before the filters that depend on it
         for case_id in ("repro", "temp", "greedy", "penalty", "penalty_t", "filters", "knobs"):
             getattr(self, f"_judge_{case_id}")(result, result.cases[case_id])
 
     def _judge_repro(self, result: Result, case: Case):
-        d = case.data
-        outs = {}
-        for name in "abc":
-            outs[name] = _ids(result, case, name, "sample(...)", d["B"], d["max_len"])
-            _structure(outs[name], EOS, d["pad_id"], d["max_len"], "sample's output", case.desc)
+        outs = {name: _tokens(result, case, "sample", name) for name in "abc"}
         if outs["a"].shape != outs["b"].shape or not np.array_equal(outs["a"], outs["b"]):
             raise Fail(f"two calls with generators of the same seed gave different samples ({case.desc}): draw with "
                        "torch.multinomial(probs, 1, generator=generator), never from the global random state, so "
@@ -574,10 +569,8 @@ class Sample(Exercise):
                        "flattens), then draw from the softmax.")
 
     def _judge_greedy(self, result: Result, case: Case):
-        d = case.data
-        got = _ids(result, case, "out", "sample(..., temperature=0)", d["B"], d["max_len"])
-        _structure(got, EOS, d["pad_id"], d["max_len"], "sample's output", case.desc)
-        _same_tokens(got, d["want"], "sample(..., temperature=0)", case.desc,
+        got = _tokens(result, case, "sample", call="sample(..., temperature=0)")
+        _same_tokens(got, case.data["want"], "sample(..., temperature=0)", case.desc,
                      "temperature == 0 means greedy: take the argmax of the (penalised) logits at each step.")
 
     def _judge_penalty(self, result: Result, case: Case):
@@ -601,10 +594,7 @@ class Sample(Exercise):
                        "greedy path.")
 
     def _judge_knobs(self, result: Result, case: Case):
-        d = case.data
-        got = _ids(result, case, "out", "sample(...)", d["B"], d["max_len"])
-        _structure(got, EOS, d["pad_id"], d["max_len"], "sample's output", case.desc)
-        self._check_draws(got, case)
+        self._check_draws(_tokens(result, case, "sample"), case)
 
 
 # -- beam_search ------------------------------------------------------------------------------------------------------
@@ -634,32 +624,34 @@ def _trim(row: np.ndarray) -> list[int]:
     return row[: row.index(EOS) + 1] if EOS in row else row
 
 
+BEAM_HINT = ("Lay out beams as B·K rows (row b·K + j is beam j of sequence b), repeat the memory and src_is_real with "
+             "repeat_interleave, reorder the histories after each topk, keep finished beams, and pick the winner by "
+             "the length-normalised score.")
+
+
 @exercise(LESSON, "beam_search", points=2)
 class BeamSearch(Exercise):
     """A scripted tree where greedy misses the best sequence; exhaustive search with a length penalty that changes
     the answer; a padded batch (pad_id != 0) against the reference; beam size 1 is greedy; B = 1."""
 
     def cases(self, rng):
-        cases = []
         V = int(rng.integers(10, 14))
         tree, greedy, best = _greedy_trap_tree(rng, V)
-        case = Case("tree", f"a scripted tree where the most likely sequence does not start with the most likely "
-                            f"token, B=2, V={V}, beam_size=2, length_penalty=0",
-                    data={"B": 2, "max_len": 6, "pad_id": 0, "want": np.array([best] * 2), "greedy": greedy})
-        _scripted(case, "m", V, tree=tree)
-        case.call("beam_search", {"ref": "m"}, case.tensor(np.zeros((2, 3), np.int64)), 6, BOS, EOS, beam_size=2,
-                  length_penalty=0.0, record="out")
-        cases.append(case)
+        cases = [_decode_case("tree", f"a scripted tree where the most likely sequence does not start with the most "
+                              f"likely token, B=2, V={V}, beam_size=2, length_penalty=0", "beam_search",
+                              _scripted(V, tree=tree), np.zeros((2, 3), np.int64), None, 6, beam_size=2,
+                              length_penalty=0.0, data={"want": np.array([best] * 2), "greedy": greedy,
+                                                        "hint": "With beam_size=2 the most likely sequence survives "
+                                                                "every step here."})]
         # exhaustive: 128 beams keep every candidate of V=6 (PAD and BOS impossible), max_len 4: 121 sequences
         alpha = float(rng.choice([1.0, 2.5]))
         for _ in range(200):
-            seed = int(rng.integers(2**31))
-            model = HashedLogitsModel(6, seed, eos_bias=0.5, scale=1.5, special_logit=-math.inf)
+            model = _hashed(6, int(rng.integers(2**31)), eos_bias=0.5, scale=1.5, special_logit=-math.inf)
             src, is_real = _padded_source(rng, [3, 5], 5, 6, 0)
             bests, ok = [], True
             for b in range(2):
                 real = src[b][is_real[b]].tolist()
-                seqs = _all_sequences(lambda p, real=real, model=model: model.next_logits(real, [BOS] + p), 6, 4)
+                seqs = _all_sequences(lambda p, real=real, m=model[0]: m.next_logits(real, [BOS] + p), 6, 4)
                 ranked = sorted(seqs, key=lambda item: -_gnmt(item[1], len(item[0]), alpha))
                 gap = _gnmt(ranked[0][1], len(ranked[0][0]), alpha) - _gnmt(ranked[1][1], len(ranked[1][0]), alpha)
                 raw_best = max(seqs, key=lambda item: item[1])[0]
@@ -667,53 +659,34 @@ class BeamSearch(Exercise):
                 bests.append((ranked[0][0], raw_best))
             if ok and any(best != raw for best, raw in bests):
                 break
-        case = Case("exhaustive", f"B=2, V=6, beam_size=128 (wide enough to keep every candidate), max_len=4, "
-                                  f"length_penalty={alpha}",
-                    data={"B": 2, "max_len": 4, "pad_id": 0, "bests": bests})
-        _hashed(case, "m", 6, seed, eos_bias=0.5, scale=1.5, special_logit=-math.inf)
-        case.call("beam_search", {"ref": "m"}, case.tensor(src), 4, BOS, EOS, beam_size=128, length_penalty=alpha,
-                  src_is_real=case.tensor(is_real), record="out")
-        cases.append(case)
+        cases.append(_decode_case("exhaustive", f"B=2, V=6, beam_size=128 (wide enough to keep every candidate), "
+                                  f"max_len=4, length_penalty={alpha}", "beam_search", model, src, is_real, 4,
+                                  beam_size=128, length_penalty=alpha, data={"bests": bests}))
         # a padded batch against the reference
         pad_id = int(rng.integers(5, 9))
         for _ in range(50):
             seed = int(rng.integers(2**31))
-            lengths = rng.integers(1, 7, size=6)
-            src, is_real = _padded_source(rng, lengths, 6, 12, pad_id)
-            model = HashedLogitsModel(12, seed, eos_bias=0.7, pad_id=pad_id)
-            want = _run(ref.beam_search, model, src, is_real, 10, BOS, EOS, beam_size=3, length_penalty=0.6,
+            src, is_real = _padded_source(rng, rng.integers(1, 7, size=6), 6, 12, pad_id)
+            model = _hashed(12, seed, eos_bias=0.7, pad_id=pad_id)
+            want = _run(ref.beam_search, model[0], src, is_real, 10, BOS, EOS, beam_size=3, length_penalty=0.6,
                         pad_id=pad_id)
             if len({len(_trim(row)) for row in want}) >= 2:
                 break
-        case = Case("batch", f"B=6 padded sources, V=12, pad_id={pad_id}, beam_size=3, length_penalty=0.6",
-                    data={"B": 6, "max_len": 10, "pad_id": pad_id, "want": want, "src": src})
-        _hashed(case, "m", 12, seed, eos_bias=0.7, pad_id=pad_id)
-        case.let("src", case.tensor(src))
-        case.call("beam_search", {"ref": "m"}, {"ref": "src"}, 10, BOS, EOS, beam_size=3, length_penalty=0.6,
-                  src_is_real=case.tensor(is_real), pad_id=pad_id, record="out")
-        case.record("src_after", {"ref": "src"})
-        cases.append(case)
+        cases.append(_decode_case("batch", f"B=6 padded sources, V=12, pad_id={pad_id}, beam_size=3, "
+                                  "length_penalty=0.6", "beam_search", model, src, is_real, 10, keep=("src_ids",),
+                                  beam_size=3, length_penalty=0.6, pad_id=pad_id, data={"want": want}))
         # beam size 1 is greedy
         src, is_real = _padded_source(rng, [5, 2, 4], 5, 12, 0)
-        model = HashedLogitsModel(12, int(rng.integers(2**31)), eos_bias=0.5)
-        case = Case("k1", "B=3 padded sources, beam_size=1",
-                    data={"B": 3, "max_len": 9, "pad_id": 0,
-                          "want": _run(ref.greedy_decode, model, src, is_real, 9, BOS, EOS)})
-        _hashed(case, "m", 12, model.seed, eos_bias=0.5)
-        case.call("beam_search", {"ref": "m"}, case.tensor(src), 9, BOS, EOS, beam_size=1,
-                  src_is_real=case.tensor(is_real), record="out")
-        cases.append(case)
+        model = _hashed(12, int(rng.integers(2**31)), eos_bias=0.5)
+        cases.append(_decode_case("k1", "B=3 padded sources, beam_size=1", "beam_search", model, src, is_real, 9,
+                                  beam_size=1, data={"want": _run(ref.greedy_decode, model[0], src, is_real, 9, BOS,
+                                                                  EOS),
+                                                     "hint": "With beam_size=1 beam search is greedy decoding."}))
         # B = 1, four beams, no padding information
         src = rng.integers(3, 12, size=(1, 4))
-        model = HashedLogitsModel(12, int(rng.integers(2**31)), eos_bias=0.3)
-        case = Case("b1", "B=1, beam_size=4, length_penalty=1.0, src_is_real=None",
-                    data={"B": 1, "max_len": 8, "pad_id": 0,
-                          "want": _run(ref.beam_search, model, src, None, 8, BOS, EOS, beam_size=4,
-                                       length_penalty=1.0)})
-        _hashed(case, "m", 12, model.seed, eos_bias=0.3)
-        case.call("beam_search", {"ref": "m"}, case.tensor(src), 8, BOS, EOS, beam_size=4, length_penalty=1.0,
-                  record="out")
-        cases.append(case)
+        model = _hashed(12, int(rng.integers(2**31)), eos_bias=0.3)
+        cases.append(_decode_case("b1", "B=1, beam_size=4, length_penalty=1.0, src_is_real=None", "beam_search",
+                                  model, src, None, 8, reference=ref.beam_search, beam_size=4, length_penalty=1.0))
         return cases
 
     def judge(self, result: Result):
@@ -721,36 +694,31 @@ class BeamSearch(Exercise):
         for case_id in ("tree", "batch", "k1", "b1", "exhaustive"):
             case = result.cases[case_id]
             d = case.data
-            got = _ids(result, case, "out", "beam_search(...)", d["B"], d["max_len"])
-            _structure(got, EOS, d["pad_id"], d["max_len"], "beam_search's output", case.desc)
-            if case.id == "tree":
-                if got.shape[1] == len(d["greedy"]) and all(row.tolist() == d["greedy"] for row in got):
-                    raise Fail(f"beam_search returned the greedy answer ({case.desc}), which is not the most likely "
-                               "sequence. Keep the beam_size best sequences by total log-probability, and start with "
-                               "only beam 0 alive (the others at -inf) or every beam holds the same sequence.")
-                _same_tokens(got, d["want"], "beam_search's output", case.desc,
-                             "With beam_size=2 the most likely sequence survives every step here.")
-            elif case.id == "exhaustive":
-                for b, (best, raw_best) in enumerate(d["bests"]):
-                    row = _trim(got[b])
-                    if row != best:
-                        idea = ("Your answer is the best by raw log-probability: pick each row's winner by "
-                                "log_prob / ((5 + len) / 6) ** length_penalty, len counting tokens up to and "
-                                "including EOS." if row == raw_best else
-                                "With beams wide enough to keep every candidate, beam search must return the "
-                                "sequence with the best length-normalised score: keep finished beams with their "
-                                "score (extended only by pad_id at log-probability 0), rank by total "
-                                "log-probability while searching, normalise once at the end.")
-                        raise Fail(f"row {b} of beam_search's output is not the best sequence ({case.desc}). {idea}")
+            got = _tokens(result, case, "beam_search")
+            if case_id == "tree" and got.shape[1] == len(d["greedy"]) and all(row.tolist() == d["greedy"]
+                                                                               for row in got):
+                raise Fail(f"beam_search returned the greedy answer ({case.desc}), which is not the most likely "
+                           "sequence. Keep the beam_size best sequences by total log-probability, and start with "
+                           "only beam 0 alive (the others at -inf) or every beam holds the same sequence.")
+            if case_id == "exhaustive":
+                self._judge_exhaustive(got, case)
             else:
-                hint = ("Lay out beams as B·K rows (row b·K + j is beam j of sequence b), repeat the memory and "
-                        "src_is_real with repeat_interleave, reorder the histories after each topk, keep finished "
-                        "beams, and pick the winner by the length-normalised score.")
-                if case.id == "k1":
-                    hint = "With beam_size=1 beam search is greedy decoding."
-                _same_tokens(got, d["want"], "beam_search's output", case.desc, hint)
-            if "src" in d:
-                _unchanged(result, case, "src_after", d["src"], "src_ids")
+                _same_tokens(got, d["want"], "beam_search's output", case.desc, d.get("hint", BEAM_HINT))
+            judges.unchanged(result, case.id, d["kept"], "beam_search")
+
+    @staticmethod
+    def _judge_exhaustive(got: np.ndarray, case: Case) -> None:
+        for b, (best, raw_best) in enumerate(case.data["bests"]):
+            row = _trim(got[b])
+            if row != best:
+                idea = ("Your answer is the best by raw log-probability: pick each row's winner by log_prob / "
+                        "((5 + len) / 6) ** length_penalty, len counting tokens up to and including EOS."
+                        if row == raw_best else
+                        "With beams wide enough to keep every candidate, beam search must return the sequence with "
+                        "the best length-normalised score: keep finished beams with their score (extended only by "
+                        "pad_id at log-probability 0), rank by total log-probability while searching, normalise once "
+                        "at the end.")
+                raise Fail(f"row {b} of beam_search's output is not the best sequence ({case.desc}). {idea}")
 
 
 # -- sample_n: find the bug (autograder.bugs), judged relative to the student's sample and its filters ----------------
@@ -763,16 +731,28 @@ def _sample_rows(src: np.ndarray, is_real: np.ndarray | None, n: int, how: str):
     return rows, np.repeat(is_real, n, axis=0) if how == "interleave" else np.tile(is_real, (n, 1))
 
 
+# known wrong layouts of sample_n's batch: what each returns at temperature 0 is named when a student's matches
+LAYOUTS = {
+    "tile": "that of the batch tiled (repeat: all sources, then all again), while view(B, n) reads n copies of each "
+            "source side by side: sample j of source b came from another source",
+    "mixed": "that of the sources copied side by side but their padding tiled: each copy reads another source's "
+             "src_is_real",
+    "transposed": "that of the right rows read back as (n, B): sample j of source b is row b * n + j of sample's "
+                  "output, so view(B, n) is right once the rows are",
+}
+
+
 def _layouts(model, src, is_real, n, max_len, pad_id) -> dict[str, np.ndarray]:
-    """What known wrong layouts return at temperature 0 (greedy rows), as (B, n, L) ids."""
+    """What the known wrong layouts (LAYOUTS) return at temperature 0 (greedy rows), as (B, n, L) ids."""
     B = src.shape[0]
     outs = {}
     for how in ("tile", "mixed"):
         rows, real = _sample_rows(src, is_real, n, how)
-        outs[how] = _run(ref.greedy_decode, model, rows, real, max_len, BOS, EOS, pad_id=pad_id).reshape(B, n, -1)
+        outs[LAYOUTS[how]] = _run(ref.greedy_decode, model, rows, real, max_len, BOS, EOS,
+                                  pad_id=pad_id).reshape(B, n, -1)
     rows, real = _sample_rows(src, is_real, n, "interleave")
     flat = _run(ref.greedy_decode, model, rows, real, max_len, BOS, EOS, pad_id=pad_id)
-    outs["transposed"] = flat.reshape(n, B, -1).transpose(1, 0, 2)  # right rows, read back as (n, B)
+    outs[LAYOUTS["transposed"]] = flat.reshape(n, B, -1).transpose(1, 0, 2)  # right rows, read back as (n, B)
     return outs
 
 
@@ -789,72 +769,51 @@ class SampleN(Exercise):
     reference = ref
 
     def cases(self, rng):
-        cases = []
         # 1. temperature 0: deterministic, so every sample of source b is source b's greedy answer
         pad_id = int(rng.integers(4, 9))
         for _ in range(50):
             seed = int(rng.integers(2**31))
             src, is_real = _padded_source(rng, [6, int(rng.integers(2, 5)), int(rng.integers(1, 4))], 6, 14, pad_id)
-            model = HashedLogitsModel(14, seed, eos_bias=0.5, pad_id=pad_id)
-            want = _run(ref.greedy_decode, model, src, is_real, 8, BOS, EOS, pad_id=pad_id)
+            model = _hashed(14, seed, eos_bias=0.5, pad_id=pad_id)
+            want = _run(ref.greedy_decode, model[0], src, is_real, 8, BOS, EOS, pad_id=pad_id)
             if len({tuple(row) for row in want.tolist()}) == 3:
                 break  # three sources, three different answers: a sample of the wrong source shows
         n = 2  # n != B: a tiled batch and rows read back as (n, B) give different wrong answers
-        case = Case("greedy", f"B=3 padded sources of different lengths, n={n}, temperature 0, pad_id={pad_id}",
-                    data={"B": 3, "n": n, "max_len": 8, "pad_id": pad_id, "src": src, "is_real": is_real,
-                          "want": np.repeat(want[:, None], n, axis=1),
-                          "layouts": _layouts(model, src, is_real, n, 8, pad_id)})
-        _hashed(case, "m", 14, seed, eos_bias=0.5, pad_id=pad_id)
-        case.let("src", case.tensor(src))
-        case.let("real", case.tensor(is_real))
-        case.call("sample_n", {"ref": "m"}, {"ref": "src"}, n, 8, BOS, EOS, temperature=0,
-                  src_is_real={"ref": "real"}, pad_id=pad_id, record="out")
-        case.record("src_after", {"ref": "src"})
-        case.record("real_after", {"ref": "real"})
-        cases.append(case)
+        cases = [_decode_case("greedy", f"B=3 padded sources of different lengths, n={n}, temperature 0, "
+                              f"pad_id={pad_id}", "sample_n", model, src, is_real, 8, n=n,
+                              keep=("src_ids", "src_is_real"), temperature=0, pad_id=pad_id,
+                              data={"want": np.repeat(want[:, None], n, axis=1),
+                                    "layouts": _layouts(model[0], src, is_real, n, 8, pad_id)})]
         # 2. sampling with top-k 2: every token of sample (b, j) must be one of source b's two best
         pad_id = int(rng.integers(4, 9))
         src, is_real = _padded_source(rng, [6, int(rng.integers(2, 6)), int(rng.integers(1, 5))], 6, 14, pad_id)
-        seed, n = int(rng.integers(2**31)), 4
+        seed = int(rng.integers(2**31))
         settings = {"temperature": 1.0, "top_k": 2}
-        case = Case("sampled", f"B=3 padded sources, n={n}, temperature 1, top_k 2, a seeded generator, "
-                               f"pad_id={pad_id}",
-                    data={"B": 3, "n": n, "max_len": 8, "pad_id": pad_id, "src": src, "is_real": is_real,
-                          "model": HashedLogitsModel(14, seed, eos_bias=0.2, pad_id=pad_id), "settings": settings})
-        _hashed(case, "m", 14, seed, eos_bias=0.2, pad_id=pad_id)
-        case.call("sample_n", {"ref": "m"}, case.tensor(src), n, 8, BOS, EOS, generator={"generator": seed},
-                  src_is_real=case.tensor(is_real), pad_id=pad_id, record="out", **settings)
-        cases.append(case)
+        cases.append(_decode_case("sampled", f"B=3 padded sources, n=4, temperature 1, top_k 2, a seeded generator, "
+                                  f"pad_id={pad_id}", "sample_n", _hashed(14, seed, eos_bias=0.2, pad_id=pad_id),
+                                  src, is_real, 8, n=4, generator={"generator": seed}, pad_id=pad_id,
+                                  data={"settings": settings}, **settings))
         # 3. one source, where any layout is right
         src = rng.integers(3, 12, size=(1, 5))
         seed = int(rng.integers(2**31))
         settings = {"temperature": 0.8, "top_p": 0.9}
-        case = Case("b1", "B=1, n=5, src_is_real=None, temperature 0.8, top_p 0.9",
-                    data={"B": 1, "n": 5, "max_len": 7, "pad_id": 0, "src": src, "is_real": np.ones_like(src, bool),
-                          "model": HashedLogitsModel(12, seed, eos_bias=0.3), "settings": settings})
-        _hashed(case, "m", 12, seed, eos_bias=0.3)
-        case.call("sample_n", {"ref": "m"}, case.tensor(src), 5, 7, BOS, EOS, generator={"generator": seed},
-                  record="out", **settings)
-        cases.append(case)
+        cases.append(_decode_case("b1", "B=1, n=5, src_is_real=None, temperature 0.8, top_p 0.9", "sample_n",
+                                  _hashed(12, seed, eos_bias=0.3), src, None, 7, n=5, generator={"generator": seed},
+                                  data={"is_real": np.ones_like(src, bool), "settings": settings}, **settings))
         # 4. no padding information, temperature 0
         src = rng.integers(3, 12, size=(2, 4))
-        model = HashedLogitsModel(12, int(rng.integers(2**31)), eos_bias=0.4)
-        case = Case("nomask", "B=2, S=4, n=2, src_is_real=None, temperature 0",
-                    data={"B": 2, "n": 2, "max_len": 6, "pad_id": 0, "src": src, "is_real": None,
-                          "want": np.repeat(_run(ref.greedy_decode, model, src, None, 6, BOS, EOS)[:, None], 2, 1),
-                          "layouts": _layouts(model, src, None, 2, 6, 0)})
-        _hashed(case, "m", 12, model.seed, eos_bias=0.4)
-        case.call("sample_n", {"ref": "m"}, case.tensor(src), 2, 6, BOS, EOS, temperature=0, record="out")
-        cases.append(case)
+        model = _hashed(12, int(rng.integers(2**31)), eos_bias=0.4)
+        greedy = _run(ref.greedy_decode, model[0], src, None, 6, BOS, EOS)
+        cases.append(_decode_case("nomask", "B=2, S=4, n=2, src_is_real=None, temperature 0", "sample_n", model, src,
+                                  None, 6, n=2, temperature=0, data={
+                                      "want": np.repeat(greedy[:, None], 2, 1),
+                                      "layouts": _layouts(model[0], src, None, 2, 6, 0)}))
         return cases
 
     @staticmethod
     def _samples(result: Result, case: Case) -> np.ndarray:
         d = case.data
-        error = result.error(case.id)
-        if error is not None:
-            raise Fail(f"your code raised an exception on a case with {case.desc}:\n    {error.splitlines()[-1]}\n"
-                       "sample_n runs your sample (and its filters): if one of their checks fails, fix it first.")
+        _raise_with_dependencies(result, case, "sample_n runs your sample (and its filters)")
         got = result.get(case.id, "out", what="sample_n(...)", kind="tensor", dtype="int")
         if got.ndim != 3 or got.shape[:2] != (d["B"], d["n"]):
             raise Fail(f"sample_n should return (B, n, L) = ({d['B']}, {d['n']}, L) ids, got shape "
@@ -862,8 +821,7 @@ class SampleN(Exercise):
         if got.shape[2] > d["max_len"]:
             raise Fail(f"sample_n returned {got.shape[2]} tokens per sample, more than max_len = {d['max_len']} "
                        f"({case.desc}).")
-        _structure(got.reshape(d["B"] * d["n"], -1), EOS, d["pad_id"], d["max_len"], "sample_n's output",
-                   case.desc)
+        _structure(got.reshape(d["B"] * d["n"], -1), d["pad_id"], d["max_len"], "sample_n's output", case.desc)
         return got
 
     def judge(self, result: Result):
@@ -875,18 +833,9 @@ class SampleN(Exercise):
             got = self._samples(result, case)
             if got.shape == d["want"].shape and np.array_equal(got, d["want"]):
                 continue
-            mistakes = {
-                "tile": "the batch tiled (repeat: all sources, then all again), while view(B, n) reads n copies of "
-                        "each source side by side: sample j of source b came from another source",
-                "mixed": "the sources copied side by side but their padding tiled: each copy reads another "
-                         "source's src_is_real",
-                "transposed": "the right rows read back as (n, B): sample j of source b is row b * n + j of "
-                              "sample's output, so view(B, n) is right once the rows are",
-            }
-            hint = next((f"Your output is that of {why}." for how, why in mistakes.items()
-                         if d["layouts"][how].shape == got.shape and np.array_equal(d["layouts"][how], got)),
-                        "Row b * n + j of the batch given to sample must hold source b and its own padding "
-                        "(repeat_interleave copies each row n times side by side; repeat tiles the batch).")
+            hint = judges.diagnose(got, d["layouts"]) or (
+                "Row b * n + j of the batch given to sample must hold source b and its own padding (repeat_interleave "
+                "copies each row n times side by side; repeat tiles the batch).")
             bad = [(b, j) for b in range(d["B"]) for j in range(d["n"])
                    if got.shape != d["want"].shape or not np.array_equal(got[b, j], d["want"][b, j])]
             b, j = bad[0] if bad else (0, 0)
@@ -895,29 +844,19 @@ class SampleN(Exercise):
         for case_id in ("sampled", "b1"):
             case = result.cases[case_id]
             self._check_draws(self._samples(result, case), case)
-        case = result.cases["greedy"]
-        for name, key in (("src_after", "src"), ("real_after", "is_real")):
-            _unchanged(result, case, name, case.data[key], "src_ids" if key == "src" else "src_is_real")
+        judges.unchanged(result, "greedy", result.cases["greedy"].data["kept"], "sample_n")
 
     @staticmethod
     def _check_draws(got: np.ndarray, case: Case) -> None:
         """Every token of sample (b, j) is one that source b's settings allow; some samples differ."""
         d = case.data
-        s = {"temperature": 1.0, "top_k": None, "top_p": None, **d["settings"]}
         for b in range(d["B"]):
-            real = d["src"][b][d["is_real"][b]].tolist()
             for j, row in enumerate(got[b].tolist()):
-                prefix: list[int] = []
-                for token in row:
-                    if prefix and prefix[-1] == EOS:
-                        break
-                    allowed = _allowed_tokens(d["model"].next_logits(real, [BOS] + prefix), prefix,
-                                              s["temperature"], s["top_k"], s["top_p"], 1.0)
-                    if token not in allowed:
-                        raise Fail(f"sample {j} of source {b} holds a token that source {b}'s settings exclude "
-                                   f"(step {len(prefix)}; {case.desc}): it was drawn for another source. Row "
-                                   "b * n + j of the batch given to sample must hold source b and its own padding.")
-                    prefix.append(token)
+                step = _first_excluded(case, b, row)
+                if step is not None:
+                    raise Fail(f"sample {j} of source {b} holds a token that source {b}'s settings exclude (step "
+                               f"{step}; {case.desc}): it was drawn for another source. Row b * n + j of the batch "
+                               "given to sample must hold source b and its own padding.")
         if d["n"] > 1 and all(len({tuple(row) for row in got[b].tolist()}) == 1 for b in range(d["B"])):
             raise Fail(f"the {d['n']} samples of every source are identical ({case.desc}): draw them in one call "
                        "of sample on n copies of each source, with the generator, not one sample copied n times.")
