@@ -30,6 +30,7 @@ __all__ = [
     "check",
     "expect_bool",
     "expect_close",
+    "expect_dropout",
     "expect_dtype",
     "expect_finite",
     "expect_inputs_unchanged",
@@ -37,8 +38,11 @@ __all__ = [
     "expect_shape",
     "expect_type",
     "expect_unchanged",
+    "expect_value_error",
+    "grid",
     "not_implemented_message",
     "padding_leakage_probe",
+    "randomised",
     "run_checks",
     "snapshot",
     "to_numpy",
@@ -673,3 +677,64 @@ def padding_leakage_probe(
                               "positions were changed: padded keys leak into real outputs (is the padding "
                               "mask applied, with True = real token?)")
 
+
+
+# ------------------------------------------------------------------------------------------------------------
+# Modules and contracts: shared by the visible checks of every lesson with an nn.Module
+# ------------------------------------------------------------------------------------------------------------
+
+
+def expect_value_error(fn: Callable[[], Any], why: str) -> None:
+    """``fn()`` must raise ``ValueError``: ``why`` says what is wrong with its arguments ("D=10 is not divisible
+    by H=3"). Not written yet (``NotImplementedError``) is passed on, so :class:`check` says so."""
+    try:
+        fn()
+    except ValueError:
+        return
+    except NotImplementedError:
+        raise
+    except Exception as exc:  # noqa: BLE001 - any other exception is the wrong one
+        raise CheckFailed(f"{why}: raise a ValueError that says so, not {type(exc).__name__} ({exc})") from None
+    raise CheckFailed(f"{why}, yet it was accepted: raise a ValueError that says so")
+
+
+def randomised(module: Any, seed: int, scale: float | None = None) -> Any:
+    """``module`` with every parameter re-drawn from a seeded generator, in place, and returned.
+
+    Weights get N(0, 1 / fan_in) (or N(0, scale²)), biases are far from 0, and norm gains lie around 1, so that a
+    missing bias, an unused projection or a norm left out all change the output."""
+    torch = _torch()
+    g = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for name, p in module.named_parameters():
+            noise = torch.randn(p.shape, generator=g, dtype=p.dtype)
+            if "norm" in name and name.endswith("weight"):
+                p.copy_(1.0 + 0.3 * noise)
+            elif p.dim() == 1:
+                p.copy_(0.5 * noise)
+            else:
+                p.copy_(noise * (scale if scale is not None else max(1, p.shape[-1]) ** -0.5))
+    return module
+
+
+def expect_dropout(run: Callable[[], Any], module: Any, what: str, where: str) -> None:
+    """``run()`` (a forward pass of ``module``) differs between training and eval mode, and eval mode gives the
+    same output twice: dropout acts ``where`` the exercise says ("on the attention weights") and only in training.
+    Leaves the module in eval mode."""
+    torch = _torch()
+    module.train()
+    torch.manual_seed(0)
+    trained = _primary(run())
+    module.eval()
+    first, second = _primary(run()), _primary(run())
+    if not np.array_equal(first, second):
+        raise CheckFailed(f"in eval mode {what} gave two different outputs for the same input: dropout must be off "
+                          "in eval mode (use nn.Dropout modules, which follow .train() and .eval())")
+    if first.shape == trained.shape and np.allclose(trained, first, rtol=1e-6, atol=1e-6):
+        raise CheckFailed(f"in training mode with dropout > 0 {what} equals its eval-mode output: dropout never "
+                          f"acted. Apply it {where}")
+
+
+def grid(mask: Any, indent: int = 8) -> str:
+    """A (T, S) boolean mask drawn as rows of ``1`` (may attend) and ``.`` (blocked), for a message."""
+    return "\n".join(" " * indent + " ".join("1" if a else "." for a in row) for row in to_numpy(mask).tolist())
