@@ -36,9 +36,11 @@ SCRIPTED = "decoder_course.testing:ScriptedModel"
 
 
 # -- models, built in the kernel from plain data and here from the same data ------------------------------------------
-def _hashed(V: int, seed: int, **kwargs) -> tuple[HashedLogitsModel, dict]:
-    """A HashedLogitsModel for the trusted side, and the spec that builds the same one in the kernel."""
-    return HashedLogitsModel(V, seed, **kwargs), {"new": HASHED, "args": [V, seed], "kwargs": kwargs}
+def _hashed(V: int, seed: int, **kwargs) -> HashedLogitsModel:
+    """A HashedLogitsModel for the trusted side; its ``spec`` builds the same one in the kernel."""
+    model = HashedLogitsModel(V, seed, **kwargs)
+    model.spec = {"new": HASHED, "args": [V, seed], "kwargs": kwargs}
+    return model
 
 
 def _tree_data(tree: dict) -> list:
@@ -47,10 +49,12 @@ def _tree_data(tree: dict) -> list:
             tree.items()]
 
 
-def _scripted(V: int, tree: dict | None = None, **kwargs) -> tuple[ScriptedModel, dict]:
-    """A ScriptedModel (from a tree, or a ``table=``) for the trusted side, and the spec of the same one."""
-    plain = {"tree": _tree_data(tree), **kwargs} if tree is not None else kwargs
-    return ScriptedModel(V, tree=tree, **kwargs), {"new": SCRIPTED, "args": [V], "kwargs": plain}
+def _scripted(V: int, tree: dict | None = None, **kwargs) -> ScriptedModel:
+    """A ScriptedModel (from a tree, or a ``table=``) for the trusted side; its ``spec`` builds the same one in the
+    kernel."""
+    model = ScriptedModel(V, tree=tree, **kwargs)
+    model.spec = {"new": SCRIPTED, "args": [V], "kwargs": {"tree": _tree_data(tree), **kwargs} if tree else kwargs}
+    return model
 
 
 def _padded_source(rng: np.random.Generator, lengths, S: int, V: int, pad_id: int) -> tuple[np.ndarray, np.ndarray]:
@@ -67,18 +71,18 @@ def _run(fn, model, src: np.ndarray, is_real: np.ndarray | None, *args, **kwargs
     return fn(model, torch.from_numpy(src), *args, src_is_real=real, **kwargs).numpy()
 
 
-def _decode_case(case_id: str, desc: str, fn: str, model: tuple, src: np.ndarray, is_real: np.ndarray | None,
-                 max_len: int, *, n: int | None = None, keep: tuple[str, ...] = (), data: dict | None = None,
-                 reference=None, **kwargs) -> Case:
-    """``fn(m, src_ids, [n,] max_len, BOS, EOS, src_is_real=..., **kwargs)`` on a stand-in ``model`` (trusted copy,
-    kernel spec), recorded as ``out``; ``src_is_real`` is passed only when given, ``keep`` names the inputs
-    (``src_ids``, ``src_is_real``) to find unchanged after the call, and the ``reference`` decoder (if given) run
-    with the same arguments gives the expected ids, ``want``."""
+def _decode_case(case_id: str, desc: str, fn: str, model, src: np.ndarray, is_real: np.ndarray | None, max_len: int,
+                 *, n: int | None = None, keep: tuple[str, ...] = (), data: dict | None = None, reference=None,
+                 **kwargs) -> Case:
+    """``fn(m, src_ids, [n,] max_len, BOS, EOS, src_is_real=..., **kwargs)`` on a stand-in ``model`` (built in the
+    kernel from its ``spec``), recorded as ``out``; ``src_is_real`` is passed only when given, ``keep`` names the
+    inputs (``src_ids``, ``src_is_real``) to find unchanged after the call, and the ``reference`` decoder (if given)
+    run with the same arguments gives the expected ids, ``want``."""
     case = Case(case_id, desc, data={"B": len(src), "max_len": max_len, "pad_id": kwargs.get("pad_id", 0), "n": n,
-                                     "src": src, "is_real": is_real, "model": model[0], **(data or {})})
+                                     "src": src, "is_real": is_real, "model": model, **(data or {})})
     if reference is not None:
-        case.data["want"] = _run(reference, model[0], src, is_real, max_len, BOS, EOS, **kwargs)
-    case.let("m", model[1])
+        case.data["want"] = _run(reference, model, src, is_real, max_len, BOS, EOS, **kwargs)
+    case.let("m", model.spec)
     case.let("src_ids", case.tensor(src))
     if is_real is not None:
         case.let("src_is_real", case.tensor(is_real))
@@ -200,10 +204,10 @@ class GreedyDecode(Exercise):
             lengths[0] = 7
             src, is_real = _padded_source(rng, lengths, 7, 14, pad_id)
             model = _hashed(14, seed, eos_bias=0.6, pad_id=pad_id)
-            want = _run(ref.greedy_decode, model[0], src, is_real, 9, BOS, EOS, pad_id=pad_id)
+            want = _run(ref.greedy_decode, model, src, is_real, 9, BOS, EOS, pad_id=pad_id)
             if len({int((row == EOS).argmax()) for row in want if EOS in row}) >= 3:
                 break
-        without_mask = _run(ref.greedy_decode, model[0], src, None, 9, BOS, EOS, pad_id=pad_id)
+        without_mask = _run(ref.greedy_decode, model, src, None, 9, BOS, EOS, pad_id=pad_id)
         cases.append(_decode_case("batch", f"B=5, S=7, V=14, pad_id={pad_id}, padded sources with src_is_real",
                                   "greedy_decode", model, src, is_real, 9, keep=("src_ids",), pad_id=pad_id,
                                   data={"want": want, "without_mask": without_mask}))
@@ -387,7 +391,7 @@ def _first_step_tree(rng: np.random.Generator, V: int) -> tuple[dict, dict[int, 
                                                                                        strict=True))
 
 
-def _looping(rng: np.random.Generator, best: float, runner_up: tuple[float, float]) -> tuple[ScriptedModel, dict]:
+def _looping(rng: np.random.Generator, best: float, runner_up: tuple[float, float]) -> ScriptedModel:
     """A scripted model over 8 tokens that gives two tokens the logits ``best`` and about ``runner_up`` at every
     step (every other token -9): it loops on one token unless penalised."""
     a, b = (int(t) for t in rng.choice(np.arange(3, 8), size=2, replace=False))
@@ -443,8 +447,8 @@ class Sample(Exercise):
         g1, g2 = (int(s) for s in rng.integers(2**31, size=2))
         case = Case("repro", f"B=12 padded sources, V=14, pad_id={pad_id}, temperature 1, a seeded generator",
                     data={"B": 12, "max_len": 10, "pad_id": pad_id, "src": src, "is_real": is_real,
-                          "model": model[0], "settings": {"temperature": 1.0}})
-        case.let("m", model[1])
+                          "model": model, "settings": {"temperature": 1.0}})
+        case.let("m", model.spec)
         for name, global_seed, generator in (("a", 1, g1), ("b", 2, g1), ("c", 3, g2)):
             case.seed(int(rng.integers(2**31)) + global_seed)  # a different global random state each time
             case.call("sample", {"ref": "m"}, case.tensor(src), 10, BOS, EOS, generator={"generator": generator},
@@ -458,7 +462,7 @@ class Sample(Exercise):
                     {"top_k": 2, "top_p": 0.55}]  # top-k leaves 0.58 on the top token: it alone reaches p
         case = Case("filters", "800 first tokens drawn from a scripted five-token distribution, with top-k, top-p "
                                "and both", data={"first": first, "settings": settings, "B": 800, "max_len": 1})
-        case.let("m", _scripted(V, tree=tree, floor=1e-9)[1])
+        case.let("m", _scripted(V, tree=tree, floor=1e-9).spec)
         for i, setting in enumerate(settings):
             case.call("sample", {"ref": "m"}, case.tensor(np.zeros((800, 1), np.int64)), 1, BOS, EOS,
                       generator={"generator": int(rng.integers(2**31))}, record=f"s{i}", **setting)
@@ -475,7 +479,7 @@ class Sample(Exercise):
         pad_id = int(rng.integers(4, 9))
         src, is_real = _padded_source(rng, rng.integers(1, 6, size=4), 5, 12, pad_id)
         model = _hashed(12, int(rng.integers(2**31)), eos_bias=0.5, pad_id=pad_id)
-        greedy = _run(ref.greedy_decode, model[0], src, is_real, 9, BOS, EOS, pad_id=pad_id)
+        greedy = _run(ref.greedy_decode, model, src, is_real, 9, BOS, EOS, pad_id=pad_id)
         cases.append(_decode_case("greedy", f"B=4 padded sources, pad_id={pad_id}, temperature 0", "sample", model,
                                   src, is_real, 9, data={"want": greedy}, temperature=0, pad_id=pad_id))
         # 5. repetition penalty at temperature 0 on a looping model: two tokens neck and neck
@@ -651,7 +655,7 @@ class BeamSearch(Exercise):
             bests, ok = [], True
             for b in range(2):
                 real = src[b][is_real[b]].tolist()
-                seqs = _all_sequences(lambda p, real=real, m=model[0]: m.next_logits(real, [BOS] + p), 6, 4)
+                seqs = _all_sequences(lambda p, real=real, m=model: m.next_logits(real, [BOS] + p), 6, 4)
                 ranked = sorted(seqs, key=lambda item: -_gnmt(item[1], len(item[0]), alpha))
                 gap = _gnmt(ranked[0][1], len(ranked[0][0]), alpha) - _gnmt(ranked[1][1], len(ranked[1][0]), alpha)
                 raw_best = max(seqs, key=lambda item: item[1])[0]
@@ -668,7 +672,7 @@ class BeamSearch(Exercise):
             seed = int(rng.integers(2**31))
             src, is_real = _padded_source(rng, rng.integers(1, 7, size=6), 6, 12, pad_id)
             model = _hashed(12, seed, eos_bias=0.7, pad_id=pad_id)
-            want = _run(ref.beam_search, model[0], src, is_real, 10, BOS, EOS, beam_size=3, length_penalty=0.6,
+            want = _run(ref.beam_search, model, src, is_real, 10, BOS, EOS, beam_size=3, length_penalty=0.6,
                         pad_id=pad_id)
             if len({len(_trim(row)) for row in want}) >= 2:
                 break
@@ -679,7 +683,7 @@ class BeamSearch(Exercise):
         src, is_real = _padded_source(rng, [5, 2, 4], 5, 12, 0)
         model = _hashed(12, int(rng.integers(2**31)), eos_bias=0.5)
         cases.append(_decode_case("k1", "B=3 padded sources, beam_size=1", "beam_search", model, src, is_real, 9,
-                                  beam_size=1, data={"want": _run(ref.greedy_decode, model[0], src, is_real, 9, BOS,
+                                  beam_size=1, data={"want": _run(ref.greedy_decode, model, src, is_real, 9, BOS,
                                                                   EOS),
                                                      "hint": "With beam_size=1 beam search is greedy decoding."}))
         # B = 1, four beams, no padding information
@@ -775,7 +779,7 @@ class SampleN(Exercise):
             seed = int(rng.integers(2**31))
             src, is_real = _padded_source(rng, [6, int(rng.integers(2, 5)), int(rng.integers(1, 4))], 6, 14, pad_id)
             model = _hashed(14, seed, eos_bias=0.5, pad_id=pad_id)
-            want = _run(ref.greedy_decode, model[0], src, is_real, 8, BOS, EOS, pad_id=pad_id)
+            want = _run(ref.greedy_decode, model, src, is_real, 8, BOS, EOS, pad_id=pad_id)
             if len({tuple(row) for row in want.tolist()}) == 3:
                 break  # three sources, three different answers: a sample of the wrong source shows
         n = 2  # n != B: a tiled batch and rows read back as (n, B) give different wrong answers
@@ -783,7 +787,7 @@ class SampleN(Exercise):
                               f"pad_id={pad_id}", "sample_n", model, src, is_real, 8, n=n,
                               keep=("src_ids", "src_is_real"), temperature=0, pad_id=pad_id,
                               data={"want": np.repeat(want[:, None], n, axis=1),
-                                    "layouts": _layouts(model[0], src, is_real, n, 8, pad_id)})]
+                                    "layouts": _layouts(model, src, is_real, n, 8, pad_id)})]
         # 2. sampling with top-k 2: every token of sample (b, j) must be one of source b's two best
         pad_id = int(rng.integers(4, 9))
         src, is_real = _padded_source(rng, [6, int(rng.integers(2, 6)), int(rng.integers(1, 5))], 6, 14, pad_id)
@@ -803,11 +807,11 @@ class SampleN(Exercise):
         # 4. no padding information, temperature 0
         src = rng.integers(3, 12, size=(2, 4))
         model = _hashed(12, int(rng.integers(2**31)), eos_bias=0.4)
-        greedy = _run(ref.greedy_decode, model[0], src, None, 6, BOS, EOS)
+        greedy = _run(ref.greedy_decode, model, src, None, 6, BOS, EOS)
         cases.append(_decode_case("nomask", "B=2, S=4, n=2, src_is_real=None, temperature 0", "sample_n", model, src,
                                   None, 6, n=2, temperature=0, data={
                                       "want": np.repeat(greedy[:, None], 2, 1),
-                                      "layouts": _layouts(model[0], src, None, 2, 6, 0)}))
+                                      "layouts": _layouts(model, src, None, 2, 6, 0)}))
         return cases
 
     @staticmethod

@@ -57,9 +57,7 @@ def _setup(rng: np.random.Generator, norm_first: bool, B: int, S: int):
     """A random model (and its state dict), source ids (B, S) padded at the end (row 0 full), the padding
     information ``src_is_real`` given to the student's code (None for B = 1), and that situation in words."""
     model, state = _random_model(rng, norm_first)
-    lengths = rng.integers(1, S + 1, size=B)
-    lengths[0] = S
-    is_real = np.arange(S)[None, :] < lengths[:, None]  # (B, S)
+    is_real = judges.right_padded(rng, B, S)
     mask = is_real if B > 1 else None
     situation = f"{_wiring(norm_first)}, B={B}, S={S}, {'padded sources' if mask is not None else 'no src_is_real'}"
     return model, state, judges.token_ids(rng, B, S, V, is_real), mask, situation
