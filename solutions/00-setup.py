@@ -94,7 +94,7 @@ for letter, meaning in DIMENSIONS.items():
 # `PAD` fills the end of short sequences in a batch, `BOS` ("beginning of sequence") is the decoder's first
 # input, and `EOS` ("end of sequence") tells generation to stop.
 
-# %%
+# %% demo
 from decoder_course.data import get_task
 
 print(f"PAD = {PAD}, BOS = {BOS}, EOS = {EOS}")

@@ -82,7 +82,7 @@ visible.check_softmax(softmax)
 # small scores give nearly uniform weights, large ones put almost everything on the largest score. Keep this
 # picture in mind for section 3.
 
-# %%
+# %% demo
 scores = np.array([1.0, 0.5, 0.0, -0.5, -1.0])  # one query's scores over 5 keys
 factors = [0.3, 1.0, 8.0]
 fig, axes = plt.subplots(1, 3, figsize=(9, 2.4), sharey=True, layout="constrained")
@@ -189,7 +189,7 @@ for Dh in [4, 16, 64, 256, 1024]:
 # Section 1 showed what large scores do to a softmax: it puts nearly all the weight on one key. Measure how
 # peaked the weights of one query over 16 keys get as `Dh` grows, with and without the division:
 
-# %%
+# %% demo
 widths = [2, 4, 8, 16, 32, 64, 128, 256, 512]
 peak = {"q · k": [], "q · k / √Dh": []}
 for Dh in widths:
@@ -242,7 +242,7 @@ visible.check_scaled_dot_product_attention(scaled_dot_product_attention)
 # padded**, so its first queries are pads whose only visible keys (themselves and the past) are pads: rows
 # with no allowed key.
 
-# %%
+# %% demo
 vocab = ["<pad>", "the", "cat", "sat", "on", "mat", "dog", "ran"]  # "<pad>" has id PAD = 0
 assert vocab[PAD] == "<pad>"
 sentences = [["the", "cat", "sat", "on", "the", "mat"], ["<pad>", "<pad>", "the", "dog", "ran", "on"]]

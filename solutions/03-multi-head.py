@@ -229,7 +229,7 @@ visible.check_multi_head_attention(MultiHeadAttention)
 # own pattern, and the causal + padding mask is respected in every one of them: the blocked cells (hatched) are
 # everything above the diagonal and the padded columns.
 
-# %%
+# %% demo
 tokens = ["<bos>", "the", "cat", "sat", "<pad>", "<pad>"]
 T = len(tokens)
 is_real = torch.tensor([[tok != "<pad>" for tok in tokens]])  # (B, T) = (1, 6)
@@ -297,7 +297,7 @@ print(f"passed as they are       : {int(nan_rows.sum())} of {B * T} output rows 
 # padding), our attention returns zero weights, so the output row is exactly `out_proj.bias`. What PyTorch returns
 # depends on which of its code paths runs; measured here:
 
-# %%
+# %% demo
 empty = torch.tensor([[True] * 5, [False] * 5])  # (B, S): sequence 1 has no real key at all
 memory = torch.randn(B, 5, D)  # (B, S, D), another sequence to attend to
 ours = load_from_torch_mha(MultiHeadAttention(D, H), theirs).eval()  # the same weights as above

@@ -86,7 +86,7 @@ visible.check_cross_attention_mask(cross_attention_mask)
 # tokens (the last two pads). Self-attention: the triangle, and pad columns. Cross-attention: rectangular,
 # `T × S`, only the source pads blocked.
 
-# %%
+# %% demo
 tgt_is_real = torch.tensor([[True, True, True, False]])  # (B, T)
 src_is_real = torch.tensor([[True, True, True, True, False, False]])  # (B, S)
 self_allowed = torch.ones(4, 4, dtype=torch.bool).tril() & tgt_is_real[:, None, None, :]  # (B, 1, T, T)
@@ -205,7 +205,7 @@ print(f"max |ours - theirs| = {(out - want).abs().max():.1e} (output), {(weights
 # - `v_proj` and `out_proj` pass the codes through, so the output of position `t` says which source position it
 #   read.
 
-# %%
+# %% demo
 source = ["le", "chat", "noir", "dort", "<pad>"]
 target = ["the", "black", "cat", "sleeps"]
 align = [0, 2, 1, 3]  # target position t reads source position align[t]

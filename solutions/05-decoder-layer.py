@@ -222,7 +222,7 @@ assert out.shape == (2, 4, 512) and difference < 1e-4
 # (right) how closely the gradient arriving at that layer's input points in the same direction as the gradient
 # at the stack's output (the cosine of the angle between them; 1 = unchanged).
 
-# %%
+# %% demo
 def gradient_profile(norm_first: bool, n_layers: int = 24, D: int = 32, seed: int = 0) -> tuple[list, list]:
     """Per layer: its parameters' gradient norm, and the cosine of its input's gradient with the output's."""
     torch.manual_seed(seed)

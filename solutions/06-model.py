@@ -130,7 +130,7 @@ plot_positional_encoding(sinusoidal_table(64, 128), title="sinusoidal_table(64, 
 # What does attention see? The dot product of two positions' encodings depends only on their **distance**, and
 # it is largest at distance 0: nearby positions look alike, far ones do not.
 
-# %%
+# %% demo
 table = sinusoidal_table(100, 128)  # (max_len, D)
 fig, ax = plt.subplots(figsize=(7, 3), layout="constrained")
 for pos in (20, 50):
@@ -329,7 +329,7 @@ visible.check_seq2seq_transformer(Seq2SeqTransformer)
 # Then two checks on the masks, through the whole model. Changing the **padded source** tokens must change
 # nothing; changing the target tokens **after** position 1 must leave the logits at positions 0 and 1 alone.
 
-# %%
+# %% demo
 V, D, H, d_ff, N = 1000, 512, 8, 2048, 4
 model = Seq2SeqTransformer(V, V, D, H, d_ff, N, dropout=0.1, tie_weights=True, norm_first=True).to(device).eval()
 

@@ -70,7 +70,7 @@ print("p(first token)  :", {t: round(p, 3) for t, p in enumerate(probs[0, 0].tol
 print("p(next | BOS, 4):", {t: round(p, 3) for t, p in enumerate(probs[0, 1].tolist()) if p > 0.01})
 
 
-# %%
+# %% demo
 def draw_tree(tree, paths, title):
     """Draw a probability tree from left to right; ``paths`` maps a legend label to a token sequence to highlight."""
     y_of, edges, leaves = {}, [], []
@@ -169,7 +169,7 @@ print(greedy_decode(hashed, src_ids, max_len=8, bos_id=BOS, eos_id=EOS, src_is_r
 # Removing a token means setting its logit to `-inf`: `softmax` then gives it probability exactly 0, and the
 # remaining probabilities are renormalised automatically. Here is temperature, on a four-token distribution:
 
-# %%
+# %% demo
 first_probs = torch.tensor([0.4, 0.3, 0.2, 0.1])  # p(token 3..6), the first step of a model below
 fig, ax = plt.subplots(figsize=(7, 2.6), layout="constrained")
 for i, tau in enumerate([0.5, 1.0, 2.0]):

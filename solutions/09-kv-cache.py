@@ -147,7 +147,7 @@ visible.check_kv_cache_reorder(KVCache)
 # whose corner is at the **top left**. For `T == S` that is right; for `T ≠ S`, the case of every cached step, it
 # is not. Run it: 3 new queries at positions 4, 5, 6 over 7 keys, against the full computation of all 7 positions:
 
-# %%
+# %% demo
 g = torch.Generator().manual_seed(0)
 q_all, k_all, v_all = (torch.randn(1, 2, 7, 8, generator=g) for _ in range(3))  # (B, H, 7, Dh): positions 0..6
 full = F.scaled_dot_product_attention(q_all, k_all, v_all, is_causal=True)  # (B, H, 7, Dh): no cache, T == S

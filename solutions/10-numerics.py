@@ -115,7 +115,7 @@ for recipe_name in ("add a bias", "replace"):
 # %% [markdown]
 # The same table as a picture:
 
-# %%
+# %% demo
 colours = {"NaN": "#d7301f", "error": "#fc8d59", "uniform": "#fdcc8a", "zeros": "#a6d96a", "other": "#cccccc",
            "row 0 wrong": "#cccccc", "crash": "#cccccc"}
 fig, axes = plt.subplots(1, 2, figsize=(10, 2.6), layout="constrained")

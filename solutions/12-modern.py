@@ -185,7 +185,7 @@ from decoder_course.visible import l12_modern as visible
 
 visible.check_sliding_window_mask(sliding_window_mask)
 
-# %%
+# %% demo
 _ = plot_masks([torch.ones(8, 8, dtype=torch.bool).tril(), sliding_window_mask(8, 3)],
                titles=["causal", "sliding window of 3"])
 
