@@ -97,10 +97,10 @@ def top_p_filter(logits: torch.Tensor, p: float) -> torch.Tensor:
 
 def apply_repetition_penalty(logits: torch.Tensor, prev_ids: torch.Tensor, penalty: float) -> torch.Tensor:
     """CTRL's repetition penalty: make tokens already generated less likely (divide positive logits, multiply
-
-    A token seen several times is penalised once; each row uses its own ``prev_ids``; the caller's logits are
-    unchanged.
     negative ones by ``penalty``); penalty 1.0 changes nothing.
+
+    A token seen several times is penalised once; each row uses its own ``prev_ids``; the caller's ``logits`` and
+    ``prev_ids`` are unchanged.
 
     Shape:
         logits (B, V), prev_ids (B, L) int -> (B, V), same dtype
@@ -194,7 +194,8 @@ def beam_search(
     the best *length-normalised* score, GNMT's ``log_prob / ((5 + len) / 6) ** length_penalty`` (Wu et al.
     2016), where ``len`` counts generated tokens up to and including EOS. ``length_penalty = 0`` compares raw
     log-probabilities (which favour short outputs); larger values favour longer ones. A finished beam keeps
-    its score and is extended only with padding. With ``beam_size = 1`` this is greedy decoding.
+    its score and is extended only with padding. With ``beam_size = 1`` this is greedy decoding. The caller's
+    ``src_ids`` and ``src_is_real`` are unchanged.
 
     Shape:
         src_ids (B, S), src_is_real (B, S) bool or None -> ids (B, L), L <= max_len, without BOS,
