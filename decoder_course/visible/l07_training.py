@@ -7,6 +7,8 @@ stay finite, inputs are left unchanged.
 
 from __future__ import annotations
 
+import copy
+
 import torch
 import torch.nn.functional as F
 
@@ -19,7 +21,10 @@ from decoder_course.checks import (
     expect_inputs_unchanged,
     expect_shape,
     expect_type,
+    expect_unchanged,
+    snapshot,
 )
+from decoder_course.conventions import BOS, EOS, PAD
 
 
 # -- shift_right ---------------------------------------------------------------------------------------------
@@ -30,16 +35,11 @@ def check_shift_right(shift_right) -> None:
         got = expect_inputs_unchanged(shift_right, tgt, 1)
         expect_type(got, torch.Tensor, "shift_right(tgt_ids, 1)")
         expect_shape(got, (2, 6), "shift_right(tgt_ids, 1)", names="B, T")
-        expect_close(
-            got,
-            torch.tensor([[1, 10, 4, 7, 3, 6], [1, 5, 8, 2, 0, 0]]),
-            "shift_right(tgt_ids, bos_id=1)",
-            hint="position t of the decoder input holds token t - 1 of the target, and position 0 holds BOS; "
-            "the target's last token is dropped, so the length stays T",
-        )
+        expect_close(got, torch.tensor([[1, 10, 4, 7, 3, 6], [1, 5, 8, 2, 0, 0]]), "shift_right(tgt_ids, bos_id=1)",
+                     hint="position t of the decoder input holds token t - 1 of the target, and position 0 holds "
+                          "BOS; the target's last token is dropped, so the length stays T")
     with check("shift_right keeps the dtype, uses the bos_id it is given, and works for T = 1"):
-        tgt = torch.tensor([[3, 4, 5]], dtype=torch.int32)
-        got = shift_right(tgt, 7)
+        got = shift_right(torch.tensor([[3, 4, 5]], dtype=torch.int32), 7)
         expect_dtype(got, torch.int32, "shift_right of an int32 tensor")
         expect_close(got, torch.tensor([[7, 3, 4]], dtype=torch.int32), "shift_right(tgt_ids, bos_id=7)")
         expect_close(shift_right(torch.tensor([[9], [8]]), 1), torch.tensor([[1], [1]]), "shift_right with T = 1")
@@ -57,10 +57,10 @@ def _batch(seed: int, B: int = 3, T: int = 6, V: int = 11, pad_id: int = 3, scal
     return logits, targets
 
 
-def _reference(logits, targets, pad_id, eps):
-    """PyTorch's own loss: the same mean over non-pad tokens, with the same label smoothing."""
-    V = logits.shape[-1]
-    return F.cross_entropy(logits.reshape(-1, V), targets.reshape(-1), ignore_index=pad_id, label_smoothing=eps)
+def _cross_entropy(logits, targets, pad_id=PAD, eps=0.0, reduction="mean"):
+    """PyTorch's own loss: the mean (or sum) over non-pad tokens, with label smoothing eps."""
+    return F.cross_entropy(logits.flatten(0, 1), targets.reshape(-1), ignore_index=pad_id, label_smoothing=eps,
+                           reduction=reduction)  # (B * T, V) logits against (B * T,) targets
 
 
 def check_sequence_loss(sequence_loss) -> None:
@@ -73,80 +73,61 @@ def check_sequence_loss(sequence_loss) -> None:
             got = expect_inputs_unchanged(sequence_loss, logits, targets, 3, label_smoothing=eps)
             expect_type(got, torch.Tensor, "sequence_loss(...)")
             expect_shape(got, (), "sequence_loss(...)")
-            want = _reference(logits, targets, 3, eps)
-            expect_close(
-                got,
-                want,
-                "sequence_loss(...)",
-                rtol=1e-6,
-                atol=1e-8,
-                hint="the mean over real tokens of -log_softmax(logits)[target]; with label smoothing eps, "
-                "(1 - eps) times that plus eps times the mean over all V tokens of -log_softmax",
-            )
-            (grad,) = torch.autograd.grad(got, logits)
-            (want_grad,) = torch.autograd.grad(want, logits)
+            want = _cross_entropy(logits, targets, 3, eps)
+            expect_close(got, want, "sequence_loss(...)", rtol=1e-6, atol=1e-8,
+                         hint="the mean over real tokens of -log_softmax(logits)[target]; with label smoothing eps, "
+                              "(1 - eps) times that plus eps times the mean over all V tokens of -log_softmax")
+            (grad,), (want_grad,) = torch.autograd.grad(got, logits), torch.autograd.grad(want, logits)
             expect_close(grad, want_grad, "the gradient of sequence_loss", rtol=1e-6, atol=1e-8,
                          hint="the value is right but the gradient is not: avoid .item(), .detach() or NumPy")
     with check("padded positions change nothing, and pad_id is the argument (not 0)"):
         logits, targets = _batch(1)
         noisy = logits.clone()
         noisy[targets == 3] = torch.randn(int((targets == 3).sum()), logits.shape[-1], dtype=torch.float64) * 50
-        expect_close(
-            sequence_loss(noisy, targets, 3),
-            sequence_loss(logits, targets, 3),
-            "the loss after changing the logits at padded positions",
-            atol=1e-10,
-            hint="positions whose target is pad_id must not count at all, in the sum or in the count",
-        )
+        expect_close(sequence_loss(noisy, targets, 3), sequence_loss(logits, targets, 3),
+                     "the loss after changing the logits at padded positions", atol=1e-10,
+                     hint="positions whose target is pad_id must not count at all, in the sum or in the count")
     with check("huge logits give a finite loss (log_softmax, not log(softmax))"):
         logits, targets = _batch(2, scale=1e4)
-        logits = logits.float()
-        got = sequence_loss(logits, targets, 3)
+        got = sequence_loss(logits.float(), targets, 3)
         expect_finite(got, "sequence_loss on logits of size 1e4",
                       hint="log(softmax(x)) is log(0) = -inf when softmax underflows: use x.log_softmax(-1)")
-        expect_close(got, _reference(logits.double(), targets, 3, 0.0), "sequence_loss on huge logits", rtol=1e-4)
+        expect_close(got, _cross_entropy(logits.float().double(), targets, 3), "sequence_loss on huge logits",
+                     rtol=1e-4)
     with check("a batch with no real token gives 0, not NaN"):
         got = sequence_loss(torch.randn(2, 3, 5), torch.full((2, 3), 4), 4)
-        expect_finite(got, "sequence_loss of an all-padding batch",
-                      hint="0 real tokens: divide by max(count, 1)")
+        expect_finite(got, "sequence_loss of an all-padding batch", hint="0 real tokens: divide by max(count, 1)")
         expect_close(got, torch.tensor(0.0), "sequence_loss of an all-padding batch")
 
 
 # -- exact_match ---------------------------------------------------------------------------------------------
 def check_exact_match(exact_match) -> None:
     """The worked example, different lengths, a target without EOS, and a Python float in [0, 1]."""
-    pad, eos = 0, 2
     with check("exact_match on the worked example: 2 of 4 predictions are right"):
         target = torch.tensor([[5, 6, 2, 0]] * 4)  # (B, L_tgt)
         pred = torch.tensor([[5, 6, 2, 0, 0], [5, 6, 2, 9, 9], [5, 6, 9, 0, 0], [5, 2, 0, 0, 0]])  # (B, L_pred)
-        got = expect_inputs_unchanged(exact_match, pred, target, pad, eos)
+        got = expect_inputs_unchanged(exact_match, pred, target, PAD, EOS)
         if isinstance(got, torch.Tensor) and got.dim() == 0:
             got = got.item()
         expect_type(got, float, "exact_match(...)")
         if abs(got - 0.5) > 1e-9:
-            per_row = []
-            for row in range(4):
-                value = exact_match(pred[row:row + 1], target[row:row + 1], pad, eos)
-                per_row.append(float(value))
-            raise CheckFailed(
-                f"expected 0.5, got {got}. Row by row your function gives {per_row} for: a longer prediction "
-                "padded after EOS (right), junk after EOS (right: ignored), no EOS where the target ends "
-                "(wrong), stopping too early (wrong)"
-            )
+            per_row = [float(exact_match(pred[row:row + 1], target[row:row + 1], PAD, EOS)) for row in range(4)]
+            raise CheckFailed(f"expected 0.5, got {got}. Row by row your function gives {per_row} for: a longer "
+                              "prediction padded after EOS (right), junk after EOS (right: ignored), no EOS where "
+                              "the target ends (wrong), stopping too early (wrong)")
     with check("a shorter prediction is padded; a target without EOS must be matched everywhere"):
-        cases = [
+        for pred, target, want, why in [  # PAD = 0, EOS = 2
             ([[5, 6]], [[5, 6, 2]], 0.0, "the prediction ends before the target's EOS: wrong"),
             ([[5, 6, 2]], [[5, 6, 2, 0, 0]], 1.0, "equal up to EOS, then padding: right"),
             ([[4, 4, 4, 9]], [[4, 4, 4, 4]], 0.0, "a target without EOS: every position counts"),
             ([[7, 2], [7, 7]], [[7, 2], [7, 2]], 0.5, "two rows: one right, one missing its EOS"),
-        ]
-        for pred, target, want, why in cases:
-            got = float(exact_match(torch.tensor(pred), torch.tensor(target), pad, eos))
+        ]:
+            got = float(exact_match(torch.tensor(pred), torch.tensor(target), PAD, EOS))
             if abs(got - want) > 1e-9:
                 raise CheckFailed(f"exact_match(pred={pred}, target={target}) gave {got}, expected {want}: {why}")
 
 
-# -- train_step ----------------------------------------------------------------------------------------------
+# -- train_step and validation_loss: PyTorch's own loss of a whole model ------------------------------------
 def parameter_vector(model: torch.nn.Module) -> torch.Tensor:
     """Every parameter of ``model``, flattened and joined in ``model.parameters()`` order (a copy).
 
@@ -162,69 +143,8 @@ def gradient_norm(model: torch.nn.Module) -> float:
     return float(torch.linalg.vector_norm(torch.stack(norms))) if norms else 0.0
 
 
-def check_train_step(train_step, Seq2SeqTransformer) -> None:
-    """Returns the pre-step loss as a float (teacher forcing, source padding, padding ignored); the update uses
-    gradients of this batch only, clipped to clip_norm before one optimizer step; the model's mode is kept."""
-    import copy
-
-    from decoder_course.conventions import BOS, PAD
-
-    B, S, T, V = 3, 6, 5, 11
-    g = torch.Generator().manual_seed(7)
-    src_is_real = torch.arange(S)[None, :] < torch.tensor([[S], [4], [2]])  # (B, S)
-    src_ids = torch.randint(3, V, (B, S), generator=g).masked_fill(~src_is_real, PAD)
-    tgt_ids = torch.randint(3, V, (B, T), generator=g)
-    tgt_ids[1, 2], tgt_ids[1, 3:] = 2, PAD  # a target that ends early: EOS, then padding
-    batch = {"src_ids": src_ids, "src_is_real": src_is_real, "tgt_ids": tgt_ids}
-    torch.manual_seed(3)
-    start = Seq2SeqTransformer(V, V, 16, 4, 32, 1, dropout=0.0, tie_weights=False).train()
-
-    def expected(clip_norm):
-        """The same step done by hand with PyTorch's own loss: (loss, parameters after, gradient norm before)."""
-        model = copy.deepcopy(start)
-        decoder_in = torch.cat([torch.full((B, 1), BOS), tgt_ids[:, :-1]], dim=1)  # BOS, then all but the last
-        logits = model(src_ids, decoder_in, src_is_real=src_is_real)
-        loss = F.cross_entropy(logits.reshape(-1, V), tgt_ids.reshape(-1), ignore_index=PAD)
-        loss.backward()
-        norm = gradient_norm(model)
-        with torch.no_grad():
-            for p in model.parameters():  # plain SGD with lr = 1 on the clipped gradient
-                p -= p.grad * min(1.0, clip_norm / (norm + 1e-6))
-        return loss.item(), parameter_vector(model), norm
-
-    for clip_norm in (1e6, 0.05):
-        what = "no clipping (clip_norm=1e6)" if clip_norm > 1 else "clip_norm=0.05, below the gradient's norm"
-        with check(f"train_step with SGD(lr=1), {what}: the loss and the update"):
-            model = copy.deepcopy(start)
-            for p in model.parameters():  # stale gradients of an earlier step: train_step must clear them
-                p.grad = torch.full_like(p, 0.5)
-            before = {name: t.clone() for name, t in batch.items()}
-            loss = train_step(model, batch, torch.optim.SGD(model.parameters(), lr=1.0), clip_norm)
-            expect_type(loss, float, "train_step's return value (loss.item(), a Python float)")
-            want_loss, want_params, norm = expected(clip_norm)
-            if not all(torch.equal(batch[k], before[k]) for k in batch):
-                raise CheckFailed("train_step changed the batch it was given")
-            if not model.training:
-                raise CheckFailed("train_step switched the model to eval mode: leave its mode as it is")
-            expect_close(torch.tensor(loss), torch.tensor(want_loss), "the loss", rtol=1e-5, atol=1e-6,
-                         hint="the model reads shift_right(tgt_ids, BOS) and src_is_real; sequence_loss scores its "
-                         "logits against tgt_ids itself, with PAD ignored; return the loss before the step")
-            got = parameter_vector(model)
-            moved = (got - parameter_vector(start)).norm().item()
-            if clip_norm < norm and moved > clip_norm * 1.001 + 1e-6:
-                raise CheckFailed(f"with SGD(lr=1) and clip_norm={clip_norm} the parameters moved by {moved:.3g}, "
-                                  "more than clip_norm: clip the gradients with torch.nn.utils.clip_grad_norm_("
-                                  "model.parameters(), clip_norm) after backward and before optimizer.step()")
-            expect_close(got, want_params, "the parameters after the step", rtol=1e-4, atol=1e-6,
-                         hint="optimizer.zero_grad() first (stale gradients add up), then backward, clip, and "
-                         "exactly one optimizer.step()")
-
-
-# -- validation_loss (find the bug) --------------------------------------------------------------------------
 def _loss_batch(src_lengths, tgt_lengths, S, T, seed, V=11):
     """A batch as task.make_batch makes it: real tokens, then PAD; each target ends with EOS (2)."""
-    from decoder_course.conventions import EOS, PAD
-
     g = torch.Generator().manual_seed(seed)
     src_is_real = torch.arange(S)[None, :] < torch.tensor(src_lengths)[:, None]  # (B, S)
     src_ids = torch.randint(3, V, (len(src_lengths), S), generator=g).masked_fill(~src_is_real, PAD)
@@ -234,40 +154,88 @@ def _loss_batch(src_lengths, tgt_lengths, S, T, seed, V=11):
     return {"src_ids": src_ids, "src_is_real": src_is_real, "tgt_ids": tgt_ids}
 
 
+def _model_loss(model, batch, reduction="mean"):
+    """PyTorch's loss of ``model`` on ``batch``, teacher-forced: the decoder reads BOS, then all but the last."""
+    tgt = batch["tgt_ids"]
+    decoder_in = torch.cat([torch.full((tgt.shape[0], 1), BOS), tgt[:, :-1]], dim=1)  # (B, T)
+    logits = model(batch["src_ids"], decoder_in, src_is_real=batch["src_is_real"])  # (B, T, V)
+    return _cross_entropy(logits, tgt, reduction=reduction)
+
+
+def _expect_contract(before, batch, model, who):
+    """The batch left as it was (``before`` is its snapshot) and the model still in training mode."""
+    for name, old in before.items():
+        expect_unchanged(old, batch[name], f"batch[{name!r}] given to {who}")
+    if not model.training:
+        raise CheckFailed(f"{who} left the model in eval mode: leave the mode it found, or put it back "
+                          "(model.train(was_training))")
+
+
+def check_train_step(train_step, Seq2SeqTransformer) -> None:
+    """Returns the pre-step loss as a float (teacher forcing, source padding, padding ignored); the update uses
+    gradients of this batch only, clipped to clip_norm before one optimizer step; the model's mode is kept."""
+    batch = _loss_batch([6, 4, 2], [5, 3, 5], S=6, T=5, seed=7)  # one target ends early: EOS, then padding
+    torch.manual_seed(3)
+    start = Seq2SeqTransformer(11, 11, 16, 4, 32, 1, dropout=0.0, tie_weights=False).train()
+
+    def expected(clip_norm):
+        """The same step done by hand with PyTorch's own loss: (loss, parameters after, gradient norm before)."""
+        model = copy.deepcopy(start)
+        loss = _model_loss(model, batch)
+        loss.backward()
+        norm = gradient_norm(model)
+        with torch.no_grad():
+            for p in model.parameters():  # plain SGD with lr = 1 on the clipped gradient
+                p -= p.grad * min(1.0, clip_norm / (norm + 1e-6))
+        return loss.item(), parameter_vector(model), norm
+
+    for clip_norm, what in ((1e6, "no clipping (clip_norm=1e6)"), (0.05, "clip_norm=0.05, below the gradient's norm")):
+        with check(f"train_step with SGD(lr=1), {what}: the loss and the update"):
+            model = copy.deepcopy(start)
+            for p in model.parameters():  # stale gradients of an earlier step: train_step must clear them
+                p.grad = torch.full_like(p, 0.5)
+            before = snapshot(batch)
+            loss = train_step(model, batch, torch.optim.SGD(model.parameters(), lr=1.0), clip_norm)
+            expect_type(loss, float, "train_step's return value (loss.item(), a Python float)")
+            want_loss, want_params, norm = expected(clip_norm)
+            _expect_contract(before, batch, model, "train_step")
+            expect_close(torch.tensor(loss), torch.tensor(want_loss), "the loss", rtol=1e-5, atol=1e-6,
+                         hint="the model reads shift_right(tgt_ids, BOS) and src_is_real; sequence_loss scores its "
+                              "logits against tgt_ids itself, with PAD ignored; return the loss before the step")
+            got = parameter_vector(model)
+            moved = (got - parameter_vector(start)).norm().item()
+            if clip_norm < norm and moved > clip_norm * 1.001 + 1e-6:
+                raise CheckFailed(f"with SGD(lr=1) and clip_norm={clip_norm} the parameters moved by {moved:.3g}, "
+                                  "more than clip_norm: clip the gradients with torch.nn.utils.clip_grad_norm_("
+                                  "model.parameters(), clip_norm) after backward and before optimizer.step()")
+            expect_close(got, want_params, "the parameters after the step", rtol=1e-4, atol=1e-6,
+                         hint="optimizer.zero_grad() first (stale gradients add up), then backward, clip, and "
+                              "exactly one optimizer.step()")
+
+
 def _rows(batch, rows):
     """Some rows of a batch, trimmed to their longest target (as make_batch pads to the longest of a batch)."""
-    from decoder_course.conventions import PAD
-
     part = {name: t[rows] for name, t in batch.items()}
-    T = int((part["tgt_ids"] != PAD).sum(-1).max())
-    part["tgt_ids"] = part["tgt_ids"][:, :T]
+    part["tgt_ids"] = part["tgt_ids"][:, : int((part["tgt_ids"] != PAD).sum(-1).max())]
     return part
 
 
 def check_validation_loss(validation_loss, Seq2SeqTransformer) -> None:
     """Find the bug: the same pairs cut into other batches give the same loss; PyTorch's own mean over every
     real token of the set; eval mode, the mode put back, the batches unchanged."""
-    from decoder_course.conventions import BOS, PAD
-
-    V = 11
     torch.manual_seed(5)
-    model = Seq2SeqTransformer(V, V, 16, 4, 32, 1, dropout=0.3, tie_weights=False).train()  # dropout, train mode
+    model = Seq2SeqTransformer(11, 11, 16, 4, 32, 1, dropout=0.3, tie_weights=False).train()  # dropout, train mode
     whole = _loss_batch([6, 4, 5, 2], [6, 2, 5, 3], S=6, T=6, seed=11)  # 4 pairs, 16 real target tokens
 
     with check("the probe: the same 4 pairs, in one batch or cut in two, give the same loss"):
-        before = {name: t.clone() for name, t in whole.items()}
+        before = snapshot(whole)
         one = validation_loss(model, [whole])
         expect_type(one, float, "validation_loss(...) (a Python float)")
         if abs(validation_loss(model, [whole]) - one) > 1e-6 * (1 + abs(one)):
             raise CheckFailed("two calls on the same batch gave different losses: dropout is acting. Evaluate in "
                               "eval mode (model.eval()), then put back the mode the model had")
-        if not all(torch.equal(whole[name], before[name]) for name in whole):
-            raise CheckFailed("validation_loss changed the batch it was given")
-        if not model.training:
-            raise CheckFailed("validation_loss left the model in eval mode: put back the mode it found "
-                              "(model.train(was_training))")
-        cuts = [([0], [1, 2, 3]), ([0, 1, 2], [3])]
-        for first, second in cuts:
+        _expect_contract(before, whole, model, "validation_loss")
+        for first, second in [([0], [1, 2, 3]), ([0, 1, 2], [3])]:
             parts = [_rows(whole, first), _rows(whole, second)]
             two = validation_loss(model, parts)
             if abs(two - one) > 1e-5 * (1 + abs(one)):
@@ -283,17 +251,10 @@ def check_validation_loss(validation_loss, Seq2SeqTransformer) -> None:
         batches = [whole, _loss_batch([3, 6], [6, 6], S=6, T=6, seed=12),
                    _loss_batch([2, 5, 4], [2, 3, 2], S=5, T=3, seed=13)]
         got = validation_loss(model, batches)
-        model.eval()
-        total, count = 0.0, 0
         with torch.no_grad():
-            for batch in batches:
-                tgt = batch["tgt_ids"]
-                decoder_in = torch.cat([torch.full((tgt.shape[0], 1), BOS), tgt[:, :-1]], dim=1)  # (B, T)
-                logits = model(batch["src_ids"], decoder_in, src_is_real=batch["src_is_real"])  # (B, T, V)
-                total += F.cross_entropy(logits.reshape(-1, V), tgt.reshape(-1), ignore_index=PAD,
-                                         reduction="sum").item()
-                count += int((tgt != PAD).sum())
+            total = sum(_model_loss(model.eval(), batch, reduction="sum").item() for batch in batches)
         model.train()
+        count = sum(int((batch["tgt_ids"] != PAD).sum()) for batch in batches)
         expect_close(torch.tensor(got), torch.tensor(total / count), "validation_loss(...)", rtol=1e-5, atol=1e-6,
                      hint="every real target token counts once, whichever batch it sits in; the model runs in eval "
                           "mode (no dropout), on shift_right(tgt_ids, BOS) and src_is_real")
