@@ -5,7 +5,7 @@ No reference answer is needed: ``RMSNorm`` is compared with ``torch.nn.RMSNorm``
 RoPE with the paper's complex-number form (``torch.view_as_complex`` times ``torch.polar``) and by its defining
 property (scores depend only on the position difference); SwiGLU and the block with their formulas written over
 the student's own weights and submodules; grouped-query attention with ``F.scaled_dot_product_attention(...,
-enable_gqa=True)`` fed the student's own projections; the sliding window with a worked example. The MHA-to-GQA
+enable_gqa=True)`` fed the student's own projections; the sliding window with worked examples. The MHA-to-GQA
 conversion by labelled heads read back after pooling, and by PyTorch's attention over the converted weights (so
 only the conversion is on trial, not the student's forward).
 """
@@ -16,16 +16,35 @@ import torch
 from torch import nn
 from torch.nn import functional as F  # noqa: N812
 
-from decoder_course.checks import CheckFailed, check, expect_close, expect_dtype, expect_shape, expect_type
+from decoder_course.checks import (
+    CheckFailed,
+    check,
+    expect_close,
+    expect_dtype,
+    expect_shape,
+    expect_type,
+    expect_value_error,
+    grid,
+    randomised,
+)
+
+CLOSE = {"atol": 1e-4, "rtol": 1e-4}  # float32 against a formula computed another way
 
 
-def _randomise(module: nn.Module, seed: int) -> None:
-    """Weights far from their initial values (norm gains around 1), so that every part shows."""
-    g = torch.Generator().manual_seed(seed)
+def _expect_parameters(module: nn.Module, want: dict, what: str, why: str = "") -> None:
+    """``module``'s parameters are exactly ``want``, {name: shape}."""
+    shapes = {name: tuple(p.shape) for name, p in module.named_parameters()}
+    if shapes != want:
+        raise CheckFailed(f"{what} has parameters {shapes}, should be {want}{why}")
+
+
+def _prefill_then_steps(fn, x, positions, causal, cache, *rest) -> torch.Tensor:
+    """``fn`` on the first 4 positions, then on each later one alone, all with ``cache``: the outputs joined."""
+    T = x.shape[1]
     with torch.no_grad():
-        for name, p in module.named_parameters():
-            noise = torch.randn(p.shape, generator=g) * 0.3
-            p.copy_(noise + 1.0 if "norm" in name else noise)
+        parts = [fn(x[:, :4], positions[:4], causal[:4, :4], cache, *rest)]
+        parts += [fn(x[:, t:t + 1], positions[t:t + 1], causal[t:t + 1, :t + 1], cache, *rest) for t in range(4, T)]
+    return torch.cat(parts, dim=1)  # (B, T, D)
 
 
 # -- RMSNorm -----------------------------------------------------------------------------------------------------------
@@ -33,9 +52,7 @@ def check_rms_norm(RMSNorm) -> None:  # noqa: N803 - the class under test
     """One parameter of ones; equal to nn.RMSNorm (eps inside the root shows on tiny rows); dtype kept."""
     with check("RMSNorm(d, eps) has one parameter, `weight` (d,), starting at ones, and no bias"):
         norm = RMSNorm(6, 1e-5)
-        names = [name for name, _ in norm.named_parameters()]
-        if names != ["weight"]:
-            raise CheckFailed(f"RMSNorm's parameters are {names}, should be ['weight']: no bias, no mean")
+        _expect_parameters(norm, {"weight": (6,)}, "RMSNorm(6)", ": no bias, no mean")
         if not torch.equal(norm.weight.detach(), torch.ones(6)):
             raise CheckFailed("RMSNorm's weight should start at ones")
     with check("equal to torch.nn.RMSNorm with the same weight, on rows of scale 1e-3, 1 and 50 (eps=1e-2)"):
@@ -47,8 +64,7 @@ def check_rms_norm(RMSNorm) -> None:  # noqa: N803 - the class under test
             x = torch.randn(3, 4, 12) * torch.tensor([1e-3, 1.0, 50.0])[:, None, None]
             got, want = ours(x), theirs(x)
         expect_type(got, torch.Tensor, "RMSNorm(...)(x)")
-        expect_shape(got, (3, 4, 12), "RMSNorm's output", names="B T D")
-        expect_close(got, want, "RMSNorm's output", atol=1e-5, rtol=1e-4,
+        expect_close(got, want, "RMSNorm's output", atol=1e-5, rtol=1e-4, names="B T D",
                      hint="x / sqrt(mean(x², last axis) + eps) * weight: no mean subtracted, and eps inside the "
                           "square root (the tiny rows show where it goes)")
     with check("a bfloat16 input comes back bfloat16"):
@@ -58,7 +74,7 @@ def check_rms_norm(RMSNorm) -> None:  # noqa: N803 - the class under test
 
 
 # -- rotary_embedding --------------------------------------------------------------------------------------------------
-def _complex_rotation(x: torch.Tensor, positions: torch.Tensor, base: float) -> torch.Tensor:
+def _complex_rotation(x: torch.Tensor, positions: torch.Tensor, base: float = 10000.0) -> torch.Tensor:
     """The paper's form: pair (2i, 2i+1) as a complex number, multiplied by exp(j · position · base^(-2i/Dh))."""
     Dh = x.shape[-1]
     theta = base ** (-torch.arange(0, Dh, 2, dtype=torch.float64) / Dh)  # (Dh/2,)
@@ -78,13 +94,12 @@ def check_rotary_embedding(rotary_embedding) -> None:
         expect_shape(out, (2, 3, 5, 8), "rotary_embedding(x, positions)", names="B H T Dh")
         expect_close(out[:, :, 0], x[:, :, 0], "the rotation at position 0", atol=1e-6,
                      hint="the angle is position · θ_i: zero at position 0")
-        expect_close(out.norm(dim=-1), x.norm(dim=-1), "the lengths after rotating", atol=1e-4, rtol=1e-4,
+        expect_close(out.norm(dim=-1), x.norm(dim=-1), "the lengths after rotating", **CLOSE,
                      hint="rotate each pair (a, b) -> (a cos - b sin, a sin + b cos): a rotation keeps lengths")
     with check("equal to the complex form: pair (x[2i], x[2i+1]) times exp(j · position · base^(-2i/Dh))"):
         for base in (10000.0, 100.0):
-            got = rotary_embedding(x, positions, base=base)
-            expect_close(got.double(), _complex_rotation(x, positions, base), f"RoPE with base={base:g}",
-                         atol=1e-4, rtol=1e-4,
+            expect_close(rotary_embedding(x, positions, base=base).double(), _complex_rotation(x, positions, base),
+                         f"RoPE with base={base:g}", **CLOSE,
                          hint="neighbours are pairs, (0, 1), (2, 3), ... (not i with i + Dh/2); θ_i = base^(-2i/Dh) "
                               "with i counting pairs; rotate by the positions given, not by 0 .. T-1")
     with check("the score of q at position m and k at n depends only on m - n"):
@@ -93,19 +108,14 @@ def check_rotary_embedding(rotary_embedding) -> None:
         def score(m, n):
             return float((rotary_embedding(q, torch.tensor([m])) * rotary_embedding(k, torch.tensor([n]))).sum())
 
-        for m, n in ((5, 2), (9, 9)):
-            for shift in (1, 20):
-                if abs(score(m + shift, n + shift) - score(m, n)) > 1e-3:
-                    raise CheckFailed(f"the score of q at {m + shift} and k at {n + shift} differs from q at {m} and k "
-                                      f"at {n}: rotate both by their own positions with the same frequencies")
+        for m, n, shift in ((5, 2, 1), (5, 2, 20), (9, 9, 1), (9, 9, 20)):
+            if abs(score(m + shift, n + shift) - score(m, n)) > 1e-3:
+                raise CheckFailed(f"the score of q at {m + shift} and k at {n + shift} differs from q at {m} and k "
+                                  f"at {n}: rotate both by their own positions with the same frequencies")
     with check("x's dtype is kept (float64 in, float64 out); an odd Dh raises ValueError"):
         expect_dtype(rotary_embedding(x.double(), positions), torch.float64, "rotary_embedding(x in float64, ...)")
-        try:
-            rotary_embedding(torch.randn(1, 1, 2, 5), torch.arange(2))
-        except ValueError:
-            pass
-        else:
-            raise CheckFailed("rotary_embedding ran on Dh = 5: the last dimension has no partner; raise ValueError")
+        expect_value_error(lambda: rotary_embedding(torch.randn(1, 1, 2, 5), torch.arange(2)),
+                           "rotary_embedding was given Dh = 5: the last dimension has no partner")
 
 
 # -- SwiGLUFeedForward -------------------------------------------------------------------------------------------------
@@ -113,19 +123,16 @@ def check_swiglu(SwiGLUFeedForward) -> None:  # noqa: N803 - the class under tes
     """Three bias-free matrices by name, the SwiGLU formula over the student's own weights."""
     ff = SwiGLUFeedForward(8, 12)
     with check("gate_proj, up_proj (D -> F) and down_proj (F -> D), nn.Linear without bias: 3·D·F parameters"):
-        shapes = {name: tuple(p.shape) for name, p in ff.named_parameters()}
-        want = {"gate_proj.weight": (12, 8), "up_proj.weight": (12, 8), "down_proj.weight": (8, 12)}
-        if shapes != want:
-            raise CheckFailed(f"the parameters are {shapes}, should be {want}")
-    _randomise(ff, 0)
+        _expect_parameters(ff, {"gate_proj.weight": (12, 8), "up_proj.weight": (12, 8), "down_proj.weight": (8, 12)},
+                           "SwiGLUFeedForward(8, 12)")
+    randomised(ff, 0, scale=0.3)
     with check("down_proj(silu(gate_proj(x)) * up_proj(x))"):
         x = torch.randn(3, 4, 8) * 2
         with torch.no_grad():
             got = ff(x)
             gate, up = x @ ff.gate_proj.weight.T, x @ ff.up_proj.weight.T  # (B, T, F)
-            want = (gate * torch.sigmoid(gate) * up) @ ff.down_proj.weight.T
-        expect_shape(got, (3, 4, 8), "SwiGLUFeedForward's output", names="B T D")
-        expect_close(got, want, "SwiGLUFeedForward's output", atol=1e-4, rtol=1e-4,
+            want = (gate * torch.sigmoid(gate) * up) @ ff.down_proj.weight.T  # (B, T, D)
+        expect_close(got, want, "SwiGLUFeedForward's output", **CLOSE, names="B T D",
                      hint="SiLU (x · sigmoid(x), F.silu) of the gate, not ReLU or a plain sigmoid, and not of the up "
                           "projection; multiply element-wise by up_proj(x), then down_proj")
 
@@ -139,103 +146,84 @@ def _sdpa_twin(attn, x, positions, allowed, n_heads, n_kv_heads):
     k = attn.k_proj(x).view(B, T, n_kv_heads, Dh).transpose(1, 2)  # (B, H_kv, T, Dh)
     v = attn.v_proj(x).view(B, T, n_kv_heads, Dh).transpose(1, 2)
     if positions is not None:
-        q, k = _complex_rotation(q, positions, 10000.0).float(), _complex_rotation(k, positions, 10000.0).float()
+        q, k = _complex_rotation(q, positions).float(), _complex_rotation(k, positions).float()
     out = F.scaled_dot_product_attention(q, k, v, attn_mask=allowed, enable_gqa=True)  # True = may attend
-    return attn.out_proj(out.transpose(1, 2).reshape(B, T, D))
+    return attn.out_proj(out.transpose(1, 2).reshape(B, T, D))  # (B, T, D)
 
 
 def check_gqa(GroupedQueryAttention, KVCache) -> None:  # noqa: N803 - the classes under test
     """Projection sizes, equal to SDPA with enable_gqa=True (MHA, GQA, MQA; with RoPE), a fully masked row, the
     cache holding only the key/value heads, bad sizes."""
     with check("q_proj, out_proj (D -> D); k_proj, v_proj (D -> n_kv_heads·Dh); no bias"):
-        attn = GroupedQueryAttention(24, 6, 2)
-        shapes = {name: tuple(p.shape) for name, p in attn.named_parameters()}
-        want = {"q_proj.weight": (24, 24), "k_proj.weight": (8, 24), "v_proj.weight": (8, 24),
-                "out_proj.weight": (24, 24)}
-        if shapes != want:
-            raise CheckFailed(f"GroupedQueryAttention(24, 6, 2) has parameters {shapes}, should be {want} "
-                              "(Dh = 4: the keys and values have 2 heads of 4)")
+        _expect_parameters(GroupedQueryAttention(24, 6, 2),
+                           {"q_proj.weight": (24, 24), "k_proj.weight": (8, 24), "v_proj.weight": (8, 24),
+                            "out_proj.weight": (24, 24)},
+                           "GroupedQueryAttention(24, 6, 2)", " (Dh = 4: the keys and values have 2 heads of 4)")
     torch.manual_seed(0)
     x = torch.randn(3, 6, 24)
     causal = torch.ones(6, 6, dtype=torch.bool).tril()
+    positions = torch.arange(6) + 3
     for H_kv, what in ((2, "GQA, 6 query heads in 2 groups"), (1, "MQA, n_kv_heads=1"), (6, "MHA, n_kv_heads=6")):
         with check(f"{what}: equal to F.scaled_dot_product_attention(..., enable_gqa=True), causal, with RoPE"):
-            attn = GroupedQueryAttention(24, 6, H_kv)
-            _randomise(attn, H_kv)
-            positions = torch.arange(6) + 3
+            attn = randomised(GroupedQueryAttention(24, 6, H_kv), H_kv, scale=0.3)
             with torch.no_grad():
                 plain, want_plain = attn(x, allowed=causal), _sdpa_twin(attn, x, None, causal, 6, H_kv)
                 got, want = attn(x, positions, causal), _sdpa_twin(attn, x, positions, causal, 6, H_kv)
             expect_type(plain, torch.Tensor, "GroupedQueryAttention's output (one tensor)")
             expect_shape(plain, (3, 6, 24), "GroupedQueryAttention's output", names="B T D")
-            expect_close(plain, want_plain, "the output without positions", atol=1e-4, rtol=1e-4,
+            expect_close(plain, want_plain, "the output without positions", **CLOSE,
                          hint="query head h uses kv head h // (n_heads // n_kv_heads): repeat_interleave the kv heads "
                               "on the head axis (not repeat); scale the scores by 1/sqrt(Dh)")
-            expect_close(got, want, "the output with positions", atol=1e-4, rtol=1e-4,
+            expect_close(got, want, "the output with positions", **CLOSE,
                          hint="rotate the queries *and* the keys with rotary_embedding(..., positions), before the "
                               "scores (and before caching the keys)")
     with check("a fully masked query row gives zeros; the rest is unchanged"):
-        attn = GroupedQueryAttention(24, 6, 2)
         allowed = causal.clone()
         allowed[2] = False
         with torch.no_grad():
-            out = attn(x, allowed=allowed)
+            out = GroupedQueryAttention(24, 6, 2)(x, allowed=allowed)
         if not torch.allclose(out[:, 2], torch.zeros(24), atol=1e-6) or not torch.isfinite(out).all():
             raise CheckFailed("query row 2 has no allowed key: its output should be zeros (lesson 03's attention), "
                               "never NaN")
     with check("with a KVCache: the cache holds (B, n_kv_heads, S, Dh), and prefill + one at a time = full"):
-        attn = GroupedQueryAttention(24, 6, 2)
-        _randomise(attn, 7)
-        cache = KVCache(1)
-        positions = torch.arange(6)
+        attn, cache = randomised(GroupedQueryAttention(24, 6, 2), 7, scale=0.3), KVCache(1)
         with torch.no_grad():
-            full = attn(x, positions, causal)
-            parts = [attn(x[:, :4], positions[:4], causal[:4, :4], cache)]
-            for t in (4, 5):
-                parts.append(attn(x[:, t:t + 1], positions[t:t + 1], causal[t:t + 1, :t + 1], cache))
-        if cache.keys[0] is None or tuple(cache.keys[0].shape) != (3, 2, 6, 4):
-            shape = None if cache.keys[0] is None else tuple(cache.keys[0].shape)
+            full = attn(x, torch.arange(6), causal)
+        cached = _prefill_then_steps(attn, x, torch.arange(6), causal, cache)
+        shape = None if cache.keys[0] is None else tuple(cache.keys[0].shape)
+        if shape != (3, 2, 6, 4):
             raise CheckFailed(f"the cache holds keys of shape {shape}, should be (B, n_kv_heads, S, Dh) = "
                               "(3, 2, 6, 4): cache.update(k, v, layer_idx) with the n_kv_heads heads, before "
                               "repeating them")
-        expect_close(torch.cat(parts, dim=1), full, "the cached outputs", atol=1e-4, rtol=1e-4,
+        expect_close(cached, full, "the cached outputs", **CLOSE,
                      hint="rotate the new keys at their positions, cache them, attend over everything cached")
     with check("D not divisible by n_heads, or n_heads not by n_kv_heads, raises ValueError"):
-        for args in ((24, 5, 1), (24, 6, 4)):
-            try:
-                GroupedQueryAttention(*args)
-            except ValueError:
-                continue
-            raise CheckFailed(f"GroupedQueryAttention{args} did not raise ValueError")
+        for args, why in (((24, 5, 1), "D = 24 is not divisible by n_heads = 5"),
+                          ((24, 6, 4), "n_heads = 6 is not divisible by n_kv_heads = 4")):
+            expect_value_error(lambda args=args: GroupedQueryAttention(*args), f"GroupedQueryAttention{args}: {why}")
 
 
 # -- sliding_window_mask -----------------------------------------------------------------------------------------------
 def check_sliding_window_mask(sliding_window_mask) -> None:
     """A worked example, window 1 and window >= T, window 0."""
-    with check("T=5, window=2: each query sees itself and the one key before it"):
-        got = sliding_window_mask(5, 2)
-        expect_type(got, torch.Tensor, "sliding_window_mask(5, 2)")
-        expect_dtype(got, torch.bool, "sliding_window_mask(5, 2)")
-        want = torch.tensor([[1, 0, 0, 0, 0],
-                             [1, 1, 0, 0, 0],
-                             [0, 1, 1, 0, 0],
-                             [0, 0, 1, 1, 0],
-                             [0, 0, 0, 1, 1]], dtype=torch.bool)
-        if not torch.equal(got, want):
-            raise CheckFailed(f"sliding_window_mask(5, 2) is\n{got.int()}\nshould be\n{want.int()}\n(rows are "
-                              "queries: causal, and window keys at most, the query itself included)")
-    with check("window=1 is the diagonal; window >= T is the causal mask"):
-        if not torch.equal(sliding_window_mask(4, 1), torch.eye(4, dtype=torch.bool)):
-            raise CheckFailed("sliding_window_mask(4, 1) should let each query see itself only")
-        if not torch.equal(sliding_window_mask(4, 9), torch.ones(4, 4, dtype=torch.bool).tril()):
-            raise CheckFailed("sliding_window_mask(4, 9) should be the plain causal mask")
+    causal = torch.ones(5, 5, dtype=torch.bool).tril()
+    rows = (  # (title, T, window, the mask, what it means)
+        ("T=5, window=2: each query sees itself and the one key before it", 5, 2, causal & ~causal.tril(-2),
+         "rows are queries: causal, and window keys at most, the query itself included"),
+        ("window=1 is the diagonal", 4, 1, torch.eye(4, dtype=torch.bool), "each query sees itself only"),
+        ("window >= T is the causal mask", 4, 9, causal[:4, :4], "the plain causal mask"),
+    )
+    for title, T, window, want, why in rows:
+        with check(title):
+            got = sliding_window_mask(T, window)
+            expect_type(got, torch.Tensor, f"sliding_window_mask({T}, {window})")
+            expect_dtype(got, torch.bool, f"sliding_window_mask({T}, {window})")
+            if not torch.equal(got, want):
+                raise CheckFailed(f"sliding_window_mask({T}, {window}) is\n{grid(got)}\n    should be ({why}):\n"
+                                  f"{grid(want)}")
     with check("window=0 raises ValueError"):
-        try:
-            sliding_window_mask(4, 0)
-        except ValueError:
-            pass
-        else:
-            raise CheckFailed("sliding_window_mask(4, 0) returned: a window holds at least the query itself")
+        expect_value_error(lambda: sliding_window_mask(4, 0),
+                           "sliding_window_mask(4, 0): a window holds at least the query itself")
 
 
 # -- ModernBlock -------------------------------------------------------------------------------------------------------
@@ -246,8 +234,7 @@ def check_modern_block(ModernBlock, KVCache) -> None:  # noqa: N803 - the classe
         for name in ("attn_norm", "attn", "ffn_norm", "feed_forward"):
             if not hasattr(block, name):
                 raise CheckFailed(f"ModernBlock has no `{name}`: the names are part of the contract")
-    _randomise(block, 3)  # two different norm gains
-    block.eval()
+    randomised(block, 3, scale=0.3).eval()  # two different norm gains
     torch.manual_seed(1)
     x = torch.randn(2, 6, 16)
     positions, causal = torch.arange(6) + 2, torch.ones(6, 6, dtype=torch.bool).tril()
@@ -257,19 +244,14 @@ def check_modern_block(ModernBlock, KVCache) -> None:  # noqa: N803 - the classe
             h = x + block.attn(block.attn_norm(x), positions, causal)
             want = h + block.feed_forward(block.ffn_norm(h))
         expect_type(got, torch.Tensor, "ModernBlock(...)(x, positions)")
-        expect_shape(got, (2, 6, 16), "ModernBlock's output", names="B T D")
-        expect_close(got, want, "ModernBlock's output", atol=1e-4, rtol=1e-4,
+        expect_close(got, want, "ModernBlock's output", **CLOSE, names="B T D",
                      hint="normalise each sublayer's input (attn_norm, then ffn_norm: one norm each) and add its "
                           "output to the unnormalised stream; pass positions and allowed on to the attention")
     with check("with a KVCache: prefill + one at a time = the full forward"):
-        cache = KVCache(1)
-        p0 = torch.arange(6)
         with torch.no_grad():
-            full = block(x, p0, causal)
-            parts = [block(x[:, :4], p0[:4], causal[:4, :4], cache, 0)]
-            parts += [block(x[:, t:t + 1], p0[t:t + 1], causal[t:t + 1, :t + 1], cache, 0) for t in (4, 5)]
-        expect_close(torch.cat(parts, dim=1), full, "the cached outputs", atol=1e-4, rtol=1e-4,
-                     hint="pass cache and layer_idx on to the attention")
+            full = block(x, torch.arange(6), causal)
+        expect_close(_prefill_then_steps(block, x, torch.arange(6), causal, KVCache(1), 0), full,
+                     "the cached outputs", **CLOSE, hint="pass cache and layer_idx on to the attention")
 
 
 # -- mha_to_gqa (find the bug) -----------------------------------------------------------------------------------------
@@ -295,14 +277,12 @@ def check_mha_to_gqa(mha_to_gqa, GroupedQueryAttention) -> None:  # noqa: N803 -
     conversion of a model whose heads already agree per group, compared with PyTorch's attention over the weights
     (only the conversion is on trial), and both ends (MQA, MHA)."""
     with check("shapes: q_proj, out_proj copied; k_proj, v_proj (n_kv_heads·Dh, D); mha unchanged"):
-        mha = GroupedQueryAttention(24, 6, 6)
-        _randomise(mha, 11)
+        mha = randomised(GroupedQueryAttention(24, 6, 6), 11, scale=0.3)
         before = {name: p.detach().clone() for name, p in mha.named_parameters()}
         gqa = mha_to_gqa(mha, 6, 2)
         expect_type(gqa, GroupedQueryAttention, "mha_to_gqa(mha, 6, 2)")
         for name in ("k_proj", "v_proj"):
-            expect_shape(getattr(gqa, name).weight, (8, 24), f"the converted {name}.weight",
-                         names="n_kv_heads·Dh, D")
+            expect_shape(getattr(gqa, name).weight, (8, 24), f"the converted {name}.weight", names="n_kv_heads·Dh, D")
         for name in ("q_proj", "out_proj"):
             expect_close(getattr(gqa, name).weight, getattr(mha, name).weight, f"the converted {name}.weight",
                          atol=0, rtol=0, hint="the query and output projections are copied unchanged")
@@ -310,8 +290,7 @@ def check_mha_to_gqa(mha_to_gqa, GroupedQueryAttention) -> None:  # noqa: N803 -
             if not torch.equal(p.detach(), before[name]):
                 raise CheckFailed(f"mha_to_gqa changed mha's {name}: build the new module's weights, copy from mha")
     with check("labelled heads: 4 heads in 2 groups; kv head 0 averages heads 0 and 1, kv head 1 heads 2 and 3"):
-        mha = _labelled_mha(GroupedQueryAttention, 8, 4)  # key head h holds the number h, value head h 10·h
-        gqa = mha_to_gqa(mha, 4, 2)
+        gqa = mha_to_gqa(_labelled_mha(GroupedQueryAttention, 8, 4), 4, 2)  # key head h holds h, value head h 10·h
         keys, values = _read_heads(gqa.k_proj.weight, 2), _read_heads(gqa.v_proj.weight, 2, scale=10.0)
         if keys != [0.5, 2.5] or values != [0.5, 2.5]:
             raise CheckFailed(
@@ -320,8 +299,7 @@ def check_mha_to_gqa(mha_to_gqa, GroupedQueryAttention) -> None:  # noqa: N803 -
                 "[0.5, 2.5]: the mean of heads 0 and 1, then of heads 2 and 3. Which query heads does kv head j "
                 "serve in your GroupedQueryAttention, and which heads did the conversion average for it?")
     with check("a model whose heads already agree per group converts exactly (PyTorch's SDPA with enable_gqa=True)"):
-        mha = GroupedQueryAttention(24, 6, 6)
-        _randomise(mha, 12)
+        mha = randomised(GroupedQueryAttention(24, 6, 6), 12, scale=0.3)
         with torch.no_grad():
             for name in ("k_proj", "v_proj"):  # heads 0-2 share one key/value head, heads 3-5 another
                 w = getattr(mha, name).weight.view(2, 3, 4, 24)  # (groups, g, Dh, D)
@@ -331,14 +309,14 @@ def check_mha_to_gqa(mha_to_gqa, GroupedQueryAttention) -> None:  # noqa: N803 -
         x, positions = torch.randn(3, 5, 24), torch.arange(5) + 2
         causal = torch.ones(5, 5, dtype=torch.bool).tril()
         with torch.no_grad():
-            got = _sdpa_twin(gqa, x, positions, causal, 6, 2)
-            want = _sdpa_twin(mha, x, positions, causal, 6, 6)
-        expect_close(got, want, "the converted model's output", atol=1e-4, rtol=1e-4,
+            got, want = _sdpa_twin(gqa, x, positions, causal, 6, 2), _sdpa_twin(mha, x, positions, causal, 6, 6)
+        expect_close(got, want, "the converted model's output", **CLOSE,
                      hint="nothing is lost when the heads of each group are equal: their mean is each of them. The "
                           "mean, not the sum; and of whole heads, Dh rows each, consecutive heads per group")
     with check("the ends: n_kv_heads = 1 averages every head (MQA); n_kv_heads = n_heads copies them"):
         mha = _labelled_mha(GroupedQueryAttention, 12, 6)
-        if _read_heads(mha_to_gqa(mha, 6, 1).k_proj.weight, 2) != [2.5]:
-            raise CheckFailed("with n_kv_heads = 1 the one key head should be the mean of all 6 heads (2.5 here)")
-        if _read_heads(mha_to_gqa(mha, 6, 6).k_proj.weight, 2) != [0.0, 1.0, 2.0, 3.0, 4.0, 5.0]:
-            raise CheckFailed("with n_kv_heads = n_heads every head should be copied unchanged")
+        for n_kv, want, why in ((1, [2.5], "the one key head should be the mean of all 6 heads (2.5 here)"),
+                                (6, [0.0, 1.0, 2.0, 3.0, 4.0, 5.0], "every head should be copied unchanged")):
+            got = _read_heads(mha_to_gqa(mha, 6, n_kv).k_proj.weight, 2)
+            if got != want:
+                raise CheckFailed(f"with n_kv_heads = {n_kv} {why}: the key heads hold {got}, expected {want}")
