@@ -19,6 +19,7 @@ from decoder_course.checks import (
     expect_inputs_unchanged,
     expect_shape,
     expect_type,
+    padding_leakage_probe,
 )
 from decoder_course.conventions import BOS
 
@@ -144,40 +145,55 @@ def _source(B: int = 3, S: int = 6, V: int = 20, seed: int = 1):
     return torch.randint(3, V, (B, S), generator=g).masked_fill(~is_real, 0), is_real
 
 
+def _target(T: int, seed: int, B: int = 3, V: int = 20) -> torch.Tensor:
+    """BOS, then T - 1 random tokens (never PAD, BOS or EOS). Shape: (B, T)."""
+    g = torch.Generator().manual_seed(seed)
+    return torch.cat([torch.full((B, 1), BOS), torch.randint(3, V, (B, T - 1), generator=g)], dim=1)
+
+
+def _memory_kv(model, memory) -> list:
+    """Each decoder layer's cross-attention keys and values of the memory, projected once."""
+    return [layer.cross_attn.project_memory(memory) for layer in model.decoder.layers]
+
+
+def _uncached(model, src, is_real, tgt):
+    """The oracle: the full decoder's logits at every position of tgt at once (B, T, V), and the memory's keys and
+    values per layer for the cached calls."""
+    with torch.no_grad():
+        memory = model.encode(src, is_real)
+        return model.decode(tgt, memory, src_is_real=is_real), _memory_kv(model, memory)
+
+
+_NORMS = ((True, "pre-LN"), (False, "post-LN"))
+
+
 def check_decode_step(decode_step, KVCache, Seq2SeqTransformer) -> None:
     """Source padding does not leak; cached logits equal the full decoder's at every step: a prefill of 3 tokens,
     then one at a time."""
     with check("source padding does not leak: the logits ignore what the memory holds at padded positions"):
         model = _small_model(Seq2SeqTransformer, True)
         src, is_real = _source()
-        tgt = torch.full((3, 1), BOS)
         with torch.no_grad():
             memory = model.encode(src, is_real)
-            noisy = torch.where(is_real[:, :, None], memory, torch.full_like(memory, 50.0))  # padding changed
 
-            def step(m):
-                kv = [layer.cross_attn.project_memory(m) for layer in model.decoder.layers]
-                return decode_step(model, tgt, kv, KVCache(len(model.decoder.layers)), 0, src_is_real=is_real)[0]
+        def step(m):  # the logits of one step from BOS, reading the memory m: (B, 1, V)
+            out = decode_step(model, torch.full((3, 1), BOS), _memory_kv(model, m), KVCache(len(model.decoder.layers)),
+                              0, src_is_real=is_real)
+            expect_type(out[0], torch.Tensor, "decode_step(...)[0], the logits")
+            return out[0][:, None]
 
-            a, b = step(memory), step(noisy)
-        expect_type(a, torch.Tensor, "decode_step(...)[0], the logits")
-        if not torch.allclose(a, b, atol=1e-5):
-            raise CheckFailed("the logits changed when only the memory at padded source positions changed: the "
-                              "cross-attention attends to the source padding. Pass src_is_real to every layer's "
-                              "cross-attention, allowed=src_is_real[:, None, None, :] (B, 1, 1, S)")
-    for norm_first in (True, False):
-        name = "pre-LN" if norm_first else "post-LN"
+        try:
+            padding_leakage_probe(step, memory, is_real, what="the step's logits")
+        except CheckFailed as exc:
+            raise CheckFailed(f"{exc}: the cross-attention attends to the source padding. Pass src_is_real to every "
+                              "layer's cross-attention, allowed=src_is_real[:, None, None, :] (B, 1, 1, S)") from None
+    for norm_first, name in _NORMS:
         with check(f"{name}: a prefill of 3 tokens then 4 single steps give the full decoder's logits"):
             model = _small_model(Seq2SeqTransformer, norm_first)
             src, is_real = _source()
-            g = torch.Generator().manual_seed(2)
-            tgt = torch.cat([torch.full((3, 1), BOS), torch.randint(3, 20, (3, 6), generator=g)], dim=1)  # (B, 7)
-            with torch.no_grad():
-                memory = model.encode(src, is_real)
-                full = model.decode(tgt, memory, src_is_real=is_real)  # (B, 7, V): every position at once
-                kv = [layer.cross_attn.project_memory(memory) for layer in model.decoder.layers]
-            cache = KVCache(len(model.decoder.layers))
-            out = decode_step(model, tgt[:, :3], kv, cache, 0, src_is_real=is_real)
+            tgt = _target(7, seed=2)  # (B, 7)
+            full, kv = _uncached(model, src, is_real, tgt)  # (B, 7, V): every position at once
+            out = decode_step(model, tgt[:, :3], kv, KVCache(len(model.decoder.layers)), 0, src_is_real=is_real)
             expect_type(out, tuple, "decode_step(...)")
             logits, cache = out
             expect_shape(logits, (3, 20), "decode_step's logits", names="B, V")
@@ -194,58 +210,61 @@ def check_decode_step(decode_step, KVCache, Seq2SeqTransformer) -> None:
                 raise CheckFailed(f"after 7 positions the cache holds {cache.length}: update it in every layer")
 
 
-def check_greedy_decode_cached(greedy_decode_cached, greedy_decode, Seq2SeqTransformer) -> None:
-    """Exactly greedy_decode's tokens (several EOS ids and lengths, both norms), and the memory projected once."""
-    for norm_first in (True, False):
-        name = "pre-LN" if norm_first else "post-LN"
-        with check(f"{name}: the same tokens as greedy_decode for several EOS ids and max_len"):
+def _check_as_uncached(cached, uncached, Seq2SeqTransformer, name, what, B, rows, hint, **endless) -> None:
+    """cached(...) gives uncached(...)'s tokens, for both norms, two EOS ids the model emits, and each row of
+    keyword arguments (max_len among them)."""
+    for norm_first, norm in _NORMS:
+        with check(f"{norm}: the same {what}"):
             model = _small_model(Seq2SeqTransformer, norm_first, seed=1)
-            src, is_real = _source(B=4, seed=2)
-            endless = greedy_decode(model, src, 8, BOS, eos_id=-1, src_is_real=is_real)
-            for eos_id in sorted(set(endless[:, 1:5].flatten().tolist()))[:2]:
-                for max_len in (1, 8):
-                    want = greedy_decode(model, src, max_len, BOS, eos_id, src_is_real=is_real)
-                    got = expect_inputs_unchanged(greedy_decode_cached, model, src, max_len, BOS, eos_id,
-                                                  src_is_real=is_real)
-                    expect_type(got, torch.Tensor, "greedy_decode_cached(...)")
-                    expect_close(got, want, f"greedy_decode_cached with eos_id={eos_id}, max_len={max_len}",
-                                 hint="feed only the newest token each step, at position = tokens generated so "
-                                      "far; finished rows get pad_id; stop when every row has finished")
+            src, is_real = _source(B=B, seed=2)
+            emitted = uncached(model, src, 8, BOS, eos_id=-1, src_is_real=is_real, **endless)  # an EOS never chosen
+            for eos_id in sorted(set(emitted[:, 1:5].flatten().tolist()))[:2]:
+                for row in rows:
+                    args = (model, src, row["max_len"], BOS, eos_id)
+                    kwargs = {key: value for key, value in row.items() if key != "max_len"}
+                    want = uncached(*args, src_is_real=is_real, **kwargs)
+                    got = expect_inputs_unchanged(cached, *args, src_is_real=is_real, **kwargs)
+                    expect_type(got, torch.Tensor, f"{name}(...)")
+                    setting = ", ".join(f"{key}={value}" for key, value in row.items())
+                    expect_close(got, want, f"{name} with eos_id={eos_id}, {setting}", hint=hint)
+
+
+def _check_memory_projected_once(cached, Seq2SeqTransformer, name, memory="memory", **kwargs) -> None:
+    """A forward hook on every layer's cross_attn.k_proj counts its calls during 9 steps: at most one."""
     with check("the memory's keys and values are projected once per layer, not once per step"):
         model = _small_model(Seq2SeqTransformer, True, seed=2)
         src, is_real = _source(B=2, seed=3)
         counters = [CallCounter() for _ in model.decoder.layers]
-        hooks = [layer.cross_attn.k_proj.register_forward_hook(c)
-                 for layer, c in zip(model.decoder.layers, counters, strict=True)]
+        hooks = [layer.cross_attn.k_proj.register_forward_hook(c) for layer, c in zip(model.decoder.layers, counters)]
         try:
-            out = greedy_decode_cached(model, src, 9, BOS, eos_id=-1, src_is_real=is_real)
+            out = cached(model, src, 9, BOS, eos_id=-1, src_is_real=is_real, **kwargs)
         finally:
             for hook in hooks:
                 hook.remove()
-        expect_shape(out, (2, 9), "greedy_decode_cached(..., max_len=9) with an EOS that never comes")
+        expect_shape(out, (2, 9), f"{name}(..., max_len=9) with an EOS that never comes")
         calls = [c.calls for c in counters]
         if max(calls) > 1:
-            raise CheckFailed(f"cross_attn.k_proj ran {calls} times per layer for 9 steps: project the memory once "
-                              "per layer before the loop (layer.cross_attn.project_memory) and pass memory_kv")
+            raise CheckFailed(f"cross_attn.k_proj ran {calls} times per layer for 9 steps: project the {memory} "
+                              "once per layer before the loop (layer.cross_attn.project_memory) and pass memory_kv")
+
+
+def check_greedy_decode_cached(greedy_decode_cached, greedy_decode, Seq2SeqTransformer) -> None:
+    """Exactly greedy_decode's tokens (several EOS ids and lengths, both norms), and the memory projected once."""
+    _check_as_uncached(greedy_decode_cached, greedy_decode, Seq2SeqTransformer, "greedy_decode_cached",
+                       "tokens as greedy_decode for several EOS ids and max_len", 4, [{"max_len": 1}, {"max_len": 8}],
+                       hint="feed only the newest token each step, at position = tokens generated so far; finished "
+                            "rows get pad_id; stop when every row has finished")
+    _check_memory_projected_once(greedy_decode_cached, Seq2SeqTransformer, "greedy_decode_cached")
 
 
 def check_beam_search_cached(beam_search_cached, beam_search, Seq2SeqTransformer) -> None:
     """Exactly beam_search's beams (several EOS ids, beam sizes, both norms), and the memory projected once."""
-    for norm_first in (True, False):
-        name = "pre-LN" if norm_first else "post-LN"
-        with check(f"{name}: the same beams as beam_search for several EOS ids and beam sizes"):
-            model = _small_model(Seq2SeqTransformer, norm_first, seed=1)
-            src, is_real = _source(B=3, seed=2)
-            endless = beam_search(model, src, 8, BOS, eos_id=-1, beam_size=2, src_is_real=is_real)
-            for eos_id in sorted(set(endless[:, 1:5].flatten().tolist()))[:2]:
-                for beam_size, alpha, pad_id in ((3, 0.6, 0), (2, 1.0, 5)):
-                    kwargs = dict(beam_size=beam_size, length_penalty=alpha, src_is_real=is_real, pad_id=pad_id)
-                    want = beam_search(model, src, 8, BOS, eos_id, **kwargs)
-                    got = expect_inputs_unchanged(beam_search_cached, model, src, 8, BOS, eos_id, **kwargs)
-                    expect_type(got, torch.Tensor, "beam_search_cached(...)")
-                    expect_close(got, want, f"beam_search_cached with eos_id={eos_id}, beam_size={beam_size}",
-                                 hint="feed each beam's newest token only; after the top-k reorder the histories "
-                                      "and the cache by the same parent rows b * K + beam_idx (cache.reorder)")
+    rows = [dict(max_len=8, beam_size=3, length_penalty=0.6, pad_id=0),
+            dict(max_len=8, beam_size=2, length_penalty=1.0, pad_id=5)]
+    _check_as_uncached(beam_search_cached, beam_search, Seq2SeqTransformer, "beam_search_cached",
+                       "beams as beam_search for several EOS ids and beam sizes", 3, rows, beam_size=2,
+                       hint="feed each beam's newest token only; after the top-k reorder the histories and the cache "
+                            "by the same parent rows b * K + beam_idx (cache.reorder)")
     with check("beams that change places for 10 steps: the cache follows its beams (cache.reorder)"):
         model = _small_model(Seq2SeqTransformer, True, seed=4)
         src, is_real = _source(B=3, seed=1)
@@ -255,22 +274,8 @@ def check_beam_search_cached(beam_search_cached, beam_search, Seq2SeqTransformer
                      hint="here the surviving beams come from different parents from step to step: after every "
                           "top-k, reorder the cache by the same rows b * K + beam_idx as the histories, or each "
                           "beam attends to another beam's past")
-    with check("the memory's keys and values are projected once per layer, not once per step"):
-        model = _small_model(Seq2SeqTransformer, True, seed=2)
-        src, is_real = _source(B=2, seed=3)
-        counters = [CallCounter() for _ in model.decoder.layers]
-        hooks = [layer.cross_attn.k_proj.register_forward_hook(c)
-                 for layer, c in zip(model.decoder.layers, counters, strict=True)]
-        try:
-            out = beam_search_cached(model, src, 9, BOS, eos_id=-1, beam_size=3, src_is_real=is_real)
-        finally:
-            for hook in hooks:
-                hook.remove()
-        expect_shape(out, (2, 9), "beam_search_cached(..., max_len=9) with an EOS that never comes")
-        calls = [c.calls for c in counters]
-        if max(calls) > 1:
-            raise CheckFailed(f"cross_attn.k_proj ran {calls} times per layer for 9 steps: project the repeated "
-                              "memory once per layer before the loop and pass memory_kv")
+    _check_memory_projected_once(beam_search_cached, Seq2SeqTransformer, "beam_search_cached", "repeated memory",
+                                 beam_size=3)
 
 
 # -- prefill (find the bug) --------------------------------------------------------------------------------------------
@@ -279,13 +284,9 @@ def check_prefill(prefill, decode_step, KVCache, Seq2SeqTransformer) -> None:
     position), then the cache it leaves (one more token after it), its length, and the prefix unchanged."""
     model = _small_model(Seq2SeqTransformer, True, seed=4)
     src, is_real = _source(seed=3)
-    g = torch.Generator().manual_seed(5)
-    prefix = torch.cat([torch.full((3, 1), BOS), torch.randint(3, 20, (3, 7), generator=g)], dim=1)  # (B, 8)
+    prefix = _target(8, seed=5)  # (B, 8)
     P = prefix.shape[1] - 1  # the prefix is the first 7 tokens; the 8th comes after it
-    with torch.no_grad():
-        memory = model.encode(src, is_real)
-        full = model.decode(prefix, memory, src_is_real=is_real)  # (B, 8, V): every position at once
-        kv = [layer.cross_attn.project_memory(memory) for layer in model.decoder.layers]
+    full, kv = _uncached(model, src, is_real, prefix)  # (B, 8, V): every position at once
 
     def run(chunk_size):
         return prefill(model, prefix[:, :P], kv, KVCache(len(model.decoder.layers)), chunk_size, src_is_real=is_real)
@@ -294,8 +295,7 @@ def check_prefill(prefill, decode_step, KVCache, Seq2SeqTransformer) -> None:
         out = expect_inputs_unchanged(run, 1)
         expect_type(out, tuple, "prefill(...)")
         expect_shape(out[0], (3, 20), "prefill's logits", names="B, V")
-        sizes = (1, 2, 3, P)
-        agree = {size: bool(torch.allclose(run(size)[0], full[:, P - 1], atol=1e-4)) for size in sizes}
+        agree = {size: bool(torch.allclose(run(size)[0], full[:, P - 1], atol=1e-4)) for size in (1, 2, 3, P)}
         if not all(agree.values()):
             rows = "\n".join(f"        chunk_size {size}: {(P + size - 1) // size} chunk(s), "
                              f"{'the full decoder' if ok else 'differs'}" for size, ok in agree.items())
@@ -312,4 +312,3 @@ def check_prefill(prefill, decode_step, KVCache, Seq2SeqTransformer) -> None:
         nxt, _ = decode_step(model, prefix[:, P:], kv, cache, P, src_is_real=is_real)
         expect_close(nxt, full[:, P], f"the logits of one more token at position {P}", atol=1e-4,
                      hint="the cache prefill returns must hold the prefix's keys and values at their own positions")
-
