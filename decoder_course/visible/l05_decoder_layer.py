@@ -9,6 +9,7 @@ follows ``.train()`` / ``.eval()``.
 from __future__ import annotations
 
 from collections import OrderedDict
+from functools import partial
 
 import numpy as np
 import torch
@@ -20,35 +21,30 @@ from decoder_course.checks import (
     causal_leakage_probe,
     check,
     expect_close,
+    expect_dropout,
     expect_dtype,
     expect_finite,
     expect_inputs_unchanged,
     expect_shape,
     expect_type,
+    expect_value_error,
+    grid,
     padding_leakage_probe,
+    randomised,
 )
 
 ATTN_PROJ = ("q_proj", "k_proj", "v_proj", "out_proj")
+SUBLAYERS = ("self_attn", "cross_attn", "feed_forward")
+LAYER_NAMES = "self_attn, cross_attn, feed_forward, norm1, norm2, norm3"
+# norm_first -> the wiring's name and its update, one per sublayer
+WIRING = {False: ("post-LN", "x = norm(x + sublayer(x))"), True: ("pre-LN", "x = x + sublayer(norm(x))")}
 
 
-# -- helpers -------------------------------------------------------------------------------------------------
-def _randomized(module: nn.Module, seed: int) -> nn.Module:
-    """Give every parameter random values (LayerNorms too, so that they are not the identity)."""
-    g = torch.Generator().manual_seed(seed)
-    with torch.no_grad():
-        for name, p in module.named_parameters():
-            if "norm" in name and name.endswith("weight"):
-                p.copy_(1.0 + 0.3 * torch.randn(p.shape, generator=g))
-            else:
-                p.copy_(torch.randn(p.shape, generator=g) / max(1, p.shape[-1]) ** 0.5)
-    return module
-
-
+# -- helpers (lesson 06's checks use them too) ---------------------------------------------------------------
 def _torch_layer(D: int, H: int, F: int, norm_first: bool, seed: int) -> nn.TransformerDecoderLayer:
     """PyTorch's decoder layer with random weights, in eval mode."""
-    torch.manual_seed(seed)
     theirs = nn.TransformerDecoderLayer(D, H, F, dropout=0.1, batch_first=True, norm_first=norm_first)
-    return _randomized(theirs, seed).eval()
+    return randomised(theirs, seed).eval()
 
 
 def _plain_feed_forward(D: int, F: int) -> nn.Module:
@@ -56,15 +52,15 @@ def _plain_feed_forward(D: int, F: int) -> nn.Module:
     return nn.Sequential(OrderedDict(linear1=nn.Linear(D, F), relu=nn.ReLU(), linear2=nn.Linear(F, D)))
 
 
-def _load(layer: nn.Module, state: dict) -> None:
+def _load(module: nn.Module, state: dict, what: str = "your layer", names: str = LAYER_NAMES) -> nn.Module:
+    """``module`` holding ``state`` (strict), in eval mode; a name it lacks says which names the contract has."""
     try:
-        layer.load_state_dict(state, strict=True)
+        module.load_state_dict(state, strict=True)
     except RuntimeError as exc:
-        first = str(exc).splitlines()[0]
-        raise CheckFailed(
-            "your layer's parameters do not have the contract's names (self_attn, cross_attn, feed_forward, "
-            f"norm1, norm2, norm3): PyTorch says {first}"
-        ) from None
+        detail = " ".join(str(exc).split())[:400]
+        raise CheckFailed(f"{what}'s parameters do not have the contract's names ({names}): PyTorch says "
+                          f"{detail}") from None
+    return module.eval()
 
 
 def _masks(B: int, T: int, S: int, mem_lengths: list[int]):
@@ -76,29 +72,23 @@ def _masks(B: int, T: int, S: int, mem_lengths: list[int]):
     return causal, mem_is_real, cross_allowed, {"tgt_mask": ~causal, "memory_key_padding_mask": ~mem_is_real}
 
 
-class _Recorder(nn.Module):
-    """A stand-in sublayer that returns zeros and remembers how it was called."""
+class _StandIn(nn.Module):
+    """A stand-in sublayer with no weights and no dropout of its own: ``fn`` of its first input, and a record of
+    how it was called in ``log``."""
 
-    def __init__(self, name: str, log: list, attention: bool):
+    def __init__(self, name: str, fn, log: list):
         super().__init__()
-        self.name, self.log, self.attention = name, log, attention
+        self.name, self.fn, self.log = name, fn, log
 
     def forward(self, x, *args, **kwargs):
         self.log.append((self.name, x, args, kwargs))
-        zeros = torch.zeros_like(x)
-        return (zeros, None) if self.attention else zeros
+        out = self.fn(x)
+        return out if self.name == "feed_forward" else (out, None)  # attention returns (out, weights)
 
 
-class _Affine(nn.Module):
-    """A stand-in sublayer with no dropout of its own: 0.5 x + 0.25 of its first input."""
-
-    def __init__(self, attention: bool):
-        super().__init__()
-        self.attention = attention
-
-    def forward(self, x, *args, **kwargs):
-        out = 0.5 * x + 0.25
-        return (out, None) if self.attention else out
+def _stand_ins(fn, log: list) -> dict[str, _StandIn]:
+    """The three sublayers as stand-ins, as keyword arguments of DecoderLayer."""
+    return {name: _StandIn(name, fn, log) for name in SUBLAYERS}
 
 
 class _SpyDropout(nn.Dropout):
@@ -119,11 +109,9 @@ def _matmul_hint(fn, *args, **kwargs):
         return fn(*args, **kwargs)
     except ValueError as exc:
         if "matmul" in str(exc) or "not aligned" in str(exc):
-            raise CheckFailed(
-                f"a matrix product failed ({exc}). Weights are stored (in, out): activations go on "
-                "the left, h @ W with (B, T, D) @ (D, F) -> (B, T, F); W @ h multiplies the wrong "
-                "axes."
-            ) from None
+            raise CheckFailed(f"a matrix product failed ({exc}). Weights are stored (in, out): activations go on "
+                              "the left, h @ W with (B, T, D) @ (D, F) -> (B, T, F); W @ h multiplies the wrong "
+                              "axes.") from None
         raise
 
 
@@ -136,10 +124,8 @@ def check_feed_forward(FeedForward) -> None:
             layer = getattr(ff, name, None)
             expect_type(layer, nn.Linear, f"ff.{name}")
             if (layer.in_features, layer.out_features) != (n_in, n_out):
-                raise CheckFailed(
-                    f"ff.{name} maps {layer.in_features} -> {layer.out_features} features, expected "
-                    f"{n_in} -> {n_out}: linear1 widens D to F, linear2 brings F back to D."
-                )
+                raise CheckFailed(f"ff.{name} maps {layer.in_features} -> {layer.out_features} features, expected "
+                                  f"{n_in} -> {n_out}: linear1 widens D to F, linear2 brings F back to D.")
     with check("a worked example: D = 2, F = 3, by hand"):
         ff = FeedForward(2, 3).eval()
         with torch.no_grad():
@@ -150,17 +136,13 @@ def check_feed_forward(FeedForward) -> None:
             got = ff(torch.tensor([[[1.0, -2.0], [3.0, 1.0]]]))  # (B=1, T=2, D=2)
         # position 0: linear1 -> [1, -2, -2], ReLU -> [1, 0, 0], linear2 -> [1 + 0.5, 0]
         # position 1: linear1 -> [3, 1, 3],   ReLU keeps it,   linear2 -> [3 + 1 + 0.5, 3]
-        expect_close(
-            got,
-            torch.tensor([[[1.5, 0.0], [4.5, 3.0]]]),
-            "FeedForward on the worked example",
-            hint="linear2(relu(linear1(x))): position 0's hidden layer is [1, -2, -2] before the ReLU "
-            "and [1, 0, 0] after it",
-        )
+        expect_close(got, torch.tensor([[[1.5, 0.0], [4.5, 3.0]]]), "FeedForward on the worked example",
+                     hint="linear2(relu(linear1(x))): position 0's hidden layer is [1, -2, -2] before the ReLU "
+                          "and [1, 0, 0] after it")
+    g = torch.Generator().manual_seed(0)
     with check("FeedForward keeps (B, T, D) and treats every position on its own"):
-        torch.manual_seed(0)
         ff = FeedForward(8, 32, dropout=0.1).eval()
-        x = torch.randn(2, 5, 8)
+        x = torch.randn(2, 5, 8, generator=g)
         with torch.no_grad():
             out = expect_inputs_unchanged(ff, x)
             expect_shape(out, (2, 5, 8), "FeedForward's output", names="B, T, D")
@@ -168,33 +150,18 @@ def check_feed_forward(FeedForward) -> None:
             x2[:, 3] += 1.0
             changed = (ff(x2) - out).abs().amax(dim=-1) > 1e-6  # (B, T)
         if changed[:, [0, 1, 2, 4]].any():
-            raise CheckFailed(
-                "changing position 3 changed other positions: the feed-forward must act on each "
-                "position alone (nn.Linear works on the last axis; nothing should mix T)"
-            )
-    with check("dropout acts in training mode only"):
-        torch.manual_seed(0)
+            raise CheckFailed("changing position 3 changed other positions: the feed-forward must act on each "
+                              "position alone (nn.Linear works on the last axis; nothing should mix T)")
+    with check("dropout acts in training mode only, on the hidden activations"):
         ff = FeedForward(8, 32, dropout=0.5)
-        x = torch.randn(2, 5, 8)
+        x = torch.randn(2, 5, 8, generator=g)
         with torch.no_grad():
-            ff.eval()
-            a, b = ff(x), ff(x)
-            ff.train()
-            c = ff(x)
-        expect_close(
-            a, b, "two eval-mode outputs", hint="in eval mode dropout must do nothing: use nn.Dropout"
-        )
-        if torch.allclose(a, c):
-            raise CheckFailed(
-                "with dropout=0.5 the training-mode output equals the eval-mode output: apply "
-                "self.dropout to the hidden activations in forward"
-            )
-        if (c == 0).any():
+            expect_dropout(lambda: ff(x), ff, "FeedForward", "to the hidden activations: self.dropout in forward")
+            trained = ff.train()(x)
+        if (trained == 0).any():
             # dropout on the hidden layer keeps linear2's bias in every output; an exact 0 = it hit the output
-            raise CheckFailed(
-                "some outputs are exactly 0 in training mode: dropout was applied to the output; it "
-                "belongs on the hidden activations, between the ReLU and linear2"
-            )
+            raise CheckFailed("some outputs are exactly 0 in training mode: dropout was applied to the output; it "
+                              "belongs on the hidden activations, between the ReLU and linear2")
 
 
 # -- DecoderLayer --------------------------------------------------------------------------------------------
@@ -203,7 +170,7 @@ def check_decoder_layer(DecoderLayer) -> None:
     D, H, F, B, T, S = 16, 4, 32, 2, 5, 7
     with check("DecoderLayer(16, 4, 32) builds its sublayers, three LayerNorms and three dropouts"):
         layer = DecoderLayer(D, H, F)
-        for name in ("self_attn", "cross_attn", "feed_forward"):
+        for name in SUBLAYERS:
             if not isinstance(getattr(layer, name, None), nn.Module):
                 raise CheckFailed(f"layer.{name} should be a module (built when none is given)")
         for i in (1, 2, 3):
@@ -213,155 +180,88 @@ def check_decoder_layer(DecoderLayer) -> None:
                 raise CheckFailed(f"layer.norm{i} normalises {tuple(norm.normalized_shape)}, expected ({D},)")
             expect_type(getattr(layer, f"dropout{i}", None), nn.Dropout, f"layer.dropout{i}")
 
-    x, memory = torch.randn(B, T, D), torch.randn(B, S, D)
-    causal, _, cross_allowed, _ = _masks(B, T, S, [S, 4])
-    for norm_first in (False, True):
-        kind = "pre-LN" if norm_first else "post-LN"
+    g = torch.Generator().manual_seed(0)
+    x, memory = torch.randn(B, T, D, generator=g), torch.randn(B, S, D, generator=g)
+    causal, mem_is_real, cross_allowed, blocked = _masks(B, T, S, [S, 4])
+    for norm_first, (kind, wiring) in WIRING.items():
         with check(f"{kind}: the injected sublayers run once each, in order, on the right inputs"):
             log: list = []
-            layer = DecoderLayer(
-                D,
-                H,
-                F,
-                dropout=0.0,
-                norm_first=norm_first,
-                self_attn=_Recorder("self_attn", log, True),
-                cross_attn=_Recorder("cross_attn", log, True),
-                feed_forward=_Recorder("feed_forward", log, False),
-            )
+            layer = DecoderLayer(D, H, F, dropout=0.0, norm_first=norm_first, **_stand_ins(torch.zeros_like, log))
             with torch.no_grad():
                 out = layer(x, memory, causal, cross_allowed)
             order = [name for name, *_ in log]
-            if order != ["self_attn", "cross_attn", "feed_forward"]:
-                raise CheckFailed(
-                    f"the sublayers ran as {order}; expected self_attn, cross_attn, feed_forward, "
-                    "once each (did you use the modules passed in?)"
-                )
-            _, _, sa_args, sa_kwargs = log[0]
-            if not any(a is causal for a in (*sa_args, *sa_kwargs.values())):
-                raise CheckFailed("self_attn was not given self_allowed: without it the future leaks")
-            _, _, ca_args, ca_kwargs = log[1]
-            if not any(a is memory for a in (*ca_args, *ca_kwargs.values())):
-                raise CheckFailed(
-                    "cross_attn was not given the memory: its keys and values come from the encoder"
-                )
-            if not any(a is cross_allowed for a in (*ca_args, *ca_kwargs.values())):
-                raise CheckFailed("cross_attn was not given cross_allowed: memory padding would leak")
+            if order != list(SUBLAYERS):
+                raise CheckFailed(f"the sublayers ran as {order}; expected self_attn, cross_attn, feed_forward, "
+                                  "once each (did you use the modules passed in?)")
+            given = {name: (*args, *kwargs.values()) for name, _, args, kwargs in log}
+            for name, needed, why in (
+                ("self_attn", causal, "self_attn was not given self_allowed: without it the future leaks"),
+                ("cross_attn", memory, "cross_attn was not given the memory: its keys and values come from the "
+                                       "encoder"),
+                ("cross_attn", cross_allowed, "cross_attn was not given cross_allowed: memory padding would leak"),
+            ):
+                if not any(a is needed for a in given[name]):
+                    raise CheckFailed(why)
         with check(f"{kind}: with every sublayer returning zeros, only the residual path is left"):
-            if norm_first:
-                # x + 0 + 0 + 0: the residual stream passes through untouched
-                expect_close(
-                    out,
-                    x,
-                    "the pre-LN layer's output",
-                    atol=1e-6,
-                    hint="pre-LN is x = x + sublayer(norm(x)): with zero sublayers the output is x itself. "
-                    "Add the sublayer's output to the raw x, not to norm(x)",
-                )
-            else:
-                # norm3(norm2(norm1(x + 0))): LayerNorm of an already normalised vector changes it very little
-                want = torch.nn.functional.layer_norm(x, (D,))
-                expect_close(
-                    out,
-                    want,
-                    "the post-LN layer's output",
-                    atol=1e-4,
-                    hint="post-LN is x = norm(x + sublayer(x)): with zero sublayers the output is "
-                    "LayerNorm(x)",
-                )
+            if norm_first:  # x + 0 + 0 + 0: the residual stream passes through untouched
+                want, atol, hint = x, 1e-6, "x itself. Add the sublayer's output to the raw x, not to norm(x)"
+            else:  # norm3(norm2(norm1(x + 0))): LayerNorm of an already normalised vector changes it very little
+                want, atol, hint = torch.nn.functional.layer_norm(x, (D,)), 1e-4, "LayerNorm(x)"
+            expect_close(out, want, f"the {kind} layer's output", atol=atol,
+                         hint=f"{kind} is {wiring}: with zero sublayers the output is {hint}")
 
-    for norm_first in (False, True):
-        kind = "pre-LN" if norm_first else "post-LN"
-        with check(
-            f"{kind} equals nn.TransformerDecoderLayer(batch_first=True, norm_first={norm_first}) with the "
-            "same weights (eval, causal + memory padding, T != S)"
-        ):
+    for norm_first, (kind, wiring) in WIRING.items():
+        with check(f"{kind} equals nn.TransformerDecoderLayer(batch_first=True, norm_first={norm_first}) with the "
+                   "same weights (eval, causal + memory padding, T != S)"):
             theirs = _torch_layer(D, H, F, norm_first, seed=5 + norm_first)
-            layer = DecoderLayer(D, H, F, norm_first=norm_first, feed_forward=_plain_feed_forward(D, F))
-            _load(layer, twins.from_torch(theirs.state_dict(), "decoder"))
-            layer.eval()
-            causal, mem_is_real, cross_allowed, blocked = _masks(B, T, S, [S, 4])
+            layer = _load(DecoderLayer(D, H, F, norm_first=norm_first, feed_forward=_plain_feed_forward(D, F)),
+                          twins.from_torch(theirs.state_dict(), "decoder"))
             with torch.no_grad():
                 got = expect_inputs_unchanged(layer, x, memory, causal, cross_allowed)
                 want = theirs(x, memory, **blocked)  # PyTorch gets its own polarity (True = blocked)
             expect_shape(got, (B, T, D), "DecoderLayer's output", names="B, T, D")
             expect_finite(got, "DecoderLayer's output")
-            place = (
-                "x = x + sublayer(norm(x)), three times"
-                if norm_first
-                else "x = norm(x + sublayer(x)), three times"
-            )
-            expect_close(
-                got,
-                want,
-                "DecoderLayer's output",
-                rtol=1e-4,
-                atol=1e-5,
-                hint=f"{kind} is {place}: self-attention (norm1), cross-attention (norm2), feed-forward "
-                "(norm3); dropout1..3 on each sublayer's output",
-            )
+            expect_close(got, want, "DecoderLayer's output", rtol=1e-4, atol=1e-5,
+                         hint=f"{kind} is {wiring}, three times: self-attention (norm1), cross-attention (norm2), "
+                              "feed-forward (norm3); dropout1..3 on each sublayer's output")
 
     with check("the future and memory padding do not leak; eval mode is deterministic"):
-        layer = DecoderLayer(D, H, F, feed_forward=_plain_feed_forward(D, F))
-        _load(layer, twins.from_torch(_torch_layer(D, H, F, False, seed=9).state_dict(), "decoder"))
-        layer.eval()
-        causal, mem_is_real, cross_allowed, _ = _masks(B, T, S, [S, 4])
-        causal_leakage_probe(
-            lambda q: layer(q, memory, causal, cross_allowed),
-            x,
-            time_axis=1,
-            what="DecoderLayer's output",
-            atol=1e-5,
-        )
-        padding_leakage_probe(
-            lambda m: layer(x, m, causal, cross_allowed),
-            memory,
-            mem_is_real,
-            key_axis=1,
-            what="DecoderLayer's output",
-            atol=1e-5,
-        )
+        layer = _load(DecoderLayer(D, H, F, feed_forward=_plain_feed_forward(D, F)),
+                      twins.from_torch(_torch_layer(D, H, F, False, seed=9).state_dict(), "decoder"))
+        causal_leakage_probe(lambda q: layer(q, memory, causal, cross_allowed), x, what="DecoderLayer's output",
+                             atol=1e-5)
+        padding_leakage_probe(lambda m: layer(x, m, causal, cross_allowed), memory, mem_is_real,
+                              what="DecoderLayer's output", atol=1e-5)
 
     with check("dropout acts in training mode only"):
         layer = DecoderLayer(D, H, F, dropout=0.5, feed_forward=_plain_feed_forward(D, F))
         with torch.no_grad():
-            layer.eval()
-            a = layer(x, memory, causal)
-            layer.train()
-            b = layer(x, memory, causal)
-        if torch.allclose(a, b):
-            raise CheckFailed(
-                "with dropout=0.5 the training-mode output equals the eval-mode output: apply "
-                "dropout1..3 to the sublayers' outputs (nn.Dropout modules follow .train()/.eval())"
-            )
-    for norm_first in (False, True):
-        kind = "pre-LN" if norm_first else "post-LN"
+            expect_dropout(lambda: layer(x, memory, causal), layer, "DecoderLayer",
+                           "to the sublayers' outputs with dropout1..3")
+    for norm_first, (kind, _) in WIRING.items():
         with check(f"{kind}, training mode: the layer's own dropout1, dropout2, dropout3 each act once, in order"):
             # sublayers without dropout of their own: any randomness left is the layer's own dropout
-            layer = DecoderLayer(D, H, F, dropout=0.5, norm_first=norm_first, self_attn=_Affine(True),
-                                 cross_attn=_Affine(True), feed_forward=_Affine(False))
+            layer = DecoderLayer(D, H, F, dropout=0.5, norm_first=norm_first,
+                                 **_stand_ins(lambda h: 0.5 * h + 0.25, []))
             log: list = []
             for i in (1, 2, 3):
                 setattr(layer, f"dropout{i}", _SpyDropout(f"dropout{i}", log, 0.5))
-            layer.train()
             with torch.no_grad():
-                out = layer(x, memory, causal, cross_allowed)
+                layer.train()(x, memory, causal, cross_allowed)
             order = [name for name, _ in log]
             if order != ["dropout1", "dropout2", "dropout3"]:
-                raise CheckFailed(
-                    f"in training mode the layer's dropouts ran as {order}; expected dropout1 (on the self-"
-                    "attention's output), dropout2 (cross-attention), dropout3 (feed-forward), once each. "
-                    "Apply self.dropout1..3 to each sublayer's output before its residual addition"
-                )
+                raise CheckFailed(f"in training mode the layer's dropouts ran as {order}; expected dropout1 (on the "
+                                  "self-attention's output), dropout2 (cross-attention), dropout3 (feed-forward), "
+                                  "once each. Apply self.dropout1..3 to each sublayer's output before its residual "
+                                  "addition")
             for name, shape in log:
                 if shape != (B, T, D):
                     raise CheckFailed(f"{name} got a tensor of shape {shape}; it belongs on the sublayer's "
                                       f"output, (B, T, D) = {(B, T, D)}")
-            layer.eval()
             with torch.no_grad():
-                if torch.allclose(out, layer(x, memory, causal, cross_allowed)):
-                    raise CheckFailed("with dropout=0.5 the training-mode output equals the eval-mode output "
-                                      "although dropout1..3 ran: add their outputs, not their inputs")
+                expect_dropout(partial(layer, x, memory, causal, cross_allowed), layer, "the layer",
+                               "to each sublayer's output and add what dropout1..3 return (they ran), not their "
+                               "inputs")
 
     with check("cross_attn=False: a decoder-only layer is PyTorch's encoder layer with a causal mask"):
         layer = DecoderLayer(D, H, F, norm_first=True, cross_attn=False, feed_forward=_plain_feed_forward(D, F))
@@ -370,12 +270,9 @@ def check_decoder_layer(DecoderLayer) -> None:
         if extra:
             raise CheckFailed(f"DecoderLayer(..., cross_attn=False) holds {extra}: without cross-attention there is "
                               "no cross_attn, norm2 or dropout2 (set them to None); norm1 and norm3 remain")
-        torch.manual_seed(11)
-        theirs = _randomized(nn.TransformerEncoderLayer(D, H, F, batch_first=True, norm_first=True), 11).eval()
+        theirs = randomised(nn.TransformerEncoderLayer(D, H, F, batch_first=True, norm_first=True), 11).eval()
         ours = twins.from_torch(theirs.state_dict(), "encoder")  # its norm2 is the feed-forward's: our norm3
         _load(layer, {("norm3." + key[6:] if key.startswith("norm2.") else key): v for key, v in ours.items()})
-        layer.eval()
-        causal = torch.ones(T, T, dtype=torch.bool).tril()
         with torch.no_grad():
             got = layer(x, None, causal)
             want = theirs(x, src_mask=~causal)  # PyTorch's boundary: True = blocked
@@ -388,10 +285,7 @@ def check_decoder_layer(DecoderLayer) -> None:
 PARAM_SHAPES = {
     **{f"{prefix}_W{n}": ("D", "D") for prefix in ("sa", "ca") for n in "qkvo"},
     **{f"{prefix}_b{n}": ("D",) for prefix in ("sa", "ca") for n in "qkvo"},
-    "ff_W1": ("D", "F"),
-    "ff_b1": ("F",),
-    "ff_W2": ("F", "D"),
-    "ff_b2": ("D",),
+    "ff_W1": ("D", "F"), "ff_b1": ("F",), "ff_W2": ("F", "D"), "ff_b2": ("D",),
     **{f"ln{i}_{k}": ("D",) for i in (1, 2, 3) for k in "gb"},
 }
 
@@ -412,42 +306,28 @@ def check_init_numpy_decoder_params(init_numpy_decoder_params) -> None:
             expect_dtype(params[key], "float", f"params[{key!r}]")
     with check("LayerNorms start as the identity (gain 1, bias 0)"):
         for i in (1, 2, 3):
-            expect_close(params[f"ln{i}_g"], np.ones(D), f"params['ln{i}_g']")
-            expect_close(params[f"ln{i}_b"], np.zeros(D), f"params['ln{i}_b']")
+            for key, want in ((f"ln{i}_g", np.ones(D)), (f"ln{i}_b", np.zeros(D))):
+                expect_close(params[key], want, f"params[{key!r}]")
     with check("weights have standard deviation about 1/sqrt(fan_in)"):
         big = init_numpy_decoder_params(64, 4, 256, np.random.default_rng(1))
         for key in ("sa_Wq", "ca_Wo", "ff_W1", "ff_W2"):
-            fan_in = big[key].shape[0]
-            std = float(big[key].std())
+            fan_in, std = big[key].shape[0], float(big[key].std())
             if not 0.5 / np.sqrt(fan_in) < std < 2.0 / np.sqrt(fan_in):
-                raise CheckFailed(
-                    f"params[{key!r}] has standard deviation {std:.3g}, expected about "
-                    f"1/sqrt({fan_in}) = {1 / np.sqrt(fan_in):.3g}, which keeps x @ W at the scale "
-                    "of x"
-                )
+                raise CheckFailed(f"params[{key!r}] has standard deviation {std:.3g}, expected about "
+                                  f"1/sqrt({fan_in}) = {1 / np.sqrt(fan_in):.3g}, which keeps x @ W at the scale "
+                                  "of x")
     with check("the same seed gives the same parameters; no rng gives fresh ones"):
         again = init_numpy_decoder_params(D, H, F, np.random.default_rng(0))
         for key in PARAM_SHAPES:
-            expect_close(
-                again[key],
-                params[key],
-                f"params[{key!r}] with the same seed",
-                hint="draw every number from the rng you are given",
-            )
+            expect_close(again[key], params[key], f"params[{key!r}] with the same seed",
+                         hint="draw every number from the rng you are given")
         p1, p2 = init_numpy_decoder_params(D, H, F), init_numpy_decoder_params(D, H, F)
         if np.array_equal(p1["sa_Wq"], p2["sa_Wq"]):
-            raise CheckFailed(
-                "two calls without an rng gave the same weights: use np.random.default_rng() "
-                "(no seed) when rng is None"
-            )
+            raise CheckFailed("two calls without an rng gave the same weights: use np.random.default_rng() "
+                              "(no seed) when rng is None")
     with check("a width D that H heads cannot share raises ValueError"):
-        try:
-            init_numpy_decoder_params(10, 3, 8, np.random.default_rng(0))
-        except ValueError:
-            pass
-        else:
-            raise CheckFailed("init_numpy_decoder_params(10, 3, 8) returned: D = 10 cannot be split into 3 "
-                              "heads of equal width; raise ValueError")
+        expect_value_error(lambda: init_numpy_decoder_params(10, 3, 8, np.random.default_rng(0)),
+                           "init_numpy_decoder_params(10, 3, 8): D = 10 cannot be split into 3 heads of equal width")
 
 
 def _numpy_params(theirs: nn.TransformerDecoderLayer) -> dict[str, np.ndarray]:
@@ -473,63 +353,32 @@ def check_numpy_decoder_layer(numpy_decoder_layer) -> None:
     x, memory = rng.standard_normal((B, T, D)), rng.standard_normal((B, S, D))
     causal_t, mem_is_real_t, cross_t, blocked = _masks(B, T, S, [S, 5])
     causal, mem_is_real, cross_allowed = causal_t.numpy(), mem_is_real_t.numpy(), cross_t.numpy().copy()
-    for norm_first in (False, True):
-        kind = "pre-LN" if norm_first else "post-LN"
-        with check(
-            f"{kind}, D=64, 4 heads, F=128, B=2, T=5, S=7: (2, 5, 64) and equal to "
-            "nn.TransformerDecoderLayer with the same weights"
-        ):
+    for norm_first, (kind, _) in WIRING.items():
+        with check(f"{kind}, D=64, 4 heads, F=128, B=2, T=5, S=7: (2, 5, 64) and equal to "
+                   "nn.TransformerDecoderLayer with the same weights"):
             theirs = _torch_layer(D, H, F, norm_first, seed=21 + norm_first).double()
             params = _numpy_params(theirs)
-            got = _matmul_hint(
-                expect_inputs_unchanged,
-                numpy_decoder_layer,
-                x,
-                memory,
-                params,
-                H,
-                causal,
-                cross_allowed,
-                norm_first=norm_first,
-            )
+            got = _matmul_hint(expect_inputs_unchanged, numpy_decoder_layer, x, memory, params, H, causal,
+                               cross_allowed, norm_first=norm_first)
             expect_type(got, np.ndarray, "numpy_decoder_layer(...)")
             expect_shape(got, (B, T, D), "numpy_decoder_layer(...)", names="B, T, D")
             expect_dtype(got, "float", "numpy_decoder_layer(...)")
             expect_finite(got, "numpy_decoder_layer(...)")
             with torch.no_grad():
                 want = theirs(torch.from_numpy(x), torch.from_numpy(memory), **blocked).numpy()
-            expect_close(
-                got,
-                want,
-                "numpy_decoder_layer(...)",
-                rtol=1e-6,
-                atol=1e-8,
-                hint="LayerNorm over the last axis (biased variance, eps 1e-5, then * g + b); every "
-                "linear map is h @ W + b; post-LN: x = LN(x + sublayer(x)), pre-LN: "
-                "x = x + sublayer(LN(x))",
-            )
+            expect_close(got, want, "numpy_decoder_layer(...)", rtol=1e-6, atol=1e-8,
+                         hint="LayerNorm over the last axis (biased variance, eps 1e-5, then * g + b); every "
+                              "linear map is h @ W + b; post-LN: x = LN(x + sublayer(x)), pre-LN: "
+                              "x = x + sublayer(LN(x))")
             for key, value in _numpy_params(theirs).items():
-                expect_close(
-                    params[key],
-                    value,
-                    f"params[{key!r}] after the call",
-                    hint="never write into the parameters",
-                )
+                expect_close(params[key], value, f"params[{key!r}] after the call",
+                             hint="never write into the parameters")
     with check("query 0 ignores later positions; padded memory is ignored"):
         params = _numpy_params(_torch_layer(D, H, F, False, seed=23).double())
-        causal_leakage_probe(
-            lambda q: numpy_decoder_layer(q, memory, params, H, causal, cross_allowed),
-            x,
-            time_axis=1,
-            what="numpy_decoder_layer's output",
-        )
-        padding_leakage_probe(
-            lambda m: numpy_decoder_layer(x, m, params, H, causal, cross_allowed),
-            memory,
-            mem_is_real,
-            key_axis=1,
-            what="numpy_decoder_layer's output",
-        )
+        causal_leakage_probe(lambda q: numpy_decoder_layer(q, memory, params, H, causal, cross_allowed), x,
+                             what="numpy_decoder_layer's output")
+        padding_leakage_probe(lambda m: numpy_decoder_layer(x, m, params, H, causal, cross_allowed), memory,
+                              mem_is_real, what="numpy_decoder_layer's output")
 
 
 # -- run_with_torch_masks (find the bug) ---------------------------------------------------------------------
@@ -554,10 +403,6 @@ class _TorchDecoderLayer(nn.Module):
                                     memory_mask=blocked(cross_allowed, memory.shape[1]))
 
 
-def _grid(mask) -> str:
-    return "\n".join("        " + " ".join("1" if a else "." for a in row) for row in mask.tolist())
-
-
 def check_run_with_torch_masks(run_with_torch_masks) -> None:
     """Find the bug: every mix of PyTorch's masks against PyTorch's layer itself, the handed mask shown."""
     D, H, F, B, T, S = 8, 2, 16, 2, 5, 6
@@ -567,8 +412,15 @@ def check_run_with_torch_masks(run_with_torch_masks) -> None:
     future = torch.ones(T, T, dtype=torch.bool).triu(1)  # (T, T) PyTorch's tgt_mask: True = blocked
     tgt_pad = torch.tensor([[False] * T, [False] * 3 + [True] * 2])  # (B, T): sequence 1 has 2 pads, True = pad
     mem_pad = torch.tensor([[False] * S, [False] * 4 + [True] * 2])  # (B, S)
-
-    def against_torch(title: str, **masks) -> None:
+    situations = (  # (title, PyTorch's masks as nn.TransformerDecoderLayer reads them)
+        ("the easy case: a causal tgt_mask alone, as nn.TransformerDecoderLayer reads it", {"tgt_mask": future}),
+        ("a causal tgt_mask and target padding (sequence 1: 2 pads)",
+         {"tgt_mask": future, "tgt_key_padding_mask": tgt_pad}),
+        ("target padding alone, no tgt_mask", {"tgt_key_padding_mask": tgt_pad}),
+        ("all three: causal, target padding and memory padding",
+         {"tgt_mask": future, "tgt_key_padding_mask": tgt_pad, "memory_key_padding_mask": mem_pad}),
+    )
+    for title, masks in situations:
         with check(title):
             got = expect_inputs_unchanged(run_with_torch_masks, layer, x, memory, **masks)
             expect_shape(got, (B, T, D), "the output", names="B, T, D")
@@ -576,7 +428,7 @@ def check_run_with_torch_masks(run_with_torch_masks) -> None:
                 want = layer.torch_layer(x, memory, **masks)
             shown = "" if layer.seen is None else (
                 "\n    The self-attention mask it handed the layer for sequence 1 (rows: queries 0-4, columns: keys "
-                "0-4, 1 = may attend):\n" + _grid(torch.broadcast_to(layer.seen, (B, 1, T, T))[1, 0]))
+                "0-4, 1 = may attend):\n" + grid(torch.broadcast_to(layer.seen, (B, 1, T, T))[1, 0]))
             if torch.isnan(got).any():
                 rows = torch.isnan(got).any(dim=-1).nonzero().tolist()
                 raise CheckFailed(f"positions (b, t) {rows} came out NaN: those queries were handed no key at all "
@@ -587,10 +439,3 @@ def check_run_with_torch_masks(run_with_torch_masks) -> None:
                 raise CheckFailed(f"positions (b, t) {wrong.nonzero().tolist()} differ from nn.TransformerDecoderLayer "
                                   "given the same masks." + shown + "\n    Which keys may each query read, when "
                                   "a key is blocked by tgt_mask, by the padding, or by both? Which line joins them?")
-
-    against_torch("the easy case: a causal tgt_mask alone, as nn.TransformerDecoderLayer reads it", tgt_mask=future)
-    against_torch("a causal tgt_mask and target padding (sequence 1: 2 pads)", tgt_mask=future,
-                  tgt_key_padding_mask=tgt_pad)
-    against_torch("target padding alone, no tgt_mask", tgt_key_padding_mask=tgt_pad)
-    against_torch("all three: causal, target padding and memory padding", tgt_mask=future,
-                  tgt_key_padding_mask=tgt_pad, memory_key_padding_mask=mem_pad)

@@ -20,14 +20,16 @@ from decoder_course.checks import (
     causal_leakage_probe,
     check,
     expect_close,
+    expect_dropout,
     expect_dtype,
     expect_finite,
     expect_inputs_unchanged,
     expect_shape,
     expect_type,
     padding_leakage_probe,
+    randomised,
 )
-from decoder_course.visible.l05_decoder_layer import _randomized
+from decoder_course.visible.l05_decoder_layer import WIRING, _load
 
 
 # -- sinusoidal_table ----------------------------------------------------------------------------------------
@@ -38,45 +40,28 @@ def check_sinusoidal_table(sinusoidal_table) -> None:
         expect_type(got, torch.Tensor, "sinusoidal_table(3, 4)")
         expect_shape(got, (3, 4), "sinusoidal_table(3, 4)", names="max_len, D")
         expect_dtype(got, torch.float32, "sinusoidal_table(3, 4)")
-        want = torch.tensor(
-            [
-                [0.0, 1.0, 0.0, 1.0],  # position 0: sin 0 = 0, cos 0 = 1 in every pair
-                [math.sin(1), math.cos(1), math.sin(0.01), math.cos(0.01)],  # frequencies 1 and 1/100
-                [math.sin(2), math.cos(2), math.sin(0.02), math.cos(0.02)],
-            ]
-        )
-        expect_close(
-            got,
-            want,
-            "sinusoidal_table(3, 4)",
-            atol=1e-5,
-            hint="feature 2i is sin(pos / 10000^(2i/D)) and feature 2i+1 the cos of the same angle: "
-            "sines on the even features, cosines on the odd ones, one frequency per pair",
-        )
+        want = torch.tensor([
+            [0.0, 1.0, 0.0, 1.0],  # position 0: sin 0 = 0, cos 0 = 1 in every pair
+            [math.sin(1), math.cos(1), math.sin(0.01), math.cos(0.01)],  # frequencies 1 and 1/100
+            [math.sin(2), math.cos(2), math.sin(0.02), math.cos(0.02)],
+        ])
+        expect_close(got, want, "sinusoidal_table(3, 4)", atol=1e-5,
+                     hint="feature 2i is sin(pos / 10000^(2i/D)) and feature 2i+1 the cos of the same angle: "
+                          "sines on the even features, cosines on the odd ones, one frequency per pair")
     with check("sinusoidal_table(50, 16): shape, and each pair is a sine and a cosine of one angle"):
         table = sinusoidal_table(50, 16)
         expect_shape(table, (50, 16), "sinusoidal_table(50, 16)", names="max_len, D")
         expect_finite(table, "sinusoidal_table(50, 16)")
         sin, cos = table[:, 0::2].double(), table[:, 1::2].double()  # (max_len, D/2) each
-        expect_close(
-            sin**2 + cos**2,
-            torch.ones(50, 8, dtype=torch.float64),
-            "sin² + cos² of each feature pair",
-            atol=1e-5,
-            hint="features 2i and 2i+1 must use the same angle (one frequency per pair, not per feature)",
-        )
+        expect_close(sin**2 + cos**2, torch.ones(50, 8, dtype=torch.float64), "sin² + cos² of each feature pair",
+                     atol=1e-5, hint="features 2i and 2i+1 must use the same angle (one frequency per pair, not per "
+                                     "feature)")
         # pair i turns by 1 / 10000^(2i/D) radians per position: read it back from positions 0 and 1
         step = torch.atan2(sin[1], cos[1])  # (D/2,)
         want = torch.exp(torch.arange(0, 16, 2, dtype=torch.float64) * (-math.log(10000.0) / 16))
-        expect_close(
-            step,
-            want,
-            "the angle per position of each pair",
-            atol=1e-5,
-            hint="pair i's frequency is 1 / 10000^(2i/D): the exponent counts features in steps of 2 "
-            "(0, 2, 4, ...) and is divided by D",
-        )
-
+        expect_close(step, want, "the angle per position of each pair", atol=1e-5,
+                     hint="pair i's frequency is 1 / 10000^(2i/D): the exponent counts features in steps of 2 "
+                          "(0, 2, 4, ...) and is divided by D")
     with check("an odd width: sinusoidal_table(4, 5) has three sines and two cosines"):
         try:
             odd = sinusoidal_table(4, 5)
@@ -84,8 +69,7 @@ def check_sinusoidal_table(sinusoidal_table) -> None:
             raise CheckFailed(
                 f"sinusoidal_table(4, 5) raised {type(exc).__name__}: {exc}. With an odd D the even features "
                 "0, 2, 4 are three sines and the odd features 1, 3 two cosines: the last pair has no cosine, "
-                "so assign torch.cos(angle[:, : D // 2]) to the odd features"
-            ) from None
+                "so assign torch.cos(angle[:, : D // 2]) to the odd features") from None
         expect_shape(odd, (4, 5), "sinusoidal_table(4, 5)", names="max_len, D")
         pos = torch.arange(4, dtype=torch.float64)[:, None]
         angle = pos / 10000.0 ** (torch.arange(0, 5, 2, dtype=torch.float64) / 5)  # (4, 3)
@@ -100,15 +84,14 @@ def check_positional_encoding(PositionalEncoding, sinusoidal_table=None) -> None
     """The table is a buffer ``pe`` (your ``sinusoidal_table``'s, when given), forward adds its first T rows, the
     input is untouched, dropout trains."""
     D, max_len = 8, 20
+    g = torch.Generator().manual_seed(0)
     with check("PositionalEncoding(8, max_len=20) keeps its table in a buffer named pe"):
         module = PositionalEncoding(D, max_len=max_len)
         buffers = dict(module.named_buffers())
         if "pe" not in buffers:
-            raise CheckFailed(
-                "no buffer named `pe`: store the table with self.register_buffer('pe', table), so that it "
-                "moves with .to(device) and is saved in state_dict() (but is not trained)"
-            )
-        if any(p is buffers["pe"] for p in module.parameters()) or list(module.parameters()):
+            raise CheckFailed("no buffer named `pe`: store the table with self.register_buffer('pe', table), so "
+                              "that it moves with .to(device) and is saved in state_dict() (but is not trained)")
+        if list(module.parameters()):
             raise CheckFailed("the module has parameters: the sinusoidal table is fixed, not trained")
         expect_shape(buffers["pe"], (max_len, D), "pe", names="max_len, D")
         if sinusoidal_table is not None:
@@ -122,36 +105,24 @@ def check_positional_encoding(PositionalEncoding, sinusoidal_table=None) -> None
             raise CheckFailed("module.double() did not convert pe: register it as a buffer")
     with check("forward adds pe[:T] to every sequence of the batch (T < max_len) and leaves x alone"):
         module = PositionalEncoding(D, max_len=max_len, dropout=0.1).eval()
-        x = torch.randn(2, 5, D)  # (B, T, D) with T = 5 < max_len
+        x = torch.randn(2, 5, D, generator=g)  # (B, T, D) with T = 5 < max_len
         with torch.no_grad():
             out = expect_inputs_unchanged(module, x)
         expect_type(out, torch.Tensor, "PositionalEncoding's output")
         expect_shape(out, (2, 5, D), "PositionalEncoding's output", names="B, T, D")
-        expect_close(
-            out,
-            x + module.pe[:5],
-            "PositionalEncoding(x) in eval mode",
-            atol=1e-6,
-            hint="add the first T rows of the table, pe[:T] of shape (T, D), which broadcasts over the "
-            "batch; T is x.shape[1], not x.shape[0]",
-        )
+        expect_close(out, x + module.pe[:5], "PositionalEncoding(x) in eval mode", atol=1e-6,
+                     hint="add the first T rows of the table, pe[:T] of shape (T, D), which broadcasts over the "
+                          "batch; T is x.shape[1], not x.shape[0]")
     with check("dropout acts after the addition, in training mode only"):
         module = PositionalEncoding(D, max_len=max_len, dropout=0.5)
-        x = torch.randn(3, 6, D)
+        x = torch.randn(3, 6, D, generator=g)
         with torch.no_grad():
-            module.train()
-            out = module(x)
+            expect_dropout(lambda: module(x), module, "PositionalEncoding", "with nn.Dropout after adding pe[:T]")
+            out = module.train()(x)
         kept = out != 0
-        if kept.all():
-            raise CheckFailed("with dropout=0.5 nothing was dropped in training mode: apply nn.Dropout")
-        expect_close(
-            out[kept],
-            ((x + module.pe[:6]) / 0.5)[kept],
-            "the entries dropout kept",
-            atol=1e-5,
-            hint="dropout((x + pe[:T])): the kept entries are (x + pe) / (1 - p), the dropped ones 0. "
-            "Dropping x before adding pe leaves pe where x was dropped",
-        )
+        expect_close(out[kept], ((x + module.pe[:6]) / 0.5)[kept], "the entries dropout kept", atol=1e-5,
+                     hint="dropout((x + pe[:T])): the kept entries are (x + pe) / (1 - p), the dropped ones 0. "
+                          "Dropping x before adding pe leaves pe where x was dropped")
 
 
 # -- EncoderLayer --------------------------------------------------------------------------------------------
@@ -164,39 +135,37 @@ def check_encoder_layer(EncoderLayer) -> None:
     B, S, D, H, F_ = 2, 6, 16, 4, 24
     src_is_real = torch.arange(S)[None, :] < torch.tensor([[S], [4]])  # (B, S): 2 pads in sequence 1
     x = torch.randn(B, S, D, generator=torch.Generator().manual_seed(5)) * torch.tensor([0.5, 3.0])[:, None, None]
+    causal = torch.ones(S, S, dtype=torch.bool).tril()
     layers = {}
-    for norm_first in (False, True):
-        kind = "pre-LN" if norm_first else "post-LN"
+    for norm_first, (kind, _) in WIRING.items():
         with check(f"{kind}: EncoderLayer equals nn.TransformerEncoderLayer with the same weights (padding masked)"):
-            torch.manual_seed(3)
             theirs = nn.TransformerEncoderLayer(D, H, F_, dropout=0.1, batch_first=True, norm_first=norm_first)
-            theirs = _randomized(theirs, 3 + norm_first).eval()
-            ours = EncoderLayer(D, H, F_, dropout=0.1, norm_first=norm_first)
-            _load(ours, twins.from_torch(theirs.state_dict(), "encoder"), "EncoderLayer", ENCODER_NAMES)
-            ours.eval()
-            layers[norm_first] = ours
+            theirs = randomised(theirs, 3 + norm_first).eval()
+            ours = layers[norm_first] = _load(EncoderLayer(D, H, F_, dropout=0.1, norm_first=norm_first),
+                                              twins.from_torch(theirs.state_dict(), "encoder"), "EncoderLayer",
+                                              ENCODER_NAMES)
             with torch.no_grad():
                 got = expect_inputs_unchanged(ours, x, src_is_real)
                 # PyTorch's key padding mask means True = ignore this key: invert at this boundary only
-                want = theirs(x, src_key_padding_mask=~src_is_real)
-                want_unmasked = theirs(x)
+                want, want_unmasked = theirs(x, src_key_padding_mask=~src_is_real), theirs(x)
             expect_type(got, torch.Tensor, "EncoderLayer's output")
             expect_shape(got, (B, S, D), "EncoderLayer's output", names="B, S, D")
             expect_finite(got, "EncoderLayer's output")
-            other = theirs.__class__(D, H, F_, dropout=0.1, batch_first=True, norm_first=not norm_first)
-            other.load_state_dict(theirs.state_dict())
+            other = twins.torch_twin(ours.state_dict(), "encoder", H, d_ff=F_, norm_first=not norm_first)
             with torch.no_grad():
-                if torch.allclose(got, other.eval()(x, src_key_padding_mask=~src_is_real), atol=1e-4):
-                    raise CheckFailed(f"your norm_first={norm_first} layer computes the "
-                                      f"{'pre' if not norm_first else 'post'}-LN wiring: post-LN is "
-                                      "x = norm(x + sublayer(x)), pre-LN x = x + sublayer(norm(x))")
-                if torch.allclose(got[1], want_unmasked[1], atol=1e-4):
-                    raise CheckFailed("the padded keys of sequence 1 were read: turn src_is_real (B, S) into "
-                                      "allowed (B, 1, 1, S) and pass it to self_attn")
-                causal = torch.ones(S, S, dtype=torch.bool).tril()
-                if torch.allclose(got[0], theirs(x, src_mask=~causal, src_key_padding_mask=~src_is_real)[0], atol=1e-4):
-                    raise CheckFailed("your encoder layer is causal: the source is given in full, every real "
-                                      "source token may read every other; no causal mask here")
+                mistakes = (  # (what a known mistake gives, the batch items where it shows, what it means)
+                    (other(x, src_key_padding_mask=~src_is_real), slice(None),
+                     f"your norm_first={norm_first} layer computes the {WIRING[not norm_first][0]} wiring: post-LN "
+                     "is x = norm(x + sublayer(x)), pre-LN x = x + sublayer(norm(x))"),
+                    (want_unmasked, 1, "the padded keys of sequence 1 were read: turn src_is_real (B, S) into "
+                                       "allowed (B, 1, 1, S) and pass it to self_attn"),
+                    (theirs(x, src_mask=~causal, src_key_padding_mask=~src_is_real), 0,
+                     "your encoder layer is causal: the source is given in full, every real source token may read "
+                     "every other; no causal mask here"),
+                )
+                for wrong, items, why in mistakes:
+                    if torch.allclose(got[items], wrong[items], atol=1e-4):
+                        raise CheckFailed(why)
             expect_close(got, want, "EncoderLayer's output", rtol=1e-4, atol=1e-4,
                          hint="self-attention on x (queries, keys, values) with allowed = src_is_real[:, None, "
                          "None, :], then the feed-forward; norm1 and dropout1 with the attention, norm2 and "
@@ -208,42 +177,27 @@ def check_encoder_layer(EncoderLayer) -> None:
         padding_leakage_probe(lambda t: layers[True](t, src_is_real), x, src_is_real,
                               what="EncoderLayer's output at real positions", atol=1e-5)
     with check("dropout is active after .train() and off after .eval()"):
-        layer = EncoderLayer(D, H, F_, dropout=0.5).train()
-        if torch.allclose(layer(x, src_is_real), layer(x, src_is_real)):
-            raise CheckFailed("two training-mode calls with dropout=0.5 gave the same output: pass dropout to the "
-                              "attention and the feed-forward, and apply dropout1 and dropout2")
-        layer.eval()
-        if not torch.equal(layer(x, src_is_real), layer(x, src_is_real)):
-            raise CheckFailed("two eval-mode calls differ: use nn.Dropout modules, which .eval() switches off")
+        layer = EncoderLayer(D, H, F_, dropout=0.5)
+        with torch.no_grad():
+            expect_dropout(lambda: layer(x, src_is_real), layer, "EncoderLayer",
+                           "by passing dropout to the attention and the feed-forward, and with dropout1 and dropout2")
 
 
 # -- Decoder -------------------------------------------------------------------------------------------------
 def _torch_decoder(D: int, H: int, F_: int, N: int, norm_first: bool, seed: int) -> nn.TransformerDecoder:
     """PyTorch's decoder stack with random, distinct weights in every layer, in eval mode."""
-    torch.manual_seed(seed)
     layer = nn.TransformerDecoderLayer(D, H, F_, dropout=0.1, batch_first=True, norm_first=norm_first)
     theirs = nn.TransformerDecoder(layer, num_layers=N, norm=nn.LayerNorm(D) if norm_first else None)
-    return _randomized(theirs, seed).eval()
+    return randomised(theirs, seed).eval()
 
 
 def _stack_state(theirs: nn.TransformerDecoder) -> dict[str, torch.Tensor]:
     """PyTorch's stack's weights under the course's names: layers.{i}.<DecoderLayer names>, norm.*."""
-    state = {}
-    for i, layer in enumerate(theirs.layers):
-        state.update({f"layers.{i}.{key}": value for key, value in twins.from_torch(layer.state_dict(),
-                                                                                           "decoder").items()})
+    state = {f"layers.{i}.{key}": value for i, layer in enumerate(theirs.layers)
+             for key, value in twins.from_torch(layer.state_dict(), "decoder").items()}
     if theirs.norm is not None:
-        state["norm.weight"] = theirs.norm.weight.detach().clone()
-        state["norm.bias"] = theirs.norm.bias.detach().clone()
+        state.update({f"norm.{key}": value for key, value in theirs.norm.state_dict().items()})
     return state
-
-
-def _load(module: nn.Module, state: dict, what: str, names: str) -> None:
-    try:
-        module.load_state_dict(state, strict=True)
-    except RuntimeError as exc:
-        detail = " ".join(str(exc).split())[:400]
-        raise CheckFailed(f"{what}'s parameters do not have the contract's names ({names}): {detail}") from None
 
 
 def _masks(B: int, T: int, S: int, tgt_lengths: list[int], src_lengths: list[int]):
@@ -255,121 +209,87 @@ def _masks(B: int, T: int, S: int, tgt_lengths: list[int], src_lengths: list[int
     cross_allowed = src_is_real[:, None, None, :]  # (B, 1, 1, S)
     # PyTorch's masks mean True = BLOCKED: invert at this boundary only
     blocked = {"tgt_mask": ~causal, "tgt_key_padding_mask": ~tgt_is_real, "memory_key_padding_mask": ~src_is_real}
-    return tgt_is_real, src_is_real, self_allowed, cross_allowed, blocked
+    return causal, src_is_real, self_allowed, cross_allowed, blocked
 
 
 def check_decoder(Decoder) -> None:
     """Structure, leakage, agreement with nn.TransformerDecoder (both LN placements), dropout."""
     D, H, F_, N, B, T, S = 16, 4, 24, 3, 2, 5, 7
+    g = torch.Generator().manual_seed(0)
+    x, memory = torch.randn(B, T, D, generator=g), torch.randn(B, S, D, generator=g)
     stacks = {}
     for norm_first in (True, False):
-        kind = "pre-LN" if norm_first else "post-LN"
-        with check(f"{kind}: Decoder(16, 4, 24, n_layers=3) has 3 separate layers and the right final norm"):
-            stack = Decoder(D, H, F_, N, dropout=0.1, norm_first=norm_first)
+        with check(f"{WIRING[norm_first][0]}: Decoder(16, 4, 24, n_layers=3) has 3 separate layers and the right "
+                   "final norm"):
+            stack = stacks[norm_first] = Decoder(D, H, F_, N, dropout=0.1, norm_first=norm_first)
             layers = getattr(stack, "layers", None)
             expect_type(layers, nn.ModuleList, "decoder.layers")
             if len(layers) != N:
                 raise CheckFailed(f"decoder.layers holds {len(layers)} layers, expected n_layers = {N}")
             if len({id(layer) for layer in layers}) != N:
-                raise CheckFailed(
-                    "the same layer object appears several times in decoder.layers: build n_layers separate "
-                    "DecoderLayer objects (a list comprehension), not [layer] * n_layers"
-                )
+                raise CheckFailed("the same layer object appears several times in decoder.layers: build n_layers "
+                                  "separate DecoderLayer objects (a list comprehension), not [layer] * n_layers")
             norm = getattr(stack, "norm", None)
             if norm_first and not isinstance(norm, nn.LayerNorm):
-                raise CheckFailed(
-                    f"decoder.norm is {type(norm).__name__}: a pre-LN stack ends with nn.LayerNorm(d_model), "
-                    "since nothing normalises the residual stream after the last layer"
-                )
+                raise CheckFailed(f"decoder.norm is {type(norm).__name__}: a pre-LN stack ends with "
+                                  "nn.LayerNorm(d_model), since nothing normalises the residual stream after the "
+                                  "last layer")
             if not norm_first and (norm is None or list(norm.parameters())):
-                raise CheckFailed(
-                    "a post-LN stack already ends with a LayerNorm (the last layer's norm3): decoder.norm "
-                    "should be nn.Identity(), with no parameters"
-                )
-            stacks[norm_first] = stack
+                raise CheckFailed("a post-LN stack already ends with a LayerNorm (the last layer's norm3): "
+                                  "decoder.norm should be nn.Identity(), with no parameters")
     with check("the future and memory padding do not leak through the stack"):
         stack = stacks[True].eval()
-        _, src_is_real, _, cross_allowed, _ = _masks(B, T, S, [T, T], [5, S])
-        causal = torch.ones(T, T, dtype=torch.bool).tril()
-        x, memory = torch.randn(B, T, D), torch.randn(B, S, D)
+        causal, src_is_real, _, cross_allowed, _ = _masks(B, T, S, [T, T], [5, S])
         causal_leakage_probe(lambda q: stack(q, memory, causal, cross_allowed), x, what="Decoder's output",
                              atol=1e-5)
         padding_leakage_probe(lambda m: stack(x, m, causal, cross_allowed), memory, src_is_real,
                               what="Decoder's output (pass cross_allowed to every layer)", atol=1e-5)
+    _, _, self_allowed, cross_allowed, blocked = _masks(B, T, S, [T, 3], [5, S])
     for norm_first in (True, False):
-        kind = "pre-LN" if norm_first else "post-LN"
-        with check(
-            f"{kind}: equals nn.TransformerDecoder(num_layers=3) with the same weights (eval, causal + target "
-            "and memory padding, T != S)"
-        ):
-            stack = stacks[norm_first]
+        with check(f"{WIRING[norm_first][0]}: equals nn.TransformerDecoder(num_layers=3) with the same weights "
+                   "(eval, causal + target and memory padding, T != S)"):
             theirs = _torch_decoder(D, H, F_, N, norm_first, seed=11 + norm_first)
-            _load(stack, _stack_state(theirs), "your Decoder", "layers.0..N-1.<DecoderLayer names>, norm")
-            stack.eval()
-            x, memory = torch.randn(B, T, D), torch.randn(B, S, D)
-            _, _, self_allowed, cross_allowed, blocked = _masks(B, T, S, [T, 3], [5, S])
+            stack = _load(stacks[norm_first], _stack_state(theirs), "your Decoder",
+                          "layers.0..N-1.<DecoderLayer names>, norm")
             with torch.no_grad():
                 got = expect_inputs_unchanged(stack, x, memory, self_allowed, cross_allowed)
                 want = theirs(x, memory, **blocked)
             expect_type(got, torch.Tensor, "Decoder's output")
             expect_shape(got, (B, T, D), "Decoder's output", names="B, T, D")
             expect_finite(got, "Decoder's output")
-            expect_close(
-                got,
-                want,
-                "Decoder's output",
-                rtol=1e-4,
-                atol=1e-5,
-                hint="run the layers in order, each on the previous layer's output, all with the same memory "
-                "and masks; then decoder.norm (a LayerNorm for pre-LN, nothing for post-LN)",
-            )
+            expect_close(got, want, "Decoder's output", rtol=1e-4, atol=1e-5,
+                         hint="run the layers in order, each on the previous layer's output, all with the same "
+                              "memory and masks; then decoder.norm (a LayerNorm for pre-LN, nothing for post-LN)")
     with check("dropout reaches the layers: active in training mode only"):
         stack = Decoder(D, H, F_, 2, dropout=0.5)
-        x, memory = torch.randn(B, T, D), torch.randn(B, S, D)
         with torch.no_grad():
-            a = stack.eval()(x, memory)
-            b = stack.train()(x, memory)
-        if torch.allclose(a, b):
-            raise CheckFailed("with dropout=0.5 training and eval outputs are equal: pass dropout to the layers")
+            expect_dropout(lambda: stack(x, memory), stack, "the Decoder", "in the layers: pass dropout to them")
 
 
 # -- Seq2SeqTransformer --------------------------------------------------------------------------------------
 SUBMODULES = {
-    "src_embed": nn.Embedding,
-    "tgt_embed": nn.Embedding,
-    "pos_encoding": nn.Module,
-    "encoder": nn.Module,
-    "decoder": nn.Module,
-    "out_proj": nn.Linear,
+    "src_embed": nn.Embedding, "tgt_embed": nn.Embedding, "pos_encoding": nn.Module,
+    "encoder": nn.Module, "decoder": nn.Module, "out_proj": nn.Linear,
 }
 
 
-def _torch_logits(model: nn.Module, src_ids, tgt_ids, src_is_real, tgt_is_real, scale: float = 1.0) -> torch.Tensor:
-    """The model's computation redone with PyTorch's own nn.TransformerDecoder, from the model's weights;
+def _torch_logits(model: nn.Module, H: int, F_: int, src_ids, tgt_ids, src_is_real, tgt_is_real,
+                  scale: float = 1.0) -> torch.Tensor:
+    """The model's computation redone with PyTorch's own nn.TransformerDecoderLayer, from the model's weights;
     ``scale`` multiplies the embeddings (sqrt(D) when ``scale_embedding=True``)."""
-    D = model.tgt_embed.weight.shape[1]
-    n_layers = len(model.decoder.layers)
     norm_first = isinstance(model.decoder.norm, nn.LayerNorm)
-    H = model.decoder.layers[0].self_attn.n_heads
-    F_ = model.decoder.layers[0].feed_forward.linear1.out_features
-    theirs = nn.TransformerDecoder(
-        nn.TransformerDecoderLayer(D, H, F_, dropout=0.0, batch_first=True, norm_first=norm_first),
-        num_layers=n_layers,
-        norm=nn.LayerNorm(D) if norm_first else None,
-    ).eval()
     with torch.no_grad():
-        for mine, their_layer in zip(model.decoder.layers, theirs.layers, strict=True):
-            their_layer.load_state_dict(twins.to_torch(mine.state_dict(), "decoder"))  # in_proj packed from q, k, v
-        if norm_first:
-            theirs.norm.load_state_dict(model.decoder.norm.state_dict())
         pe = model.pos_encoding.pe  # (max_len, D): the model's own table
         S, T = src_ids.shape[1], tgt_ids.shape[1]
         memory = model.encoder(model.src_embed(src_ids) * scale + pe[:S], src_is_real)  # (B, S, D)
         y = model.tgt_embed(tgt_ids) * scale + pe[:T]  # (B, T, D)
         causal = torch.ones(T, T, dtype=torch.bool).tril()
-        # PyTorch's masks mean True = BLOCKED: invert at this boundary only
-        y = theirs(y, memory, tgt_mask=~causal, tgt_key_padding_mask=~tgt_is_real,
-                   memory_key_padding_mask=~src_is_real)
+        for mine in model.decoder.layers:  # PyTorch's masks mean True = BLOCKED: invert at this boundary only
+            theirs = twins.torch_twin(mine.state_dict(), "decoder", H, d_ff=F_, norm_first=norm_first)
+            y = theirs(y, memory, tgt_mask=~causal, tgt_key_padding_mask=~tgt_is_real,
+                       memory_key_padding_mask=~src_is_real)
+        if norm_first:
+            y = F.layer_norm(y, y.shape[-1:], model.decoder.norm.weight, model.decoder.norm.bias)
         return F.linear(y, model.out_proj.weight, model.out_proj.bias)  # (B, T, V)
 
 
@@ -384,8 +304,7 @@ def check_seq2seq_transformer(Seq2SeqTransformer) -> None:
         if model.src_embed.weight.shape != (V_src, D) or model.tgt_embed.weight.shape != (V_tgt, D):
             raise CheckFailed(
                 f"the embeddings should be (src_vocab, D) = {(V_src, D)} and (tgt_vocab, D) = {(V_tgt, D)}, got "
-                f"{tuple(model.src_embed.weight.shape)} and {tuple(model.tgt_embed.weight.shape)}"
-            )
+                f"{tuple(model.src_embed.weight.shape)} and {tuple(model.tgt_embed.weight.shape)}")
         if (model.out_proj.in_features, model.out_proj.out_features) != (D, V_tgt):
             raise CheckFailed(f"out_proj should map D = {D} to tgt_vocab = {V_tgt} scores")
         if model.out_proj.weight is model.tgt_embed.weight:
@@ -393,10 +312,8 @@ def check_seq2seq_transformer(Seq2SeqTransformer) -> None:
     with check("with tie_weights=True, out_proj.weight IS tgt_embed.weight (one parameter, one storage)"):
         tied = Seq2SeqTransformer(V_src, V_tgt, D, H, F_, N, tie_weights=True)
         if tied.out_proj.weight is not tied.tgt_embed.weight:
-            raise CheckFailed(
-                "out_proj.weight is a separate tensor: tie by assigning the parameter itself, "
-                "self.out_proj.weight = self.tgt_embed.weight (copying the values is not tying)"
-            )
+            raise CheckFailed("out_proj.weight is a separate tensor: tie by assigning the parameter itself, "
+                              "self.out_proj.weight = self.tgt_embed.weight (copying the values is not tying)")
         saved = sum(p.numel() for p in model.parameters()) - sum(p.numel() for p in tied.parameters())
         if saved != V_tgt * D:
             raise CheckFailed(f"tying should save V × D = {V_tgt * D} parameters, it saved {saved}")
@@ -405,6 +322,7 @@ def check_seq2seq_transformer(Seq2SeqTransformer) -> None:
     tgt_is_real = torch.arange(T)[None, :] < torch.tensor([[T], [3]])  # (B, T): 2 pads in sequence 1
     src_ids = torch.randint(3, V_src, (B, S)).masked_fill(~src_is_real, 0)  # (B, S)
     tgt_ids = torch.randint(3, V_tgt, (B, T)).masked_fill(~tgt_is_real, 0)  # (B, T)
+    batch = (src_ids, tgt_ids, src_is_real, tgt_is_real)
     with check("the future and source padding do not leak into the logits"):
         torch.manual_seed(1)
         model = Seq2SeqTransformer(V_src, V_tgt, D, H, F_, N, dropout=0.1).eval()
@@ -414,38 +332,30 @@ def check_seq2seq_transformer(Seq2SeqTransformer) -> None:
         padding_leakage_probe(lambda s: model(s, tgt_ids, src_is_real, tgt_is_real), src_ids, src_is_real,
                               what="the logits (cross-attention needs src_is_real as its mask)", atol=1e-5)
     for norm_first in (True, False):
-        kind = "pre-LN" if norm_first else "post-LN"
-        with check(f"{kind}: logits (B, T, tgt_vocab) equal the same computation with nn.TransformerDecoder"):
+        with check(f"{WIRING[norm_first][0]}: logits (B, T, tgt_vocab) equal the same computation with "
+                   "nn.TransformerDecoder"):
             torch.manual_seed(1)
             model = Seq2SeqTransformer(V_src, V_tgt, D, H, F_, N, dropout=0.1, norm_first=norm_first).eval()
             with torch.no_grad():
-                got = expect_inputs_unchanged(model, src_ids, tgt_ids, src_is_real, tgt_is_real)
+                got = expect_inputs_unchanged(model, *batch)
             expect_type(got, torch.Tensor, "the logits tensor")
             expect_shape(got, (B, T, V_tgt), "the logits tensor", names="B, T, V")
             expect_finite(got, "the logits tensor")
-            want = _torch_logits(model, src_ids, tgt_ids, src_is_real, tgt_is_real)
-            expect_close(
-                got,
-                want,
-                "the logits tensor",
-                rtol=1e-4,
-                atol=1e-4,
-                hint="embed (no sqrt(D) scaling by default), add pos_encoding, encode with src_is_real; the "
-                "decoder gets the causal mask combined with tgt_is_real on the keys, and src_is_real as the "
-                "cross-attention mask; then out_proj",
-            )
+            expect_close(got, _torch_logits(model, H, F_, *batch), "the logits tensor", rtol=1e-4, atol=1e-4,
+                         hint="embed (no sqrt(D) scaling by default), add pos_encoding, encode with src_is_real; "
+                              "the decoder gets the causal mask combined with tgt_is_real on the keys, and "
+                              "src_is_real as the cross-attention mask; then out_proj")
     with check("scale_embedding=True multiplies both embeddings by sqrt(D), as in the paper"):
         torch.manual_seed(2)
         scaled = Seq2SeqTransformer(V_src, V_tgt, D, H, F_, N, dropout=0.1, scale_embedding=True).eval()
         with torch.no_grad():
-            got_scaled = scaled(src_ids, tgt_ids, src_is_real, tgt_is_real)
-        want = _torch_logits(scaled, src_ids, tgt_ids, src_is_real, tgt_is_real, scale=math.sqrt(D))
-        if torch.allclose(got_scaled, _torch_logits(scaled, src_ids, tgt_ids, src_is_real, tgt_is_real),
-                          rtol=1e-4, atol=1e-4):
+            got_scaled = scaled(*batch)
+        if torch.allclose(got_scaled, _torch_logits(scaled, H, F_, *batch), rtol=1e-4, atol=1e-4):
             raise CheckFailed("with scale_embedding=True the logits are those of unscaled embeddings: the flag is "
                               "ignored. Multiply src_embed(src_ids) and tgt_embed(tgt_ids) by sqrt(D) when "
                               "scale_embedding is True (and by 1 when it is False, the course's default)")
-        expect_close(got_scaled, want, "the logits with scale_embedding=True", rtol=1e-4, atol=1e-4,
+        expect_close(got_scaled, _torch_logits(scaled, H, F_, *batch, scale=math.sqrt(D)),
+                     "the logits with scale_embedding=True", rtol=1e-4, atol=1e-4,
                      hint="embed, multiply by sqrt(D) (source and target alike), then add pos_encoding")
     with check("decode(tgt, encode(src)) equals forward(src, tgt)"):
         with torch.no_grad():
@@ -461,14 +371,12 @@ class _TorchSeq2Seq(nn.Module):
 
     def __init__(self, V: int, D: int, H: int, F_: int, seed: int):
         super().__init__()
-        torch.manual_seed(seed)
         self.embed, self.out = nn.Embedding(V, D), nn.Linear(D, V)
         self.encoder = nn.TransformerEncoder(nn.TransformerEncoderLayer(D, H, F_, dropout=0.0, batch_first=True),
                                              num_layers=1, enable_nested_tensor=False)
         self.decoder = nn.TransformerDecoder(nn.TransformerDecoderLayer(D, H, F_, dropout=0.0, batch_first=True),
                                              num_layers=1)
-        _randomized(self, seed)
-        self.eval()
+        randomised(self, seed).eval()
         self.calls: list[str] = []  # what each call was given, in words
 
     @staticmethod
@@ -505,7 +413,13 @@ def check_logits_from_ids(logits_from_ids) -> None:
         tokens = torch.randint(5, V, (B, n), generator=g)  # real tokens: 5 .. V-1, never pad_id
         return tokens.masked_fill(torch.arange(n)[None, :] >= torch.tensor(lengths)[:, None], pad_id)
 
-    def against_forward(title, src_ids, tgt_ids):
+    situations = (  # (title, source ids, target ids)
+        ("the easy case: no padding anywhere", ids(S, [S, S]), ids(T, [T, T])),
+        (f"source padding (pad_id={pad_id}): sequence 1 has 2 real source tokens of {S}", ids(S, [S, 2]),
+         ids(T, [T, T])),
+        (f"source and target padding (pad_id={pad_id})", ids(S, [4, S]), ids(T, [T, 3])),
+    )
+    for title, src_ids, tgt_ids in situations:
         with check(title):
             model.calls.clear()
             try:
@@ -523,8 +437,3 @@ def check_logits_from_ids(logits_from_ids) -> None:
                 raise CheckFailed(f"the logits at positions (b, t) {wrong} differ from model(src_ids, tgt_ids, "
                                   f"src_ids != {pad_id}, tgt_ids != {pad_id}). The calls it made:\n        {calls}"
                                   "\n    Which of these calls reads the padding, and how would it know where it is?")
-
-    against_forward("the easy case: no padding anywhere", ids(S, [S, S]), ids(T, [T, T]))
-    against_forward(f"source padding (pad_id={pad_id}): sequence 1 has 2 real source tokens of {S}",
-                    ids(S, [S, 2]), ids(T, [T, T]))
-    against_forward(f"source and target padding (pad_id={pad_id})", ids(S, [4, S]), ids(T, [T, 3]))
