@@ -109,13 +109,11 @@ def check_scaled_dot_product_attention(scaled_dot_product_attention) -> None:
         expect_shape(out, (1, 2), "out", names="T, Dv")
         # scores = q . k / sqrt(4) = [4 / 2, 0] = [2, 0]; softmax([2, 0]) = [e^2, 1] / (e^2 + 1)
         w0 = np.exp(2.0) / (np.exp(2.0) + 1.0)
-        w = np.asarray(weights, dtype=np.float64)
-        if np.isclose(w[0, 0], np.exp(4.0) / (np.exp(4.0) + 1.0), atol=1e-4):
-            raise AssertionError(f"weights[0, 0] is {w[0, 0]:.4f} = softmax([4, 0]): the scores were not "
-                                 "divided by sqrt(Dh) = 2")
-        if np.isclose(w[0, 0], np.exp(1.0) / (np.exp(1.0) + 1.0), atol=1e-4):
-            raise AssertionError(f"weights[0, 0] is {w[0, 0]:.4f} = softmax([1, 0]): the scores were "
-                                 "divided by Dh = 4, not sqrt(Dh) = 2")
+        w00 = float(np.asarray(weights, dtype=np.float64)[0, 0])
+        for score, why in [(4.0, "the scores were not divided by sqrt(Dh) = 2"),
+                           (1.0, "the scores were divided by Dh = 4, not sqrt(Dh) = 2")]:  # the usual wrong scales
+            if np.isclose(w00, np.exp(score) / (np.exp(score) + 1.0), atol=1e-4):
+                raise AssertionError(f"weights[0, 0] is {w00:.4f} = softmax([{score:g}, 0]): {why}")
         expect_close(weights, np.array([[w0, 1.0 - w0]]), "weights",
                      hint="scores = q · kᵀ / sqrt(Dh) = [2, 0], and the weights are their softmax")
         expect_close(out, np.array([[w0, 1.0 - w0]]), "out", hint="out = weights @ v")
@@ -139,20 +137,15 @@ def check_scaled_dot_product_attention(scaled_dot_product_attention) -> None:
                      hint="a query with no allowed key has zero weights, so its output is zeros")
     with check("causal self-attention: no output position depends on a later one"):
         causal = np.tril(np.ones((T, T), dtype=bool))  # (T, T): key s <= query t
-
-        def self_attention(x):
-            return scaled_dot_product_attention(x, x, x, causal)
-
-        causal_leakage_probe(self_attention, rng.standard_normal((B, H, T, Dh)), time_axis=2,
+        causal_leakage_probe(lambda x: scaled_dot_product_attention(x, x, x, causal),
+                             rng.standard_normal((B, H, T, Dh)), time_axis=2,
                              what="scaled_dot_product_attention(x, x, x, causal)")
     with check("key padding: changing padded keys and values changes no output"):
         is_real = np.array([[True] * S, [True, True, False, False, False]])  # (B, S)
         q3 = rng.standard_normal((B, T, Dh))  # (B, T, Dh): no head axis this time
-
-        def attend_to(kv):
-            return scaled_dot_product_attention(q3, kv, kv, is_real[:, None, :])  # allowed (B, 1, S)
-
-        padding_leakage_probe(attend_to, rng.standard_normal((B, S, Dh)), is_real, key_axis=1,
+        # allowed (B, 1, S): the padding of each sequence, for every query
+        padding_leakage_probe(lambda kv: scaled_dot_product_attention(q3, kv, kv, is_real[:, None, :]),
+                              rng.standard_normal((B, S, Dh)), is_real, key_axis=1,
                               what="scaled_dot_product_attention(q, kv, kv, allowed)")
 
 
