@@ -27,7 +27,6 @@ from decoder_course.checks import (
     expect_type,
 )
 
-HALF = (torch.float16, torch.bfloat16)
 # How far a weight or an output may be from float64's answer, per dtype: the rounding of that dtype.
 TOLERANCE = {torch.float64: 1e-10, torch.float32: 1e-5, torch.float16: 3e-3, torch.bfloat16: 2e-2}
 
@@ -36,13 +35,18 @@ def _name(dtype: torch.dtype) -> str:
     return str(dtype).replace("torch.", "")
 
 
+def _fill(mask_fill_value, dtype: torch.dtype) -> float | int:
+    """mask_fill_value(dtype) as a Python number (a 0-d tensor is accepted)."""
+    got = mask_fill_value(dtype)
+    got = got.item() if isinstance(got, torch.Tensor) else got
+    expect_type(got, (float, int), f"mask_fill_value({dtype})")
+    return got
+
+
 def check_mask_fill_value(mask_fill_value) -> None:
     """float16's value by hand (-65504), then: a finite number of each dtype, and none more negative exists."""
     with check("mask_fill_value(torch.float16) is -65504, float16's most negative finite number"):
-        got = mask_fill_value(torch.float16)
-        if isinstance(got, torch.Tensor):
-            got = got.item()
-        expect_type(got, (float, int), "mask_fill_value(torch.float16)")
+        got = _fill(mask_fill_value, torch.float16)
         if math.isinf(got) or math.isnan(got):
             raise CheckFailed(f"got {got}: -inf turns a fully blocked row into NaN (-inf - (-inf) is NaN); "
                               "the fill must be finite")
@@ -51,9 +55,7 @@ def check_mask_fill_value(mask_fill_value) -> None:
                               "(-1e9 does not exist in float16, and -1e4 is not the most negative number)")
     for dtype in (torch.float32, torch.bfloat16, torch.float64):
         with check(f"mask_fill_value({dtype}) is finite in {_name(dtype)} and nothing finite is below it"):
-            got = mask_fill_value(dtype)
-            got = got.item() if isinstance(got, torch.Tensor) else got
-            expect_type(got, (float, int), f"mask_fill_value({dtype})")
+            got = _fill(mask_fill_value, dtype)
             as_dtype = torch.tensor(float(got), dtype=torch.float64).to(dtype)
             if not bool(torch.isfinite(as_dtype)):
                 raise CheckFailed(f"{got} is not a finite {_name(dtype)}: it becomes {as_dtype.item()} in that "
@@ -198,18 +200,25 @@ def _logsumexp64(scores, allowed) -> torch.Tensor:
     return s.logsumexp(-1) if allowed is None else s.masked_fill(~allowed, -math.inf).logsumexp(-1)
 
 
+def _expect_logsumexp(masked_logsumexp, scores, allowed, names, dtype, atol, rtol, hint=None) -> None:
+    """masked_logsumexp(scores, allowed) leaves its inputs, drops the S axis, returns ``dtype``, stays finite and
+    equals torch.logsumexp over the allowed keys."""
+    got = expect_inputs_unchanged(masked_logsumexp, scores, allowed)
+    expect_type(got, torch.Tensor, "masked_logsumexp(scores, allowed)")
+    expect_shape(got, scores.shape[:-1], "masked_logsumexp(scores, allowed)", names=names)
+    expect_dtype(got, dtype, f"the log-sum-exp of {_name(scores.dtype)} scores")
+    expect_finite(got, "the log-sum-exp", hint="exp of a huge score overflows: subtract a max first")
+    expect_close(got, _logsumexp64(scores, allowed), "the log-sum-exp", atol=atol, rtol=rtol, hint=hint)
+
+
 def check_masked_logsumexp(masked_logsumexp) -> None:
     """Find the bug: PyTorch's torch.logsumexp, then the probe (one row changed, the others must not move), a fully
     blocked row, huge half precision scores, broadcasting."""
     with check("worked example: equals torch.logsumexp over the allowed keys, in float32"):
         scores = torch.tensor([[1.0, 2.0, 3.0], [-1.0, 0.5, 4.0]])  # (T, S)
         allowed = torch.tensor([[True, False, True], [True, True, True]])
-        got = expect_inputs_unchanged(masked_logsumexp, scores, allowed)
-        expect_type(got, torch.Tensor, "masked_logsumexp(scores, allowed)")
-        expect_shape(got, (2,), "masked_logsumexp(scores, allowed)", names="T")
-        expect_dtype(got, torch.float32, "the log-sum-exp of float32 scores")
-        expect_close(got, _logsumexp64(scores, allowed), "the log-sum-exp", atol=1e-5, rtol=1e-6,
-                     hint="row 0 is log(e¹ + e³), key 1 blocked; row 1 is log(e⁻¹ + e^0.5 + e⁴)")
+        _expect_logsumexp(masked_logsumexp, scores, allowed, "T", torch.float32, atol=1e-5, rtol=1e-6,
+                          hint="row 0 is log(e¹ + e³), key 1 blocked; row 1 is log(e⁻¹ + e^0.5 + e⁴)")
     with check("the probe: changing only row 2 of the scores changes no other row's result"):
         g = torch.Generator().manual_seed(0)
         scores = torch.randn(4, 5, generator=g)  # (T, S): ordinary scores
@@ -245,14 +254,8 @@ def check_masked_logsumexp(masked_logsumexp) -> None:
         scores = (torch.randn(2, 3, 4, 6, generator=g) * 10000).clamp(-30000, 30000).half()  # (B, H, T, S)
         allowed = torch.rand(4, 6, generator=g) > 0.3  # (T, S), broadcast over B and H
         allowed[:, 0] = True
-        got = masked_logsumexp(scores, allowed)
-        expect_shape(got, (2, 3, 4), "masked_logsumexp(scores, allowed)", names="B, H, T")
-        expect_dtype(got, torch.float32, "the log-sum-exp of float16 scores")
-        expect_finite(got, "the log-sum-exp", hint="exp of a huge score overflows: subtract a max first")
-        expect_close(got, _logsumexp64(scores, allowed), "the log-sum-exp", atol=1e-2, rtol=1e-6)
+        _expect_logsumexp(masked_logsumexp, scores, allowed, "B, H, T", torch.float32, atol=1e-2, rtol=1e-6)
     with check("float64 scores, allowed=None: equals torch.logsumexp, float64 kept"):
         g = torch.Generator().manual_seed(2)
         scores = torch.randn(3, 5, generator=g, dtype=torch.float64) * torch.tensor([[1.0], [30.0], [0.1]])
-        got = masked_logsumexp(scores, None)
-        expect_dtype(got, torch.float64, "the log-sum-exp of float64 scores")
-        expect_close(got, scores.logsumexp(-1), "the log-sum-exp", atol=1e-10, rtol=1e-12)
+        _expect_logsumexp(masked_logsumexp, scores, None, "T", torch.float64, atol=1e-10, rtol=1e-12)
