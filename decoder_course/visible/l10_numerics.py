@@ -68,20 +68,14 @@ def check_mask_fill_value(mask_fill_value) -> None:
                                   f"{_name(dtype)} goes down to about {float(as_dtype * 2):.3g} and beyond")
 
 
-def _worked(dtype: torch.dtype):
-    """scores (2, 3), allowed (2, 3) with a fully blocked row 1, and the answer by hand."""
-    scores = torch.tensor([[1.0, 2.0, 3.0], [4.0, 5.0, 6.0]], dtype=dtype)
-    allowed = torch.tensor([[True, False, True], [False, False, False]])
-    e = 1.0 / (1.0 + math.e**2)  # softmax([1, 3]) = [1, e²] / (1 + e²)
-    want = torch.tensor([[e, 0.0, 1.0 - e], [0.0, 0.0, 0.0]], dtype=torch.float64)
-    return scores, allowed, want
-
-
 def check_robust_masked_softmax(robust_masked_softmax) -> None:
     """The worked example in three dtypes, the input untouched, broadcasting, no mask, huge scores."""
+    allowed = torch.tensor([[True, False, True], [False, False, False]])  # (T, S): row 1 fully blocked
+    e = 1.0 / (1.0 + math.e**2)  # softmax([1, 3]) = [1, e²] / (1 + e²)
+    want = torch.tensor([[e, 0.0, 1.0 - e], [0.0, 0.0, 0.0]], dtype=torch.float64)  # the answer by hand
     for dtype in (torch.float32, torch.float16, torch.bfloat16):
         with check(f"worked example in {_name(dtype)}: one blocked key, one fully blocked row"):
-            scores, allowed, want = _worked(dtype)
+            scores = torch.tensor([[1.0, 2.0, 3.0], [4.0, 5.0, 6.0]], dtype=dtype)  # (T, S)
             got = expect_inputs_unchanged(robust_masked_softmax, scores, allowed)
             expect_type(got, torch.Tensor, "robust_masked_softmax(scores, allowed)")
             expect_shape(got, (2, 3), "the weights", names="T, S")
@@ -116,9 +110,8 @@ def check_robust_masked_softmax(robust_masked_softmax) -> None:
             expect_finite(got, "the weights", hint="subtract each row's max before exp (torch.softmax does), "
                                                    "and never add a bias that can overflow")
             expect_close(got, torch.tensor([[1.0, 0.0, 0.0, 0.0], [0.5, 0.5, 0.0, 0.0]]), "the weights",
-                         atol=TOLERANCE[dtype], rtol=0,
-                         hint="row 0: the biggest allowed score takes everything; row 1: two equal allowed "
-                              "scores share the weight")
+                         atol=TOLERANCE[dtype], rtol=0, hint="row 0: the biggest allowed score takes everything; "
+                                                             "row 1: two equal allowed scores share the weight")
 
 
 def _inputs(seed: int, scale: float = 1.0, B=2, H=3, T=4, S=6, Dh=8):
