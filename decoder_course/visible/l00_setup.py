@@ -6,7 +6,7 @@ where it came from, then the defining property on a second shape with B, T and D
 
 import numpy as np
 
-from decoder_course.checks import check, expect_close, expect_shape, expect_type, expect_unchanged, snapshot
+from decoder_course.checks import check, expect_close, expect_inputs_unchanged, expect_shape, expect_type
 
 
 def _positions(B: int, T: int, D: int) -> np.ndarray:
@@ -15,20 +15,21 @@ def _positions(B: int, T: int, D: int) -> np.ndarray:
     return 100 * b + 10 * t + d
 
 
+def _worked_example(fn, args: tuple, want: np.ndarray, call: str, names: str, hint: str) -> None:
+    """``fn(*args)`` leaves its input alone and gives the NumPy array ``want`` (axes ``names``)."""
+    got = expect_inputs_unchanged(fn, *args)
+    expect_type(got, np.ndarray, call)
+    expect_shape(got, want.shape, call, names=names)
+    expect_close(got, want, call, hint=hint)
+
+
 def check_flatten_batch(flatten_batch) -> None:
     """Worked example (B, T, D) = (2, 3, 4), then row b * T + t == x[b, t] on another shape."""
     with check("flatten_batch on the worked example: (2, 3, 4) -> (6, 4), sequence 0 first"):
-        x = _positions(2, 3, 4)
-        before = snapshot(x)
-        got = flatten_batch(x)
-        expect_type(got, np.ndarray, "flatten_batch(x)")
-        expect_shape(got, (6, 4), "flatten_batch(x)", names="B*T, D")
         want = np.array([[0, 1, 2, 3], [10, 11, 12, 13], [20, 21, 22, 23],
                          [100, 101, 102, 103], [110, 111, 112, 113], [120, 121, 122, 123]])
-        expect_close(got, want, "flatten_batch(x)",
-                     hint="row b * T + t is x[b, t] (value 100 b + 10 t + d): all of sequence 0, then "
-                          "sequence 1")
-        expect_unchanged(before, x, "x")
+        _worked_example(flatten_batch, (_positions(2, 3, 4),), want, "flatten_batch(x)", "B*T, D",
+                        "row b * T + t is x[b, t] (value 100 b + 10 t + d): all of sequence 0, then sequence 1")
     with check("flatten_batch on (B, T, D) = (3, 5, 2): row b * T + t is x[b, t]"):
         x = np.random.default_rng(0).standard_normal((3, 5, 2))
         got = flatten_batch(x)
@@ -42,18 +43,11 @@ def check_flatten_batch(flatten_batch) -> None:
 def check_time_major(time_major) -> None:
     """Worked example (B, T, D) = (2, 3, 2), then out[t, b] == x[b, t] on another shape."""
     with check("time_major on the worked example: (2, 3, 4) -> (3, 2, 4)"):
-        x = _positions(2, 3, 4)
-        before = snapshot(x)
-        got = time_major(x)
-        expect_type(got, np.ndarray, "time_major(x)")
-        expect_shape(got, (3, 2, 4), "time_major(x)", names="T, B, D")
         t, b, d = np.meshgrid(np.arange(3), np.arange(2), np.arange(4), indexing="ij")  # each (T, B, D)
         want = 100 * b + 10 * t + d  # (T, B, D): out[t, b, d] is x[b, t, d]
-        expect_close(got, want, "time_major(x)",
-                     hint="out[t, b] is x[b, t] (value 100 b + 10 t + d). Same shape but scrambled values? "
-                          "A reshape only relabels the memory order; swapping axes needs a transpose (or "
-                          "rearrange)")
-        expect_unchanged(before, x, "x")
+        _worked_example(time_major, (_positions(2, 3, 4),), want, "time_major(x)", "T, B, D",
+                        "out[t, b] is x[b, t] (value 100 b + 10 t + d). Same shape but scrambled values? A reshape "
+                        "only relabels the memory order; swapping axes needs a transpose (or rearrange)")
     with check("time_major on (B, T, D) = (4, 2, 3): out[t, b] is x[b, t]"):
         x = np.random.default_rng(1).standard_normal((4, 2, 3))
         got = time_major(x)
@@ -66,16 +60,10 @@ def check_time_major(time_major) -> None:
 def check_split_last(split_last) -> None:
     """Worked example D = 12 into H = 3 heads, then the same x into H = 2 and H = 4 (H is an argument)."""
     with check("split_last on the worked example: (1, 1, 12) into H = 3 groups of 4"):
-        x = np.arange(12).reshape(1, 1, 12)
-        before = snapshot(x)
-        got = split_last(x, 3)
-        expect_type(got, np.ndarray, "split_last(x, 3)")
-        expect_shape(got, (1, 1, 3, 4), "split_last(x, 3)", names="B, T, H, Dh")
-        want = np.array([[0, 1, 2, 3], [4, 5, 6, 7], [8, 9, 10, 11]])
-        expect_close(got[0, 0], want, "split_last(x, 3)[0, 0]",
-                     hint="group h holds the consecutive features h * Dh ... (h + 1) * Dh - 1. Interleaved "
-                          "(0, 3, 6, 9)? Then the pattern says (dh h) where it should say (h dh)")
-        expect_unchanged(before, x, "x")
+        want = np.array([[[[0, 1, 2, 3], [4, 5, 6, 7], [8, 9, 10, 11]]]])  # (B, T, H, Dh) = (1, 1, 3, 4)
+        _worked_example(split_last, (np.arange(12).reshape(1, 1, 12), 3), want, "split_last(x, 3)", "B, T, H, Dh",
+                        "group h holds the consecutive features h * Dh ... (h + 1) * Dh - 1. Interleaved (0, 3, 6, "
+                        "9)? Then the pattern says (dh h) where it should say (h dh)")
     for H in (2, 4):
         with check(f"split_last on (B, T, D) = (2, 3, 12) with H = {H}: group h is x[b, t, h*Dh:(h+1)*Dh]"):
             x = _positions(2, 3, 12)
