@@ -18,7 +18,18 @@ from unittest import mock
 import torch
 from torch import nn
 
-from decoder_course.checks import CheckFailed, check, expect_close, expect_dtype, expect_shape, expect_type
+from decoder_course.checks import (
+    CheckFailed,
+    causal_leakage_probe,
+    check,
+    expect_close,
+    expect_dtype,
+    expect_inputs_unchanged,
+    expect_shape,
+    expect_type,
+    expect_value_error,
+    randomised,
+)
 from decoder_course.testing import HashedLM
 from decoder_course.twins import torch_twin
 
@@ -33,18 +44,34 @@ def _expect_merges(got, want, what: str, hint: str) -> None:
         raise CheckFailed(f"{what} should be {list(want)}, got {got} (first difference at merge {k}): {hint}")
 
 
+def _merged(ids: list[int], pair: tuple[int, int], new: int) -> list[int]:
+    """``ids`` with every occurrence of ``pair``, left to right, replaced by ``new``: follows your merges along."""
+    out, i = [], 0
+    while i < len(ids):
+        hit = i + 1 < len(ids) and (ids[i], ids[i + 1]) == pair
+        out.append(new if hit else ids[i])
+        i += 2 if hit else 1
+    return out
+
+
+WORKED_MERGES = (  # (title, text, vocab_size, the merges, hint)
+    ("'aaabdaaabac' with 3 merges: (a, a) -> 256, (256, a) -> 257, (257, b) -> 258", "aaabdaaabac", 259,
+     [(97, 97), (256, 97), (257, 98)],
+     "count the pairs of the *current* sequence after every merge; merge k makes token 256 + k"),
+    ("a tie goes to the pair that occurs first, not the smallest or largest pair", "xy zw zw zw xy xy", 257,
+     [(120, 121)], "'xy', ' z', 'zw' and 'w ' all occur 3 times; 'xy' comes first: max(counts, key=counts.get)"),
+    ("'aaaa': overlapping pairs, then the new tokens merge too, then no pair is left", "aaaa", 300,
+     [(97, 97), (256, 256)],
+     "(a, a) occurs 3 times (overlapping), merges into [256, 256], then [257]; one token has no pair, so training "
+     "stops early"),
+)
+
+
 def check_train_bpe(train_bpe) -> None:
     """The lesson's worked examples, a tie, runs of one byte, the number of merges, and the merge-order property."""
-    with check("'aaabdaaabac' with 3 merges: (a, a) -> 256, (256, a) -> 257, (257, b) -> 258"):
-        _expect_merges(train_bpe("aaabdaaabac", 259), [(97, 97), (256, 97), (257, 98)], "train_bpe('aaabdaaabac', 259)",
-                       "count the pairs of the *current* sequence after every merge; merge k makes token 256 + k")
-    with check("a tie goes to the pair that occurs first, not the smallest or largest pair"):
-        _expect_merges(train_bpe("xy zw zw zw xy xy", 257), [(120, 121)], "train_bpe('xy zw zw zw xy xy', 257)",
-                       "'xy', ' z', 'zw' and 'w ' all occur 3 times; 'xy' comes first: max(counts, key=counts.get)")
-    with check("'aaaa': overlapping pairs, then the new tokens merge too, then no pair is left"):
-        _expect_merges(train_bpe("aaaa", 300), [(97, 97), (256, 256)], "train_bpe('aaaa', 300)",
-                       "(a, a) occurs 3 times (overlapping), merges into [256, 256], then [257]; one token has no "
-                       "pair, so training stops early")
+    for title, text, vocab_size, want, hint in WORKED_MERGES:
+        with check(title):
+            _expect_merges(train_bpe(text, vocab_size), want, f"train_bpe({text!r}, {vocab_size})", hint)
     with check("vocab_size - 256 merges on a long text; none for vocab_size <= 256 or the empty text"):
         text = "the quick brown fox jumps over the lazy dog. " * 4
         merges = train_bpe(text, 256 + 12)
@@ -53,24 +80,16 @@ def check_train_bpe(train_bpe) -> None:
         if list(train_bpe(text, 250)) or list(train_bpe("", 300)):
             raise CheckFailed("train_bpe should learn no merge for vocab_size <= 256 or an empty text")
     with check("every merge is the most frequent pair of the sequence at its step (random Unicode text)"):
-        g = torch.Generator().manual_seed(0)
         chars = list("ab é😀\n")
-        text = "".join(chars[i] for i in torch.randint(0, len(chars), (300,), generator=g).tolist())
+        draw = torch.randint(0, len(chars), (300,), generator=torch.Generator().manual_seed(0)).tolist()
+        text = "".join(chars[i] for i in draw)
         ids = list(text.encode("utf-8"))
         for k, pair in enumerate(train_bpe(text, 256 + 15)):
             counts = Counter(zip(ids, ids[1:]))
             if counts.get(tuple(pair), 0) != max(counts.values()):
                 raise CheckFailed(f"merge {k}, {tuple(pair)}, occurs {counts.get(tuple(pair), 0)} times, but a pair "
                                   f"occurs {max(counts.values())} times at that step: take the most frequent pair")
-            merged, i = [], 0
-            while i < len(ids):  # the merge, done here to follow your merges along
-                if i + 1 < len(ids) and (ids[i], ids[i + 1]) == tuple(pair):
-                    merged.append(256 + k)
-                    i += 2
-                else:
-                    merged.append(ids[i])
-                    i += 1
-            ids = merged
+            ids = _merged(ids, tuple(pair), 256 + k)
 
 
 def check_bpe_tokenizer(BPETokenizer) -> None:  # noqa: N803 - the class under test
@@ -127,6 +146,25 @@ def _torch_layers(model, n_heads: int, d_ff: int) -> list:
                        "encoder", n_heads, d_ff=d_ff, norm_first=True) for layer in model.layers]
 
 
+def _same(a, b) -> bool:
+    """Two results (a tensor, or a tuple of them) hold the same values."""
+    a, b = (a, b) if isinstance(a, tuple) else ((a,), (b,))
+    return len(a) == len(b) and all(torch.equal(x, y) for x, y in zip(a, b, strict=True))
+
+
+def _expect_seeded(run, what: str, hint: str, other: str | None = None):
+    """``run(generator)`` gives the same result twice with generator seed 5 under two different global random states
+    (the generator alone decides), and, where ``other`` says why it must, another result with seed 6."""
+    torch.manual_seed(1)
+    first = run(torch.Generator().manual_seed(5))
+    torch.manual_seed(2)
+    if not _same(run(torch.Generator().manual_seed(5)), first):
+        raise CheckFailed(f"two calls of {what} with generator seed 5 gave different results: {hint}")
+    if other is not None and _same(run(torch.Generator().manual_seed(6)), first):
+        raise CheckFailed(f"{what} gave the same result with generator seeds 5 and 6: {other}")
+    return first
+
+
 def check_gpt(GPT, KVCache) -> None:  # noqa: N803 - the classes under test
     """Names and tied weights, equal to PyTorch's encoder layers with a causal mask, no leakage, the cache path."""
     V, D, H, F, L, M = 40, 32, 4, 48, 2, 16
@@ -147,59 +185,45 @@ def check_gpt(GPT, KVCache) -> None:  # noqa: N803 - the classes under test
         if std > 0.1:
             raise CheckFailed(f"tok_embed starts with std {std:.2f}: initialise both embeddings at N(0, 0.02²); "
                               "tied to the output, N(0, 1) gives logits of size ~sqrt(D) at the start")
-    with torch.no_grad():  # weights far from their initial values, so that every part shows
-        for name, p in model.named_parameters():
-            p.normal_(1.0 if "norm" in name and name.endswith("weight") else 0.0, 0.3)
-    model.eval()
-    ids = torch.randint(0, V, (3, 9))
+    randomised(model, 0, scale=0.3).eval()  # weights far from their initial values, so that every part shows
+    ids = torch.randint(0, V, (3, 9), generator=torch.Generator().manual_seed(0))  # (B, T)
     with check("logits (B, T, V) equal PyTorch's nn.TransformerEncoderLayer stack with a causal mask"):
         logits = model(ids)
         expect_type(logits, torch.Tensor, "GPT(...)(ids)")
-        expect_shape(logits, (3, 9, V), "logits", names="B T V")
-        theirs = _torch_layers(model, H, F)
         causal = nn.Transformer.generate_square_subsequent_mask(9)  # PyTorch's polarity: -inf = blocked
         with torch.no_grad():
-            x = model.tok_embed(ids) + model.pos_embed(torch.arange(9))
-            for layer in theirs:
+            x = model.tok_embed(ids) + model.pos_embed(torch.arange(9))  # (B, T, D)
+            for layer in _torch_layers(model, H, F):
                 x = layer(x, src_mask=causal, is_causal=True)
-            want = model.norm(x) @ model.tok_embed.weight.T
-        expect_close(logits, want, "logits", atol=1e-4, rtol=1e-4,
+            want = model.norm(x) @ model.tok_embed.weight.T  # (B, T, V)
+        expect_close(logits, want, "logits", atol=1e-4, rtol=1e-4, names="B T V",
                      hint="token + position embeddings, every layer with the causal mask as self_allowed, the final "
                           "norm, then out_proj")
-    with check("no leakage: changing tokens after position 4 leaves positions 0..4 unchanged"):
-        changed = ids.clone()
-        changed[:, 5:] = (changed[:, 5:] + 1) % V
-        with torch.no_grad():
-            a, b = model(ids), model(changed)
-        if not torch.allclose(a[:, :5], b[:, :5], atol=1e-5):
-            raise CheckFailed("the logits at positions 0..4 changed when only later tokens changed: the future "
-                              "leaks; pass the causal mask to every layer")
+    with check("no leakage: changing the tokens after any position leaves the logits up to it unchanged"):
+        causal_leakage_probe(model, ids, time_axis=1, what="the logits: pass the causal mask to every layer")
     with check("with a KVCache: a prefill of 4 tokens, then one at a time, gives the full forward's logits"):
         cache = KVCache(L)
         with torch.no_grad():
-            parts = [model(ids[:, :4], cache)] + [model(ids[:, t:t + 1], cache) for t in range(4, 9)]
-            full = model(ids)
+            cached = torch.cat([model(ids[:, :4], cache)] + [model(ids[:, t:t + 1], cache) for t in range(4, 9)], 1)
         if cache.length != 9:
             raise CheckFailed(f"after 9 positions the cache holds {cache.length}: each layer appends its keys and "
                               "values with cache.update(k, v, layer_idx)")
-        expect_close(torch.cat(parts, dim=1), full, "cached logits", atol=1e-4, rtol=1e-4,
+        with torch.no_grad():
+            full = model(ids)
+        expect_close(cached, full, "cached logits", atol=1e-4, rtol=1e-4,
                      hint="the new tokens are at positions cache.length .. (read it before the first layer updates "
                           "it); attend over all cached keys with cached_causal_mask(positions, S)")
     with check("more than max_len positions raise ValueError"):
-        try:
-            model(torch.zeros(1, M + 1, dtype=torch.long))
-        except ValueError:
-            pass
-        else:
-            raise CheckFailed(f"GPT ran on {M + 1} positions with max_len={M}: raise ValueError")
+        expect_value_error(lambda: model(torch.zeros(1, M + 1, dtype=torch.long)),
+                           f"GPT was given {M + 1} positions with max_len={M}")
 
 
 def check_lm_batches(lm_batches) -> None:
     """Shapes, shifted targets, windows of the stream, every offset reachable, the generator decides."""
-    ids = torch.randperm(100)[:60] + 5  # distinct ids: each window's start can be read back
+    ids = torch.randperm(100, generator=torch.Generator().manual_seed(0))[:60] + 5  # distinct: starts read back
     where = {int(v): i for i, v in enumerate(ids.tolist())}
-    with check("inputs and targets (batch, block) int64; targets are the inputs shifted by one"):
-        x, y = lm_batches(ids, 8, 5, torch.Generator().manual_seed(0))
+    with check("inputs and targets (batch, block) int64; targets are the inputs shifted by one; ids unchanged"):
+        x, y = expect_inputs_unchanged(lm_batches, ids, 8, 5, torch.Generator().manual_seed(0))
         for name, t in (("inputs", x), ("targets", y)):
             expect_type(t, torch.Tensor, name)
             expect_shape(t, (5, 8), name)
@@ -211,12 +235,8 @@ def check_lm_batches(lm_batches) -> None:
             if not torch.equal(x[r], ids[o:o + 8]) or not torch.equal(y[r], ids[o + 1:o + 9]):
                 raise CheckFailed(f"row {r} is not ids[o : o + block] with targets ids[o + 1 : o + block + 1]")
     with check("the same generator seed gives the same batch, whatever the global random state"):
-        torch.manual_seed(1)
-        a = lm_batches(ids, 8, 5, torch.Generator().manual_seed(3))
-        torch.manual_seed(2)
-        b = lm_batches(ids, 8, 5, torch.Generator().manual_seed(3))
-        if not (torch.equal(a[0], b[0]) and torch.equal(a[1], b[1])):
-            raise CheckFailed("draw the offsets with torch.randint(..., generator=generator)")
+        _expect_seeded(lambda g: lm_batches(ids, 8, 5, g), "lm_batches",
+                       "draw the offsets with torch.randint(..., generator=generator)")
     with check("every start 0 .. N - block - 1 can be drawn, and no other"):
         short = torch.arange(10, 18)  # N = 8, block = 5: starts 0, 1, 2
         x, _ = lm_batches(short, 5, 200, torch.Generator().manual_seed(0))
@@ -225,12 +245,8 @@ def check_lm_batches(lm_batches) -> None:
             raise CheckFailed(f"the starts drawn were {sorted(starts)}, should be all of 0, 1, 2 for N=8, block=5: "
                               "torch.randint(0, N - block, (batch,)) (the high end is exclusive)")
     with check("a stream of N <= block tokens raises ValueError"):
-        try:
-            lm_batches(torch.arange(6), 6, 2, torch.Generator().manual_seed(0))
-        except ValueError:
-            pass
-        else:
-            raise CheckFailed("lm_batches(ids of 6 tokens, block=6, ...) returned: no window has a target; raise")
+        expect_value_error(lambda: lm_batches(torch.arange(6), 6, 2, torch.Generator().manual_seed(0)),
+                           "lm_batches was given a stream of 6 tokens with block=6: no window has a target")
 
 
 def check_generate(generate) -> None:
@@ -239,11 +255,11 @@ def check_generate(generate) -> None:
     with check("temperature 0: the greedy tokens, the prompt first, (B, T + max_new_tokens)"):
         model = HashedLM(12, seed=1, n_layers=2, max_len=16)
         prompt = torch.tensor([[3, 4, 5], [6, 7, 8]])
-        out = generate(model, prompt, 6, temperature=0)
+        out = expect_inputs_unchanged(generate, model, prompt, 6, temperature=0)
         expect_type(out, torch.Tensor, "generate(...)")
         expect_shape(out, (2, 9), "generate(...)")
-        if not torch.equal(out[:, :3], prompt) or not torch.equal(prompt, torch.tensor([[3, 4, 5], [6, 7, 8]])):
-            raise CheckFailed("the output should start with the prompt, and the prompt must be unchanged")
+        if not torch.equal(out[:, :3], prompt):
+            raise CheckFailed("the output should start with the prompt")
         for b in range(2):
             for t in range(3, 9):
                 best = int(model.next_logits(out[b, :t].tolist()).argmax())
@@ -258,29 +274,19 @@ def check_generate(generate) -> None:
                               "token (B, 1)")
     with check("a seeded generator reproduces the draws; another seed gives others"):
         model = HashedLM(12, seed=2, max_len=16)
-        prompt = torch.zeros(6, 2, dtype=torch.long)
-        torch.manual_seed(1)
-        a = generate(model, prompt, 8, generator=torch.Generator().manual_seed(5))
-        torch.manual_seed(2)
-        b = generate(model, prompt, 8, generator=torch.Generator().manual_seed(5))
-        c = generate(model, prompt, 8, generator=torch.Generator().manual_seed(6))
-        if not torch.equal(a, b):
-            raise CheckFailed("same generator seed, different tokens: draw with torch.multinomial(probs, 1, "
-                              "generator=generator)")
-        if torch.equal(a, c):
-            raise CheckFailed("different generator seeds gave the same tokens: at temperature 1 draw at random")
+        _expect_seeded(lambda g: generate(model, torch.zeros(6, 2, dtype=torch.long), 8, generator=g), "generate",
+                       "draw with torch.multinomial(probs, 1, generator=generator)",
+                       "at temperature 1 draw at random")
     with check("top_k=2: every drawn token is one of the 2 most likely, and both come up"):
         model = HashedLM(12, seed=3, max_len=8, scale=2.0)
-        prompt = torch.full((300, 1), 4)
-        out = generate(model, prompt, 1, top_k=2, generator=torch.Generator().manual_seed(0))
+        out = generate(model, torch.full((300, 1), 4), 1, top_k=2, generator=torch.Generator().manual_seed(0))
         top2 = set(model.next_logits([4]).topk(2).indices.tolist())
         if set(out[:, 1].tolist()) != top2:
             raise CheckFailed(f"with top_k=2 the first tokens drawn were {sorted(set(out[:, 1].tolist()))}, should be "
                               f"exactly {sorted(top2)}: keep the k largest logits (top_k_filter), then sample")
     with check("temperature 0.5 sharpens: first-token frequencies follow softmax(logits / 0.5)"):
         model = HashedLM(6, seed=4, max_len=8)
-        prompt = torch.full((3000, 1), 2)
-        out = generate(model, prompt, 1, temperature=0.5, generator=torch.Generator().manual_seed(0))
+        out = generate(model, torch.full((3000, 1), 2), 1, temperature=0.5, generator=torch.Generator().manual_seed(0))
         want = torch.softmax(model.next_logits([2]).double() / 0.5, -1)
         freq = torch.bincount(out[:, 1], minlength=6).double() / 3000
         if ((freq - want).abs() > 5 * (want * (1 - want) / 3000).sqrt() + 0.01).any():
@@ -308,7 +314,7 @@ def _rounds(generate_long, model, prompt, new: int, keep: int) -> tuple[torch.Te
         raise CheckFailed("generate_long calls generate, which is not defined: run generate's cell first")
     spy = _GenerateSpy(names["generate"])
     with mock.patch.dict(names, {"generate": spy}):
-        out = generate_long(model, prompt, new, keep, temperature=0)
+        out = expect_inputs_unchanged(generate_long, model, prompt, new, keep, temperature=0)
     return out, spy.calls
 
 
@@ -339,29 +345,25 @@ def _follow(out, calls, prompt, new: int, keep: int, max_len: int) -> None:
                           "minus the prompt it was handed), in order")
 
 
+LONG_RUNS = (  # (title, HashedLM seed, n_layers, max_len, prompt, new tokens, keep, rounds, their new tokens)
+    ("one round (the continuation fits in max_len): exactly your generate's tokens, the prompt unchanged",
+     5, 2, 12, [[3, 4, 5], [6, 7, 8]], 6, 8, 1, "6 new tokens after 3 fit in max_len = 12"),
+    ("the probe: 14 new tokens with max_len = 8 and keep = 5; every round sees the latest 5 tokens",
+     3, 2, 8, [[1, 2, 3], [9, 9, 4]], 14, 5, 4, "5, 3, 3 and 3 new tokens"),
+    ("a prompt longer than keep: the first round already sees only its last keep tokens",
+     4, 1, 8, [[1, 2, 3, 4, 5, 6], [6, 5, 4, 3, 2, 1]], 5, 4, 2, "4 then 1 new tokens"),
+)
+
+
 def check_generate_long(generate_long) -> None:
     """Find the bug: a spy around your own ``generate`` records what each round hands it, so only the rounds are on
     trial: the latest ``keep`` tokens each time, as many new tokens as fit, every new token kept."""
-    with check("one round (the continuation fits in max_len): exactly your generate's tokens, the prompt unchanged"):
-        model = HashedLM(11, seed=5, n_layers=2, max_len=12)
-        prompt = torch.tensor([[3, 4, 5], [6, 7, 8]])
-        out, calls = _rounds(generate_long, model, prompt, 6, keep=8)
-        expect_type(out, torch.Tensor, "generate_long(...)")
-        expect_shape(out, (2, 9), "generate_long(...)", names=["B", "T + max_new_tokens"])
-        if not torch.equal(prompt, torch.tensor([[3, 4, 5], [6, 7, 8]])):
-            raise CheckFailed("generate_long changed the caller's prompt_ids")
-        _follow(out, calls, prompt, 6, 8, 12)
-        if len(calls) != 1:
-            raise CheckFailed(f"generate was called {len(calls)} times: 6 new tokens after 3 fit in max_len = 12")
-    with check("the probe: 14 new tokens with max_len = 8 and keep = 5; every round sees the latest 5 tokens"):
-        model = HashedLM(11, seed=3, n_layers=2, max_len=8)
-        prompt = torch.tensor([[1, 2, 3], [9, 9, 4]])
-        out, calls = _rounds(generate_long, model, prompt, 14, keep=5)
-        _follow(out, calls, prompt, 14, 5, 8)
-        if len(calls) != 4:
-            raise CheckFailed(f"generate was called {len(calls)} times, expected 4 rounds (5, 3, 3 and 3 new tokens)")
-    with check("a prompt longer than keep: the first round already sees only its last keep tokens"):
-        model = HashedLM(11, seed=4, n_layers=1, max_len=8)
-        prompt = torch.tensor([[1, 2, 3, 4, 5, 6], [6, 5, 4, 3, 2, 1]])
-        out, calls = _rounds(generate_long, model, prompt, 5, keep=4)
-        _follow(out, calls, prompt, 5, 4, 8)
+    for title, seed, n_layers, max_len, prompt, new, keep, rounds, why in LONG_RUNS:
+        with check(title):
+            prompt = torch.tensor(prompt)  # (B, T)
+            out, calls = _rounds(generate_long, HashedLM(11, seed=seed, n_layers=n_layers, max_len=max_len), prompt,
+                                 new, keep)
+            expect_type(out, torch.Tensor, "generate_long(...)")
+            _follow(out, calls, prompt, new, keep, max_len)
+            if len(calls) != rounds:
+                raise CheckFailed(f"generate was called {len(calls)} times, expected {rounds} round(s) ({why})")
