@@ -76,16 +76,41 @@ def _expect_eos_padding(out, eos_id: int, pad_id: int, max_len: int, what: str) 
     return lengths
 
 
-def _rows_alone(decode, src, is_real, out, what: str) -> None:
-    """Each row of a batched decode equals the same decode run on that row alone, without its padding."""
-    for b in range(src.shape[0]):
-        n = int(is_real[b].sum())
-        alone = decode(src[b : b + 1, :n])
-        got = out[b, : alone.shape[1]].tolist()
-        if got != alone[0].tolist():
-            raise CheckFailed(f"row {b} of the batch differs from the same source decoded alone: batch {got}, "
-                              f"alone {alone[0].tolist()}. Rows must not mix (one finished mask entry per row), "
-                              "and src_is_real must reach encode and decode")
+ROWS_MIX = "rows must not mix (one finished mask entry per row), and src_is_real must reach encode and decode"
+
+
+def _expect_padded_batch(decode, model, src, is_real, max_len: int, pad_id: int, hint: str = ROWS_MIX,
+                         **options) -> list[int]:
+    """``decode`` on a padded batch: ids (B, L), the caller's tensors untouched, each row stopping at its own EOS and
+    padded after it, and each row what the same decode gives on that row alone, without its padding. Returns the
+    rows' lengths."""
+    what = f"{getattr(decode, '__name__', 'decode')}(...)"
+    out = expect_inputs_unchanged(decode, model, src, max_len, BOS, EOS, src_is_real=is_real, pad_id=pad_id,
+                                  **options)
+    _expect_ids(out, len(src), max_len, what)
+    lengths = _expect_eos_padding(out, EOS, pad_id, max_len, what)
+    for b in range(len(src)):
+        alone = decode(model, src[b : b + 1, : int(is_real[b].sum())], max_len, BOS, EOS, pad_id=pad_id, **options)
+        if out[b, : alone.shape[1]].tolist() != alone[0].tolist():
+            raise CheckFailed(f"row {b} of the batch gives {out[b].tolist()}, the same source decoded alone gives "
+                              f"{alone[0].tolist()}: {hint}")
+    return lengths
+
+
+def _expect_seeded(run, what: str, hint: str, other: str | None = None, judge=None):
+    """``run(generator)`` gives the same result twice with generator seed 5 under two different global random states
+    (the generator alone decides), and, where ``other`` says why it must, another result with seed 6. ``judge``
+    checks the first result before that."""
+    torch.manual_seed(1)
+    first = run(torch.Generator().manual_seed(5))
+    if judge is not None:
+        judge(first)
+    torch.manual_seed(2)  # a different global state: the generator alone must decide
+    if not torch.equal(run(torch.Generator().manual_seed(5)), first):
+        raise CheckFailed(f"two calls of {what} with generator seed 5 gave different samples: {hint}")
+    if other is not None and torch.equal(run(torch.Generator().manual_seed(6)), first):
+        raise CheckFailed(f"{what} gave identical samples with generator seeds 5 and 6: {other}")
+    return first
 
 
 def check_greedy_decode(greedy_decode) -> None:
@@ -99,16 +124,10 @@ def check_greedy_decode(greedy_decode) -> None:
                      hint="at each step take the argmax of the LAST position's logits, append it, and stop once "
                           "every row has emitted EOS")
     with check("a padded batch: each row as if alone, stopping at its own EOS, pad_id = 7 after it"):
-        pad_id = 7
-        model = HashedLogitsModel(12, seed=3, eos_bias=0.6, pad_id=pad_id)
-        src, is_real = _padded_source([2, 6, 4, 5, 3], seed=1, pad_id=pad_id)
-        out = expect_inputs_unchanged(greedy_decode, model, src, 9, BOS, EOS, src_is_real=is_real, pad_id=pad_id)
-        _expect_ids(out, 5, 9, "greedy_decode(...)")
-        lengths = _expect_eos_padding(out, EOS, pad_id, 9, "greedy_decode(...)")
+        model = HashedLogitsModel(12, seed=3, eos_bias=0.6, pad_id=7)
+        lengths = _expect_padded_batch(greedy_decode, model, *_padded_source([2, 6, 4, 5, 3], seed=1, pad_id=7), 9, 7)
         if len(set(lengths)) < 2:
             raise CheckFailed(f"every row stopped after {lengths[0]} tokens; on this batch they should not")
-        _rows_alone(lambda s: greedy_decode(model, s, 9, BOS, EOS, pad_id=pad_id), src, is_real, out,
-                    "greedy_decode")
     with check("max_len is respected when no row ever emits EOS, and max_len = 0 gives (B, 0)"):
         model = HashedLogitsModel(12, seed=0, eos_bias=-50.0)  # EOS never wins
         src, is_real = _padded_source([3, 5])
@@ -192,6 +211,23 @@ def _first_model() -> ScriptedModel:
     return ScriptedModel.from_tree({t: (p, None) for t, p in FIRST_STEP.items()}, vocab_size=8, floor=1e-9)
 
 
+FILTERED_DRAWS = (  # (title, settings, the tokens drawn from FIRST_STEP, why)
+    ("top_k=2 and top_p=0.6 only ever draw tokens 3 and 4 (probabilities 0.4, 0.3, 0.2, 0.1)",
+     ({"top_k": 2}, {"top_p": 0.6}, {"top_k": 3, "top_p": 0.5, "temperature": 2.0}), [3, 4],
+     "a filtered token (logit -inf) must never be drawn, and each kept one comes up (is it sampling?). Filter after "
+     "dividing by the temperature, top-k then top-p"),
+    ("top-k first, then top-p on what top-k left: top_k=2, top_p=0.5 only ever draws token 3",
+     ({"top_k": 2, "top_p": 0.5},), [3],
+     "top-k keeps 3 and 4, whose softmax is 0.4 / 0.7 = 0.57 and 0.43: token 3 alone reaches p = 0.5. Apply top-k "
+     "first, then top-p to the logits top-k left (top-p before top-k keeps 3 and 4)"),
+    ("filters see the tempered distribution: temperature 3 with top_p=0.6 also draws token 5",
+     ({"temperature": 3.0, "top_p": 0.6},), [3, 4, 5],
+     "softmax(logits / 3) gives 3, 4, 5, 6 about 0.30, 0.27, 0.24, 0.19, so the nucleus of p = 0.6 holds 3, 4 and "
+     "5. Divide by the temperature first, then filter: the filters must see the distribution you draw from "
+     "(filtering first keeps only 3 and 4)"),
+)
+
+
 def check_sample(sample) -> None:
     """Reproducible with a generator, never outside top-k/top-p, temperature 0 is greedy, the penalty, EOS."""
     first = _first_model()
@@ -200,45 +236,21 @@ def check_sample(sample) -> None:
         model = HashedLogitsModel(12, seed=2, eos_bias=0.3, scale=0.5)
         src, is_real = _padded_source([3, 6, 2, 5] * 4, seed=4)
 
-        def run(seed):
-            return sample(model, src, 10, BOS, EOS, generator=torch.Generator().manual_seed(seed),
-                          src_is_real=is_real)
+        def valid(out):
+            _expect_ids(out, 16, 10, "sample(...)")
+            _expect_eos_padding(out, EOS, 0, 10, "sample(...)")
 
-        torch.manual_seed(321)
-        out = run(7)
-        _expect_ids(out, 16, 10, "sample(...)")
-        _expect_eos_padding(out, EOS, 0, 10, "sample(...)")
-        torch.manual_seed(123)  # a different global state: the generator alone must decide
-        if not torch.equal(run(7), out):
-            raise CheckFailed("two calls with generator seed 7 gave different samples: pass the generator to "
-                              "torch.multinomial (generator=generator) instead of using the global random state")
-        if torch.equal(run(8), out):
-            raise CheckFailed("generator seeds 7 and 8 gave identical samples: is the token drawn at random?")
-    with check("top_k=2 and top_p=0.6 only ever draw tokens 3 and 4 (probabilities 0.4, 0.3, 0.2, 0.1)"):
-        for setting in ({"top_k": 2}, {"top_p": 0.6}, {"top_k": 3, "top_p": 0.5, "temperature": 2.0}):
-            drawn = sample(first, many, 1, BOS, EOS, generator=torch.Generator().manual_seed(0), **setting)
-            seen = sorted(set(drawn[:, 0].tolist()))
-            if not set(seen) <= {3, 4}:
-                raise CheckFailed(f"with {setting} the tokens drawn were {seen}: a filtered token (logit -inf) "
-                                  "must never be drawn. Filter after dividing by the temperature, top-k then top-p")
-            if set(seen) != {3, 4}:
-                raise CheckFailed(f"with {setting} only {seen} was drawn in 600 draws: is it sampling?")
-    with check("top-k first, then top-p on what top-k left: top_k=2, top_p=0.5 only ever draws token 3"):
-        drawn = sample(first, many, 1, BOS, EOS, top_k=2, top_p=0.5, generator=torch.Generator().manual_seed(1))
-        seen = sorted(set(drawn[:, 0].tolist()))
-        if seen != [3]:
-            raise CheckFailed(f"with top_k=2, top_p=0.5 the tokens drawn were {seen}. Top-k keeps 3 and 4, whose "
-                              "softmax is 0.4 / 0.7 = 0.57 and 0.43: token 3 alone reaches p = 0.5. Apply top-k "
-                              "first, then top-p to the logits top-k left (top-p before top-k keeps 3 and 4)")
-    with check("filters see the tempered distribution: temperature 3 with top_p=0.6 also draws token 5"):
-        drawn = sample(first, many, 1, BOS, EOS, temperature=3.0, top_p=0.6,
-                       generator=torch.Generator().manual_seed(2))
-        seen = sorted(set(drawn[:, 0].tolist()))
-        if seen != [3, 4, 5]:
-            raise CheckFailed(f"with temperature=3, top_p=0.6 the tokens drawn were {seen}. softmax(logits / 3) "
-                              "gives 3, 4, 5, 6 about 0.30, 0.27, 0.24, 0.19, so the nucleus of p = 0.6 holds "
-                              "3, 4 and 5. Divide by the temperature first, then filter: the filters must see the "
-                              "distribution you draw from (filtering first keeps only 3 and 4)")
+        _expect_seeded(lambda g: sample(model, src, 10, BOS, EOS, generator=g, src_is_real=is_real), "sample",
+                       "pass the generator to torch.multinomial (generator=generator) instead of using the global "
+                       "random state", "is the token drawn at random?", judge=valid)
+    for title, settings, want, why in FILTERED_DRAWS:
+        with check(title):
+            for setting in settings:
+                drawn = sample(first, many, 1, BOS, EOS, generator=torch.Generator().manual_seed(0), **setting)
+                seen = sorted(set(drawn[:, 0].tolist()))
+                if seen != want:
+                    raise CheckFailed(f"with {setting} the tokens drawn in 600 draws were {seen}, expected {want}: "
+                                      f"{why}")
     with check("temperature 0 is greedy: the lesson's tree gives 3, 5, EOS"):
         tree = ScriptedModel.from_tree(TREE, vocab_size=10)
         out = sample(tree, torch.zeros(2, 3, dtype=torch.long), 6, BOS, EOS, temperature=0)
@@ -289,26 +301,14 @@ def check_beam_search(beam_search) -> None:
         out = beam_search(tree, torch.zeros(1, 3, dtype=torch.long), 6, BOS, EOS, beam_size=1)
         expect_close(out, torch.tensor([[3, 5, EOS]]), "beam_search(..., beam_size=1)")
     with check("a padded batch (pad_id = 7): each row as if alone, stopping at its EOS, padded after it"):
-        pad_id = 7
-        model = HashedLogitsModel(12, seed=8, eos_bias=0.7, pad_id=pad_id)
-        src, is_real = _padded_source([2, 6, 4, 5, 3], seed=7, pad_id=pad_id)
-        out = expect_inputs_unchanged(beam_search, model, src, 10, BOS, EOS, beam_size=3, length_penalty=0.6,
-                                      src_is_real=is_real, pad_id=pad_id)
-        _expect_ids(out, 5, 10, "beam_search(...)")
-        _expect_eos_padding(out, EOS, pad_id, 10, "beam_search(...)")
-        _rows_alone(lambda s: beam_search(model, s, 10, BOS, EOS, beam_size=3, length_penalty=0.6, pad_id=pad_id),
-                    src, is_real, out, "beam_search")
+        model = HashedLogitsModel(12, seed=8, eos_bias=0.7, pad_id=7)
+        _expect_padded_batch(beam_search, model, *_padded_source([2, 6, 4, 5, 3], seed=7, pad_id=7), 10, 7,
+                             beam_size=3, length_penalty=0.6)
     with check("each beam reads its own sequence's source: B = 3, beam_size = 3, each row as if alone"):
-        model = HashedLogitsModel(12, seed=1, eos_bias=0.0)
-        src, is_real = _padded_source([4, 6, 3], seed=1)
-        out = beam_search(model, src, 6, BOS, EOS, beam_size=3, src_is_real=is_real)
-        for b in range(3):
-            n = int(is_real[b].sum())
-            alone = beam_search(model, src[b : b + 1, :n], 6, BOS, EOS, beam_size=3)[0].tolist()
-            if out[b, : len(alone)].tolist() != alone:
-                raise CheckFailed(f"row {b} of the batch gives {out[b].tolist()}, alone it gives {alone}: its beams "
-                                  "read other sequences' sources. Row b * K + j is beam j of sequence b, so copy "
-                                  "memory and src_is_real with repeat_interleave(K, dim=0) (a a a b b b ...); "
+        _expect_padded_batch(beam_search, HashedLogitsModel(12, seed=1, eos_bias=0.0),
+                             *_padded_source([4, 6, 3], seed=1), 6, 0, beam_size=3,
+                             hint="its beams read other sequences' sources. Row b * K + j is beam j of sequence b, "
+                                  "so copy memory and src_is_real with repeat_interleave(K, dim=0) (a a a b b b ...); "
                                   ".repeat(K, 1, 1) tiles the whole batch (a b c a b c ...)")
     with check("the length penalty matters: length_penalty=2 returns longer outputs than 0 here"):
         model = HashedLogitsModel(10, seed=11, eos_bias=1.0)
@@ -358,9 +358,7 @@ def check_sample_n(sample_n) -> None:
                 + "\n    Print the batch the code hands to sample, row by row: which source and which padding "
                   "does row b * n + j hold?")
 
-    with check("sampling with top_k=2: every token of a sample is one of its own source's two best"):
-        out = sample_n(model, src, 4, 8, BOS, EOS, top_k=2, generator=torch.Generator().manual_seed(3),
-                       src_is_real=is_real)
+    def own_top_2(out):
         for b in range(3):
             real = src[b][is_real[b]].tolist()
             for j in range(4):
@@ -371,11 +369,10 @@ def check_sample_n(sample_n) -> None:
                         raise CheckFailed(f"sample {j} of source {b} holds {token} after {prefix[1:]}, which "
                                           f"source {b}'s top-2 ({best}) excludes: it was drawn for another source")
                     prefix.append(token)
-        again = sample_n(model, src, 4, 8, BOS, EOS, top_k=2, generator=torch.Generator().manual_seed(3),
-                         src_is_real=is_real)
-        if not torch.equal(again, out):
-            raise CheckFailed("two calls with generator seed 3 gave different samples: pass the generator on to "
-                              "sample")
+
+    with check("sampling with top_k=2: every token of a sample is one of its own source's two best"):
+        out = _expect_seeded(lambda g: sample_n(model, src, 4, 8, BOS, EOS, top_k=2, generator=g, src_is_real=is_real),
+                             "sample_n", "pass the generator on to sample", judge=own_top_2)
         if all(len({tuple(_trimmed(out[b, j])) for j in range(4)}) == 1 for b in range(3)):
             raise CheckFailed("the 4 samples of every source are identical: n samples are n draws, not one draw "
                               "copied n times")
