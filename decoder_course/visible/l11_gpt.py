@@ -146,21 +146,15 @@ def _torch_layers(model, n_heads: int, d_ff: int) -> list:
                        "encoder", n_heads, d_ff=d_ff, norm_first=True) for layer in model.layers]
 
 
-def _same(a, b) -> bool:
-    """Two results (a tensor, or a tuple of them) hold the same values."""
-    a, b = (a, b) if isinstance(a, tuple) else ((a,), (b,))
-    return len(a) == len(b) and all(torch.equal(x, y) for x, y in zip(a, b, strict=True))
-
-
 def _expect_seeded(run, what: str, hint: str, other: str | None = None):
     """``run(generator)`` gives the same result twice with generator seed 5 under two different global random states
     (the generator alone decides), and, where ``other`` says why it must, another result with seed 6."""
     torch.manual_seed(1)
     first = run(torch.Generator().manual_seed(5))
     torch.manual_seed(2)
-    if not _same(run(torch.Generator().manual_seed(5)), first):
+    if not torch.equal(run(torch.Generator().manual_seed(5)), first):
         raise CheckFailed(f"two calls of {what} with generator seed 5 gave different results: {hint}")
-    if other is not None and _same(run(torch.Generator().manual_seed(6)), first):
+    if other is not None and torch.equal(run(torch.Generator().manual_seed(6)), first):
         raise CheckFailed(f"{what} gave the same result with generator seeds 5 and 6: {other}")
     return first
 
@@ -205,11 +199,10 @@ def check_gpt(GPT, KVCache) -> None:  # noqa: N803 - the classes under test
         cache = KVCache(L)
         with torch.no_grad():
             cached = torch.cat([model(ids[:, :4], cache)] + [model(ids[:, t:t + 1], cache) for t in range(4, 9)], 1)
+            full = model(ids)
         if cache.length != 9:
             raise CheckFailed(f"after 9 positions the cache holds {cache.length}: each layer appends its keys and "
                               "values with cache.update(k, v, layer_idx)")
-        with torch.no_grad():
-            full = model(ids)
         expect_close(cached, full, "cached logits", atol=1e-4, rtol=1e-4,
                      hint="the new tokens are at positions cache.length .. (read it before the first layer updates "
                           "it); attend over all cached keys with cached_causal_mask(positions, S)")
@@ -235,7 +228,7 @@ def check_lm_batches(lm_batches) -> None:
             if not torch.equal(x[r], ids[o:o + 8]) or not torch.equal(y[r], ids[o + 1:o + 9]):
                 raise CheckFailed(f"row {r} is not ids[o : o + block] with targets ids[o + 1 : o + block + 1]")
     with check("the same generator seed gives the same batch, whatever the global random state"):
-        _expect_seeded(lambda g: lm_batches(ids, 8, 5, g), "lm_batches",
+        _expect_seeded(lambda g: torch.cat(lm_batches(ids, 8, 5, g)), "lm_batches",  # inputs, then targets
                        "draw the offsets with torch.randint(..., generator=generator)")
     with check("every start 0 .. N - block - 1 can be drawn, and no other"):
         short = torch.arange(10, 18)  # N = 8, block = 5: starts 0, 1, 2
