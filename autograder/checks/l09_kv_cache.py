@@ -441,13 +441,18 @@ class BeamSearchCached(Exercise):
         rows = ((True, 3, 3, 0.6, int(rng.integers(3, 9))), (False, 2, 2, 1.0, 0),
                 (bool(rng.integers(2)), 1, 4, 0.0, int(rng.integers(3, 9))), (True, 2, 1, 0.6, 0))
         for index, (norm_first, B, K, alpha, pad_id) in enumerate(rows):
-            model, state, src, mask, situation = _setup(rng, norm_first, B, 7)
-            # EOS ids from the later greedy tokens: beams run long enough for their order to change, then end;
-            # BOS's id is never generated: no stop
-            eos_id = 1 if index == 2 else _eos_id(rng, model, src, mask, slice(4, 8))
-            max_len = 8 if eos_id == 1 else 10
-            want = ref_gen.beam_search(model, _tensor(src), max_len, BOS, eos_id, beam_size=K, length_penalty=alpha,
-                                       src_is_real=_tensor(mask), pad_id=pad_id).numpy()
+            for _ in range(20):  # where the length penalty acts, a model and EOS id on which it changes a winner
+                model, state, src, mask, situation = _setup(rng, norm_first, B, 7)
+                # EOS ids from the later greedy tokens: beams run long enough for their order to change, then end;
+                # BOS's id is never generated: no stop
+                eos_id = 1 if index == 2 else _eos_id(rng, model, src, mask, slice(4, 8))
+                max_len = 8 if eos_id == 1 else 10
+
+                want, flat = (ref_gen.beam_search(model, _tensor(src), max_len, BOS, eos_id, beam_size=K,
+                                                  length_penalty=penalty, src_is_real=_tensor(mask),
+                                                  pad_id=pad_id).numpy() for penalty in (alpha, 0.0))
+                if not alpha or K == 1 or eos_id == 1 or not np.array_equal(want, flat):
+                    break
             desc = (f"{situation}, beam_size={K}, length_penalty={alpha}, max_len={max_len}, pad_id={pad_id}, "
                     f"{'an EOS id never generated' if eos_id == 1 else 'beams ending at different steps'}")
             cases.append(_decoding_case(f"beam{index}", desc, "beam_search_cached", state, norm_first, src, mask,

@@ -380,7 +380,16 @@ def judge(ex, result: Result, passed: dict[str, bool] | None = None) -> None:
     never reorders its cache feeds the cache what the student's code gave it), so it only decides when a
     building block is known to be wrong, or is not an item of this notebook."""
     if passed is not None and all(passed.get(name) for name in ex.uses):
-        ex.judge(result)
+        ex.judge(result)  # right building blocks: the item's own checks, which say what broke, decide first
+        if ex.required_calls:
+            # ... and a call that passes state on must still be made: a wrong one can leave every output right on
+            # some inputs (a cache reordered by beam index alone is right for batch row 0 and may not show)
+            for case in result.cases.values():
+                replay = _Replay(_recorded_calls(result, case.id), ex.required_calls)
+                if replay.calls and case.relative:
+                    _replayed(ex, case, replay)
+                    if replay.missing:
+                        raise Fail(f"{ex.required_message} ({case.desc}).")
         return
     replays: dict[str, tuple[_Replay, dict, dict, str | None]] = {}
     for case in result.cases.values():

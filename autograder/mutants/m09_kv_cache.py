@@ -73,6 +73,12 @@ patched(MUTANTS, LESSON, "beam_search_cached",
 patched(MUTANTS, LESSON, "beam_search_cached",
         "the cache reordered by beam_idx (0..K-1), not by row b * K + beam_idx",
         (REORDER, "cache.reorder(beam_idx.view(-1))"))
+patched(MUTANTS, LESSON, "beam_search_cached",
+        "no length penalty: the final pick compares raw log-probabilities whatever length_penalty says",
+        (" / ((5.0 + lengths.float()) / 6.0) ** length_penalty", ""))
+patched(MUTANTS, LESSON, "beam_search_cached",
+        "each step ranks its candidates by the new token's log-probability alone, not the beam's running total",
+        ("candidates = (scores[..., None] + log_probs)", "candidates = (0.0 * scores[..., None] + log_probs)"))
 
 
 # -- prefill (find the bug) ------------------------------------------------------------------------------------------

@@ -274,6 +274,25 @@ def check_beam_search_cached(beam_search_cached, beam_search, Seq2SeqTransformer
                      hint="here the surviving beams come from different parents from step to step: after every "
                           "top-k, reorder the cache by the same rows b * K + beam_idx as the histories, or each "
                           "beam attends to another beam's past")
+    with check("length_penalty decides between finished beams of different lengths, as in beam_search"):
+        for seed in range(12):  # a model and EOS id on which the penalty changes the winner (beam_search says which)
+            model = _small_model(Seq2SeqTransformer, seed % 2 == 0, seed=10 + seed)
+            src, is_real = _source(B=3, seed=seed)
+            emitted = beam_search(model, src, 8, BOS, eos_id=-1, beam_size=3, src_is_real=is_real)
+            for eos_id in sorted(set(emitted[:, 1:6].flatten().tolist())):
+                args, kwargs = (model, src, 8, BOS, eos_id), dict(beam_size=3, src_is_real=is_real)
+                want = beam_search(*args, length_penalty=2.0, **kwargs)
+                if not torch.equal(want, beam_search(*args, length_penalty=0.0, **kwargs)):
+                    got = beam_search_cached(*args, length_penalty=2.0, **kwargs)
+                    expect_close(got, want, f"beam_search_cached with eos_id={eos_id}, beam_size=3, length_penalty=2",
+                                 hint="at the end pick each row's beam by the length-normalised score "
+                                      "log_prob / ((5 + len) / 6) ** length_penalty, len counting tokens up to EOS")
+                    break
+            else:
+                continue
+            break
+        else:
+            raise RuntimeError("no case where length_penalty changes a winner: the check itself needs mending")
     _check_memory_projected_once(beam_search_cached, Seq2SeqTransformer, "beam_search_cached", "repeated memory",
                                  beam_size=3)
 
