@@ -535,13 +535,11 @@ def _hidden_values(run, student: str) -> set[str]:
         for case in ex().cases(np.random.default_rng(seed)):
             for array in case.arrays.values():
                 found |= _renderings(np.asarray(array))
-            data = case.data
-            if item == "padding_mask":
-                found |= _renderings(ref.padding_mask(data["ids"], data["pad_id"]))
-            elif item == "combine_masks":
-                found |= _renderings(ref.combine_masks(data["causal"], data["key_is_real"]))
+            args = case.data["args"]  # the call's arguments by name (autograder/checks/l01_masks.py)
+            if item in ("padding_mask", "combine_masks"):
+                found |= _renderings(getattr(ref, item)(*args.values()))
             elif item == "mask_to_bias":
-                found |= _renderings(ref.mask_to_bias(data["allowed"], np.dtype(data["dtype"])))
+                found |= _renderings(ref.mask_to_bias(args["allowed"], np.dtype(args["dtype"]["np_dtype"])))
     return found
 
 

@@ -48,7 +48,7 @@ def split_heads_reshape(x: np.ndarray | torch.Tensor, H: int) -> np.ndarray | to
 
     Works on NumPy arrays and PyTorch tensors alike (``.reshape`` and ``.swapaxes``; torch's ``.transpose(1, 2)``
     and ``.view`` mean something else in NumPy), keeps the dtype, and leaves the input unchanged. Raises
-    ValueError when D is not divisible by H (einops' ``rearrange`` did that check for ``split_heads``).
+    ValueError when D is not divisible by H (for ``split_heads``, einops did that check).
 
     Shape:
         x: (B, T, D) -> (B, H, T, Dh)
