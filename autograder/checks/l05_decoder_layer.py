@@ -53,6 +53,23 @@ def _perturbed(rng: np.random.Generator, x: np.ndarray, memory: np.ndarray, mem_
     return t0, x_future, memory_pad
 
 
+def leak_rows(sizes: str, dims: tuple, post: dict, pre: dict, x, x_future, memory, memory_pad, causal,
+              tgt_is_real, mem_is_real) -> list[tuple]:
+    """The situations a layer and a stack of them share: post-LN (and its future and memory-padding twins, judged
+    by :func:`_leaks`), then pre-LN with target padding. Each row: id, situation, sizes, weights, norm_first, x,
+    memory, causal, target padding, memory padding."""
+    return [
+        ("post", f"{sizes}, post-LN, causal + memory padding", dims, post, False, x, memory, causal, None,
+         mem_is_real),
+        ("post_future", f"{sizes}, post-LN, causal + memory padding, positions after a query changed", dims, post,
+         False, x_future, memory, causal, None, mem_is_real),
+        ("post_pad", f"{sizes}, post-LN, causal + memory padding, padded memory positions changed", dims, post,
+         False, x, memory_pad, causal, None, mem_is_real),
+        ("pre", f"{sizes}, pre-LN, causal + target and memory padding", dims, pre, True, x, memory, causal,
+         tgt_is_real, mem_is_real),
+    ]
+
+
 def _ff_state(rng: np.random.Generator, D: int, F: int, prefix: str = "", bias: float = 0.2,
               unit: bool = False) -> dict[str, np.ndarray]:
     """linear1 (D -> F) and linear2 (F -> D), float32: weights N(0, 1/fan_in) (N(0, 1) if ``unit``)."""
@@ -282,14 +299,7 @@ class DecoderLayerCheck(Exercise):
         sizes, dims = f"B={B}, T={T}, S={S}, D={D}, H={H}, F={F}", (D, H, F)
         # id, situation, (D, H, F), weights, norm_first, x, memory, causal, target padding, memory padding
         rows = [
-            ("post", f"{sizes}, post-LN, causal + memory padding", dims, post, False, x, memory, causal, None,
-             mem_is_real),
-            ("post_future", f"{sizes}, post-LN, causal + memory padding, positions after a query changed", dims, post,
-             False, x_future, memory, causal, None, mem_is_real),
-            ("post_pad", f"{sizes}, post-LN, causal + memory padding, padded memory positions changed", dims, post,
-             False, x, memory_pad, causal, None, mem_is_real),
-            ("pre", f"{sizes}, pre-LN, causal + target and memory padding", dims, pre, True, x, memory, causal,
-             tgt_is_real, mem_is_real),
+            *leak_rows(sizes, dims, post, pre, x, x_future, memory, memory_pad, causal, tgt_is_real, mem_is_real),
             ("b1", f"B=1, T={T1}, S={S1}, D={D1}, H={H1}, F={F1}, {'pre' if nf1 else 'post'}-LN, no masks",
              (D1, H1, F1), _layer_state(rng, D1, F1), nf1, x1, memory1, None, None, None),
             ("empty", f"{sizes}, post-LN, batch item 1 has no real memory token", dims, empty, False, x, memory,

@@ -38,6 +38,7 @@ from autograder.checks.l05_decoder_layer import (
     _torch_forward,
     _torch_layer,
     _unchanged,
+    leak_rows,
 )
 from autograder.reference import model as ref
 from autograder.reference.masks import causal_mask
@@ -412,14 +413,7 @@ class DecoderCheck(Exercise):
         sizes, dims = f"B={B}, T={T}, S={S}, D={D}, H={H}, F={F}, n_layers={N}", (D, H, F, N)
         # id, situation, (D, H, F, N), weights, norm_first, x, memory, causal, target padding, memory padding
         rows = [
-            ("pre", f"{sizes}, pre-LN, causal + target and memory padding", dims, pre, True, x, memory, causal,
-             tgt_is_real, mem_is_real),
-            ("post", f"{sizes}, post-LN, causal + memory padding", dims, post, False, x, memory, causal, None,
-             mem_is_real),
-            ("post_future", f"{sizes}, post-LN, causal + memory padding, positions after a query changed", dims, post,
-             False, x_future, memory, causal, None, mem_is_real),
-            ("post_pad", f"{sizes}, post-LN, causal + memory padding, padded memory positions changed", dims, post,
-             False, x, memory_pad, causal, None, mem_is_real),
+            *leak_rows(sizes, dims, post, pre, x, x_future, memory, memory_pad, causal, tgt_is_real, mem_is_real),
             ("b1", f"B=1, T={T1}, S={S1}, D={D1}, H={H1}, F={F1}, n_layers=1, {'pre' if nf1 else 'post'}-LN, no "
              "masks", (D1, H1, F1, N1), _stack_state(rng, D1, F1, N1, nf1), nf1, x1, memory1, None, None, None),
         ]
