@@ -40,6 +40,11 @@ student controls may run or style anything in it, and nothing a student prints m
    is made, after the notebook ran, so no notebook can print it. The report says so. A student output that
    mentions hidden checks or the grader's verdict is shown in a grey dashed frame labelled as the notebook's own
    output.
+
+The page is written by :class:`FeedbackExporter` (``GenerateFeedback.exporter_class``): nbconvert's
+``HTMLExporter`` without its BeautifulSoup round trip, which re-parsed the whole page only to give ``<img>`` tags
+an ``alt`` and lab-template cells a ``tabindex`` (most of the time feedback took). It makes the same edits on the
+template's text, or leaves the page to nbconvert's own pass where markup is not plainly read.
 """
 
 from __future__ import annotations
@@ -51,7 +56,11 @@ import secrets
 import unicodedata
 
 import nh3
+from bs4 import BeautifulSoup
+from nbconvert.exporters import HTMLExporter, TemplateExporter
+from nbconvert.filters.highlight import Highlight2HTML
 from nbconvert.filters.markdown_mistune import IPythonRenderer, MarkdownWithMath
+from nbconvert.filters.widgetsdatatypefilter import WidgetsDataTypeFilter
 from nbformat import NotebookNode
 from nbgrader.preprocessors import NbGraderPreprocessor
 from pygments.token import STANDARD_TYPES
@@ -60,7 +69,8 @@ from autograder.checks.framework import PASSED_MESSAGE
 from autograder.text import without_escapes
 from autograder.verdicts import FAILED_NAME, PASSED_PREFIX
 
-__all__ = ["SafeFeedback", "imitates_verdict", "markdown_block", "sanitize_html", "sanitize_output"]
+__all__ = ["FeedbackExporter", "SafeFeedback", "accessibility_edits", "imitates_verdict", "markdown_block",
+           "sanitize_html", "sanitize_output"]
 
 # -- the sanitiser ---------------------------------------------------------------------------------------------
 TAGS = {
@@ -439,3 +449,116 @@ class SafeFeedback(NbGraderPreprocessor):
             f'<p style="margin:0 0 8px 0;font-size:13px">{html.escape(explain)}</p>'
             f'<table style="border-collapse:collapse;width:100%;font-size:13px;background:white">'
             f'<thead><tr>{header}</tr></thead><tbody>{"".join(lines)}</tbody></table></div>')
+
+
+# -- the page --------------------------------------------------------------------------------------------------
+# What nbconvert's HTMLExporter.from_notebook_node (nbconvert 7.17) does to the rendered page with BeautifulSoup.
+NO_ALT = "No description has been provided for this image"
+FOCUSABLE = ("jp-Cell-inputWrapper", "jp-OutputArea-output")  # divs it makes focusable (the lab template's)
+
+# The page's markup as a browser's tokenizer reads it: attributes (quoted values may hold < and >), comments, the
+# elements whose content is text (script, style, title, textarea, …), end tags (a browser reads their attributes
+# too). Possessive quantifiers: no backtracking on any input. Whatever else opens a tag is "odd".
+_ATTRS = (r"(?:[\t\n\f\r /]++|[^\t\n\f\r />][^\t\n\f\r /=>]*+"
+          r"""(?:[\t\n\f\r ]*+=[\t\n\f\r ]*+(?:"[^"]*+"|'[^']*+'|[^\t\n\f\r >]*+))?+)*+""")
+_RAW = "script|style|title|textarea|xmp|iframe|noembed|noframes|noscript"
+_MARKUP = re.compile(
+    r"<!--(?:-?>|.*?--!?>)"
+    r"|<(?!!--)[!?][^>]*+>"
+    rf"|<(?P<raw>{_RAW})(?=[\t\n\f\r />]){_ATTRS}>[^<]*+(?:<(?!/(?P=raw)[\t\n\f\r />])[^<]*+)*+"
+    rf"</(?P=raw)(?=[\t\n\f\r />]){_ATTRS}>"
+    rf"|</[a-zA-Z][^\t\n\f\r />]*+{_ATTRS}>|</>|</[^a-zA-Z>][^>]*+>"
+    rf"|<(?!(?:{_RAW})[\t\n\f\r />])(?P<name>[a-zA-Z][^\t\n\f\r />]*+)(?P<attrs>{_ATTRS})>"
+    r"|(?P<odd><[!?]|</?[a-zA-Z])",
+    re.S | re.I)
+_ATTR = re.compile(r"([^\t\n\f\r />][^\t\n\f\r /=>]*+)"
+                   r"""(?:[\t\n\f\r ]*+=[\t\n\f\r ]*+("[^"]*+"|'[^']*+'|[^\t\n\f\r >]*+))?+""")
+_IMG_OPEN = re.compile(r"<img(?=[\t\n\f\r />])", re.I)
+_UNREAD = re.compile(r"\x00|<plaintext|<!\[CDATA\[", re.I)
+
+
+def _attributes(text: str) -> dict[str, str]:
+    found = {}
+    for attribute in _ATTR.finditer(text):
+        value = attribute.group(2) or ""
+        if value[:1] in ("'", '"'):
+            value = value[1:-1]
+        found.setdefault(attribute.group(1).lower(), html.unescape(value))
+    return found
+
+
+def accessibility_edits(page: str) -> tuple[str, int] | None:
+    """``page`` with nbconvert's edits made on its text (``alt`` on each ``<img>`` without one, written first in
+    the tag) and the number of images that needed one; None when nbconvert's own pass must do it.
+
+    None when a ``<img`` is anywhere but at the start of an image tag (in a comment, a script, an attribute, a
+    title: the ``<img`` count and the image tags found differ), when markup opens in a way this scanner does not
+    read (an unclosed tag, comment or script; NUL; ``<plaintext>``; CDATA), or when a div has a class nbconvert
+    makes focusable (the lab template's cells): so an ``alt`` is only ever written right after ``<img``, where
+    html.parser and browsers both see a tag's name end.
+    """
+    if _UNREAD.search(page):
+        return None
+    pieces, done, images, missing = [], 0, 0, 0
+    for tag in _MARKUP.finditer(page):
+        name = tag.group("name")
+        if name is None:
+            if tag.group("odd") is not None:
+                return None
+            continue
+        name = name.lower()
+        if name == "img":
+            images += 1
+            if "alt" not in _attributes(tag.group("attrs")):
+                at = tag.start() + 4
+                pieces += [page[done:at], f' alt="{NO_ALT}"']
+                done, missing = at, missing + 1
+        elif name == "div" and "class" in tag.group("attrs").lower():
+            given = _attributes(tag.group("attrs")).get("class", "")
+            if any(focusable in given for focusable in FOCUSABLE):
+                return None
+    if images != len(_IMG_OPEN.findall(page)):
+        return None
+    pieces.append(page[done:])
+    return "".join(pieces), missing
+
+
+def _soup_edits(page: str) -> tuple[str, int]:
+    """nbconvert's own pass, as HTMLExporter.from_notebook_node makes it."""
+    soup = BeautifulSoup(page, features="html.parser")
+    missing = 0
+    for elem in soup.select("img:not([alt])"):
+        elem.attrs["alt"] = NO_ALT
+        missing += 1
+    for elem in soup.select(".jp-Notebook div.jp-Cell-inputWrapper"):
+        elem.attrs["tabindex"] = "0"
+    for elem in soup.select(".jp-Notebook div.jp-OutputArea-output"):
+        elem.attrs["tabindex"] = "0"
+    return str(soup), missing
+
+
+class FeedbackExporter(HTMLExporter):
+    """nbconvert's HTMLExporter, same template and configuration (it reads the ``HTMLExporter`` section), whose
+    page is the template's output with :func:`accessibility_edits` instead of a BeautifulSoup parse and print of
+    the whole page (tests/test_feedback_exporter.py: the same tree as HTMLExporter's, for real graded notebooks).
+    The page's markup comes from the template, the sanitiser (nh3) and escaped text, so the scanner reads it all."""
+
+    def from_notebook_node(self, nb: NotebookNode, resources: dict | None = None, **kw):
+        # HTMLExporter.from_notebook_node up to its call of TemplateExporter's, which renders the page.
+        langinfo = nb.metadata.get("language_info", {})
+        lexer = langinfo.get("pygments_lexer", langinfo.get("name", None))
+        highlight_code = self.filters.get("highlight_code", Highlight2HTML(pygments_lexer=lexer, parent=self))
+        resources = self._init_resources(resources)
+        filter_data_type = WidgetsDataTypeFilter(notebook_metadata=self._nb_metadata, parent=self,
+                                                 resources=resources)
+        self.register_filter("highlight_code", highlight_code)
+        self.register_filter("filter_data_type", filter_data_type)
+        page, resources = TemplateExporter.from_notebook_node(self, nb, resources, **kw)
+        edited = accessibility_edits(page)
+        if edited is None:
+            self.log.debug("feedback page: markup the scanner does not read, nbconvert's own pass used")
+            edited = _soup_edits(page)
+        page, missing = edited
+        if missing:
+            self.log.warning("Alternative text is missing on %s image(s).", missing)
+        return page, resources

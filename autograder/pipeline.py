@@ -112,6 +112,8 @@ def nbgrader_config(work: Path, db_url: str | None = None, release_dir: Path | N
         "nbgrader.preprocessors.GetGrades", StripHiddenTests, "nbconvert.preprocessors.CSSHTMLHeaderPreprocessor",
         "autograder.feedback.SafeFeedback",
     ]
+    # nbconvert's HTMLExporter, same template and page, without its BeautifulSoup pass over the whole page.
+    c.GenerateFeedback.exporter_class = "autograder.feedback.FeedbackExporter"
     return c
 
 
