@@ -144,6 +144,9 @@ class TrustedExecute(Execute):
     limits = Dict({}, help="Fields of autograder.sandbox.Limits; missing ones keep their defaults.").tag(config=True)
     skip_demos = Bool(True, help="Skip the demonstration cells a student left as released (see "
                                  "autograder.notebooks.untouched_demo); an edited one runs.").tag(config=True)
+    warm = Bool(True, help="Keep one sandbox per student between their notebooks, with a zygote that has imported "
+                           "the lessons' libraries once and forks each notebook's kernel (autograder.sandbox."
+                           "WarmSandbox). False: a new sandbox and a fresh interpreter per notebook.").tag(config=True)
     # The kernel is killed, not asked to stop: a hostile kernel may ignore a polite request.
     shutdown_kernel = Enum(["graceful", "immediate"], default_value="immediate").tag(config=True)
     _box: sandbox.Sandbox | None = None
@@ -244,7 +247,7 @@ class TrustedExecute(Execute):
         self._cell = -1
         self._output_left, self._output_dropped = self._limits.output_bytes, 0
         scratch = Path(tempfile.mkdtemp(prefix="grade-"))
-        self._box = sandbox.Sandbox(scratch, self._limits) if self.sandbox else None
+        self._box = self._sandbox(scratch)
         try:
             if self._box is not None:
                 self._box.prepare()
@@ -255,8 +258,10 @@ class TrustedExecute(Execute):
             # The cases wait outside the kernel's view, and the outputs are taken out of it, by preprocess_cell.
             self._cases, self._staged = harvest / "cases", scratch / "staged"
             self._outputs, self._collected = harvest / "outputs", scratch / "collected" / "outputs"
-            shutil.move(self._cases, self._staged)
-            self._cases.mkdir()
+            self._staged.mkdir()
+            self._cases.mkdir(parents=True, exist_ok=True)
+            for path in self._cases.iterdir():  # the folder stays: a warm sandbox has it bound
+                shutil.move(path, self._staged / path.name)
             self._collected.mkdir(parents=True)
             for private in (self._staged, self._collected.parent):
                 private.chmod(0o700)
@@ -270,9 +275,24 @@ class TrustedExecute(Execute):
                 summary = "passed" if verdict.passed else "failed: " + verdict.message.splitlines()[0][:160]
                 self._note(f"{item}: {summary}", logging.INFO)
         finally:
+            if isinstance(self._box, sandbox.WarmSandbox):
+                self._box.finish_notebook()
             shutil.rmtree(scratch, ignore_errors=True)
             self._box = None
         return nb, resources
+
+    def _sandbox(self, scratch: Path) -> sandbox.Sandbox | None:
+        """This notebook's sandbox: the student's warm one (see :class:`autograder.sandbox.WarmSandbox`), or a
+        cold one of its own when warm sandboxes are off or the warm one cannot start."""
+        if not self.sandbox:
+            return None
+        if self.warm and sandbox.warm_possible():
+            try:
+                return sandbox.warm_sandbox(self._student, self._limits)
+            except (sandbox.SandboxUnavailable, OSError, RuntimeError) as exc:
+                self._note(f"the student's warm sandbox could not start ({shown(str(exc))[:200]}): a cold one "
+                           "was used", logging.INFO)
+        return sandbox.Sandbox(scratch, self._limits)
 
     def _run(self, nb: NotebookNode, resources: dict, harvest: Path):
         """Run the notebook; whatever stops it early is noted, never raised: what was harvested still counts."""

@@ -14,6 +14,7 @@ from __future__ import annotations
 import csv
 import json
 import logging
+import multiprocessing.util
 import os
 import sys
 import tempfile
@@ -45,7 +46,7 @@ from traitlets.config import Config
 from autograder import bugs, intake, nbgrader_plugins, notebooks, parallel
 from autograder.intake import BadSubmission
 from autograder.nbgrader_plugins import RestoreGradingMetadata, StripHiddenTests, TrustedExecute
-from autograder.sandbox import Limits, SandboxUnavailable, check_available
+from autograder.sandbox import Limits, SandboxUnavailable, check_available, retire_all, retire_warm
 from autograder.text import csv_cell, shown
 
 __all__ = ["CANARY", "BadSubmission", "Limits", "Outcome", "SandboxUnavailable", "api", "grade", "grade_many",
@@ -378,10 +379,13 @@ def grade(submissions: Path, work: Path, lessons: list[str] | None = None, db_ur
             outcomes += grade_many(jobs, work, db_url, workers, progress, verbose=verbose, sandbox=sandbox,
                                    limits=limits)
         else:
-            for student, lesson, notebook in jobs:
-                outcome = grade_one(grader, work, db_url, student, lesson, notebook)
-                log.info("%s %s: %s/%s", student, lesson, outcome.score, outcome.max_score)
-                outcomes.append(outcome)
+            try:
+                for student, lesson, notebook in jobs:
+                    outcome = grade_one(grader, work, db_url, student, lesson, notebook)
+                    log.info("%s %s: %s/%s", student, lesson, outcome.score, outcome.max_score)
+                    outcomes.append(outcome)
+            finally:
+                retire_warm()  # the last student's sandbox: nothing of a grading run outlives it
     for student, refused in sorted(collected.refused.items()):
         for lesson, why in sorted(refused.items()):
             outcomes.append(Outcome(student, lesson, 0.0, 0.0, ok=False, message=shown(why)))
@@ -406,6 +410,8 @@ def _init_worker(work: str, db_url: str, verbose: bool, sandbox: bool, limits: d
     quiet_nbgrader(verbose)
     _SETTINGS.update(work=Path(work), db_url=db_url)
     _GRADER = api(Path(work), db_url, verbose=verbose, sandbox=sandbox, limits=Limits(**limits))
+    # a pool worker leaves by os._exit (no atexit): its last student's warm sandbox is retired here
+    multiprocessing.util.Finalize(None, retire_all, exitpriority=10)
 
 
 def _grade_job(job: parallel.Job) -> Outcome:

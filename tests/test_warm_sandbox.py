@@ -1,0 +1,167 @@
+"""Warm sandboxes (autograder.sandbox.WarmSandbox): one per student, a zygote that imported the libraries once
+forks each notebook's kernel. A notebook must start from what a cold sandbox gives it, no two students may share
+one, no kernel may stop its zygote, and the scores must be those of cold grading."""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import nbformat
+import pytest
+from nbgrader.api import Gradebook
+from nbgrader.apps import NbGraderAPI
+from nbgrader.coursedir import CourseDirectory
+
+from autograder import pipeline, samples, sandbox
+
+ROOT = Path(__file__).resolve().parent.parent
+LESSONS = ["01-masks", "05-decoder-layer"]
+
+# A cell a student added: what the previous notebook left, then leave the same behind (files, a process).
+PROBE = r'''
+import os, subprocess
+planted = "/home/student/.ipython/profile_default/startup/00-planted.py"
+marks = [p for p in ("/tmp/mark", "/home/student/mark", "/dev/shm/mark", planted) if os.path.exists(p)]
+marks += ["PLANTED ran"] if "PLANTED" in globals() else []
+sleepers = [p for p in os.listdir("/proc") if p.isdigit() and b"sleep" in open(f"/proc/{p}/cmdline", "rb").read()]
+print("PROBE", {"marks": marks, "sleepers": len(sleepers), "uid": os.getuid(), "ppid_uid": os.stat(f"/proc/{os.getppid()}").st_uid})
+for p in ("/tmp/mark", "/home/student/mark", "/dev/shm/mark"):
+    open(p, "w").write("left by the previous notebook")
+os.makedirs("/home/student/.ipython/profile_default/startup", exist_ok=True)
+open(planted, "w").write("PLANTED = 1")
+subprocess.Popen(["sleep", "600"], start_new_session=True)
+import matplotlib.pyplot as plt
+plt.plot([0, 1], [1, 0]); plt.show()
+'''
+
+
+def _with_cell(nb, source: str):
+    nb = nbformat.from_dict(json.loads(json.dumps(nb)))
+    nb.cells.append(nbformat.v4.new_code_cell(source))
+    return nb
+
+
+@pytest.fixture(scope="module")
+def course(tmp_path_factory):
+    sandbox.check_available()
+    work = tmp_path_factory.mktemp("warm") / "work"
+    pipeline.prepare(work, LESSONS)
+    sandbox.retire_warm()  # the canary's
+    cold_config = pipeline.nbgrader_config(work)
+    cold_config.TrustedExecute.warm = False
+    cold = NbGraderAPI(coursedir=CourseDirectory(config=cold_config), config=cold_config)
+    yield {"work": work, "warm": pipeline.api(work), "cold": cold, "incoming": work.parent / "incoming"}
+    sandbox.retire_warm()
+
+
+def _grade(course, student: str, lesson: str, nb, which: str = "warm"):
+    path = course["incoming"] / student / lesson / f"{lesson}.ipynb"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    nbformat.write(nb, path)
+    outcome = pipeline.grade_one(course[which], course["work"], None, student, lesson, path)
+    graded = nbformat.read(course["work"] / "autograded" / student / lesson / f"{lesson}.ipynb", as_version=4)
+    return outcome, graded
+
+
+def _probe(graded) -> dict:
+    for cell in graded.cells:
+        for out in cell.get("outputs", []):
+            text = out.get("text", "")
+            if out.get("output_type") == "stream" and text.startswith("PROBE "):
+                return eval(text[len("PROBE "):].strip())  # noqa: S307 - our own probe's dict literal
+    raise AssertionError("the probe cell printed nothing")
+
+
+def _has_image(graded) -> bool:
+    return any("image/png" in out.get("data", {}) for cell in graded.cells for out in cell.get("outputs", []))
+
+
+def test_warm_sandboxes_are_used_where_they_can_be(course):
+    assert sandbox.warm_possible() == (os.geteuid() == 0)
+    _grade(course, "w0", "01-masks", samples.perfect("01-masks"))
+    box = getattr(sandbox._WARM, "box", None)
+    if sandbox.warm_possible():
+        assert isinstance(box, sandbox.WarmSandbox) and box.student == "w0" and box.alive()
+    else:
+        assert box is None, "without root every notebook gets a cold sandbox"
+
+
+@pytest.mark.skipif(not sandbox.warm_possible(), reason="warm sandboxes need grading as root (cold ones are used)")
+def test_a_students_next_notebook_starts_from_what_a_cold_sandbox_gives(course, monkeypatch):
+    monkeypatch.delenv("MPLBACKEND", raising=False)  # the kernel draws inline, as for a student (conftest: Agg)
+    nb = _with_cell(samples.perfect("01-masks"), PROBE)
+    first, graded_first = _grade(course, "w1", "01-masks", nb)
+    box = sandbox._WARM.box
+    zygote, outer = box.zygote, box.outer
+    second, graded_second = _grade(course, "w1", "05-decoder-layer", _with_cell(samples.perfect("05-decoder-layer"),
+                                                                                PROBE))
+    assert sandbox._WARM.box is box and box.zygote == zygote and box.outer is outer and box.notebooks == 2, (
+        "the student's second notebook did not reuse the warm sandbox: this test would prove nothing")
+    assert (first.score, first.max_score) == (4, 4) and (second.score, second.max_score) == (8, 8), (first, second)
+    for graded in (graded_first, graded_second):
+        seen = _probe(graded)
+        assert seen["marks"] == [], f"a file of the previous notebook was still there: {seen['marks']}"
+        assert seen["sleepers"] == 0, "a process of the previous notebook was still running"
+        assert seen["uid"] == box.uid and seen["uid"] != 0, "the kernel does not run as the sandbox uid"
+        assert seen["ppid_uid"] == 0, "the kernel's parent (the zygote) is not root: the kernel could signal it"
+        assert _has_image(graded), "a plot in a cell the student added does not show (inline backend)"
+
+
+@pytest.mark.skipif(not sandbox.warm_possible(), reason="warm sandboxes need grading as root (cold ones are used)")
+def test_no_two_students_share_a_sandbox(course):
+    _grade(course, "w2", "01-masks", samples.perfect("01-masks"))
+    box = sandbox._WARM.box
+    _grade(course, "w3", "01-masks", samples.perfect("01-masks"))
+    other = sandbox._WARM.box
+    assert other is not box and other.student == "w3" and other.pid_ns != box.pid_ns
+    assert box.retired and box.outer.poll() is not None and not box.scratch.exists(), "w2's sandbox lives on"
+    assert box._all() == [], "a process of w2's sandbox survived"
+
+
+@pytest.mark.skipif(not sandbox.warm_possible(), reason="warm sandboxes need grading as root (cold ones are used)")
+def test_a_kernel_that_kills_all_it_can_costs_its_own_item_and_not_the_next_notebook(course):
+    attack = (ROOT / "tests" / "adversarial" / "kill_grader.py").read_text().split('"""', 2)[2]
+    nb = samples.perfect("01-masks")
+    for cell in nb.cells:
+        if cell.cell_type == "code" and "def causal_mask" in cell.source:
+            cell.source = "import numpy as np\n" + attack
+    hit, _ = _grade(course, "w4", "01-masks", nb)
+    box = sandbox._WARM.box
+    after, _ = _grade(course, "w4", "01-masks", samples.perfect("01-masks"))
+    assert (hit.score, after.score) == (3, 4), (hit, after)
+    assert sandbox._WARM.box is box and box.notebooks == 2, "the kernel stopped its zygote (or the sandbox retired)"
+
+
+@pytest.mark.parametrize("lesson", LESSONS)
+def test_warm_and_cold_grading_give_the_same_verdicts(course, lesson):
+    for n, make in enumerate((samples.perfect, samples.typical_mistakes, samples.untouched)):
+        nb = make(lesson)
+        warm, warm_nb = _grade(course, f"same{n}", lesson, nb, "warm")
+        warm_items = _item_scores(course, lesson, f"same{n}")
+        cold, cold_nb = _grade(course, f"same{n}", lesson, nb, "cold")
+        assert (warm.score, warm.max_score) == (cold.score, cold.max_score), (lesson, make.__name__, warm, cold)
+        assert warm_items == _item_scores(course, lesson, f"same{n}") and warm_items, (lesson, make.__name__)
+        assert _verdicts(warm_nb) == _verdicts(cold_nb), (lesson, make.__name__)
+
+
+def _item_scores(course, lesson: str, student: str) -> dict[str, float]:
+    with Gradebook(f"sqlite:///{course['work'] / 'gradebook.db'}", pipeline.COURSE_ID) as gb:
+        return {g.name: g.score for g in gb.find_submission_notebook(lesson, lesson, student).grades}
+
+
+def _verdicts(graded) -> list[str]:
+    """What each graded test cell says: the sealed verdict's message, failed or passed."""
+    return [out.get("evalue", "") + "".join(out.get("text", "")) for cell in graded.cells
+            if cell.get("metadata", {}).get("nbgrader", {}).get("grade") for out in cell.get("outputs", [])
+            if out.get("output_type") == "error" or "Hidden checks" in "".join(out.get("text", ""))]
+
+
+def test_nothing_of_a_warm_sandbox_outlives_it(course):
+    _grade(course, "w5", "01-masks", samples.perfect("01-masks"))
+    box = getattr(sandbox._WARM, "box", None)
+    sandbox.retire_warm()
+    assert getattr(sandbox._WARM, "box", None) is None
+    if box is not None:
+        assert box.outer.poll() is not None and box._all() == [] and not box.scratch.exists()
