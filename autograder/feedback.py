@@ -51,10 +51,12 @@ from __future__ import annotations
 
 import base64
 import html
+import json
 import re
 import secrets
 import unicodedata
 
+import jinja2
 import nh3
 from bs4 import BeautifulSoup
 from nbconvert.exporters import HTMLExporter, TemplateExporter
@@ -537,6 +539,48 @@ def _soup_edits(page: str) -> tuple[str, int]:
     return str(soup), missing
 
 
+class _MemoryBytecodeCache(jinja2.BytecodeCache):
+    """Compiled templates kept in memory for this process: nbgrader makes a new exporter, and so a new Jinja
+    environment, for every notebook, which would compile the same 27 templates again (about 0.2 s a page). Jinja
+    checks each cached template against a checksum of its source."""
+
+    def __init__(self) -> None:
+        self.codes: dict[str, bytes] = {}
+
+    def load_bytecode(self, bucket: jinja2.bccache.Bucket) -> None:
+        code = self.codes.get(bucket.key)
+        if code is not None:
+            bucket.bytecode_from_string(code)
+
+    def dump_bytecode(self, bucket: jinja2.bccache.Bucket) -> None:
+        self.codes[bucket.key] = bucket.bytecode_to_string()
+
+
+_BYTECODE = _MemoryBytecodeCache()
+_HIGHLIGHTED: dict[tuple, str] = {}
+_HIGHLIGHT_CHARS = [0]
+_HIGHLIGHT_CAP = 32 << 20  # characters of source kept, then the memo starts again
+
+
+class _CachedHighlight(Highlight2HTML):
+    """nbconvert's highlighter, memoised for this process: every student's page of a lesson shows the same given
+    and solution cells. The key is all its output depends on: the source, the language, a cell's
+    ``magics_language`` and the formatter options."""
+
+    def __call__(self, source, language=None, metadata=None):
+        key = (source, language or self.pygments_lexer, (metadata or {}).get("magics_language"),
+               json.dumps(self.extra_formatter_options, sort_keys=True, default=str))
+        found = _HIGHLIGHTED.get(key)
+        if found is None:
+            found = super().__call__(source, language, metadata)
+            if _HIGHLIGHT_CHARS[0] + len(source) > _HIGHLIGHT_CAP:
+                _HIGHLIGHTED.clear()
+                _HIGHLIGHT_CHARS[0] = 0
+            _HIGHLIGHTED[key] = found
+            _HIGHLIGHT_CHARS[0] += len(source)
+        return found
+
+
 class FeedbackExporter(HTMLExporter):
     """nbconvert's HTMLExporter, same template and configuration (it reads the ``HTMLExporter`` section), whose
     page is the template's output with :func:`accessibility_edits` instead of a BeautifulSoup parse and print of
@@ -547,7 +591,7 @@ class FeedbackExporter(HTMLExporter):
         # HTMLExporter.from_notebook_node up to its call of TemplateExporter's, which renders the page.
         langinfo = nb.metadata.get("language_info", {})
         lexer = langinfo.get("pygments_lexer", langinfo.get("name", None))
-        highlight_code = self.filters.get("highlight_code", Highlight2HTML(pygments_lexer=lexer, parent=self))
+        highlight_code = self.filters.get("highlight_code", _CachedHighlight(pygments_lexer=lexer, parent=self))
         resources = self._init_resources(resources)
         filter_data_type = WidgetsDataTypeFilter(notebook_metadata=self._nb_metadata, parent=self,
                                                  resources=resources)
@@ -562,3 +606,8 @@ class FeedbackExporter(HTMLExporter):
         if missing:
             self.log.warning("Alternative text is missing on %s image(s).", missing)
         return page, resources
+
+    def _create_environment(self):
+        environment = super()._create_environment()
+        environment.bytecode_cache = _BYTECODE
+        return environment
