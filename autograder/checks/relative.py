@@ -193,6 +193,7 @@ class _Replay:
         self.kept: list[tuple[str, list, dict, Any, list, dict]] = []
         self._pure = 0  # inside a correct building block's own answer: every call is the reference's
         self._count: dict[str, int] = {}  # the replay's calls of each label so far
+        self._module_copies: dict[int, tuple] = {}  # id(module) -> (module, its copy, both stamps): see _copied
 
     def answer(self, label: str, signature: inspect.Signature | None, real_fn, args: tuple, kwargs: dict,
                skip_first: bool = False):
@@ -266,13 +267,34 @@ class _Replay:
         call_args = [given[i] if arg is _OPAQUE else arg for i, arg in enumerate(made.args)]
         call_kwargs = {key: kwargs[key] if value is _OPAQUE else value for key, value in made.kwargs.items()}
         try:
-            head, call_args, call_kwargs = copy.deepcopy((head, call_args, call_kwargs))
+            head, call_args, call_kwargs = self._copied(head, call_args, call_kwargs)
             value = self._correct(real_fn, (*head, *call_args), call_kwargs)
         except Exception:  # noqa: BLE001 - a correct one raises on these arguments too (or they cannot be copied)
             return
         if made.returned and not made.answered and _same(value, made.out, _BLOCK_RTOL, _BLOCK_ATOL):
             return  # the student's answered as a correct one does: it stays theirs
         self._keep(label, list(made.args), dict(made.kwargs), value, call_args, call_kwargs)
+
+    def _copied(self, head: list, args: list, kwargs: dict) -> tuple[list, list, dict]:
+        """A deep copy of a call's arguments for a correct building block to work on. A module passed as an
+        argument (a model, a layer: the same object at every step of a decoding loop) is copied once per replay
+        and its copy handed to later calls, as long as neither it nor its copy has changed since (the same tensors
+        with the same values, the same training flags and attributes): a correct block that changed the copy gets
+        a new one.
+        Deep-copying the model at every step was two thirds of the time spent answering a decoding loop."""
+        memo: dict[int, Any] = {}
+        direct = [*head, *args, *kwargs.values()]
+        for obj in direct:
+            kept = self._module_copies.get(id(obj))
+            if (kept is not None and kept[0] is obj and _same_stamp(kept[2], _stamp(obj))
+                    and _same_stamp(kept[3], _stamp(kept[1]))):
+                memo[id(obj)] = kept[1]
+        copied = copy.deepcopy((head, args, kwargs), memo)
+        for obj in direct:
+            if _is_module(obj) and id(obj) in memo:
+                twin = memo[id(obj)]
+                self._module_copies[id(obj)] = (obj, twin, _stamp(obj), _stamp(twin))
+        return copied
 
     def _find(self, label, signature, args, kwargs, skip_first) -> _Call | None:
         given = _bind(signature, args, kwargs, skip_first)
@@ -291,6 +313,33 @@ class _Replay:
         call = (fresh or found)[-1 if not fresh else 0]
         call.used = True
         return call
+
+
+def _is_module(obj) -> bool:
+    torch = _torch_or_none()
+    return torch is not None and isinstance(obj, torch.nn.Module)
+
+
+def _torch_or_none():
+    import sys
+
+    return sys.modules.get("torch")
+
+
+def _stamp(module) -> tuple:
+    """What a correct block could change of a module: each tensor's identity and values (a copy of them: an
+    inference tensor keeps no version counter), each submodule's training flag and attribute names."""
+    if not _is_module(module):
+        return ()
+    named = (*module.named_parameters(remove_duplicate=False), *module.named_buffers(remove_duplicate=False))
+    return (tuple((name, id(t)) for name, t in named), tuple(t.detach().clone() for _, t in named),
+            tuple((m.training, tuple(m.__dict__)) for m in module.modules()))
+
+
+def _same_stamp(a: tuple, b: tuple) -> bool:
+    torch = _torch_or_none()
+    return (len(a) == len(b) == 3 and a[0] == b[0] and a[2] == b[2]
+            and all(torch.equal(x, y) for x, y in zip(a[1], b[1])))
 
 
 def _bind(signature, args, kwargs, skip_first, method=False) -> dict | None:
