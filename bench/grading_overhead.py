@@ -8,7 +8,10 @@ The same submission (the lesson's reference solutions typed into the release) is
   ordinary kernel; our hidden cells only collect, which does nothing outside a grading run);
 - **trusted, no sandbox**: our pipeline with ``--no-sandbox`` (cases written, outputs harvested, verdicts made
   outside the kernel, metadata restored);
-- **trusted + sandbox**: our pipeline as it grades (the kernel in bubblewrap);
+- **trusted + sandbox**, twice: our pipeline as it grades (the kernel in bubblewrap), for a student's **first**
+  notebook (grading as root, the student's warm sandbox starts: its zygote imports torch and the rest once) and
+  for a student's **next** one (the warm sandbox's zygote forks the kernel; see ``autograder.sandbox.WarmSandbox``);
+  without root both are cold sandboxes;
 
 each in its own work folder, side by side: every round runs the three in a rotated order, and the table gives
 medians (and the spread) over the rounds. Feedback is timed apart. Prints a markdown table.
@@ -39,6 +42,8 @@ from nbgrader.coursedir import CourseDirectory  # noqa: E402
 from autograder import notebooks, pipeline, samples, sandbox  # noqa: E402
 
 STUDENT = "bench"
+FIRST = "trusted verdicts + sandbox, a student's first notebook"
+NEXT = "trusted verdicts + sandbox, a student's next notebook"
 
 
 def plain_api(work: Path) -> NbGraderAPI:
@@ -92,23 +97,27 @@ def main(argv: list[str] | None = None) -> None:
     with tempfile.TemporaryDirectory(prefix="bench-grading-") as tmp:
         work = {"plain nbgrader autograde": Path(tmp) / "plain",
                 "trusted verdicts, no sandbox": Path(tmp) / "trusted",
-                "trusted verdicts + sandbox": Path(tmp) / "sandboxed"}
+                FIRST: Path(tmp) / "sandboxed-first",
+                NEXT: Path(tmp) / "sandboxed-next"}
         names = list(work)
         variants = {names[0]: plain_api(work[names[0]]), names[1]: pipeline.api(work[names[1]], sandbox=False),
-                    names[2]: pipeline.api(work[names[2]], sandbox=True)}
+                    FIRST: pipeline.api(work[FIRST], sandbox=True), NEXT: pipeline.api(work[NEXT], sandbox=True)}
         for name, grader in variants.items():
             setup(work[name], grader, args.lesson, submission)
         grade: dict[str, list[float]] = {name: [] for name in names}
         feedback: dict[str, list[float]] = {name: [] for name in names}
         for round_ in range(args.repeats + 1):  # round 0 warms caches and is not counted
-            order = names[round_ % 3:] + names[:round_ % 3]
+            order = names[round_ % len(names):] + names[:round_ % len(names)]
             for name in order:
                 grader = variants[name]
+                if name == FIRST:
+                    sandbox.retire_warm()  # not timed: the student's sandbox starts in the autograde below
                 g = timed(lambda grader=grader: grader.autograde(args.lesson, STUDENT, force=True, create=True))
                 f = timed(lambda grader=grader: grader.generate_feedback(args.lesson, STUDENT, force=True))
                 if round_:
                     grade[name].append(g)
                     feedback[name].append(f)
+        sandbox.retire_warm()
         scores = {}
         for name, grader in variants.items():
             with Gradebook(grader.coursedir.db_url, pipeline.COURSE_ID) as gb:
@@ -126,6 +135,12 @@ def main(argv: list[str] | None = None) -> None:
         over = "—" if name == names[0] else f"{med - base:+.2f} s ({(med / base - 1) * 100:+.0f} %)"
         print(f"| {name} | {med:.2f} | {spread} | {over} | {statistics.median(feedback[name]):.2f} | "
               f"{scores[name]} |")
+    first, nxt = statistics.median(grade[FIRST]), statistics.median(grade[NEXT])
+    mean13 = (first + 12 * nxt) / 13
+    print(f"\nTarget ≤ 1.0× plain nbgrader with the sandbox on: a student's next notebook {nxt / base:.2f}× "
+          f"({'yes' if nxt <= base else '**no**'}), first notebook {first / base:.2f}× "
+          f"({'yes' if first <= base else '**no**'}); over a student's 13 lessons (1 first, 12 next) "
+          f"{mean13 / base:.2f}× ({'yes' if mean13 <= base else '**no**'}).")
     print(f"\nSandbox start-up alone: `python -c pass` {plain_start * 1000:.0f} ms directly, "
           f"{boxed_start * 1000:.0f} ms inside bubblewrap ({(boxed_start - plain_start) * 1000:+.0f} ms).")
 
