@@ -14,6 +14,7 @@ from __future__ import annotations
 import dataclasses
 import logging
 import os
+import re
 import shutil
 import tempfile
 from pathlib import Path
@@ -288,7 +289,9 @@ class TrustedExecute(Execute):
             return None
         if self.warm and sandbox.warm_possible():
             try:
-                return sandbox.warm_sandbox(self._student, self._limits)
+                uses_torch = any(_IMPORTS_TORCH.search(cell.source) for cell in self._nb.cells
+                                 if cell.cell_type == "code")  # only how soon its kernel starts
+                return sandbox.warm_sandbox(self._student, self._limits, uses_torch)
             except (sandbox.SandboxUnavailable, OSError, RuntimeError) as exc:
                 self._note(f"the student's warm sandbox could not start ({shown(str(exc))[:200]}): a cold one "
                            "was used", logging.INFO)
@@ -342,6 +345,9 @@ class TrustedExecute(Execute):
         cell = self._nb.cells[index]
         grade_id = cell.get("metadata", {}).get("nbgrader", {}).get("grade_id")
         return f"cell {index}" + (f" (`{grade_id}`)" if grade_id else "")
+
+
+_IMPORTS_TORCH = re.compile(r"^\s*(from\s+torch\b|import\s+[^#\n]*\btorch\b)", re.MULTILINE)
 
 
 def _content_size(content: dict) -> int:

@@ -548,10 +548,12 @@ class SandboxedKernelManager(AsyncKernelManager):
 # What every lesson's kernel imports: done once per student's sandbox instead of once per notebook (torch alone is
 # about 1.3 s of every graded notebook). Importing is all the zygote does: no student code, no random draw, no
 # torch operation (an OpenMP pool would not survive the fork), no thread, no ZMQ context.
-PREIMPORT = ("ipykernel.kernelapp", "ipykernel.ipkernel", "IPython", "numpy", "torch", "torch.nn",
-             "torch.nn.functional", "einops", "matplotlib", "matplotlib.pyplot",
-             "decoder_course", "decoder_course.harvest", "decoder_course.checks", "decoder_course.plots",
-             "decoder_course.data", "decoder_course.twins")
+PREIMPORT = ("ipykernel.kernelapp", "ipykernel.ipkernel", "IPython", "numpy", "einops", "matplotlib",
+             "matplotlib.pyplot", "decoder_course", "decoder_course.harvest", "decoder_course.checks",
+             "decoder_course.plots", "decoder_course.data")
+# torch, imported by the zygote just before it forks the first of the student's notebooks that imports it: a NumPy
+# lesson's kernel neither waits for it nor maps it (its RLIMIT_AS is then what a cold kernel's is).
+PREIMPORT_TORCH = ("torch", "torch.nn", "torch.nn.functional", "decoder_course.twins")
 
 # The zygote: the kernel command of a warm sandbox (run by _LAUNCHER, so with its rlimits and uid). It reads one
 # command per line on stdin: "fork CONNECTION_FILE" empties /tmp, /dev/shm and $HOME (what the previous notebook
@@ -560,11 +562,15 @@ PREIMPORT = ("ipykernel.kernelapp", "ipykernel.ipkernel", "IPython", "numpy", "t
 _ZYGOTE = r"""
 import ctypes, importlib, os, resource, select, shutil, sys
 os.environ.setdefault("MPLBACKEND", "module://matplotlib_inline.backend_inline")  # as ipykernel sets it
-for name in sys.argv[1].split(","):
-    try:
-        importlib.import_module(name)
-    except Exception:
-        pass
+def preimport(names):
+    for name in names.split(","):
+        try:
+            importlib.import_module(name)
+        except Exception:
+            pass
+
+preimport(sys.argv[1])
+later = sys.argv[4]  # torch and what needs it: see fork
 uid, memory = int(sys.argv[2]), int(sys.argv[3])  # the kernels' uid and RLIMIT_AS beyond the libraries
 with open("/proc/self/mountinfo") as handle:  # what bwrap bound (kernel sockets, font list): never emptied
     mounts = [line.split()[4] for line in handle]
@@ -614,9 +620,13 @@ while True:
     pending += data
     while b"\n" in pending:
         line, pending = pending.split(b"\n", 1)
-        words = line.decode("utf-8", "replace").split(" ", 1)
-        if words[0] != "fork" or len(words) != 2:
+        words = line.decode("utf-8", "replace").split(" ", 2)
+        if words[0] != "fork" or len(words) != 3:
             continue
+        if words[1] == "1" and later:  # this notebook uses torch: import it before the fork
+            preimport(later)
+            later = ""
+        words = [words[0], words[2]]
         for top in ("/tmp", "/dev/shm", os.environ["HOME"]):
             empty(top)
         pid = os.fork()
@@ -726,6 +736,7 @@ class WarmSandbox(Sandbox):
     retired: bool = False
     notebooks: int = 0
     _limit_hit: bool = False
+    wants_torch: bool = True
     _lines: list[str] = field(default_factory=list)
     _cond: threading.Condition = field(default_factory=threading.Condition)
 
@@ -737,7 +748,7 @@ class WarmSandbox(Sandbox):
         self.prepare()
         self.seal()
         argv = [sys.executable, "-s", "-Xfrozen_modules=off", "-c", _ZYGOTE, ",".join(PREIMPORT), str(self.uid),
-                str(self.limits.memory_bytes)]
+                str(self.limits.memory_bytes), ",".join(PREIMPORT_TORCH)]
         with open(self.log_path, "ab") as log:
             self.outer = subprocess.Popen(self.command(argv, zygote=True), env=self.outer_env(),
                                           cwd=str(self.scratch),
@@ -813,10 +824,12 @@ class WarmSandbox(Sandbox):
         shutil.rmtree(self.scratch, ignore_errors=True)
 
     # -- one notebook ----------------------------------------------------------------------------------------
-    def next_notebook(self) -> None:
+    def next_notebook(self, wants_torch: bool = True) -> None:
         """Make the sandbox ready for the student's next notebook: the per-notebook state as a new sandbox has
-        it, the bound host folders empty (nothing of the previous notebook runs any more: :meth:`kill`)."""
+        it, the bound host folders empty (nothing of the previous notebook runs any more: :meth:`kill`).
+        ``wants_torch``: the notebook uses torch, so its kernel is forked once the zygote has imported it."""
         self.notebooks += 1
+        self.wants_torch = wants_torch
         self.events, self.process, self._watchdog, self._limit_hit = [], None, None, False
         self._stop, self._noted_others = threading.Event(), False
         for folder in (self.kernel_dir, self.harvest / "cases", self.harvest / "outputs"):
@@ -829,12 +842,12 @@ class WarmSandbox(Sandbox):
             pass  # the previous notebook's kernel messages are not this one's
         self.seal()
 
-    def fork_kernel(self, connection_file: str, timeout: float = 30.0) -> ForkedKernel:
+    def fork_kernel(self, connection_file: str, timeout: float = 60.0) -> ForkedKernel:
         """Ask the zygote for this notebook's kernel; the provisioner's process for it."""
         assert self.outer is not None and self.outer.stdin is not None
         if not self.alive():
             raise RuntimeError("the student's grading sandbox stopped before this notebook's kernel could start")
-        self.outer.stdin.write(f"fork {connection_file}\n".encode())
+        self.outer.stdin.write(f"fork {int(self.wants_torch)} {connection_file}\n".encode())
         self.outer.stdin.flush()
         line = self._expect(lambda line: line.startswith("forked "), timeout)
         if line is None:
@@ -907,7 +920,7 @@ _ALL_WARM: set[WarmSandbox] = set()
 _ALL_LOCK = threading.Lock()
 
 
-def warm_sandbox(student: str, limits: Limits) -> WarmSandbox:
+def warm_sandbox(student: str, limits: Limits, wants_torch: bool = True) -> WarmSandbox:
     """This thread's sandbox for ``student``'s next notebook: the one kept from their previous notebook, or a new
     one (the previous student's, if any, is retired first: no two students ever share a sandbox)."""
     box: WarmSandbox | None = getattr(_WARM, "box", None)
@@ -926,7 +939,7 @@ def warm_sandbox(student: str, limits: Limits) -> WarmSandbox:
                 _ALL_WARM.discard(box)
             raise
         _WARM.box = box
-    box.next_notebook()
+    box.next_notebook(wants_torch)
     return box
 
 
