@@ -414,16 +414,8 @@ class Sandbox:
                 self.process.wait(timeout=10)
             except (OSError, subprocess.TimeoutExpired):
                 pass
-        deadline = time.monotonic() + 5
-        while (left := self.survivors()) and time.monotonic() < deadline:
-            for pid in left:
-                try:
-                    os.kill(pid, signal.SIGKILL)
-                except OSError:
-                    pass
-            time.sleep(0.05)
-        if self.survivors():
-            self.events.append(f"processes of the sandbox survived the kill: {self.survivors()}")
+        if left := _kill_until_gone(self.survivors):
+            self.events.append(f"processes of the sandbox survived the kill: {left}")
 
     def note_others(self) -> None:
         """Say (once) how many processes besides the kernel were running when the notebook ended."""
@@ -475,6 +467,19 @@ class Sandbox:
 
     def describe(self) -> dict:
         return {"uid": self.uid, "limits": asdict(self.limits), "read_only": self.read_only_paths()}
+
+
+def _kill_until_gone(listed, seconds: float = 5.0, pause: float = 0.05) -> list[int]:
+    """SIGKILL every pid ``listed()`` gives, again and again, until it gives none or ``seconds`` pass; what is left."""
+    deadline = time.monotonic() + seconds
+    while (left := listed()) and time.monotonic() < deadline:
+        for pid in left:
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except OSError:
+                pass
+        time.sleep(pause)
+    return listed()
 
 
 def _pids() -> list[int]:
@@ -813,14 +818,7 @@ class WarmSandbox(Sandbox):
                 self.outer.wait(timeout=10)
             except subprocess.TimeoutExpired:
                 pass
-        deadline = time.monotonic() + 5
-        while (left := self._all()) and time.monotonic() < deadline:
-            for pid in left:
-                try:
-                    os.kill(pid, signal.SIGKILL)
-                except OSError:
-                    pass
-            time.sleep(0.05)
+        _kill_until_gone(self._all)
         shutil.rmtree(self.scratch, ignore_errors=True)
 
     # -- one notebook ----------------------------------------------------------------------------------------
@@ -873,16 +871,8 @@ class WarmSandbox(Sandbox):
         self.note_others()
         if self.process is not None:
             self.process.kill()
-        deadline = time.monotonic() + 5
-        while (left := self.survivors()) and time.monotonic() < deadline:
-            for pid in left:
-                try:
-                    os.kill(pid, signal.SIGKILL)
-                except OSError:
-                    pass
-            time.sleep(0.02)
-        if self.survivors():
-            self.events.append(f"processes of the sandbox survived the kill: {self.survivors()}")
+        if left := _kill_until_gone(self.survivors, pause=0.02):
+            self.events.append(f"processes of the sandbox survived the kill: {left}")
         if self.process is not None:
             try:
                 self.process.wait(timeout=2)
