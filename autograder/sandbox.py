@@ -682,7 +682,7 @@ class ForkedKernel:
 
     stdin = stdout = stderr = None
 
-    def __init__(self, box: "WarmSandbox", pid: int, ns_pid: int):
+    def __init__(self, box: WarmSandbox, pid: int, ns_pid: int):
         self.box, self.pid, self.ns_pid = box, pid, ns_pid
         self.returncode: int | None = None
         self._killed = False
@@ -768,9 +768,9 @@ class WarmSandbox(Sandbox):
         self.zygote = next((pid for pid in _pids() if _ppid(pid) == self.init), -1)
         try:
             self.pid_ns = os.readlink(f"/proc/{self.zygote}/ns/pid")
-        except OSError:
+        except OSError as exc:
             self.retire()
-            raise SandboxUnavailable("the grading sandbox's kernel could not be found")
+            raise SandboxUnavailable("the grading sandbox's kernel could not be found") from exc
 
     def _read(self) -> None:
         """The zygote's reports: bounded lines, anything else dropped (a kernel could write to this pipe too)."""

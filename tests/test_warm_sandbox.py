@@ -26,7 +26,8 @@ planted = "/home/student/.ipython/profile_default/startup/00-planted.py"
 marks = [p for p in ("/tmp/mark", "/home/student/mark", "/dev/shm/mark", planted) if os.path.exists(p)]
 marks += ["PLANTED ran"] if "PLANTED" in globals() else []
 sleepers = [p for p in os.listdir("/proc") if p.isdigit() and b"sleep" in open(f"/proc/{p}/cmdline", "rb").read()]
-print("PROBE", {"marks": marks, "sleepers": len(sleepers), "uid": os.getuid(), "ppid_uid": os.stat(f"/proc/{os.getppid()}").st_uid})
+parent_uid = os.stat(f"/proc/{os.getppid()}").st_uid
+print("PROBE", {"marks": marks, "sleepers": len(sleepers), "uid": os.getuid(), "ppid_uid": parent_uid})
 for p in ("/tmp/mark", "/home/student/mark", "/dev/shm/mark"):
     open(p, "w").write("left by the previous notebook")
 os.makedirs("/home/student/.ipython/profile_default/startup", exist_ok=True)
