@@ -894,9 +894,6 @@ class WarmSandbox(Sandbox):
             return []
         return sorted(pid for pid in self.survivors() if pid != self.process.pid)
 
-    def exit_description(self) -> str:
-        return Sandbox.exit_description(self)
-
 
 def warm_possible() -> bool:
     """Warm sandboxes need grading as root: the zygote stays root, so that no kernel (the sandbox uid) can

@@ -22,6 +22,7 @@ import contextlib
 import copy
 import dataclasses
 import inspect
+import sys
 from types import ModuleType
 from typing import Any
 from unittest import mock
@@ -316,14 +317,8 @@ class _Replay:
 
 
 def _is_module(obj) -> bool:
-    torch = _torch_or_none()
+    torch = sys.modules.get("torch")  # a module can only exist if torch was imported
     return torch is not None and isinstance(obj, torch.nn.Module)
-
-
-def _torch_or_none():
-    import sys
-
-    return sys.modules.get("torch")
 
 
 def _stamp(module) -> tuple:
@@ -337,7 +332,7 @@ def _stamp(module) -> tuple:
 
 
 def _same_stamp(a: tuple, b: tuple) -> bool:
-    torch = _torch_or_none()
+    torch = sys.modules["torch"]  # stamps of modules only
     return (len(a) == len(b) == 3 and a[0] == b[0] and a[2] == b[2]
             and all(torch.equal(x, y) for x, y in zip(a[1], b[1])))
 
