@@ -152,6 +152,15 @@ class TrustedExecute(Execute):
     shutdown_kernel = Enum(["graceful", "immediate"], default_value="immediate").tag(config=True)
     _box: sandbox.Sandbox | None = None
 
+    @classmethod
+    def prestart(cls, config, student: str) -> None:
+        """Launch ``student``'s warm sandbox now, as this configuration would have :meth:`preprocess` ask for it,
+        so that its zygote imports while nbgrader does its own work before the kernel (see
+        :func:`autograder.sandbox.prestart_warm`); nothing when sandboxes or warm ones are off."""
+        execute = cls(config=config)
+        if execute.sandbox and execute.warm:
+            sandbox.prestart_warm(student, sandbox.Limits(**execute.limits))
+
     def _secret(self) -> bytes:
         path = Path(self.secret_file or os.environ.get("DECODER_COURSE_SECRET_FILE", ".grading/secret"))
         if not path.exists():
@@ -200,25 +209,24 @@ class TrustedExecute(Execute):
 
     def _answer(self, item: str, index: int) -> None:
         """An item whose building block raised on its cases runs them again, right after its cell, with a correct
-        building block's answers where the student's raised (see :func:`verdicts.answered_cases`)."""
-        ex, cases = self._plan.items.get(item, (None, []))
-        for _ in range(verdicts.ANSWER_ROUNDS if ex is not None else 0):
-            again = verdicts.answered_cases(ex, cases, self._collected)
-            if again is None:
-                return
-            write_cases(self._cases, item, again)
-            names = [f"{item}.json", f"{item}.npz"]
-            for name in names:
-                (self._cases / name).chmod(0o444)
-            self._plan.items[item] = (ex, cases := again)
-            probe = NotebookNode(cell_type="code", metadata={}, outputs=[],
-                                 source=f"from decoder_course.harvest import collect; collect({item!r}, globals())")
-            cell = self.nb.cells[index]
-            try:
-                self.execute_cell(probe, index, store_history=False)
-            finally:
-                self.nb.cells[index] = cell  # nbclient puts the cell it ran in its place: the graded cell stays
-                self._hand_in(names)
+        building block's answers where the student's raised (see :func:`verdicts.answer_rounds`)."""
+        if item in self._plan.items:
+            verdicts.answer_rounds(self._plan, item, self._collected, lambda cases: self._rerun(item, index, cases))
+
+    def _rerun(self, item: str, index: int, cases: list) -> None:
+        """Run ``cases`` of ``item`` in the kernel once more, as its cell's hidden part does, and hand them in."""
+        write_cases(self._cases, item, cases)
+        names = [f"{item}.json", f"{item}.npz"]
+        for name in names:
+            (self._cases / name).chmod(0o444)
+        probe = NotebookNode(cell_type="code", metadata={}, outputs=[],
+                             source=f"from decoder_course.harvest import collect; collect({item!r}, globals())")
+        cell = self.nb.cells[index]
+        try:
+            self.execute_cell(probe, index, store_history=False)
+        finally:
+            self.nb.cells[index] = cell  # nbclient puts the cell it ran in its place: the graded cell stays
+            self._hand_in(names)
 
     async def _async_handle_timeout(self, timeout, cell=None):
         self._note(f"{self._cell_name(self._cell)} ran past the {timeout} s cell limit: interrupted")

@@ -16,7 +16,9 @@ from __future__ import annotations
 
 import hashlib
 import os
+from collections.abc import Callable
 from dataclasses import dataclass, field
+from functools import partial
 from pathlib import Path
 
 import numpy as np
@@ -86,6 +88,7 @@ class Plan:
     items: dict[str, tuple[Exercise, list[Case]]]
     sources: dict[str, str] = field(default_factory=dict)  # item -> the submitted code of its solution cell(s)
     cells: list[str] = field(default_factory=list)  # every code cell of the submission, for the policy
+    outputs: dict[str, tuple] = field(default_factory=dict)  # item -> outputs merged over answer rounds
 
 
 def solution_sources(nb: NotebookNode) -> dict[str, str]:
@@ -159,18 +162,78 @@ def unreadable_outputs(folder: Path, item: str, max_bytes: int = MAX_OUTPUT_BYTE
 ANSWER_ROUNDS = 8
 
 
-def answered_cases(ex: Exercise, cases: list[Case], folder: Path) -> list[Case] | None:
+def answered_cases(ex: Exercise, cases: list[Case], folder: Path, outputs: tuple | None = None) -> list[Case] | None:
     """An item built on the student's other items whose building block raised on its cases: those cases again,
     with a correct building block's answers where the student's raised (:func:`autograder.checks.relative.answered`),
-    to run once more in the same kernel; None when there is nothing to answer (or nothing readable to go by)."""
+    to run once more in the same kernel; None when there is nothing to answer (or nothing readable to go by).
+    ``outputs``: what the kernel handed in for these cases, when the caller has it (else read from ``folder``)."""
     if not getattr(ex, "uses", ()):
         return None
     from autograder.checks import relative
 
     try:
-        return relative.answered(ex, Result(folder, ex.name, cases, framework.read_outputs(folder, ex.name)))
+        outputs = outputs if outputs is not None else framework.read_outputs(folder, ex.name)
+        return relative.answered(ex, Result(folder, ex.name, cases, outputs))
     except Exception:  # noqa: BLE001 - outputs the first run could not hand in: judged as they are
         return None
+
+
+def answer_rounds(plan: Plan, item: str, folder: Path, run: Callable[[list[Case]], None]) -> None:
+    """After ``item``'s cases ran once (their outputs in ``folder``): up to :data:`ANSWER_ROUNDS` more runs with a
+    correct building block's answers where the student's raised (:func:`answered_cases`). Only the cases that carry
+    new answers run again: ``run(cases)`` writes them for the kernel, runs them and leaves their outputs in
+    ``folder``; every other case keeps the outputs of its last run. ``plan`` keeps the cases of the last run
+    and those merged outputs (``plan.outputs``, which :func:`decide` judges); where a run's outputs cannot be read
+    as the harvest writes them, the item is judged on what that run left in ``folder``, as it is."""
+    ex, cases = plan.items[item]
+    if not getattr(ex, "uses", ()):
+        return
+    try:
+        outputs = framework.read_outputs(folder, item)
+    except framework.Unreadable:
+        return
+    for _ in range(ANSWER_ROUNDS):
+        again = answered_cases(ex, cases, folder, outputs)
+        if again is None:
+            return
+        kept = {id(case) for case in cases}
+        ran = [case for case in again if id(case) not in kept]  # the twins with new answers (relative.answered)
+        run(ran)  # should it raise (a cell timeout), the cases and outputs of the last round are judged
+        plan.items[item] = (ex, cases := again)
+        try:
+            outputs = plan.outputs[item] = _merged(outputs, framework.read_outputs(folder, item), ran)
+        except (framework.Unreadable, ValueError, TypeError, KeyError, AttributeError):
+            plan.outputs.pop(item, None)
+            return
+
+
+def _merged(previous: tuple, new: tuple, ran: list[Case]) -> tuple[dict, dict]:
+    """Outputs as :func:`framework.read_outputs` gives them: ``new``'s for the cases ``ran``, ``previous``'s for
+    every other case, in ``previous``'s order."""
+    old, fresh = _outputs_by_case(previous), _outputs_by_case(new)
+    rerun = {case.id for case in ran}
+    report: dict = {"item": previous[0].get("item"), "cases": {}, "leaves": []}
+    arrays: dict[str, np.ndarray] = {}
+    for case_id in old:
+        entry, recorded = (fresh if case_id in rerun else old).get(case_id, ({}, {}))
+        report["cases"][case_id] = entry
+        for name, array in recorded.items():
+            arrays[f"leaf{len(report['leaves'])}"] = array
+            report["leaves"].append(f"{case_id}/{name}")
+    return report, arrays
+
+
+def _outputs_by_case(outputs: tuple) -> dict[str, tuple[dict, dict]]:
+    """A harvest report and its arrays (:func:`framework.read_outputs`) as case id -> (entry, name -> array)."""
+    report, arrays = outputs
+    keys = report["leaves"]
+    if set(arrays) != {f"leaf{i}" for i in range(len(keys))}:
+        raise ValueError("the report and the arrays do not match")
+    by_case = {str(case_id): (entry, {}) for case_id, entry in dict(report["cases"]).items()}
+    for i, key in enumerate(keys):
+        case_id, _, name = str(key).partition("/")
+        by_case[case_id][1][name] = arrays[f"leaf{i}"]
+    return by_case
 
 
 def decide(plan: Plan) -> dict[str, Verdict]:
@@ -181,7 +244,7 @@ def decide(plan: Plan) -> dict[str, Verdict]:
         own = plan.sources.get(item, "")
         broken = policy.violations(plan.cells or [own], [own], [item], tuple(getattr(ex, "forbidden", ())))
         try:
-            outputs, unreadable = framework.read_outputs(plan.scratch / "outputs", item), None
+            outputs, unreadable = plan.outputs.get(item) or framework.read_outputs(plan.scratch / "outputs", item), None
         except framework.Unreadable as exc:
             outputs, unreadable = None, str(exc)
         if broken:
@@ -249,22 +312,24 @@ def judge_namespace(lesson: str, namespace: dict, secret: bytes = b"in-process",
             cases = ex.cases(np.random.default_rng(derive_seed(secret, lesson, student, item)))
             write_cases(scratch / "cases", item, cases)
             plan_items[item] = (ex, cases)
+        plan = Plan(lesson, scratch, plan_items)
         previous = os.environ.get(ENV_VAR)
         os.environ[ENV_VAR] = str(scratch)
         try:
             for item in names:
                 collect(item, namespace)
-                ex, cases = plan_items[item]
-                for _ in range(ANSWER_ROUNDS):
-                    again = answered_cases(ex, cases, scratch / "outputs")
-                    if again is None:
-                        break
-                    write_cases(scratch / "cases", item, again)
-                    plan_items[item] = (ex, cases := again)
-                    collect(item, namespace)
+                answer_rounds(plan, item, scratch / "outputs", partial(_run_in_process, scratch, item, namespace))
         finally:
             if previous is None:
                 os.environ.pop(ENV_VAR, None)
             else:
                 os.environ[ENV_VAR] = previous
-        return decide(Plan(lesson, scratch, plan_items))
+        return decide(plan)
+
+
+def _run_in_process(scratch: Path, item: str, namespace: dict, cases: list[Case]) -> None:
+    """:func:`judge_namespace`'s kernel: write ``cases`` and collect them in this process."""
+    from decoder_course.harvest import collect
+
+    write_cases(scratch / "cases", item, cases)
+    collect(item, namespace)

@@ -122,3 +122,35 @@ def test_an_object_cannot_be_sent_as_an_answer():
         relative._encode(case, object())
     assert relative._encode(case, object(), loose=True) == {"anything": True}
     assert relative._encode(case, (1, None, [2.5])) == {"tuple": [1, None, {"list": [2.5]}]}
+
+
+def test_an_answer_round_reruns_only_the_cases_it_answers_and_judges_the_merged_outputs(monkeypatch):
+    """masked_softmax raising on 4-D scores only: the next run sends just the cases that stopped there (with
+    answers), every other case keeps the outputs of the first run, and scaled_dot_product_attention (correct)
+    passes on the merged outputs."""
+    lesson = "02-attention"
+    namespace = samples.notebook_namespace(lesson, {"masked_softmax": (
+        "def masked_softmax(scores, allowed=None, axis=-1):\n"
+        "    if scores.ndim == 4:\n"
+        "        raise ValueError('not for four axes')\n"
+        "    return softmax(np.where(allowed, scores, -1e9) if allowed is not None else scores, axis=axis)\n")})
+    sent: list[list[Case]] = []
+    run = verdicts._run_in_process
+
+    def spied(scratch, item, namespace, cases):
+        sent.append(list(cases))
+        run(scratch, item, namespace, cases)
+
+    monkeypatch.setattr(verdicts, "_run_in_process", spied)
+    decided = verdicts.judge_namespace(lesson, namespace, items=["softmax", "masked_softmax",
+                                                                "scaled_dot_product_attention"])
+    ex = verdicts.exercises_for(lesson)["scaled_dot_product_attention"]()
+    n_cases = len(ex.cases(np.random.default_rng(0)))
+    assert sent, "no answer round ran for an item whose building block raised on some of its cases"
+    for cases in sent:
+        assert 0 < len(cases) < n_cases, "an answer round sent every case again, or none"
+        for case in cases:
+            spy = next(step for step in case.steps if "spy" in step)
+            assert spy.get("answers"), f"case {case.id} was sent again without answers"
+    assert not decided["masked_softmax"].passed
+    assert decided["scaled_dot_product_attention"].passed, decided["scaled_dot_product_attention"].message
