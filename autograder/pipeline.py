@@ -278,6 +278,7 @@ def _grade_one(grader: NbGraderAPI, work: Path, db_url: str | None, student: str
     try:
         max_bytes = grader.config.TrustedExecute.limits.get("notebook_bytes") or Limits().notebook_bytes
         intake.place(work / "submitted", student, lesson, notebook, max_bytes)
+        nbgrader_plugins.TrustedExecute.prestart(grader.config, student)  # its zygote imports meanwhile
         result = grader.autograde(lesson, student, force=True, create=True)
         if not result["success"]:
             return Outcome(student, lesson, 0.0, 0.0, ok=False, message=_last_error(result["log"]))

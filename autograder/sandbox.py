@@ -739,6 +739,7 @@ class WarmSandbox(Sandbox):
     zygote: int = -1  # host pids
     init: int = -1
     retired: bool = False
+    ready: bool = False  # the zygote has imported what it preimports (:meth:`wait_ready`)
     notebooks: int = 0
     _limit_hit: bool = False
     wants_torch: bool = True
@@ -750,6 +751,11 @@ class WarmSandbox(Sandbox):
 
     # -- life ------------------------------------------------------------------------------------------------
     def start(self, timeout: float = 120.0) -> None:
+        self.launch()
+        self.wait_ready(timeout)
+
+    def launch(self) -> None:
+        """Start bwrap and its zygote, without waiting for the zygote's imports (:meth:`wait_ready`)."""
         self.prepare()
         self.seal()
         argv = [sys.executable, "-s", "-Xfrozen_modules=off", "-c", _ZYGOTE, ",".join(PREIMPORT), str(self.uid),
@@ -759,6 +765,12 @@ class WarmSandbox(Sandbox):
                                           cwd=str(self.scratch),
                                           stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=log)
         threading.Thread(target=self._read, name="zygote-reader", daemon=True).start()
+
+    def wait_ready(self, timeout: float = 120.0) -> None:
+        """Wait until the zygote has imported :data:`PREIMPORT` and find its processes; retire the sandbox and
+        raise :class:`SandboxUnavailable` if it never gets there."""
+        if self.ready:
+            return
         if not self._expect(lambda line: line == "ready", timeout):
             self.retire()
             raise SandboxUnavailable(f"the grading sandbox's kernel did not start: {self.log_tail() or 'no message'}")
@@ -771,6 +783,7 @@ class WarmSandbox(Sandbox):
         except OSError as exc:
             self.retire()
             raise SandboxUnavailable("the grading sandbox's kernel could not be found") from exc
+        self.ready = True
 
     def _read(self) -> None:
         """The zygote's reports: bounded lines, anything else dropped (a kernel could write to this pipe too)."""
@@ -908,25 +921,54 @@ _ALL_LOCK = threading.Lock()
 
 
 def warm_sandbox(student: str, limits: Limits, wants_torch: bool = True) -> WarmSandbox:
-    """This thread's sandbox for ``student``'s next notebook: the one kept from their previous notebook, or a new
-    one (the previous student's, if any, is retired first: no two students ever share a sandbox)."""
+    """This thread's sandbox for ``student``'s next notebook: the one kept from their previous notebook (or
+    launched by :func:`prestart_warm`), or a new one (the previous student's, if any, is retired first: no two
+    students ever share a sandbox)."""
+    box = _kept(student, limits) or _launched(student, limits)
+    try:
+        box.wait_ready()
+    except BaseException:
+        retire_warm()
+        raise
+    box.next_notebook(wants_torch)
+    return box
+
+
+def prestart_warm(student: str, limits: Limits) -> None:
+    """Launch this thread's sandbox for ``student`` now, unless it runs already, without waiting for its zygote:
+    its imports then overlap whatever the grader does before the notebook's kernel is asked for (nbgrader's
+    bookkeeping, the hidden cases). :func:`warm_sandbox` takes it up; a launch that fails leaves that to it."""
+    if not warm_possible() or _kept(student, limits) is not None:
+        return
+    try:
+        _launched(student, limits)
+    except (SandboxUnavailable, OSError):
+        retire_warm()
+
+
+def _kept(student: str, limits: Limits) -> WarmSandbox | None:
+    """This thread's sandbox if it is ``student``'s, with these limits, and alive; otherwise it is retired."""
     box: WarmSandbox | None = getattr(_WARM, "box", None)
     if box is not None and (box.student != student or box.limits != limits or not box.alive()
                             or box.uid != sandbox_uid()):
         retire_warm()
         box = None
-    if box is None:
-        box = WarmSandbox(Path(tempfile.mkdtemp(prefix="sandbox-")), limits, student=student)
+    return box
+
+
+def _launched(student: str, limits: Limits) -> WarmSandbox:
+    """A new sandbox for ``student``, launched (:meth:`WarmSandbox.launch`) and kept as this thread's."""
+    box = WarmSandbox(Path(tempfile.mkdtemp(prefix="sandbox-")), limits, student=student)
+    with _ALL_LOCK:
+        _ALL_WARM.add(box)
+    try:
+        box.launch()
+    except BaseException:
         with _ALL_LOCK:
-            _ALL_WARM.add(box)
-        try:
-            box.start()
-        except BaseException:
-            with _ALL_LOCK:
-                _ALL_WARM.discard(box)
-            raise
-        _WARM.box = box
-    box.next_notebook(wants_torch)
+            _ALL_WARM.discard(box)
+        box.retire()
+        raise
+    _WARM.box = box
     return box
 
 

@@ -135,6 +135,21 @@ def test_a_kernel_that_kills_all_it_can_costs_its_own_item_and_not_the_next_note
     assert sandbox._WARM.box is box and box.notebooks == 2, "the kernel stopped its zygote (or the sandbox retired)"
 
 
+@pytest.mark.skipif(not sandbox.warm_possible(), reason="warm sandboxes need grading as root (cold ones are used)")
+def test_a_prestarted_sandbox_is_the_one_the_notebook_gets_and_never_another_students(course):
+    sandbox.retire_warm()
+    limits = sandbox.Limits(**course["warm"].config.TrustedExecute.limits)
+    sandbox.prestart_warm("w6", limits)
+    box = sandbox._WARM.box
+    assert box.student == "w6" and not box.ready, "prestart_warm waited for the zygote: nothing overlaps it"
+    sandbox.prestart_warm("w6", limits)
+    assert sandbox._WARM.box is box, "a second prestart for the same student replaced the sandbox"
+    sandbox.prestart_warm("w7", limits)
+    assert sandbox._WARM.box is not box and box.retired, "another student's prestart kept w6's sandbox"
+    outcome, _ = _grade(course, "w7", "01-masks", samples.perfect("01-masks"))
+    assert sandbox._WARM.box.student == "w7" and sandbox._WARM.box.notebooks == 1 and outcome.score == 4, outcome
+
+
 @pytest.mark.parametrize("lesson", LESSONS)
 def test_warm_and_cold_grading_give_the_same_verdicts(course, lesson):
     for n, make in enumerate((samples.perfect, samples.typical_mistakes, samples.untouched)):
