@@ -557,28 +557,33 @@ class _MemoryBytecodeCache(jinja2.BytecodeCache):
 
 
 _BYTECODE = _MemoryBytecodeCache()
-_HIGHLIGHTED: dict[tuple, str] = {}
-_HIGHLIGHT_CHARS = [0]
-_HIGHLIGHT_CAP = 32 << 20  # characters of source kept, then the memo starts again
+_RENDERED: dict[tuple, str] = {}
+_RENDERED_CHARS = [0]
+_RENDERED_CAP = 32 << 20  # characters of source kept, then the memo starts again
+
+
+def _memoised(key: tuple, size: int, render) -> str:
+    """``render()``, kept for this process under ``key`` (all the output depends on): every student's page of a
+    lesson shows the same given and solution cells and the same prose."""
+    found = _RENDERED.get(key)
+    if found is None:
+        found = render()
+        if _RENDERED_CHARS[0] + size > _RENDERED_CAP:
+            _RENDERED.clear()
+            _RENDERED_CHARS[0] = 0
+        _RENDERED[key] = found
+        _RENDERED_CHARS[0] += size
+    return found
 
 
 class _CachedHighlight(Highlight2HTML):
-    """nbconvert's highlighter, memoised for this process: every student's page of a lesson shows the same given
-    and solution cells. The key is all its output depends on: the source, the language, a cell's
+    """nbconvert's highlighter, memoised (:func:`_memoised`). The key: the source, the language, a cell's
     ``magics_language`` and the formatter options."""
 
     def __call__(self, source, language=None, metadata=None):
-        key = (source, language or self.pygments_lexer, (metadata or {}).get("magics_language"),
+        key = ("highlight", source, language or self.pygments_lexer, (metadata or {}).get("magics_language"),
                json.dumps(self.extra_formatter_options, sort_keys=True, default=str))
-        found = _HIGHLIGHTED.get(key)
-        if found is None:
-            found = super().__call__(source, language, metadata)
-            if _HIGHLIGHT_CHARS[0] + len(source) > _HIGHLIGHT_CAP:
-                _HIGHLIGHTED.clear()
-                _HIGHLIGHT_CHARS[0] = 0
-            _HIGHLIGHTED[key] = found
-            _HIGHLIGHT_CHARS[0] += len(source)
-        return found
+        return _memoised(key, len(source), lambda: super(_CachedHighlight, self).__call__(source, language, metadata))
 
 
 class FeedbackExporter(HTMLExporter):
@@ -606,6 +611,18 @@ class FeedbackExporter(HTMLExporter):
         if missing:
             self.log.warning("Alternative text is missing on %s image(s).", missing)
         return page, resources
+
+    @jinja2.pass_context
+    def markdown2html(self, context, source):
+        """HTMLExporter's markdown filter, memoised (:func:`_memoised`): nbconvert builds a new markdown parser for
+        every cell. The key: the source, the cell's attachments, the notebook's path and the renderer's options."""
+        cell = context.get("cell", {})
+        attachments = json.dumps(cell.get("attachments", {}), sort_keys=True, default=str)
+        path = context.get("resources", {}).get("metadata", {}).get("path", "")
+        key = ("markdown", source, attachments, path, self.embed_images, self.anchor_link_text,
+               self.exclude_anchor_links, json.dumps(self.lexer_options, sort_keys=True, default=str))
+        return _memoised(key, len(source) + len(attachments),
+                         lambda: HTMLExporter.markdown2html(self, context, source))
 
     def _create_environment(self):
         environment = super()._create_environment()
