@@ -28,6 +28,7 @@ grading before any student is judged.
 from __future__ import annotations
 
 import ast
+import functools
 import re
 from dataclasses import dataclass, field
 
@@ -72,7 +73,9 @@ def _python(source: str) -> str:
         return source
 
 
+@functools.lru_cache(maxsize=1024)
 def _parse(source: str) -> ast.Module | None:
+    """The cell's tree, kept: every item of a notebook reads the same cells, and nothing here changes a tree."""
     try:
         return ast.parse(_python(source))
     except (SyntaxError, ValueError, RecursionError, MemoryError):

@@ -298,3 +298,27 @@ def causal_mask(T):
         assert all("error" not in report["cases"][case.id] for case in cases), report
     finally:
         torch.set_num_threads(threads)
+
+
+@pytest.mark.parametrize("version", [None, (1, 0), (2, 0), (3, 0)])
+def test_the_fast_array_header_reader_reads_what_numpys_does(version):
+    """framework._npy_header matches np.save's headers itself (numpy's reader evaluates them as literals):
+    whatever it reads must be what numpy reads, and a header it does not match goes to numpy's reader."""
+    import io
+
+    from autograder.checks import framework
+
+    arrays = [np.zeros(()), np.arange(5), np.ones((2, 3), np.float32), np.asfortranarray(np.ones((3, 4))),
+              np.zeros((0, 3), bool), np.ones((2, 1, 3, 5), np.float16), np.array(["ab", "c"]),
+              np.arange(6).astype(">i4"), np.zeros(2, dtype=[("a", "<f4"), ("b", "<i2")])]
+    fast = 0
+    for array in arrays:
+        buffer = io.BytesIO()
+        np.lib.format.write_array(buffer, array, version=version)
+        data = bytearray(buffer.getvalue())
+        head = io.BytesIO(bytes(data))
+        major = np.lib.format.read_magic(head)
+        read = np.lib.format.read_array_header_1_0 if major == (1, 0) else np.lib.format.read_array_header_2_0
+        assert framework._npy_header(data, 0, len(data)) == (*read(head), head.tell()), (array.dtype, version)
+        fast += framework._NPY_HEADER.fullmatch(bytes(data[8 + (2 if major == (1, 0) else 4): head.tell()])) is not None
+    assert fast == len(arrays) - 1, "only the structured dtype should need numpy's reader"

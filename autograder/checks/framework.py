@@ -12,6 +12,7 @@ import io
 import json
 import math
 import os
+import re
 import stat
 import zipfile
 from collections.abc import Callable, Iterable
@@ -313,6 +314,31 @@ def _zip_entries(data: bytearray) -> int | None:
     return None if entries == 0xFFFF else entries
 
 
+# The header np.save writes for a plain dtype: its dict literal, padded with spaces, ending in a newline.
+_NPY_HEADER = re.compile(rb"\{'descr': '([<>|=][a-zA-Z]\d{0,3})', 'fortran_order': (True|False), "
+                         rb"'shape': \(((?:\d{1,18}, )*\d{0,18},?)\), \} *\n")
+
+
+def _npy_header(data: bytearray, start: int, end: int) -> tuple[tuple[int, ...], bool, np.dtype, int]:
+    """(shape, Fortran order, dtype, where the values start) of the ``.npy`` in ``data[start:end]``. A header as
+    np.save writes it for a plain dtype is matched whole by :data:`_NPY_HEADER` (numpy's own reader evaluates it
+    as a literal: most of the time spent reading a report); any other goes to numpy's reader."""
+    major = data[start + 6] if data[start: start + 6] == b"\x93NUMPY" and end - start > 12 else 0
+    width = {1: 2, 2: 4, 3: 4}.get(major)
+    if width is not None:
+        at = start + 8 + width
+        size = int.from_bytes(data[start + 8: at], "little")
+        match = _NPY_HEADER.fullmatch(bytes(data[at: at + size])) if size <= (1 << 16) and at + size <= end else None
+        if match is not None:
+            shape = tuple(int(n) for n in match[3].split(b",") if n.strip())
+            return shape, match[2] == b"True", np.dtype(match[1].decode("ascii")), at + size
+    head = io.BytesIO(bytes(data[start: min(end, start + (1 << 16) + 16)]))
+    version = np.lib.format.read_magic(head)
+    read_header = np.lib.format.read_array_header_1_0 if version == (1, 0) else np.lib.format.read_array_header_2_0
+    shape, fortran, dtype = read_header(head)
+    return shape, fortran, dtype, start + head.tell()
+
+
 def _arrays(name: str, data: bytearray, limit: int) -> dict[str, np.ndarray]:
     """The arrays of an uncompressed ``.npz`` in ``data``, as views into it; :class:`Unreadable` for anything the
     harvest's ``np.savez`` would not write (checked from the zip directory before any array is made)."""
@@ -336,12 +362,8 @@ def _arrays(name: str, data: bytearray, limit: int) -> dict[str, np.ndarray]:
             end = start + member.file_size
             if end > len(data):
                 raise ValueError("a member runs past the end")
-            head = io.BytesIO(bytes(data[start: min(end, start + (1 << 16) + 16)]))
-            version = np.lib.format.read_magic(head)
-            read_header = (np.lib.format.read_array_header_1_0 if version == (1, 0)
-                           else np.lib.format.read_array_header_2_0)
-            shape, fortran, dtype = read_header(head)
-            count, offset = math.prod(shape), start + head.tell()
+            shape, fortran, dtype, offset = _npy_header(data, start, end)
+            count = math.prod(shape)
             if dtype.hasobject or count * dtype.itemsize > end - offset:
                 raise Unreadable(f"{name} holds an array whose header does not match its data")
             values = (np.frombuffer(data, dtype, count, offset) if dtype.itemsize else np.empty(count, dtype))
