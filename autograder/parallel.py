@@ -35,8 +35,9 @@ import logging
 import multiprocessing
 import os
 import sys
-from collections.abc import Callable, Sequence
-from concurrent.futures import ProcessPoolExecutor, as_completed
+from collections import deque
+from collections.abc import Callable, Hashable, Sequence
+from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, wait
 from concurrent.futures.process import BrokenProcessPool
 from pathlib import Path
 from typing import Any
@@ -68,15 +69,20 @@ def gradebook_url(work: Path, db_url: str | None = None) -> str:
 
 
 def run_pool(jobs: Sequence[Any], task: Callable, failed: Callable, workers: int, initializer: Callable,
-             initargs: tuple, *, progress: bool = True, status: Callable | None = None) -> list:
+             initargs: tuple, *, progress: bool = True, status: Callable | None = None,
+             group: Callable[[Any], Hashable] | None = None) -> list:
     """``task(job)`` for every job in ``workers`` spawned processes; results in the order of ``jobs``.
 
     ``task``, ``failed`` and ``initializer`` must be module-level functions (the workers import them by name).
     A task that raises gets ``failed(job, "grading failed: …")``; a worker process that dies takes its unfinished
     jobs to a fresh pool once, and a job caught in two such crashes gets ``failed(job, why)`` too.
+
+    ``group``: jobs of one group (a student's notebooks) go to one worker as far as the work allows
+    (:class:`_Queue`), so that what a worker keeps for a group (a student's warm sandbox) serves all of them.
     """
     results: dict[int, Any] = {}
     crashes = dict.fromkeys(range(len(jobs)), 0)
+    keys = [group(job) if group is not None else i for i, job in enumerate(jobs)]
     pending = list(range(len(jobs)))
     bar = tqdm(total=len(jobs), desc=f"grading ({workers} workers)", unit="notebook", disable=not progress,
                file=sys.stderr, dynamic_ncols=True)
@@ -88,23 +94,32 @@ def run_pool(jobs: Sequence[Any], task: Callable, failed: Callable, workers: int
 
     try:
         while pending:
-            broken = []
+            broken: list[int] = []
+            queue = _Queue(pending, keys)
             # spawn, not fork: a fresh interpreter per worker, no copied locks, torch threads or open gradebooks
             context = multiprocessing.get_context("spawn")
             with ProcessPoolExecutor(workers, mp_context=context, initializer=initializer,
                                      initargs=initargs) as pool:
-                futures = {pool.submit(task, jobs[i]): i for i in pending}
-                for future in as_completed(futures):
-                    i = futures[future]
-                    try:
-                        results[i] = future.result()
-                    except BrokenProcessPool:
-                        broken.append(i)
-                        continue
-                    except Exception as exc:  # the task reports its own failures; this is the machinery's
-                        results[i] = failed(jobs[i], f"grading failed: {type(exc).__name__}: {exc}")
-                    advance()
-            pending = []
+                # as many jobs in the pool as workers: the one that frees a worker is the one that takes the next
+                running: dict[Any, int] = {}
+                for _ in range(workers):
+                    if (i := queue.take(None)) is not None:
+                        running[pool.submit(task, jobs[i])] = i
+                while running:
+                    done, _ = wait(running, return_when=FIRST_COMPLETED)
+                    for future in done:
+                        i = running.pop(future)
+                        try:
+                            results[i] = future.result()
+                        except BrokenProcessPool:
+                            broken.append(i)
+                            continue
+                        except Exception as exc:  # the task reports its own failures; this is the machinery's
+                            results[i] = failed(jobs[i], f"grading failed: {type(exc).__name__}: {exc}")
+                        advance()
+                        if not broken and (following := queue.take(keys[i])) is not None:
+                            running[pool.submit(task, jobs[following])] = following
+            pending = queue.left()  # never handed to this pool: no crash of theirs
             for i in sorted(broken):
                 crashes[i] += 1
                 if crashes[i] < 2:
@@ -113,8 +128,34 @@ def run_pool(jobs: Sequence[Any], task: Callable, failed: Callable, workers: int
                 results[i] = failed(jobs[i], "grading failed: a grading worker process died twice while this "
                                              "notebook was queued or running; grade it again on its own")
                 advance()
-            if pending:
+            pending.sort()
+            if broken and pending:
                 log.warning("a grading worker died; %d unfinished notebooks go to a fresh pool", len(pending))
     finally:
         bar.close()
     return [results[i] for i in range(len(jobs))]
+
+
+class _Queue:
+    """Which job a worker takes next: another of the group it just worked for (the same student), else the
+    first of a group no worker has started, else the last job of the group with the most left (so that no
+    worker idles while another has a long queue). Jobs of a group keep their order."""
+
+    def __init__(self, indices: Sequence[int], keys: Sequence[Hashable]):
+        self.groups: dict[Hashable, deque[int]] = {}
+        for i in indices:
+            self.groups.setdefault(keys[i], deque()).append(i)
+        self.started: set[Hashable] = set()
+
+    def take(self, key: Hashable | None) -> int | None:
+        if key is not None and self.groups.get(key):
+            return self.groups[key].popleft()
+        for other, left in self.groups.items():
+            if left and other not in self.started:
+                self.started.add(other)
+                return left.popleft()
+        longest = max(self.groups.values(), key=len, default=None)
+        return longest.pop() if longest else None
+
+    def left(self) -> list[int]:
+        return sorted(i for left in self.groups.values() for i in left)

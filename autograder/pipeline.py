@@ -420,6 +420,10 @@ def _grade_job(job: parallel.Job) -> Outcome:
     return grade_one(_GRADER, _SETTINGS["work"], _SETTINGS["db_url"], student, lesson, Path(notebook))
 
 
+def _student(job: parallel.Job) -> str:
+    return job[0]
+
+
 def _failed(job: parallel.Job, why: str) -> Outcome:
     return Outcome(job[0], job[1], 0.0, 0.0, ok=False, message=why)
 
@@ -443,8 +447,9 @@ def grade_many(jobs, work: Path, db_url: str | None = None, workers: int | None 
     workers = max(1, min(workers or parallel.default_workers(), len(jobs)))
     threads = max(1, parallel.default_workers() // workers)
     init_args = (str(work), db_url, verbose, sandbox, asdict(limits or Limits()), threads)
+    # a student's notebooks go to one worker as far as the work allows: one warm sandbox serves them all
     return parallel.run_pool(jobs, _grade_job, _failed, workers, _init_worker, init_args, progress=progress,
-                             status=summary)
+                             status=summary, group=_student)
 
 
 def check_prepared(work: Path, lessons) -> None:
