@@ -331,7 +331,8 @@ for folder in ("/tmp", "/dev/shm", "."):
 """
     done = _run_boxed(tmp_path, code)
     lines = done.stdout.split("\n")
-    assert lines[0].startswith("memory") and int(lines[0].split()[1]) < UNIT.memory_bytes >> 20
+    assert lines[0].startswith("memory") and int(lines[0].split()[1]) < UNIT.memory_bytes >> 20, (
+        f"exit {done.returncode}: {done.stdout[-300:]!r} {done.stderr[-600:]!r}")
     assert lines[1:4] == ["/tmp True", "/dev/shm True", ". True"], done.stdout + done.stderr
 
 
