@@ -17,8 +17,9 @@ makes the pool safe for grading:
   is 5 s, so the gradebook URL gets ``?timeout=60`` (:func:`gradebook_url`; SQLAlchemy hands it to
   ``sqlite3.connect`` and nbgrader passes the URL through untouched; ``tests/test_scale.py`` proves both).
   PostgreSQL needs nothing;
-- **a worker that dies** (killed, out of memory) takes its unfinished jobs to a fresh pool once; a job caught in
-  two such crashes is reported as failed (``failed(job, why)`` makes its outcome).
+- **a worker that dies** (killed, out of memory) takes the jobs that were running to a fresh pool once; a job
+  caught in two such crashes is reported as failed (``failed(job, why)`` makes its outcome;
+  ``tests/test_parallel.py`` proves both).
 
 SQLite or PostgreSQL? SQLite is right for one grading machine, workers included: a notebook's gradebook writes
 take milliseconds next to its seconds of execution. Switch to PostgreSQL (``--db-url postgresql://…``; the
@@ -74,8 +75,9 @@ def run_pool(jobs: Sequence[Any], task: Callable, failed: Callable, workers: int
     """``task(job)`` for every job in ``workers`` spawned processes; results in the order of ``jobs``.
 
     ``task``, ``failed`` and ``initializer`` must be module-level functions (the workers import them by name).
-    A task that raises gets ``failed(job, "grading failed: …")``; a worker process that dies takes its unfinished
-    jobs to a fresh pool once, and a job caught in two such crashes gets ``failed(job, why)`` too.
+    A task that raises gets ``failed(job, "grading failed: …")``; a worker process that dies takes the jobs that
+    were running to a fresh pool once (the pool holds no more jobs than workers: the others go on uncounted), and
+    a job caught in two such crashes gets ``failed(job, why)`` too.
 
     ``group``: jobs of one group (a student's notebooks) go to one worker as far as the work allows
     (:class:`_Queue`), so that what a worker keeps for a group (a student's warm sandbox) serves all of them.
@@ -125,8 +127,8 @@ def run_pool(jobs: Sequence[Any], task: Callable, failed: Callable, workers: int
                 if crashes[i] < 2:
                     pending.append(i)
                     continue
-                results[i] = failed(jobs[i], "grading failed: a grading worker process died twice while this "
-                                             "notebook was queued or running; grade it again on its own")
+                results[i] = failed(jobs[i], "grading failed: a grading worker process died twice while grading "
+                                             "this notebook; grade it again on its own")
                 advance()
             pending.sort()
             if broken and pending:

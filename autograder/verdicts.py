@@ -189,7 +189,7 @@ def answer_rounds(plan: Plan, item: str, folder: Path, run: Callable[[list[Case]
     if not getattr(ex, "uses", ()):
         return
     try:
-        outputs = framework.read_outputs(folder, item)
+        outputs = plan.outputs[item] = framework.read_outputs(folder, item)
     except framework.Unreadable:
         return
     for _ in range(ANSWER_ROUNDS):
@@ -198,11 +198,11 @@ def answer_rounds(plan: Plan, item: str, folder: Path, run: Callable[[list[Case]
             return
         kept = {id(case) for case in cases}
         ran = [case for case in again if id(case) not in kept]  # the twins with new answers (relative.answered)
-        run(ran)  # should it raise (a cell timeout), the cases and outputs of the last round are judged
+        run(ran)  # should it raise (a cell timeout), the last round's cases are judged on that round's outputs
         plan.items[item] = (ex, cases := again)
         try:
             outputs = plan.outputs[item] = _merged(outputs, framework.read_outputs(folder, item), ran)
-        except (framework.Unreadable, ValueError, TypeError, KeyError, AttributeError):
+        except (framework.Unreadable, ValueError, TypeError, KeyError):
             plan.outputs.pop(item, None)
             return
 
