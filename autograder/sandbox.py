@@ -44,7 +44,9 @@ import threading
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
+from queue import Empty
 
+from jupyter_client.asynchronous import AsyncKernelClient
 from jupyter_client.kernelspec import KernelSpec
 from jupyter_client.manager import AsyncKernelManager
 from traitlets import Any
@@ -505,6 +507,36 @@ def _ppid(pid: int) -> int:
     return int(fields[1]) if len(fields) > 1 else -1
 
 
+class ReadyClient(AsyncKernelClient):
+    """jupyter_client's client, but ready as soon as the kernel has answered ``kernel_info`` on both channels.
+
+    jupyter_client then waits for 0.2 s of IOPub silence ("flush"): a fixed 0.2 s per graded notebook. Nothing
+    needs that flush: nbclient reads only the IOPub messages whose parent is the request it sent, so what
+    ``kernel_info`` leaves there (its status messages) is skipped when a cell runs."""
+
+    async def wait_for_ready(self, timeout: float | None = None) -> None:
+        deadline = time.monotonic() + (float("inf") if timeout is None else timeout)
+        while True:
+            self.kernel_info()
+            try:
+                msg = await self.shell_channel.get_msg(timeout=1)
+            except Empty:
+                pass
+            else:
+                if msg["msg_type"] == "kernel_info_reply":
+                    try:  # IOPub connected: the reply's status messages reach it
+                        await self.iopub_channel.get_msg(timeout=0.2)
+                    except Empty:
+                        pass
+                    else:
+                        self._handle_kernel_info_reply(msg)
+                        return
+            if not await self._async_is_alive():
+                raise RuntimeError("Kernel died before replying to kernel_info")
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"Kernel didn't respond in {timeout} seconds")
+
+
 class SandboxedKernelManager(AsyncKernelManager):
     """jupyter_client's kernel manager, launching the kernel inside a :class:`Sandbox` over ipc sockets."""
 
@@ -513,6 +545,7 @@ class SandboxedKernelManager(AsyncKernelManager):
     def __init__(self, box: Sandbox, **kwargs):
         super().__init__(**kwargs)
         self.box = box
+        self.client_factory = ReadyClient
         self.transport = "ipc"
         self.ip = str(box.kernel_dir / "k")  # ipc endpoints are <ip>-<port>
         self.connection_file = str(box.kernel_dir / "kernel.json")
@@ -553,8 +586,9 @@ class SandboxedKernelManager(AsyncKernelManager):
 # What every lesson's kernel imports: done once per student's sandbox instead of once per notebook (torch alone is
 # about 1.3 s of every graded notebook). Importing is all the zygote does: no student code, no random draw, no
 # torch operation (an OpenMP pool would not survive the fork), no thread, no ZMQ context.
-PREIMPORT = ("ipykernel.kernelapp", "ipykernel.ipkernel", "IPython", "numpy", "einops", "matplotlib",
-             "matplotlib.pyplot", "decoder_course", "decoder_course.harvest", "decoder_course.checks",
+# (ipykernel.debugger: debugpy, which every kernel imports as it starts, 0.15 s)
+PREIMPORT = ("ipykernel.kernelapp", "ipykernel.ipkernel", "ipykernel.debugger", "IPython", "numpy", "einops",
+             "matplotlib", "matplotlib.pyplot", "decoder_course", "decoder_course.harvest", "decoder_course.checks",
              "decoder_course.plots", "decoder_course.data")
 # torch, imported by the zygote just before it forks the first of the student's notebooks that imports it: a NumPy
 # lesson's kernel neither waits for it nor maps it (its RLIMIT_AS is then what a cold kernel's is).
