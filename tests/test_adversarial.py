@@ -536,11 +536,9 @@ def _hidden_values(run, student: str) -> set[str]:
         for case in ex().cases(np.random.default_rng(seed)):
             for array in case.arrays.values():
                 found |= _renderings(np.asarray(array))
-            args = case.data["args"]  # the call's arguments by name (autograder/checks/l01_masks.py)
-            if item in ("padding_mask", "combine_masks"):
+            args = case.data["args"]  # the call's arguments by name (autograder/checks/spec.py)
+            if item in ("padding_mask", "combine_masks", "mask_to_bias"):
                 found |= _renderings(getattr(ref, item)(*args.values()))
-            elif item == "mask_to_bias":
-                found |= _renderings(ref.mask_to_bias(args["allowed"], np.dtype(args["dtype"]["np_dtype"])))
     return found
 
 
@@ -559,7 +557,7 @@ def _solution_lines(lesson: str) -> set[str]:
 
 def _hidden_test_lines() -> set[str]:
     """Code of the lesson's hidden checks (not their teaching messages, which feedback shows on purpose)."""
-    source = (ROOT / "autograder" / "checks" / "l01_masks.py").read_text()
+    source = "".join((ROOT / "autograder" / "checks" / name).read_text() for name in ("l01_masks.py", "spec.py"))
     return {line.strip() for line in source.splitlines()
             if len(line.strip()) > 25 and not re.search(r"[\"'#]", line)}
 
@@ -591,7 +589,7 @@ def test_feedback_and_release_hide_solutions_hidden_tests_and_hidden_values(run)
         own = "\n".join("".join(c.get("source", "")) for c in own.get("cells", []))  # what the student wrote
         for marker in (HIDDEN_BEGIN, "### END HIDDEN TESTS", "from decoder_course.harvest import collect"):
             assert marker not in text, f"{path} shows hidden-test text {marker!r}"
-        for line in hidden_code:
+        for line in hidden_code - {line for line in hidden_code if line in own}:  # a line the student wrote too
             assert line not in text, f"{path} shows hidden-check code {line!r}"
         for line in solution - {line for line in solution if line in own}:
             assert line not in text, f"{path} shows the solution line {line!r}"

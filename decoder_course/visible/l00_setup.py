@@ -1,12 +1,65 @@
-"""Visible checks of lesson 00-setup: the einops warm-ups.
+"""Checks of lesson 00-setup, the einops warm-ups, as specs (:mod:`decoder_course.spec`).
 
-Each check runs a worked example on an array whose values are their own positions, so a misplaced entry says
-where it came from, then the defining property on a second shape with B, T and D all different.
+Each visible check runs a worked example on an array whose values are their own positions, so a misplaced entry
+says where it came from, then the defining property on a second shape with B, T and D all different, then the
+spec's rows, which the hidden checks draw again in secret and compare with the reference's values: distinct
+values (any misplaced entry shows), B, T and D different in every row, one row with B = 1 and one with T = 1.
 """
 
 import numpy as np
 
 from decoder_course.checks import check, expect_close, expect_inputs_unchanged, expect_shape, expect_type
+from decoder_course.spec import Spec, run
+
+
+def _distinct(rng: np.random.Generator, shape: tuple[int, ...]) -> np.ndarray:
+    """Distinct float values in a random order: every misplaced entry shows."""
+    n = int(np.prod(shape))
+    return (rng.permutation(n) + rng.random(n)).reshape(shape)
+
+
+def _rows(shapes, heads=None):
+    """Rows of distinct x (B, T, D), and an H drawn from ``heads[shape]`` when the warm-up takes one."""
+    def rows(rng):
+        out = []
+        for B, T, D in shapes:
+            args = {"x": _distinct(rng, (B, T, D))}
+            if heads:
+                args["H"] = int(rng.choice(heads[B, T, D]))
+            out.append((f"x of shape (B, T, D) = ({B}, {T}, {D})" + (f", H={args['H']}" if heads else ""), args))
+        return out
+    return rows
+
+
+def _groups_hint(args: dict, shape: tuple) -> str:
+    B, T, _ = args["x"].shape
+    if len(shape) == 4 and shape[:2] == (B, T) and shape[2] != args["H"]:
+        return f"You made {shape[2]} groups, but H = {args['H']}: use the H argument, not a fixed number."
+    return "D splits into H groups of Dh = D // H features; B and T stay where they are."
+
+
+SPECS = {
+    "flatten_batch": Spec(
+        "flatten_batch", _rows([(2, 3, 4), (3, 5, 2), (1, 4, 3), (4, 1, 5)]),
+        dtype=lambda a: a["x"].dtype, shape=lambda a: (a["x"].shape[0] * a["x"].shape[1], a["x"].shape[2]),
+        axes="B*T, D", shape_hint=lambda a, s: "Merge the batch and time axes, and keep D as it is.",
+        hint="Row b * T + t must be x[b, t]: all of sequence 0 first, then sequence 1, ... In '(b t)' the first name "
+             "varies slowest."),
+    "time_major": Spec(
+        "time_major", _rows([(2, 3, 4), (4, 2, 3), (1, 5, 2), (3, 1, 4), (3, 3, 2)]),
+        dtype=lambda a: a["x"].dtype, shape=lambda a: (a["x"].shape[1], a["x"].shape[0], a["x"].shape[2]),
+        axes="T, B, D", shape_hint=lambda a, s: "Only the first two axes swap; D stays last.",
+        hint="out[t, b] must be x[b, t]: the axes swap, the values move with them. A reshape to (T, B, D) keeps the "
+             "memory order and only relabels it: it is not a transpose."),
+    "split_last": Spec(
+        # H per shape: H >= 2 and Dh >= 2 and H != B, T except one H = 1 row (shape generality)
+        "split_last", _rows([(2, 3, 12), (3, 2, 8), (1, 4, 10), (2, 5, 6), (2, 1, 6)],
+                            {(2, 3, 12): [4, 6], (3, 2, 8): [4], (1, 4, 10): [5], (2, 5, 6): [1], (2, 1, 6): [3]}),
+        dtype=lambda a: a["x"].dtype, shape=lambda a: (*a["x"].shape[:2], a["H"], a["x"].shape[2] // a["H"]),
+        axes="B, T, H, Dh", shape_hint=_groups_hint,
+        hint="Group h must hold the consecutive features h * Dh ... (h + 1) * Dh - 1 of x[b, t]: in '(h dh)' h "
+             "varies slowest, so each group is a consecutive slice."),
+}
 
 
 def _positions(B: int, T: int, D: int) -> np.ndarray:
@@ -38,6 +91,7 @@ def check_flatten_batch(flatten_batch) -> None:
             for t in range(5):
                 expect_close(got[b * 5 + t], x[b, t], f"row {b * 5 + t} of flatten_batch(x)",
                              hint=f"it should be x[{b}, {t}]: in '(b t)' the first name varies slowest")
+    run(SPECS["flatten_batch"], flatten_batch)
 
 
 def check_time_major(time_major) -> None:
@@ -55,6 +109,7 @@ def check_time_major(time_major) -> None:
         for t in range(2):
             for b in range(4):
                 expect_close(got[t, b], x[b, t], f"time_major(x)[{t}, {b}]", hint=f"it should be x[{b}, {t}]")
+    run(SPECS["time_major"], time_major)
 
 
 def check_split_last(split_last) -> None:
@@ -76,3 +131,4 @@ def check_split_last(split_last) -> None:
             for h in range(H):
                 expect_close(got[:, :, h], x[:, :, h * Dh:(h + 1) * Dh], f"group {h} of split_last(x, {H})",
                              hint=f"it should be x[:, :, {h * Dh}:{(h + 1) * Dh}]")
+    run(SPECS["split_last"], split_last)
