@@ -212,7 +212,7 @@ def test_formgrader_shows_the_course_grades_and_autograde_keeps_the_sandbox(cour
     printed = "".join(out.get("text", "") + str(out.get("evalue", "")) for cell in nb.cells
                       if cell.cell_type == "code" for out in cell.get("outputs", []))
     assert printed.count("✓ Hidden checks: all 4 hidden cases passed") == 3
-    assert "Hidden checks for `causal_mask`" in printed or "causal_mask(T) is wrong" in printed
+    assert "a query may attend to a later key (T=" in printed and "the future leaks" in printed  # the verdict
     assert _scores(work) == {"ada": (4.0, 4.0), "lin": (3.0, 4.0)}
     assert not blocked, blocked
     print(f"formgrader's Autograde: {seconds:.0f} s; kernel uid {uid} (server pid {lab.process.pid})")
