@@ -19,7 +19,16 @@ from typing import Any
 
 import numpy as np
 
-from decoder_course.checks import CheckFailed, check, expect_dtype, expect_inputs_unchanged, expect_shape, expect_type
+from decoder_course.checks import (
+    CheckFailed,
+    _torch,
+    check,
+    expect_dtype,
+    expect_inputs_unchanged,
+    expect_shape,
+    expect_type,
+    to_numpy,
+)
 
 Row = tuple[str, dict]  # (the situation, as messages name it; the arguments, by name, in call order)
 
@@ -39,13 +48,13 @@ class Spec:
     hint: str = ""  # what a wrong value most likely means: the hidden comparison with the reference says it
     keeps_inputs: bool = True  # the docstring promises the caller's arrays unchanged
     compare: bool = True  # the hidden side compares the values with the reference's (else the properties decide)
+    tensors: bool = False  # the rows' arrays are passed as torch tensors, and the result is one
 
 
 def contract(spec: Spec, args: dict, got: Any, what: str, typed: bool = True) -> None:
-    """The result's type (unless the caller checked it: ``typed=False``), dtype and shape on ``args``, then the
-    spec's properties."""
+    """The result's type (unless the caller checked it: ``typed=False``), dtype and shape on ``args``."""
     if typed:
-        expect_type(got, np.ndarray, what)
+        expect_type(got, _torch().Tensor if spec.tensors else np.ndarray, what)
     expect_dtype(got, spec.dtype(args), what)
     try:
         expect_shape(got, spec.shape(args), what, names=spec.axes or None)
@@ -55,11 +64,20 @@ def contract(spec: Spec, args: dict, got: Any, what: str, typed: bool = True) ->
         raise CheckFailed(f"{text}{'' if text.endswith(('.', '?')) else '.'} {hint}" if hint else text) from None
 
 
+def passed(spec: Spec, args: dict) -> list:
+    """The arguments as the exercise takes them: NumPy arrays, or fresh torch tensors of them (``tensors``)."""
+    if not spec.tensors:
+        return list(args.values())
+    return [_torch().from_numpy(v.copy()) if isinstance(v, np.ndarray) else v for v in args.values()]
+
+
 def run(spec: Spec, fn: Callable[..., Any], seed: int = 0) -> None:
-    """The visible half: ``fn`` on each row drawn from ``seed``, its contract and properties checked."""
+    """The visible half: ``fn`` on each row drawn from ``seed``, its contract and properties checked (the
+    properties see NumPy arrays, as on the hidden side)."""
     for desc, args in spec.rows(np.random.default_rng(seed)):
         with check(f"{spec.name} on a case with {desc}"):
-            got = expect_inputs_unchanged(fn, *args.values()) if spec.keeps_inputs else fn(*args.values())
+            call = passed(spec, args)
+            got = expect_inputs_unchanged(fn, *call) if spec.keeps_inputs else fn(*call)
             contract(spec, args, got, f"{spec.name}(...) ({desc})")
             if spec.properties is not None:
-                spec.properties(args, got, desc)
+                spec.properties(args, to_numpy(got), desc)

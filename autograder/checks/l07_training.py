@@ -11,10 +11,11 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from autograder.checks import judges
-from autograder.checks.framework import Case, Exercise, Fail, Raised, Result, exercise, expect_close
+from autograder.checks import judges, spec
+from autograder.checks.framework import Case, Exercise, Fail, Result, exercise, expect_close
 from autograder.reference import training as ref_training
 from decoder_course.conventions import BOS, EOS, PAD
+from decoder_course.visible.l07_training import SHIFT_RIGHT
 
 LESSON = "07-training"
 
@@ -41,49 +42,8 @@ def _raised(result: Result, case: Case, what: str, built_on: str = "") -> None:
         raise Fail(f"{what} raised an exception on a case with {case.desc}:\n    {error.splitlines()[-1]}{built_on}")
 
 
-# -- shift_right -----------------------------------------------------------------------------------------------
-@exercise(LESSON, "shift_right", points=1)
-class ShiftRight(Exercise):
-    """BOS first, the last token dropped; shape and dtype kept (int64 and int32); bos_id honoured; B = 1, T = 1;
-    the input unchanged."""
-
-    def cases(self, rng):
-        rows = [(3, 6, "int64", int(rng.integers(1, 3))), (2, 5, "int32", int(rng.integers(41, 60))),
-                (1, 1, "int64", 1), (4, int(rng.integers(8, 13)), "int64", int(rng.integers(3, 9)))]  # B, T, dtype, bos
-        cases = []
-        for i, (B, T, dtype, bos_id) in enumerate(rows):
-            ids = _targets(rng, B, T, pad_id=int(rng.integers(0, 3))).astype(dtype)
-            case = Case(f"c{i}", f"B={B}, T={T}, {dtype} ids, bos_id={bos_id}",
-                        data={"ids": ids, "bos_id": bos_id, "dtype": dtype})
-            case.let("tgt_ids", case.tensor(ids))
-            case.call("shift_right", {"ref": "tgt_ids"}, bos_id, record="out")
-            judges.record_after(case, ["tgt_ids"])
-            cases.append(case)
-        return cases
-
-    def judge(self, result: Result):
-        for case in result.cases.values():
-            ids, bos_id = case.data["ids"], case.data["bos_id"]
-            B, T = ids.shape
-            meta = result.meta(case.id, "out")
-            if meta.get("type") == "torch.Tensor" and list(meta.get("shape", [])) == [B, T + 1]:
-                raise Fail(f"shift_right returned (B, T + 1) = {(B, T + 1)} on a case with {case.desc}: the "
-                           "decoder input keeps the target's length T. Put BOS first and drop the target's last "
-                           "token.")
-            got = result.get(case.id, "out", what="shift_right(tgt_ids, bos_id)", kind="tensor",
-                             dtype=f"torch.{case.data['dtype']}", shape=(B, T))
-            bos = np.full((B, 1), bos_id, dtype=ids.dtype)
-            want, left = np.concatenate([bos, ids[:, :-1]], axis=1), np.concatenate([ids[:, 1:], bos], axis=1)
-            hint = ("Your output is shifted left (the target without its first token, BOS last): the decoder "
-                    "input is shifted right, BOS first." if np.array_equal(got, left) and T > 1 else
-                    "Position 0 holds bos_id and position t holds token t - 1 of the target.")
-            expect_close(got, want, "shift_right(tgt_ids, bos_id)", case.desc, hint=hint)
-            try:
-                judges.unchanged(result, case.id, {"tgt_ids": ids}, "shift_right")
-            except Raised:
-                raise
-            except Fail as fail:  # lesson-local: the way to a new tensor here
-                raise Fail(f"{fail} Here: torch.cat of a BOS column and tgt_ids[:, :-1] is a new tensor.") from None
+# -- shift_right: a spec (decoder_course.visible.l07_training.SHIFT_RIGHT) ----------------------------------------
+spec.register(LESSON, {"shift_right": SHIFT_RIGHT}, ref_training)
 
 
 # -- sequence_loss ---------------------------------------------------------------------------------------------

@@ -15,8 +15,8 @@ import numpy as np
 
 from autograder.checks import judges
 from autograder.checks.framework import Case, Exercise, Fail, Result, exercise, expect_close
-from decoder_course.checks import CheckFailed
-from decoder_course.spec import Spec, contract
+from decoder_course.checks import CheckFailed, to_numpy
+from decoder_course.spec import Spec, contract, passed
 
 
 @contextlib.contextmanager
@@ -48,7 +48,7 @@ class SpecExercise(Exercise):
             case = Case(f"c{i}", desc, data={"args": args})
             arrays = [name for name, value in args.items() if isinstance(value, np.ndarray)]
             for name in arrays:
-                case.let(name, case.array(args[name]))
+                case.let(name, case.tensor(args[name]) if self.spec.tensors else case.array(args[name]))
             case.call(self.name, *({"ref": n} if n in arrays else _value(case, v) for n, v in args.items()),
                       record="out")
             judges.record_after(case, arrays if self.spec.keeps_inputs else [])
@@ -60,13 +60,14 @@ class SpecExercise(Exercise):
         for case in result.cases.values():
             args = case.data["args"]
             what = f"{self.name}(...)"
-            got = result.get(case.id, "out", what=what, kind="ndarray", finite=False)
+            got = result.get(case.id, "out", what=what, kind="tensor" if spec.tensors else "ndarray", finite=False)
             with shared():
                 contract(spec, args, got, f"{what} ({case.desc})", typed=False)
                 if spec.properties is not None:
                     spec.properties(args, got, case.desc)
             if spec.compare:
-                expect_close(got, getattr(self.ref, self.name)(*args.values()), what, case.desc, hint=spec.hint)
+                want = to_numpy(getattr(self.ref, self.name)(*passed(spec, args)))
+                expect_close(got, want, what, case.desc, hint=spec.hint)
             if spec.keeps_inputs:
                 judges.unchanged(result, case.id, {n: v for n, v in args.items() if isinstance(v, np.ndarray)},
                                  self.name)

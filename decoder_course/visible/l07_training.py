@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import copy
 
+import numpy as np
 import torch
 import torch.nn.functional as F
 
@@ -25,9 +26,38 @@ from decoder_course.checks import (
     snapshot,
 )
 from decoder_course.conventions import BOS, EOS, PAD
+from decoder_course.spec import Spec, run
 
 
 # -- shift_right ---------------------------------------------------------------------------------------------
+def _shift_rows(rng: np.random.Generator) -> list:
+    """Targets (B, T) of real ids, EOS and padding, int64 and int32, a bos_id that is not always 1, B = 1 and
+    T = 1 (shape generality)."""
+    rows = []
+    for B, T, dtype, bos_id in [(3, 6, "int64", int(rng.integers(1, 3))), (2, 5, "int32", int(rng.integers(41, 60))),
+                                (1, 1, "int64", 1), (4, int(rng.integers(8, 13)), "int64", int(rng.integers(3, 9)))]:
+        ids = rng.integers(3, 40, size=(B, T))
+        lengths = rng.integers(1, T + 1, size=B)
+        lengths[0] = T
+        for b, n in enumerate(lengths[1:], start=1):
+            ids[b, n - 1], ids[b, n:] = EOS, PAD
+        rows.append((f"B={B}, T={T}, {dtype} ids, bos_id={bos_id}", {"tgt_ids": ids.astype(dtype), "bos_id": bos_id}))
+    return rows
+
+
+def _not_shifted_left(args: dict, got: np.ndarray, desc: str) -> None:
+    ids = args["tgt_ids"]
+    left = np.concatenate([ids[:, 1:], np.full((len(ids), 1), args["bos_id"], ids.dtype)], axis=1)
+    if ids.shape[1] > 1 and np.array_equal(got, left):
+        raise CheckFailed(f"shift_right's output is shifted left ({desc}): the target without its first token, BOS "
+                          "last. The decoder input is shifted right: BOS first, the target's last token dropped")
+
+
+SHIFT_RIGHT = Spec(
+    "shift_right", _shift_rows, dtype=lambda a: a["tgt_ids"].dtype, shape=lambda a: a["tgt_ids"].shape, axes="B, T",
+    shape_hint=lambda a, shape: "The decoder input keeps the target's length T: put BOS first and drop the target's "
+                                "last token.", properties=_not_shifted_left, tensors=True,
+    hint="Position 0 holds bos_id and position t holds token t - 1 of the target.")
 def check_shift_right(shift_right) -> None:
     """The worked example, dtype and shape kept, the input unchanged, one-token targets."""
     with check("shift_right on the worked example: BOS first, the last token dropped"):
@@ -43,6 +73,7 @@ def check_shift_right(shift_right) -> None:
         expect_dtype(got, torch.int32, "shift_right of an int32 tensor")
         expect_close(got, torch.tensor([[7, 3, 4]], dtype=torch.int32), "shift_right(tgt_ids, bos_id=7)")
         expect_close(shift_right(torch.tensor([[9], [8]]), 1), torch.tensor([[1], [1]]), "shift_right with T = 1")
+    run(SHIFT_RIGHT, shift_right)
 
 
 # -- sequence_loss -------------------------------------------------------------------------------------------
