@@ -27,6 +27,7 @@ from decoder_course.checks import (
     expect_inputs_unchanged,
     expect_shape,
     expect_type,
+    expect_value_error,
     to_numpy,
 )
 
@@ -49,6 +50,7 @@ class Spec:
     keeps_inputs: bool = True  # the docstring promises the caller's arrays unchanged
     compare: bool = True  # the hidden side compares the values with the reference's (else the properties decide)
     tensors: bool = False  # the rows' arrays are passed as torch tensors, and the result is one
+    refused: tuple[tuple[str, dict, str], ...] = ()  # (situation, arguments, why): calls that must raise ValueError
 
 
 def contract(spec: Spec, args: dict, got: Any, what: str, typed: bool = True) -> None:
@@ -81,3 +83,6 @@ def run(spec: Spec, fn: Callable[..., Any], seed: int = 0) -> None:
             contract(spec, args, got, f"{spec.name}(...) ({desc})")
             if spec.properties is not None:
                 spec.properties(args, to_numpy(got), desc)
+    for desc, args, why in spec.refused:
+        with check(f"{spec.name} refuses a case with {desc}"):
+            expect_value_error(lambda args=args: fn(*passed(spec, args)), why)

@@ -19,12 +19,13 @@ import functools
 import numpy as np
 import torch
 
-from autograder.checks import judges
+from autograder.checks import judges, spec
 from autograder.checks.framework import Case, Exercise, Fail, Result, exercise, expect_close
 from autograder.reference import generation as ref_gen
 from autograder.reference import kv_cache as ref
 from autograder.reference.model import Seq2SeqTransformer
 from decoder_course.conventions import BOS
+from decoder_course.visible.l09_kv_cache import CACHED_CAUSAL_MASK
 
 LESSON = "09-kv-cache"
 COUNTER = "decoder_course.visible.l09_kv_cache:CallCounter"
@@ -230,38 +231,8 @@ class KVCacheCheck(Exercise):
                                "(dim 0), in the order index gives; a row may appear twice.")
 
 
-# -- cached_causal_mask ------------------------------------------------------------------------------------------------
-@exercise(LESSON, "cached_causal_mask")
-class CachedCausalMask(Exercise):
-    def cases(self, rng):
-        p = int(rng.integers(3, 7))
-        rows = [(np.arange(p, p + 3), p + 3, "3 new queries after a cache"),
-                (np.array([int(rng.integers(4, 9))]), None, "one new query, the usual cached step"),
-                (np.arange(5), 5, "no cache: T == S"),
-                (np.array([1, 3, 4]), 6, "queries at scattered positions, more keys than the last query")]
-        cases = []
-        for i, (q_pos, k_len, what) in enumerate(rows):
-            k_len = int(q_pos[-1]) + 1 if k_len is None else k_len
-            case = Case(f"c{i}", f"T={len(q_pos)} queries, S={k_len} keys, {what}", data={"q": q_pos, "k_len": k_len})
-            case.let("q_positions", case.tensor(q_pos.astype(np.int64)))
-            case.call("cached_causal_mask", {"ref": "q_positions"}, k_len, record="out")
-            judges.record_after(case, ["q_positions"])
-            cases.append(case)
-        return cases
-
-    def judge(self, result: Result):
-        for case in result.cases.values():
-            q_pos, k_len = case.data["q"], case.data["k_len"]
-            got = result.get(case.id, "out", what="cached_causal_mask(...)", kind="tensor", dtype="bool",
-                             shape=(len(q_pos), k_len))
-            want = ref.cached_causal_mask(torch.from_numpy(q_pos), k_len).numpy()
-            top_left = np.tril(np.ones((len(q_pos), k_len), dtype=bool))
-            hint = ("Key k is allowed for a query at absolute position p when k <= p (itself included)."
-                    if not np.array_equal(got, top_left) else
-                    "Your triangle starts at the top-left corner, as is_causal=True does: with a cache the queries "
-                    "are the last positions, so compare key positions with the queries' absolute positions.")
-            expect_close(got, want, "cached_causal_mask(q_positions, k_len)", case.desc, hint=hint)
-            judges.unchanged(result, case.id, {"q_positions": q_pos}, "cached_causal_mask")
+# -- cached_causal_mask: a spec (decoder_course.visible.l09_kv_cache.CACHED_CAUSAL_MASK) ------------------------------
+spec.register(LESSON, {"cached_causal_mask": CACHED_CAUSAL_MASK}, ref)
 
 
 # -- decode_step -------------------------------------------------------------------------------------------------------

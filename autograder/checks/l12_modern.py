@@ -25,9 +25,11 @@ import torch
 from torch import nn
 from torch.nn import functional as F
 
+from autograder.checks import spec
 from autograder.checks.framework import Case, Exercise, Fail, Result, exercise, expect_close
 from autograder.checks.judges import diagnose, record_after, unchanged, value_error
 from autograder.reference import modern as ref
+from decoder_course.visible.l12_modern import SLIDING_WINDOW_MASK
 
 LESSON = "12-modern"
 
@@ -395,37 +397,7 @@ class GroupedQueryAttentionCheck(Exercise):
 
 
 # -- sliding_window_mask -----------------------------------------------------------------------------------------------
-@exercise(LESSON, "sliding_window_mask")
-class SlidingWindowMask(Exercise):
-    """Query t may attend to keys t - window < s <= t: causal, window keys at most; window = 1 (itself only),
-    window >= T (plain causal); bool (T, T); window < 1 raises."""
-
-    def cases(self, rng):
-        cases = []
-        for case_id, T, window in (("mid", int(rng.integers(7, 10)), int(rng.integers(2, 5))), ("one", 6, 1),
-                                   ("all", 5, 5), ("beyond", 4, 9), ("zero", 5, 0)):
-            case = Case(case_id, f"T={T}, window={window}", data={"T": T, "window": window})
-            case.call("sliding_window_mask", T, window, record="out")
-            cases.append(case)
-        return cases
-
-    def judge(self, result: Result):
-        for case_id in ("mid", "one", "all", "beyond"):
-            case = result.cases[case_id]
-            T, window = case.data["T"], case.data["window"]
-            t, s = np.arange(T)[:, None], np.arange(T)[None, :]  # (T, 1) queries, (1, T) keys
-            want = (s <= t) & (t - s < window)
-            got = result.get(case.id, "out", what="sliding_window_mask", kind="array", dtype="bool", shape=(T, T))
-            mistakes = {"a window of window + 1 keys: t - window < s, so the query and window - 1 earlier keys":
-                            (s <= t) & (t - s <= window),
-                        "a window that lets queries see later keys: it must stay causal (s <= t)":
-                            np.abs(t - s) < window,
-                        "a transposed mask: rows are queries, columns keys, True = may attend": s >= t}
-            hint = diagnose(got.astype(np.int8), {k: v.astype(np.int8) for k, v in mistakes.items()}, rtol=0,
-                            atol=0) or "Query t sees keys t - window + 1 .. t: itself and window - 1 positions back."
-            expect_close(got, want, "sliding_window_mask", case.desc, hint=hint)
-        value_error(result, "zero", "sliding_window_mask(5, 0) was asked for an empty window, and a window must hold "
-                                    "at least the query itself")
+spec.register(LESSON, {"sliding_window_mask": SLIDING_WINDOW_MASK}, ref)  # a spec: decoder_course.visible.l12_modern
 
 
 # -- ModernBlock -------------------------------------------------------------------------------------------------------

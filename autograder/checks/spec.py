@@ -53,11 +53,19 @@ class SpecExercise(Exercise):
                       record="out")
             judges.record_after(case, arrays if self.spec.keeps_inputs else [])
             cases.append(case)
+        for i, (desc, args, why) in enumerate(self.spec.refused):
+            case = Case(f"r{i}", desc, data={"why": why}, relative=False)
+            case.call(self.name, *(_value(case, v) if not isinstance(v, np.ndarray) else
+                                   case.tensor(v) if self.spec.tensors else case.array(v) for v in args.values()))
+            cases.append(case)
         return cases
 
     def judge(self, result: Result):
         spec = self.spec
         for case in result.cases.values():
+            if "why" in case.data:
+                judges.value_error(result, case.id, case.data["why"])
+                continue
             args = case.data["args"]
             what = f"{self.name}(...)"
             got = result.get(case.id, "out", what=what, kind="tensor" if spec.tensors else "ndarray", finite=False)

@@ -9,6 +9,7 @@ is projected once per layer, not once per step.
 
 from __future__ import annotations
 
+import numpy as np
 import torch
 
 from decoder_course.checks import (
@@ -22,6 +23,31 @@ from decoder_course.checks import (
     padding_leakage_probe,
 )
 from decoder_course.conventions import BOS
+from decoder_course.spec import Spec, run
+
+
+def _mask_rows(rng: np.random.Generator) -> list:
+    """Queries after a cache, one new query, no cache (T == S), scattered positions with more keys than the last."""
+    p, one = int(rng.integers(3, 7)), int(rng.integers(4, 9))
+    rows = [(np.arange(p, p + 3), p + 3, "3 new queries after a cache"), (np.array([one]), one + 1,
+            "one new query, the usual cached step"), (np.arange(5), 5, "no cache: T == S"),
+            (np.array([1, 3, 4]), 6, "queries at scattered positions, more keys than the last query")]
+    return [(f"T={len(q)} queries, S={k_len} keys, {what}", {"q_positions": q.astype(np.int64), "k_len": k_len})
+            for q, k_len, what in rows]
+
+
+def _not_top_left(args: dict, got: np.ndarray, desc: str) -> None:
+    T, S = got.shape
+    if T < S and np.array_equal(got, np.tril(np.ones((T, S), dtype=bool))):
+        raise CheckFailed(f"your triangle starts at the top-left corner, as is_causal=True does ({desc}): with a cache "
+                          "the queries are the last positions, so compare key positions with the queries' absolute "
+                          "positions")
+
+
+CACHED_CAUSAL_MASK = Spec(
+    "cached_causal_mask", _mask_rows, dtype=lambda a: np.bool_, shape=lambda a: (len(a["q_positions"]), a["k_len"]),
+    axes="T, S", properties=_not_top_left, tensors=True,
+    hint="Key k is allowed for a query at absolute position p when k <= p (itself included).")
 
 
 class CallCounter:
@@ -126,6 +152,7 @@ def check_cached_causal_mask(cached_causal_mask) -> None:
                      hint="with no cache (T == S) it is the usual causal mask")
         expect_close(cached_causal_mask(torch.tensor([6]), 7), torch.ones(1, 7, dtype=torch.bool),
                      "one new query at the last position", hint="the newest token sees every cached key")
+    run(CACHED_CAUSAL_MASK, cached_causal_mask)
 
 
 def _small_model(Seq2SeqTransformer, norm_first: bool, seed: int = 0, V: int = 20):

@@ -12,6 +12,7 @@ only the conversion is on trial, not the student's forward).
 
 from __future__ import annotations
 
+import numpy as np
 import torch
 from torch import nn
 from torch.nn import functional as F  # noqa: N812
@@ -27,6 +28,7 @@ from decoder_course.checks import (
     grid,
     randomised,
 )
+from decoder_course.spec import Spec, run
 
 CLOSE = {"atol": 1e-4, "rtol": 1e-4}  # float32 against a formula computed another way
 
@@ -204,8 +206,28 @@ def check_gqa(GroupedQueryAttention, KVCache) -> None:  # noqa: N803 - the class
 
 
 # -- sliding_window_mask -----------------------------------------------------------------------------------------------
+def _window(args: dict, got: np.ndarray, desc: str) -> None:
+    T, window = args["T"], args["window"]
+    t, s = np.arange(T)[:, None], np.arange(T)[None, :]  # (T, 1) queries, (1, T) keys
+    if (got & (s > t)).any():
+        raise CheckFailed(f"a query may see a later key ({desc}): the window must stay causal (s <= t); rows are "
+                          "queries, columns keys, True = may attend")
+    if (got.sum(axis=1) > np.minimum(np.arange(T) + 1, window)).any():
+        raise CheckFailed(f"a query sees more than `window` keys ({desc}): query t sees keys t - window < s <= t, "
+                          "itself and window - 1 earlier keys")
+
+
+SLIDING_WINDOW_MASK = Spec(
+    "sliding_window_mask", lambda rng: [(f"T={T}, window={w}", {"T": T, "window": w}) for T, w in (
+        (int(rng.integers(7, 10)), int(rng.integers(2, 5))), (6, 1), (5, 5), (4, 9))],
+    dtype=lambda a: np.bool_, shape=lambda a: (a["T"], a["T"]), axes="T, S", properties=_window, tensors=True,
+    hint="Query t sees keys t - window + 1 .. t: itself and window - 1 positions back.",
+    refused=(("T=5, window=0", {"T": 5, "window": 0}, "sliding_window_mask(5, 0) was asked for an empty window, and "
+              "a window must hold at least the query itself"),))
+
+
 def check_sliding_window_mask(sliding_window_mask) -> None:
-    """A worked example, window 1 and window >= T, window 0."""
+    """A worked example, window 1 and window >= T, then the spec's rows and window 0."""
     causal = torch.ones(5, 5, dtype=torch.bool).tril()
     rows = (  # (title, T, window, the mask, what it means)
         ("T=5, window=2: each query sees itself and the one key before it", 5, 2, causal & ~causal.tril(-2),
@@ -221,9 +243,7 @@ def check_sliding_window_mask(sliding_window_mask) -> None:
             if not torch.equal(got, want):
                 raise CheckFailed(f"sliding_window_mask({T}, {window}) is\n{grid(got)}\n    should be ({why}):\n"
                                   f"{grid(want)}")
-    with check("window=0 raises ValueError"):
-        expect_value_error(lambda: sliding_window_mask(4, 0),
-                           "sliding_window_mask(4, 0): a window holds at least the query itself")
+    run(SLIDING_WINDOW_MASK, sliding_window_mask)
 
 
 # -- ModernBlock -------------------------------------------------------------------------------------------------------
