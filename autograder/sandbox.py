@@ -512,7 +512,9 @@ class ReadyClient(AsyncKernelClient):
 
     jupyter_client then waits for 0.2 s of IOPub silence ("flush"): a fixed 0.2 s per graded notebook. Nothing
     needs that flush: nbclient reads only the IOPub messages whose parent is the request it sent, so what
-    ``kernel_info`` leaves there (its status messages) is skipped when a cell runs."""
+    ``kernel_info`` leaves there (its status messages) is skipped when a cell runs. The loop is jupyter_client
+    8's ``_async_wait_for_ready`` (a client made by its kernel manager) without that last flush: recheck it when
+    jupyter_client changes (tests/test_ready_client.py)."""
 
     async def wait_for_ready(self, timeout: float | None = None) -> None:
         deadline = time.monotonic() + (float("inf") if timeout is None else timeout)

@@ -348,7 +348,7 @@ def expect_dtype(x: Any, dtype: Any, what: str = "the result") -> None:
     elif _KINDS["float"](got) and all(_KINDS["integer"](_kind_name(option)) for option in wanted):
         hint = ": token ids and positions are integers; did a division or np.mean turn them into floats?"
     elif _KINDS["integer"](got) and all(_KINDS["integer"](_kind_name(option)) for option in wanted):
-        hint = ": integer widths matter too; a column made with dtype=ids.dtype keeps the input's (int32 stays int32)"
+        hint = ": integer widths matter too; make new tensors with the input's dtype (dtype=x.dtype: int32 stays int32)"
     elif got == "float64" and "float32" in names:
         hint = ": float32 inputs became float64, which happens when they meet a float64 array or constant"
     elif not _KINDS["float"](got) and "float" in names:

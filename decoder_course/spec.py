@@ -45,7 +45,7 @@ class Spec:
     shape: Callable[[dict], tuple[int, ...]]
     properties: Callable[[dict, Any, str], None] | None = None  # (arguments, result, situation): raise CheckFailed
     axes: str = ""  # the result's dimension names, for the shape message ("B, T, H, Dh")
-    shape_hint: Callable[[dict, tuple], str] | None = None  # (arguments, wrong shape): what that shape means
+    shape_hint: str | Callable[[dict, tuple], str] = ""  # what a wrong shape means, or (arguments, shape) -> that
     hint: str = ""  # what a wrong value most likely means: the hidden comparison with the reference says it
     keeps_inputs: bool = True  # the docstring promises the caller's arrays unchanged
     compare: bool = True  # the hidden side compares the values with the reference's (else the properties decide)
@@ -61,12 +61,12 @@ def contract(spec: Spec, args: dict, got: Any, what: str, typed: bool = True) ->
     try:
         expect_shape(got, spec.shape(args), what, names=spec.axes or None)
     except CheckFailed as wrong:
-        hint = spec.shape_hint(args, tuple(got.shape)) if spec.shape_hint else ""
+        hint = spec.shape_hint(args, tuple(got.shape)) if callable(spec.shape_hint) else spec.shape_hint
         text = str(wrong)
         raise CheckFailed(f"{text}{'' if text.endswith(('.', '?')) else '.'} {hint}" if hint else text) from None
 
 
-def passed(spec: Spec, args: dict) -> list:
+def call_args(spec: Spec, args: dict) -> list:
     """The arguments as the exercise takes them: NumPy arrays, or fresh torch tensors of them (``tensors``)."""
     if not spec.tensors:
         return list(args.values())
@@ -78,11 +78,11 @@ def run(spec: Spec, fn: Callable[..., Any], seed: int = 0) -> None:
     properties see NumPy arrays, as on the hidden side)."""
     for desc, args in spec.rows(np.random.default_rng(seed)):
         with check(f"{spec.name} on a case with {desc}"):
-            call = passed(spec, args)
+            call = call_args(spec, args)
             got = expect_inputs_unchanged(fn, *call) if spec.keeps_inputs else fn(*call)
             contract(spec, args, got, f"{spec.name}(...) ({desc})")
             if spec.properties is not None:
                 spec.properties(args, to_numpy(got), desc)
     for desc, args, why in spec.refused:
         with check(f"{spec.name} refuses a case with {desc}"):
-            expect_value_error(lambda args=args: fn(*passed(spec, args)), why)
+            expect_value_error(lambda args=args: fn(*call_args(spec, args)), why)

@@ -50,3 +50,13 @@ def test_a_kernel_that_never_answers_is_reported():
             await km.shutdown_kernel(now=True)
 
     asyncio.run(wait())
+
+
+def test_the_grading_kernel_manager_uses_it(tmp_path):
+    from types import SimpleNamespace
+
+    from autograder.sandbox import SandboxedKernelManager
+
+    km = SandboxedKernelManager(SimpleNamespace(kernel_dir=tmp_path))
+    assert km.client_factory is ReadyClient
+    assert isinstance(km.client(), ReadyClient)

@@ -16,7 +16,7 @@ import numpy as np
 from autograder.checks import judges
 from autograder.checks.framework import Case, Exercise, Fail, Result, exercise, expect_close
 from decoder_course.checks import CheckFailed, to_numpy
-from decoder_course.spec import Spec, contract, passed
+from decoder_course.spec import Spec, call_args, contract
 
 
 @contextlib.contextmanager
@@ -29,10 +29,11 @@ def shared():
         raise Fail(text if text.endswith((".", "?", "!")) else f"{text}.") from None
 
 
-def _value(case: Case, value):
-    """An argument as the kernel's harvest takes it: arrays sent aside, dtypes by name, the rest as JSON."""
+def _value(case: Case, value, tensors: bool):
+    """An argument as the kernel's harvest takes it: arrays sent aside (as tensors: ``tensors``), dtypes by name,
+    the rest as JSON."""
     if isinstance(value, np.ndarray):
-        return case.array(value)
+        return case.tensor(value) if tensors else case.array(value)
     if isinstance(value, (type, np.dtype)):
         return {"np_dtype": np.dtype(value).name}
     return value
@@ -47,16 +48,15 @@ class SpecExercise(Exercise):
         for i, (desc, args) in enumerate(self.spec.rows(rng)):
             case = Case(f"c{i}", desc, data={"args": args})
             arrays = [name for name, value in args.items() if isinstance(value, np.ndarray)]
-            for name in arrays:
-                case.let(name, case.tensor(args[name]) if self.spec.tensors else case.array(args[name]))
-            case.call(self.name, *({"ref": n} if n in arrays else _value(case, v) for n, v in args.items()),
+            for name in arrays:  # bound, so that they can be recorded again after the call
+                case.let(name, _value(case, args[name], self.spec.tensors))
+            case.call(self.name, *({"ref": n} if n in arrays else _value(case, v, False) for n, v in args.items()),
                       record="out")
             judges.record_after(case, arrays if self.spec.keeps_inputs else [])
             cases.append(case)
         for i, (desc, args, why) in enumerate(self.spec.refused):
             case = Case(f"r{i}", desc, data={"why": why}, relative=False)
-            case.call(self.name, *(_value(case, v) if not isinstance(v, np.ndarray) else
-                                   case.tensor(v) if self.spec.tensors else case.array(v) for v in args.values()))
+            case.call(self.name, *(_value(case, v, self.spec.tensors) for v in args.values()))
             cases.append(case)
         return cases
 
@@ -74,7 +74,7 @@ class SpecExercise(Exercise):
                 if spec.properties is not None:
                     spec.properties(args, got, case.desc)
             if spec.compare:
-                want = to_numpy(getattr(self.ref, self.name)(*passed(spec, args)))
+                want = to_numpy(getattr(self.ref, self.name)(*call_args(spec, args)))
                 expect_close(got, want, what, case.desc, hint=spec.hint)
             if spec.keeps_inputs:
                 judges.unchanged(result, case.id, {n: v for n, v in args.items() if isinstance(v, np.ndarray)},

@@ -42,13 +42,13 @@ SPECS = {
     "flatten_batch": Spec(
         "flatten_batch", _rows([(2, 3, 4), (3, 5, 2), (1, 4, 3), (4, 1, 5)]),
         dtype=lambda a: a["x"].dtype, shape=lambda a: (a["x"].shape[0] * a["x"].shape[1], a["x"].shape[2]),
-        axes="B*T, D", shape_hint=lambda a, s: "Merge the batch and time axes, and keep D as it is.",
+        axes="B*T, D", shape_hint="Merge the batch and time axes, and keep D as it is.",
         hint="Row b * T + t must be x[b, t]: all of sequence 0 first, then sequence 1, ... In '(b t)' the first name "
              "varies slowest."),
     "time_major": Spec(
         "time_major", _rows([(2, 3, 4), (4, 2, 3), (1, 5, 2), (3, 1, 4), (3, 3, 2)]),
         dtype=lambda a: a["x"].dtype, shape=lambda a: (a["x"].shape[1], a["x"].shape[0], a["x"].shape[2]),
-        axes="T, B, D", shape_hint=lambda a, s: "Only the first two axes swap; D stays last.",
+        axes="T, B, D", shape_hint="Only the first two axes swap; D stays last.",
         hint="out[t, b] must be x[b, t]: the axes swap, the values move with them. A reshape to (T, B, D) keeps the "
              "memory order and only relabels it: it is not a transpose."),
     "split_last": Spec(

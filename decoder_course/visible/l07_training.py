@@ -55,8 +55,8 @@ def _not_shifted_left(args: dict, got: np.ndarray, desc: str) -> None:
 
 SHIFT_RIGHT = Spec(
     "shift_right", _shift_rows, dtype=lambda a: a["tgt_ids"].dtype, shape=lambda a: a["tgt_ids"].shape, axes="B, T",
-    shape_hint=lambda a, shape: "The decoder input keeps the target's length T: put BOS first and drop the target's "
-                                "last token.", properties=_not_shifted_left, tensors=True,
+    shape_hint="The decoder input keeps the target's length T: put BOS first and drop the target's last token.",
+    properties=_not_shifted_left, tensors=True,
     hint="Position 0 holds bos_id and position t holds token t - 1 of the target.")
 def check_shift_right(shift_right) -> None:
     """The worked example, dtype and shape kept, the input unchanged, one-token targets."""
