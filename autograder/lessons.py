@@ -19,6 +19,7 @@ from __future__ import annotations
 import ast
 import functools
 import importlib
+import re
 from pathlib import Path
 from types import ModuleType
 
@@ -70,6 +71,13 @@ def _definitions(lesson: str) -> tuple[tuple[str, bool], ...]:
         if isinstance(node, (ast.FunctionDef, ast.ClassDef)):
             found.append((node.name, "### BEGIN SOLUTION" in (ast.get_source_segment(source, node) or "")))
     return tuple(found)
+
+
+@functools.cache
+def points(lesson: str) -> dict[str, float]:
+    """Each graded cell's points, as the solution marks them (``# %% test=<item> points=<n>``): the one place."""
+    source = (SOLUTIONS / f"{lesson}.py").read_text()
+    return {item: float(n) for item, n in re.findall(r"(?m)^# %% test=(\S+) points=([0-9.]+)", source)}
 
 
 def exercises(lesson: str) -> list[str]:

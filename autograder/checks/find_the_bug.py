@@ -4,7 +4,7 @@ A fixed implementation keeps the contract of one of the lesson's exercises (``ju
 exercise's own cases and verdicts, with no check code copied: a subclass of the existing check class with this
 mixin first calls the fixed name where the cases called the original, and names it in the messages::
 
-    @exercise(LESSON, "fixed_attention", points=1)
+    @exercise(LESSON, "fixed_attention")
     class FixedAttention(FindTheBug, ScaledDotProductAttention):
         judged_as = "scaled_dot_product_attention"
 

@@ -48,11 +48,14 @@ class Unobservable(Raised):
     that raised (autograder.checks.relative). Not a pass: a cell no check could see earns nothing."""
 
 
-def exercise(lesson: str, name: str, points: float = 1.0):
-    """Register an exercise class under ``lesson`` and its graded cell id ``name``."""
+def exercise(lesson: str, name: str):
+    """Register an exercise class under ``lesson`` and its graded cell id ``name`` (its points are the cell's, as
+    the solution marks them: :func:`autograder.lessons.points`)."""
 
     def register(cls):
-        cls.lesson, cls.name, cls.points = lesson, name, points
+        from autograder import lessons
+
+        cls.lesson, cls.name, cls.points = lesson, name, lessons.points(lesson).get(name, 1.0)
         REGISTRY.setdefault(lesson, {})[name] = cls
         if cls.uses:  # built on the student's other items: watch their calls (autograder.checks.relative)
             make_cases = cls.cases

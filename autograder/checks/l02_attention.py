@@ -180,7 +180,7 @@ def _attention(q, k, v, allowed, scale):
     return weights @ v, weights
 
 
-@exercise(LESSON, "scaled_dot_product_attention", points=2)
+@exercise(LESSON, "scaled_dot_product_attention")
 class ScaledDotProductAttention(Exercise):
     uses = ("masked_softmax", "softmax")
     reference = ref
@@ -321,7 +321,7 @@ class ScaledDotProductAttention(Exercise):
 # ------------------------------------------------------------------------------------------------------------
 # fixed_attention: find the bug (autograder.bugs), judged as scaled_dot_product_attention
 # ------------------------------------------------------------------------------------------------------------
-@exercise(LESSON, "fixed_attention", points=1)
+@exercise(LESSON, "fixed_attention")
 class FixedAttention(FindTheBug, ScaledDotProductAttention):
     """The given attention normalised over the queries (axis -2): the attention's own cases and verdicts."""
 

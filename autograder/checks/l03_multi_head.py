@@ -297,7 +297,7 @@ _MHA_ROWS = [
 ]
 
 
-@exercise(LESSON, "MultiHeadAttention", points=2)
+@exercise(LESSON, "MultiHeadAttention")
 class MultiHeadAttentionCheck(Exercise):
     # the lesson's MultiHeadAttention calls the student's own split_heads and merge_heads
     uses = ("split_heads", "merge_heads")

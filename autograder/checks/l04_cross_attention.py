@@ -133,7 +133,7 @@ _CROSS_ROWS = [
 ]
 
 
-@exercise(LESSON, "CrossAttention", points=2)
+@exercise(LESSON, "CrossAttention")
 class CrossAttentionCheck(Exercise):
     # PyTorch's own multi-head attention, or its fused kernel, would do the exercise's work
     forbidden = ("nn.MultiheadAttention", "F.scaled_dot_product_attention", "F.multi_head_attention_forward")

@@ -172,7 +172,7 @@ def _placement(norm_first: bool) -> str:
 
 
 # -- FeedForward ---------------------------------------------------------------------------------------------
-@exercise(LESSON, "FeedForward", points=2)
+@exercise(LESSON, "FeedForward")
 class FeedForwardCheck(Exercise):
     """Values against PyTorch's own ops in eval mode; in training, dropout acts on the hidden (B, T, F)."""
 
@@ -275,7 +275,7 @@ def _forward(case: Case, obj: str, *args, record: str = "out") -> None:
                 record=record)
 
 
-@exercise(LESSON, "DecoderLayer", points=2)
+@exercise(LESSON, "DecoderLayer")
 class DecoderLayerCheck(Exercise):
     """Against nn.TransformerDecoderLayer with copied weights (eval; both LN placements; causal + memory
     padding; T != S; B = 1), leakage of the future and of memory padding, injected sublayers used, dropout
@@ -467,7 +467,7 @@ def _params_case(case: Case, D: int, H: int, F: int, record: str, seed: int | No
     case.call("init_numpy_decoder_params", D, H, F, {"ref": f"rng_{record}"}, record=record)
 
 
-@exercise(LESSON, "init_numpy_decoder_params", points=1)
+@exercise(LESSON, "init_numpy_decoder_params")
 class InitNumpyParams(Exercise):
     """Keys and shapes, LayerNorms start as the identity, weights scaled by 1/sqrt(fan_in), rng honoured."""
 
@@ -537,7 +537,7 @@ def _state_from_np(params: dict) -> dict[str, np.ndarray]:
     return {key: params[k].T for k, key in NP_NAMES.items()}
 
 
-@exercise(LESSON, "numpy_decoder_layer", points=2)
+@exercise(LESSON, "numpy_decoder_layer")
 class NumpyDecoderLayer(Exercise):
     """Against nn.TransformerDecoderLayer (float64, copied weights), both LN placements, leakage, B = 1, a
     sequence without memory, inputs and params unchanged."""

@@ -67,7 +67,7 @@ def _paper_table(max_len: int, D: int, *, swap: bool = False, per_feature: bool 
 
 
 # -- sinusoidal_table ------------------------------------------------------------------------------------------
-@exercise(LESSON, "sinusoidal_table", points=1)
+@exercise(LESSON, "sinusoidal_table")
 class SinusoidalTable(Exercise):
     """Against the paper's formula in float64, for several lengths and widths, max_len = 1 and an odd D included."""
 
@@ -116,7 +116,7 @@ def _state_error(result: Result, case_id: str, what: str, names: str) -> None:
         raise Fail(f"{what} could not load weights by the contract's names ({names}): {detail}")
 
 
-@exercise(LESSON, "PositionalEncoding", points=2)
+@exercise(LESSON, "PositionalEncoding")
 class PositionalEncodingCheck(Exercise):
     """Table in a buffer ``pe`` (saved in the state dict, converted by .double(), not trained); forward adds
     ``pe[:T]`` to every sequence (T < max_len and T = max_len, B = 1 and B > 1); dropout after the addition in
@@ -253,7 +253,7 @@ def _encoder_expected(d: dict, *, norm_first: bool | None = None, causal: bool =
                       src_key_padding_mask=_blocked(d["is_real"])).numpy()
 
 
-@exercise(LESSON, "EncoderLayer", points=2)
+@exercise(LESSON, "EncoderLayer")
 class EncoderLayerCheck(Exercise):
     """Against nn.TransformerEncoderLayer with copied weights (eval; both LN placements; source padding;
     B = 1 without a mask), padded keys never read, no causal mask, dropout active in training only, the
@@ -391,7 +391,7 @@ def _stack_load_error(result: Result, case_id: str) -> None:
                f"PyTorch says: {error.splitlines()[-1][:300]}")
 
 
-@exercise(LESSON, "Decoder", points=2)
+@exercise(LESSON, "Decoder")
 class DecoderCheck(Exercise):
     """Against nn.TransformerDecoder with copied weights (eval; pre-LN with its final norm and post-LN without;
     causal + target and memory padding; T != S; B = 1, one layer), leakage of the future and of memory padding
@@ -566,7 +566,7 @@ def _model_forward(case: Case, src, tgt, src_is_real, tgt_is_real, record: str =
                    for name, mask in (("src_is_real", src_is_real), ("tgt_is_real", tgt_is_real))})
 
 
-@exercise(LESSON, "Seq2SeqTransformer", points=2)
+@exercise(LESSON, "Seq2SeqTransformer")
 class Seq2SeqTransformerCheck(Exercise):
     """Logits against PyTorch's own encoder and decoder modules with the same weights (pre-LN tied with both
     padding masks; post-LN untied with sqrt(D) scaling, B = 1, T > S, no masks); the future and source padding

@@ -93,7 +93,7 @@ def _loss_mistakes(logits: np.ndarray, targets: np.ndarray, pad_id: int, eps: fl
     return mistakes
 
 
-@exercise(LESSON, "sequence_loss", points=2)
+@exercise(LESSON, "sequence_loss")
 class SequenceLoss(Exercise):
     """Against F.cross_entropy(..., ignore_index=pad_id, label_smoothing=eps) in value and gradient, pad_id != 0,
     rows of very different scale, huge logits finite, an all-padding batch gives 0, inputs unchanged."""
@@ -223,7 +223,7 @@ def _match_case(rng: np.random.Generator, B: int, L_tgt: int, L_pred: int, pad_i
     return pred, target
 
 
-@exercise(LESSON, "exact_match", points=1)
+@exercise(LESSON, "exact_match")
 class ExactMatch(Exercise):
     """Against the definition on batches with every kind of error (junk after EOS, missing EOS, early EOS, a
     wrong token, a target without EOS), predictions longer and shorter than the targets, pad_id != 0, B = 1;
@@ -346,7 +346,7 @@ def _reference_step(d: dict, *, clip: bool = True, zero_grad: bool = True) -> tu
     return loss, parameter_vector(model).numpy()
 
 
-@exercise(LESSON, "train_step", points=2)
+@exercise(LESSON, "train_step")
 class TrainStep(Exercise):
     """Against the reference step on copied weights (SGD with a clip that bites; SGD with weight decay, no
     clipping, label smoothing; stale gradients left in .grad before the call): the same loss (a Python float, before the
@@ -438,7 +438,7 @@ def _batch_losses(state: dict, batches: list[dict]) -> list[tuple[float, int, in
     return rows
 
 
-@exercise(LESSON, "validation_loss", points=1)
+@exercise(LESSON, "validation_loss")
 class ValidationLoss(Exercise):
     """The given loop runs the student's shift_right and sequence_loss; the shown bug averages the batches' losses.
     Against PyTorch's own loss summed over every real token of the set (batches of different sizes, a small last

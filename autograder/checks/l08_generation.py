@@ -185,7 +185,7 @@ TREE_HINT = ("On this tree greedy decoding follows the most likely token at each
 UNMASKED = "the tokens of a source whose padding counts: pass src_is_real to encode and decode"
 
 
-@exercise(LESSON, "greedy_decode", points=2)
+@exercise(LESSON, "greedy_decode")
 class GreedyDecode(Exercise):
     """Tokens against the reference on a scripted tree and on a padded batch of pseudo-random logits (pad_id != 0),
     max_len without any EOS, B = 1; EOS and padding per row; the caller's source unchanged."""
@@ -430,7 +430,7 @@ def _first_excluded(case: Case, b: int, row: list[int]) -> int | None:
     return None
 
 
-@exercise(LESSON, "sample", points=2)
+@exercise(LESSON, "sample")
 class Sample(Exercise):
     """Reproducible with a generator whatever the global seed, varies with the seed; never outside top-k/top-p;
     first-token frequencies follow softmax(logits / temperature); temperature 0 and the repetition penalty against
@@ -633,7 +633,7 @@ BEAM_HINT = ("Lay out beams as B·K rows (row b·K + j is beam j of sequence b),
              "the length-normalised score.")
 
 
-@exercise(LESSON, "beam_search", points=2)
+@exercise(LESSON, "beam_search")
 class BeamSearch(Exercise):
     """A scripted tree where greedy misses the best sequence; exhaustive search with a length penalty that changes
     the answer; a padded batch (pad_id != 0) against the reference; beam size 1 is greedy; B = 1."""

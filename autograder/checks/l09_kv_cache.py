@@ -107,7 +107,7 @@ def _raise_with_dependencies(result: Result, case: Case, uses: tuple[str, ...]) 
 
 
 # -- KVCache -----------------------------------------------------------------------------------------------------------
-@exercise(LESSON, "KVCache", points=2)
+@exercise(LESSON, "KVCache")
 class KVCacheCheck(Exercise):
     """Appends along the sequence axis, per layer; returns everything cached; length counts positions; positions
     are 0 .. length - 1; one-layer update(k, v); the caller's k and v unchanged; reorder(index) keeps batch
@@ -241,7 +241,7 @@ UNMASKED = ("the logits of a decoder whose cross-attention sees the source paddi
             "to padded memory positions")
 
 
-@exercise(LESSON, "decode_step", points=2)
+@exercise(LESSON, "decode_step")
 class DecodeStep(Exercise):
     """Logits of a prefill and of single steps against the full decoder (both norm placements, padded memory,
     B = 1 without a prefill); the cache grows by the new positions."""
@@ -355,7 +355,7 @@ def _eos_id(rng: np.random.Generator, model, src: np.ndarray, mask, steps: slice
     return int(rng.choice(sorted(set(endless[:, steps].flatten().tolist()))))
 
 
-@exercise(LESSON, "greedy_decode_cached", points=2)
+@exercise(LESSON, "greedy_decode_cached")
 class GreedyDecodeCached(Exercise):
     """Token for token the reference greedy_decode on a model with loaded weights (both norm placements, several
     EOS ids so that rows stop at different steps, max_len 1, an EOS that never comes, B = 1, pad_id != 0); the
@@ -392,7 +392,7 @@ class GreedyDecodeCached(Exercise):
                         "memory")
 
 
-@exercise(LESSON, "beam_search_cached", points=2)
+@exercise(LESSON, "beam_search_cached")
 class BeamSearchCached(Exercise):
     """Beam for beam the reference beam_search (lesson 08) on a model with loaded weights: both norm placements,
     beam sizes 1 to 4, length penalties 0 to 2 (2 on a case where it changes a winner), EOS ids that end rows at

@@ -228,7 +228,7 @@ def _sdpa64(q, k, v, allowed) -> np.ndarray:
     return F.scaled_dot_product_attention(q, k, v, attn_mask=mask).numpy()
 
 
-@exercise(LESSON, "robust_attention", points=2)
+@exercise(LESSON, "robust_attention")
 class RobustAttention(Exercise):
     """Against float64 F.scaled_dot_product_attention in four dtypes and under autocast; the float16 overflow of an
     unscaled q @ kᵀ; zeros for fully masked rows; finite float16 gradients; the caller's inputs unchanged."""

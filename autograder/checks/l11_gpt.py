@@ -75,7 +75,7 @@ def _read_merges(result: Result, case: Case, name: str, what: str) -> list[tuple
     return merges
 
 
-@exercise(LESSON, "train_bpe", points=2)
+@exercise(LESSON, "train_bpe")
 class TrainBPE(Exercise):
     """Merges against the reference: ties (first occurrence wins), Unicode, overlapping runs, running out of
     pairs, vocab_size <= 256, the empty text; the new ids are 256, 257, ... in order."""
@@ -139,7 +139,7 @@ def _codes(case: Case, name: str, source: str) -> None:
     case.record(name, {"new": CODES, "args": [{"ref": source}]})
 
 
-@exercise(LESSON, "BPETokenizer", points=2)
+@exercise(LESSON, "BPETokenizer")
 class BPETokenizerCheck(Exercise):
     """Built from merges computed here: encode reproduces training's sequence, merges apply in the order learned,
     vocab_size; round trips on Unicode, unseen emoji and the empty string; decode of cut characters (U+FFFD),
@@ -273,7 +273,7 @@ def _load_error(result: Result, case: Case) -> None:
                    "cross_attn=False), norm, out_proj (no bias).")
 
 
-@exercise(LESSON, "GPT", points=3)
+@exercise(LESSON, "GPT")
 class GPTCheck(Exercise):
     """Logits against the reference (= PyTorch's encoder layers with a causal mask) with copied weights, B >= 2,
     T != max_len; the causal mask, learned positions, the final norm; out_proj.weight is tok_embed.weight; the
@@ -460,7 +460,7 @@ def _prompt_head(result: Result, case: Case, got: np.ndarray, what: str) -> None
     unchanged(result, case.id, {"prompt_ids": prompt}, what)
 
 
-@exercise(LESSON, "generate", points=2)
+@exercise(LESSON, "generate")
 class Generate(Exercise):
     """On HashedLM (past only in the cache): greedy tokens at temperature 0 exactly, the prompt kept and unchanged,
     one forward position per new token (the cache used); reproducible with a generator whatever the global seed;

@@ -153,7 +153,7 @@ def _rope(x: np.ndarray, positions: np.ndarray, base: float, *, pairing: str = "
     return out
 
 
-@exercise(LESSON, "rotary_embedding", points=2)
+@exercise(LESSON, "rotary_embedding")
 class RotaryEmbedding(Exercise):
     """Equal to the complex-number form with interleaved pairs (2i, 2i+1), θ_i = base^(-2i/Dh), at the given
     (scattered, large) positions; another base; dtype kept (float64); x and positions unchanged; odd Dh raises."""
@@ -303,7 +303,7 @@ def _gqa_mistakes(d: dict) -> dict[str, np.ndarray]:
 GQA_NAMES = "q_proj (D -> D), k_proj and v_proj (D -> n_kv_heads·Dh), out_proj (D -> D), nn.Linear without bias."
 
 
-@exercise(LESSON, "GroupedQueryAttention", points=3)
+@exercise(LESSON, "GroupedQueryAttention")
 class GroupedQueryAttentionCheck(Exercise):
     """Against the reference (= SDPA with enable_gqa=True) with copied weights: GQA (groups of consecutive query
     heads), MQA, MHA; RoPE on queries and keys at the given positions; 1/sqrt(Dh); a random mask with a fully
@@ -436,7 +436,7 @@ def _block_outputs(state: dict, cfg: tuple, x: np.ndarray, positions: np.ndarray
     return want.numpy(), {f"a block that {idea}": alt.numpy() for idea, alt in mistakes.items()}
 
 
-@exercise(LESSON, "ModernBlock", points=2)
+@exercise(LESSON, "ModernBlock")
 class ModernBlockCheck(Exercise):
     """Against the reference with copied weights (two different norms): pre-norm, each sublayer added to the
     stream; positions reach the attention (RoPE); the mask passed on; the cache path equals the full forward;
