@@ -1,6 +1,7 @@
 """Hidden checks of lesson 02-attention (NumPy): softmax, masked softmax, scaled dot-product attention.
 
-Inputs that do not hide bugs: B, H, T, S, Dh all different (and Dh != Dv), rows of very different scale, fully
+``softmax`` and ``masked_softmax`` are specs (``decoder_course/visible/l02_attention.py``). For attention, inputs
+that do not hide bugs: B, H, T, S, Dh all different (and Dh != Dv), rows of very different scale, fully
 masked rows, huge scores, one case each with B = 1 and H = 1 and without batch axes. Values are compared with
 the reference computed here in float64, loosely enough for float32 answers; properties (blocked keys get no
 weight, fully masked rows are zeros, rows sum to one, no future or padding leakage, inputs unchanged) are
@@ -17,13 +18,14 @@ import math
 
 import numpy as np
 
-from autograder.checks import judges
+from autograder.checks import judges, spec
 from autograder.checks.find_the_bug import FindTheBug
 from autograder.checks.framework import Case, Exercise, Fail, Result, exercise, expect_close
 from autograder.reference import attention as ref
+from decoder_course.visible import l02_attention as visible
 
 LESSON = "02-attention"
-ATOL = 1e-6  # a weight this small counts as zero (blocked keys, fully masked rows)
+spec.register(LESSON, visible.SPECS, ref)  # softmax, masked_softmax: rows, contracts, properties in the spec
 
 
 def _tolerance(dtype: np.dtype) -> dict:
@@ -31,143 +33,9 @@ def _tolerance(dtype: np.dtype) -> dict:
     return {"rtol": 1e-4, "atol": 1e-5} if np.dtype(dtype).itemsize < 8 else {"rtol": 1e-7, "atol": 1e-9}
 
 
-def _scaled_rows(rng: np.random.Generator, shape: tuple[int, ...], scales=(0.01, 1.0, 30.0)) -> np.ndarray:
-    """Normal values whose rows (last axis) differ in scale: one global max would underflow some rows."""
-    row_scale = rng.choice(scales, size=shape[:-1] + (1,))
-    row_scale.reshape(-1)[: len(scales)] = scales  # every scale appears at least once
-    return rng.standard_normal(shape) * row_scale
-
-
-def _random_allowed(rng: np.random.Generator, shape: tuple[int, ...], p: float = 0.6) -> np.ndarray:
-    """A random mask with a fully masked row and a fully allowed row (when it has at least two rows)."""
-    allowed = rng.random(shape) < p
-    rows = allowed.reshape(-1, shape[-1])  # a view: (rows, S)
-    rows[0] = True
-    if rows.shape[0] > 1:
-        rows[-1] = False
-    return allowed
-
-
 def _check_weights(w: np.ndarray, allowed: np.ndarray | None, what: str, desc: str) -> None:
-    """Blocked keys get no weight, a fully masked row is all zeros, every other row sums to one."""
-    w = w.astype(np.float64)
-    full = np.broadcast_to(True if allowed is None else allowed, w.shape)  # (..., T, S)
-    has_key = full.any(axis=-1)  # (..., T)
-    if (w < -ATOL).any():
-        raise Fail(f"{what} has negative weights ({desc}): softmax outputs are probabilities.")
-    empty_rows = w[~has_key]  # (rows, S)
-    if empty_rows.size and np.allclose(empty_rows, 1.0 / w.shape[-1], atol=1e-4):
-        raise Fail(f"a fully masked row of {what} came out as a uniform average, 1/S on every key ({desc}): that is "
-                   "what a large negative fill alone gives. The course's rule: a query with no allowed key gets "
-                   "weights of exactly zero.")
-    leaked = ~full & has_key[..., None] & (np.abs(w) > ATOL)
-    if leaked.any():
-        raise Fail(f"{what} gives weight to a blocked key ({desc}): mask the scores before the softmax, with the "
-                   "course's polarity (True = this query may attend to this key).")
-    if empty_rows.size and np.abs(empty_rows).max() > ATOL:
-        raise Fail(f"a fully masked row of {what} is not all zeros ({desc}): a query with no allowed key gets "
-                   "weights of exactly zero.")
-    sums = w.sum(axis=-1)[has_key]
-    if sums.size and not np.allclose(sums, 1.0, atol=1e-4):
-        raise Fail(f"a row of {what} with allowed keys does not sum to 1 ({desc}). Zeroing blocked weights after a "
-                   "plain softmax leaves the rest summing to less than one: mask the scores first, then normalise "
-                   "over the keys (the last axis).")
-
-
-# ------------------------------------------------------------------------------------------------------------
-# softmax
-# ------------------------------------------------------------------------------------------------------------
-@exercise(LESSON, "softmax")
-class Softmax(Exercise):
-    def cases(self, rng):
-        cases = []
-        # (shape, dtype, axis or None for the default, how axis is passed, huge scores)
-        for i, (shape, dtype, axis, how, huge) in enumerate([
-                ((3, 7), "float64", None, None, False), ((2, 3, 4, 5), "float32", None, None, False),
-                ((4, 6), "float64", 0, "kwarg", False), ((2, 5, 3), "float32", 1, "positional", False),
-                ((3, 6), "float32", -1, "kwarg", True), ((1, 9), "float64", None, None, True)]):
-            if huge:
-                x = rng.standard_normal(shape) * 1e4
-                x[0] = 1e4  # a row of equal huge scores: exactly uniform
-                x[-1] = 5e4 + rng.integers(0, 8, size=shape[-1])  # huge and close together
-            else:
-                x = _scaled_rows(rng, shape, scales=(0.01, 1.0, 1e3))  # exp(1e3) overflows even float64
-            x = x.astype(dtype)
-            desc = (f"x of shape {shape}, {dtype}, " + ("huge scores" if huge else "rows of very different scale")
-                    + (f", axis={axis}" if axis is not None else " (default axis)"))
-            case = Case(f"c{i}", desc, data={"x": x, "axis": -1 if axis is None else axis})
-            case.let("x", case.array(x))
-            args, kwargs = {"kwarg": ((), {"axis": axis}), "positional": ((axis,), {}), None: ((), {})}[how]
-            case.call("softmax", {"ref": "x"}, *args, record="out", **kwargs)
-            judges.record_after(case, ["x"])
-            cases.append(case)
-        return cases
-
-    def judge(self, result: Result):
-        for case in result.cases.values():
-            x, axis = case.data["x"], case.data["axis"]
-            got = result.get(case.id, "out", what="softmax(x)", kind="array", dtype="float", shape=x.shape,
-                             finite=False)
-            if not np.isfinite(got).all():
-                raise Fail(f"softmax(x) contains NaN or inf ({case.desc}). exp overflows for large scores (exp(1000) = "
-                           "inf, and inf / inf = NaN), and a max that is not the row's own underflows whole rows to "
-                           "0 / 0. Subtract each row's own max (along `axis`) before exp.")
-            if not np.allclose(got.astype(np.float64).sum(axis=axis), 1.0, atol=1e-4):
-                raise Fail(f"softmax(x) does not sum to 1 along axis {axis} ({case.desc}): normalise along the axis "
-                           "you are given, and keep that axis when summing (keepdims=True) so the division "
-                           "broadcasts.")
-            expect_close(got, ref.softmax(x.astype(np.float64), axis=axis), "softmax(x)", case.desc,
-                         **_tolerance(x.dtype),
-                         hint="softmax(x) = exp(x - max) / sum(exp(x - max)), max and sum taken along `axis`.")
-            judges.unchanged(result, case.id, {"x": x}, "softmax")
-
-
-# ------------------------------------------------------------------------------------------------------------
-# masked_softmax
-# ------------------------------------------------------------------------------------------------------------
-@exercise(LESSON, "masked_softmax")
-class MaskedSoftmax(Exercise):
-    uses = ("softmax",)
-    reference = ref
-
-    def cases(self, rng):
-        B, H, T, S = 2, 3, 4, 5
-        causal = np.tril(np.ones((T, T), dtype=bool))  # (T, T)
-        key_is_real = np.array([[True] * S, [True, True, False, False, False]])  # (B, S)
-        specs = [  # (situation, scores, allowed)
-            (f"scores (B, H, T, S) = {(B, H, T, S)}, allowed (B, 1, T, S) with a fully masked row",
-             _scaled_rows(rng, (B, H, T, S)), _random_allowed(rng, (B, 1, T, S))),
-            ("scores (T, S) = (5, 3), float32, allowed (T, S) with a fully masked row",
-             _scaled_rows(rng, (5, 3)).astype(np.float32), _random_allowed(rng, (5, 3))),
-            (f"scores (B, H, T, S) = {(B, 2, 3, S)}, key padding allowed (B, 1, 1, S)",
-             _scaled_rows(rng, (B, 2, 3, S)), key_is_real[:, None, None, :]),
-            (f"scores (B, H, T, S) = (1, 2, {T}, {T}), a causal (T, S) mask broadcast over B and H",
-             _scaled_rows(rng, (1, 2, T, T)), causal),
-            ("scores (B, T, S) = (3, 4, 6), float32, allowed=None (every key allowed)",
-             _scaled_rows(rng, (3, 4, 6)).astype(np.float32), None),
-            ("huge scores (B, H, T, S) = (2, 1, 3, 7), float32, allowed (B, H, T, S), a fully masked row",
-             (rng.standard_normal((2, 1, 3, 7)) * 1e4).astype(np.float32), _random_allowed(rng, (2, 1, 3, 7))),
-        ]
-        cases = []
-        for i, (desc, scores, allowed) in enumerate(specs):
-            case = Case(f"c{i}", desc, data={"scores": scores, "allowed": allowed})
-            case.let("scores", case.array(scores))
-            case.let("allowed", case.array(allowed) if allowed is not None else None)
-            case.call("masked_softmax", {"ref": "scores"}, {"ref": "allowed"}, record="out")
-            judges.record_after(case, ["scores"] + (["allowed"] if allowed is not None else []))
-            cases.append(case)
-        return cases
-
-    def judge(self, result: Result):
-        for case in result.cases.values():
-            scores, allowed = case.data["scores"], case.data["allowed"]
-            what = "masked_softmax(scores, allowed)"
-            got = result.get(case.id, "out", what=what, kind="array", dtype="float", shape=scores.shape)
-            _check_weights(got, allowed, what, case.desc)
-            expect_close(got, ref.masked_softmax(scores.astype(np.float64), allowed), what, case.desc,
-                         **_tolerance(scores.dtype),
-                         hint="Over the allowed keys of each row it is the softmax of their scores.")
-            judges.unchanged(result, case.id, {"scores": scores, "allowed": allowed}, "masked_softmax")
+    with spec.shared():
+        visible.check_weights(w, allowed, what, desc)
 
 
 # ------------------------------------------------------------------------------------------------------------
@@ -212,8 +80,8 @@ class ScaledDotProductAttention(Exercise):
         # Batched multi-head, every size different, rows of different scale, a fully masked row.
         B, H, T, S, Dh, Dv = 2, 3, 4, 5, 8, 6
         add(f"(B, H, T, S, Dh, Dv) = {(B, H, T, S, Dh, Dv)}, allowed (B, 1, T, S) with a fully masked row",
-            _scaled_rows(rng, (B, H, T, Dh), scales=(0.1, 1.0, 3.0)), *normal((B, H, S, Dh), (B, H, S, Dv)),
-            _random_allowed(rng, (B, 1, T, S)))
+            visible.scaled_rows(rng, (B, H, T, Dh), scales=(0.1, 1.0, 3.0)), *normal((B, H, S, Dh), (B, H, S, Dv)),
+            visible.random_allowed(rng, (B, 1, T, S)))
         # No batch axes at all, float32, no mask.
         add("q (T, Dh) = (3, 6), k (S, Dh) = (5, 6), v (S, Dv) = (5, 2), float32, allowed=None",
             *normal((3, 6), (5, 6), (5, 2), dtype=np.float32), None)
@@ -240,10 +108,10 @@ class ScaledDotProductAttention(Exercise):
         # Huge scores in float64, B = 1, with a fully masked row.
         add("huge scores, (B, H, T, S, Dh, Dv) = (1, 2, 3, 5, 4, 4), a fully masked row",
             rng.standard_normal((1, 2, 3, 4)) * 1e3, rng.standard_normal((1, 2, 5, 4)) * 1e2,
-            rng.standard_normal((1, 2, 5, 4)), _random_allowed(rng, (1, 2, 3, 5)))
+            rng.standard_normal((1, 2, 5, 4)), visible.random_allowed(rng, (1, 2, 3, 5)))
         # One head, float32, a (T, S) mask broadcast over B and H.
         add("(B, H, T, S, Dh, Dv) = (2, 1, 5, 3, 2, 4), float32, allowed (T, S)",
-            *normal((2, 1, 5, 2), (2, 1, 3, 2), (2, 1, 3, 4), dtype=np.float32), _random_allowed(rng, (5, 3)))
+            *normal((2, 1, 5, 2), (2, 1, 3, 2), (2, 1, 3, 4), dtype=np.float32), visible.random_allowed(rng, (5, 3)))
         return cases
 
     def _outputs(self, result: Result, case: Case) -> tuple[np.ndarray, np.ndarray]:
@@ -278,7 +146,7 @@ class ScaledDotProductAttention(Exercise):
             _check_weights(weights, d["allowed"], "the attention weights", case.desc)
             if d["allowed"] is not None:
                 has_key = np.broadcast_to(d["allowed"], weights.shape).any(axis=-1)  # (..., T)
-                if np.abs(out[~has_key]).max(initial=0.0) > ATOL:
+                if np.abs(out[~has_key]).max(initial=0.0) > visible.ATOL:
                     raise Fail(f"a query with no allowed key should output zeros ({case.desc}): its weights are "
                                "zero, so its weighted average of the values is zero.")
             outputs[case.id] = (out.astype(np.float64), weights)
