@@ -2,9 +2,9 @@
 
 Expected values of ``MultiHeadAttention`` come from PyTorch's own ``nn.MultiheadAttention`` (float64, eval mode)
 with the same weights copied in (``decoder_course.twins``); its masks use the opposite polarity (True = blocked), so
-``allowed`` is inverted in :func:`torch_mha_expected` and nowhere else. Split/merge are judged against the reference
-(itself proven against ``view`` + ``transpose`` in tests/test_reference_layers.py), on NumPy arrays and torch
-tensors alike. ``MultiHeadAttention``'s cases are rows (situation, sizes, mask, what else the case checks) fed to
+``allowed`` is inverted in :func:`torch_mha_expected` and nowhere else. Split/merge are specs, judged against the
+reference (itself proven against ``view`` + ``transpose`` in tests/test_reference_layers.py), on NumPy arrays and
+torch tensors alike. ``MultiHeadAttention``'s cases are rows (situation, sizes, mask, what else the case checks) fed to
 one case maker and one judge.
 """
 
@@ -13,11 +13,12 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from autograder.checks import judges
+from autograder.checks import judges, spec
 from autograder.checks.framework import Case, Exercise, Fail, Raised, Result, exercise, expect_close
 from autograder.reference import masks as ref_masks
 from autograder.reference import multi_head as ref
 from decoder_course import twins
+from decoder_course.visible import l03_multi_head as visible
 
 LESSON = "03-multi-head"
 
@@ -135,124 +136,8 @@ def judge_attention_output(result: Result, case_id: str, name: str, state, H: in
     return out, weights
 
 
-# -- split / merge -----------------------------------------------------------------------------------------------
-# (B, T, H, Dh, backend): B = 1 and H = 1 included; elsewhere T, H and Dh all differ, Dh >= 2
-_SPLIT_SIZES = [(2, 5, 3, 4, "numpy"), (3, 4, 2, 6, "torch"), (1, 3, 1, 5, "torch"), (2, 6, 4, 3, "numpy"),
-                (1, 7, 5, 2, "numpy")]
-
-
-def _random_sizes(rng) -> tuple[int, int, int, int]:
-    """B, T, H, Dh drawn so that T, H and Dh all differ (a missing transpose cannot hide)."""
-    while True:
-        B, T, H, Dh = (int(n) for n in (rng.integers(2, 4), rng.integers(3, 9), rng.integers(2, 6),
-                                        rng.integers(2, 6)))
-        if len({T, H, Dh}) == 3:
-            return B, T, H, Dh
-
-
-class _HeadsExercise(Exercise):
-    """Split or merge, graded the same way for the einops and the reshape versions."""
-
-    split = True  # split_heads(x, H): (B, T, D) -> (B, H, T, Dh); else merge_heads(x): (B, H, T, Dh) -> (B, T, D)
-    refuses_indivisible = False  # the exercise asks for a ValueError when D is not divisible by H
-
-    def cases(self, rng):
-        sizes = _SPLIT_SIZES + [(*_random_sizes(rng), "torch"), (*_random_sizes(rng), "numpy")]
-        cases = []
-        for i, (B, T, H, Dh, backend) in enumerate(sizes):
-            shape = (B, T, H * Dh) if self.split else (B, H, T, Dh)
-            x = rng.normal(size=shape).astype(np.float32 if i % 2 else np.float64)
-            desc = f"a {'NumPy array' if backend == 'numpy' else 'torch tensor'} with B={B}, T={T}, H={H}, Dh={Dh}"
-            case = Case(f"c{i}", desc, data={"x": x, "H": H, "backend": backend})
-            case.let("x", case.array(x) if backend == "numpy" else case.tensor(x))
-            case.call(self.name, *(({"ref": "x"}, H) if self.split else ({"ref": "x"},)), record="out")
-            judges.record_after(case, ["x"])
-            cases.append(case)
-        if self.refuses_indivisible:
-            # a torch tensor: NumPy's own reshape error would be a ValueError by accident
-            case = Case("indivisible", "a torch tensor with D=10 and H=3", data={"indivisible": True})
-            case.call(self.name, case.tensor(rng.normal(size=(2, 3, 10)).astype(np.float32)), 3, record="out")
-            cases.append(case)
-        return cases
-
-    def judge(self, result: Result):
-        for case in result.cases.values():
-            if case.data.get("indivisible"):
-                judges.value_error(result, case.id, "D=10 features cannot be cut into H=3 equal heads")
-                continue
-            x, H, backend = case.data["x"], case.data["H"], case.data["backend"]
-            error = result.error(case.id)
-            if error is not None and backend == "numpy" and "NotImplementedError" not in error:
-                raise Fail(f"your code raised an exception on {case.desc}:\n    {error.splitlines()[-1]}\n"
-                           f"{self.name} must work on NumPy arrays as well as torch tensors: .reshape and .swapaxes "
-                           "mean the same on both, while .transpose(1, 2) and .view(shape) are torch's (NumPy reads "
-                           "them differently).")
-            got = result.get(case.id, "out", what=f"{self.name}(x)", kind="ndarray" if backend == "numpy" else "tensor",
-                             dtype="float")
-            if self.split:
-                (B, T, D), names = x.shape, "(B, H, T, Dh)"
-                sizes, want = (B, H, T, D // H), ref.split_heads(x, H)
-            else:
-                (B, _, T, Dh), names = x.shape, "(B, T, D)"
-                sizes, want = (B, T, H * Dh), ref.merge_heads(x)
-            if got.dtype != x.dtype:
-                raise Fail(f"{self.name}(x) should keep the input's dtype ({x.dtype}), got {got.dtype} ({case.desc}): "
-                           "moving axes never changes the numbers.")
-            if got.shape != sizes:
-                hint = ""
-                if self.split and got.shape == (B, T, H, D // H):
-                    hint = ": the head axis must come before time; swap axes 1 and 2"
-                elif self.split and got.shape == (B, D // H, T, H):
-                    hint = ": H and Dh are swapped: there are H heads of Dh = D // H features each"
-                raise Fail(f"{self.name}(x) should have shape {names} = {sizes}, got {got.shape} ({case.desc}){hint}.")
-            if not np.array_equal(got, want):
-                raise Fail(f"{self.name}(x) has the right shape but its values are in the wrong places ({case.desc}). "
-                           f"{self._diagnose(x, H, got)}")
-            judges.unchanged(result, case.id, {"x": x}, self.name)
-
-    def _diagnose(self, x, H, got) -> str:
-        """Name the usual wrong layout when ``got`` matches it (computed from the input, revealing nothing)."""
-        if self.split:
-            B, T, D = x.shape
-            return judges.diagnose(got, {
-                "a reshape straight to (B, H, T, Dh), which mixes time steps into heads: reshape to (B, T, H, Dh) "
-                "first, then swap the T and H axes": x.reshape(B, H, T, D // H),
-                "the split (dh h), each head taking every H-th feature: head h must hold the contiguous features "
-                "h*Dh ... (h+1)*Dh - 1 (in einops, (h dh) and (dh h) are different splits)":
-                    x.reshape(B, T, D // H, H).swapaxes(1, 3).swapaxes(2, 3),
-            }) or "Head h must hold features h*Dh ... (h+1)*Dh - 1 of every time step."
-        B, H, T, Dh = x.shape
-        return judges.diagnose(got, {
-            "a reshape of (B, H, T, Dh) straight to (B, T, D), which interleaves time steps and heads: swap the H "
-            "and T axes back first, then reshape": x.reshape(B, T, H * Dh),
-            "the heads merged as (dh h), feature by feature: the heads must sit side by side, (h dh), features of "
-            "head h at h*Dh ... (h+1)*Dh - 1": x.swapaxes(1, 2).swapaxes(2, 3).reshape(B, T, H * Dh),
-        }) or "merge_heads must undo split_heads: head h goes back to features h*Dh ... (h+1)*Dh - 1."
-
-
-@exercise(LESSON, "split_heads")
-class SplitHeads(_HeadsExercise):
-    split = True
-
-
-@exercise(LESSON, "merge_heads")
-class MergeHeads(_HeadsExercise):
-    split = False
-
-
-@exercise(LESSON, "split_heads_reshape")
-class SplitHeadsReshape(_HeadsExercise):
-    split = True
-    refuses_indivisible = True
-    # the point of this exercise is the reshape + axis swap by hand (the policy sees attributes and imports:
-    # `einops.rearrange(...)`, `from einops import rearrange` in the cell; a bare call is left to the visible check)
-    forbidden = ("einops.rearrange", "einops")
-
-
-@exercise(LESSON, "merge_heads_reshape")
-class MergeHeadsReshape(_HeadsExercise):
-    split = False
-    forbidden = ("einops.rearrange", "einops")
+# -- split / merge: specs (decoder_course/visible/l03_multi_head.py) ---------------------------------------------
+spec.register(LESSON, visible.SPECS, ref)
 
 
 # -- MultiHeadAttention ------------------------------------------------------------------------------------------

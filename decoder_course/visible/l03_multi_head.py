@@ -2,7 +2,8 @@
 
 The worked examples are written out by hand; the other checks test properties any correct answer has (head h
 holds features h*Dh ... (h+1)*Dh - 1, rows sum to one, the future and the padding do not leak) and agreement with
-PyTorch's own ``nn.MultiheadAttention``, whose masks use the opposite polarity (True = blocked).
+PyTorch's own ``nn.MultiheadAttention``, whose masks use the opposite polarity (True = blocked). The four head
+exercises are specs (:mod:`decoder_course.spec`): their rows and properties drive the hidden checks too.
 """
 
 from __future__ import annotations
@@ -34,11 +35,115 @@ from decoder_course.checks import (
     padding_leakage_probe,
     randomised,
 )
+from decoder_course.spec import Spec, run
 
 # The worked example of the lesson: B=1, T=2, D=6 split into H=3 heads of Dh=2 features.
 EXAMPLE_X = np.array([[[0, 1, 2, 3, 4, 5], [10, 11, 12, 13, 14, 15]]], dtype=np.float32)  # (B, T, D)
 EXAMPLE_HEADS = np.array([[[[0, 1], [10, 11]], [[2, 3], [12, 13]], [[4, 5], [14, 15]]]],
                          dtype=np.float32)  # (B, H, T, Dh)
+
+
+# (B, T, H, Dh, library): B = 1 and H = 1 included; elsewhere T, H and Dh all differ, Dh >= 2
+_HEAD_SIZES = [(2, 5, 3, 4, "numpy"), (3, 4, 2, 6, "torch"), (1, 3, 1, 5, "torch"), (2, 6, 4, 3, "numpy"),
+               (1, 7, 5, 2, "numpy")]
+
+
+def _random_sizes(rng: np.random.Generator) -> tuple[int, int, int, int]:
+    """B, T, H, Dh drawn so that T, H and Dh all differ (a missing axis swap cannot hide)."""
+    while True:
+        B, T, H, Dh = (int(n) for n in (rng.integers(2, 4), rng.integers(3, 9), rng.integers(2, 6),
+                                        rng.integers(2, 6)))
+        if len({T, H, Dh}) == 3:
+            return B, T, H, Dh
+
+
+def _head_rows(split: bool):
+    def rows(rng: np.random.Generator) -> list:
+        out = []
+        for i, (B, T, H, Dh, library) in enumerate(
+                _HEAD_SIZES + [(*_random_sizes(rng), "torch"), (*_random_sizes(rng), "numpy")]):
+            x = rng.normal(size=(B, T, H * Dh) if split else (B, H, T, Dh)).astype(np.float32 if i % 2 else np.float64)
+            desc = f"a {'NumPy array' if library == 'numpy' else 'torch tensor'} with B={B}, T={T}, H={H}, Dh={Dh}"
+            x = x if library == "numpy" else torch.from_numpy(x)
+            out.append((desc, {"x": x, "H": H} if split else {"x": x}))
+        return out
+
+    return rows
+
+
+def _split_layout(args: dict, got: np.ndarray, desc: str) -> None:
+    """Head h holds features h*Dh ... (h+1)*Dh - 1 of every time step; a known wrong layout is named."""
+    x, H = args["x"], args["H"]
+    (B, T, _), Dh = x.shape, x.shape[-1] // H
+    if all(np.array_equal(got[:, h], x[:, :, h * Dh:(h + 1) * Dh]) for h in range(H)):
+        return
+    for wrong, why in [
+            (x.reshape(B, H, T, Dh), "a reshape straight to (B, H, T, Dh), which mixes time steps into heads: "
+                                     "reshape to (B, T, H, Dh) first, then swap the T and H axes"),
+            (x.reshape(B, T, Dh, H).transpose(0, 3, 1, 2), "the split (dh h), each head taking every H-th feature: "
+             "head h must hold the contiguous features h*Dh ... (h+1)*Dh - 1 (in einops, (h dh) and (dh h) are "
+             "different splits)")]:
+        if np.array_equal(got, wrong):
+            raise CheckFailed(f"the heads have the right shape but the values are in the wrong places ({desc}): "
+                              f"your output is {why}")
+    raise CheckFailed(f"the heads have the right shape but the values are in the wrong places ({desc}): head h must "
+                      "hold features h*Dh ... (h+1)*Dh - 1 of every time step")
+
+
+def _merge_layout(args: dict, got: np.ndarray, desc: str) -> None:
+    """Features h*Dh ... (h+1)*Dh - 1 of every time step hold head h; a known wrong layout is named."""
+    x = args["x"]
+    B, H, T, Dh = x.shape
+    if all(np.array_equal(got[:, :, h * Dh:(h + 1) * Dh], x[:, h]) for h in range(H)):
+        return
+    for wrong, why in [
+            (x.reshape(B, T, H * Dh), "a reshape of (B, H, T, Dh) straight to (B, T, D), which interleaves time "
+                                      "steps and heads: swap the H and T axes back first, then reshape"),
+            (x.transpose(0, 2, 3, 1).reshape(B, T, H * Dh), "the heads merged as (dh h), feature by feature: the "
+             "heads must sit side by side, (h dh), features of head h at h*Dh ... (h+1)*Dh - 1")]:
+        if np.array_equal(got, wrong):
+            raise CheckFailed(f"the merged output has the right shape but the values are in the wrong places "
+                              f"({desc}): your output is {why}")
+    raise CheckFailed(f"the merged output has the right shape but the values are in the wrong places ({desc}): "
+                      "merge_heads must undo split_heads, head h going back to features h*Dh ... (h+1)*Dh - 1")
+
+
+def _split_shape_hint(args: dict, shape: tuple) -> str:
+    B, T, D = args["x"].shape
+    H = args["H"]
+    if shape == (B, T, H, D // H):
+        return "The head axis must come before time: swap axes 1 and 2."
+    if shape == (B, D // H, T, H):
+        return "H and Dh are swapped: there are H heads of Dh = D // H features each."
+    return ""
+
+
+BOTH_LIBRARIES = ("It must work on NumPy arrays and torch tensors alike: .reshape and .swapaxes mean the same on both, "
+                  "while .transpose(1, 2) and .view(shape) are torch's (NumPy reads them differently).")
+
+
+def _numpy_crash(args: dict, error: str) -> str:
+    return BOTH_LIBRARIES if isinstance(args["x"], np.ndarray) else ""
+
+
+def _heads_spec(name: str, split: bool, **more) -> Spec:
+    return Spec(name, _head_rows(split), dtype=lambda a: a["x"].dtype, on_error=_numpy_crash,
+                shape=(lambda a: (a["x"].shape[0], a["H"], a["x"].shape[1], a["x"].shape[2] // a["H"])) if split
+                else (lambda a: (a["x"].shape[0], a["x"].shape[2], a["x"].shape[1] * a["x"].shape[3])),
+                axes="B, H, T, Dh" if split else "B, T, D", shape_hint=_split_shape_hint if split else "",
+                properties=_split_layout if split else _merge_layout, **more)
+
+
+_BY_HAND = ("einops.rearrange", "einops")  # the reshape versions practise .reshape and .swapaxes by hand
+SPECS = {
+    "split_heads": _heads_spec("split_heads", True),
+    "merge_heads": _heads_spec("merge_heads", False),
+    "split_heads_reshape": _heads_spec(
+        "split_heads_reshape", True, forbidden=_BY_HAND,
+        refused=(("a torch tensor with D=10 and H=3", {"x": torch.zeros(2, 3, 10), "H": 3},
+                  "D=10 features cannot be cut into H=3 equal heads"),)),
+    "merge_heads_reshape": _heads_spec("merge_heads_reshape", False, forbidden=_BY_HAND),
+}
 
 
 def _no_einops(fn, name: str) -> None:
@@ -66,9 +171,7 @@ def _call_on(fn, name: str, backend: str, *args):
     except Exception as exc:
         if backend != "NumPy":
             raise
-        raise CheckFailed(f"{name} crashed on a NumPy array ({type(exc).__name__}: {exc}). It must work on NumPy "
-                          "arrays and torch tensors alike: .reshape and .swapaxes mean the same on both, while "
-                          ".transpose(1, 2) and .view(shape) are torch's (NumPy reads them differently)") from None
+        raise CheckFailed(f"{name} crashed on a NumPy array ({type(exc).__name__}: {exc}). {BOTH_LIBRARIES}") from None
 
 
 def _worked_example(fn, name: str, title: str, x: np.ndarray, args: tuple, want: np.ndarray, names: str,
@@ -91,13 +194,7 @@ def _split_checks(split_heads, name: str) -> None:
                     "you reshaped (B, T, D) straight to (B, H, T, Dh): that mixes time steps into heads. Cut D into "
                     "(H, Dh) first, then move H before T",
                     "head h holds features h*Dh ... (h+1)*Dh - 1 of every time step")
-    with check(f"{name}: head h holds features h*Dh ... (h+1)*Dh - 1 (B=2, T=5, H=4, Dh=3, torch)"):
-        x = torch.randn(2, 5, 12, generator=torch.Generator().manual_seed(0))
-        got = split_heads(x, 4)
-        expect_shape(got, (2, 4, 5, 3), f"{name}(x, 4)", names="B, H, T, Dh")
-        for h, t in [(1, 3), (3, 0)]:
-            expect_close(got[:, h, t], x[:, t, 3 * h:3 * h + 3], f"head {h} at time {t}",
-                         hint=f"head {h} should hold features {3 * h}..{3 * h + 2} of time step {t}")
+    run(SPECS[name], split_heads)
 
 
 def _merge_checks(merge_heads, name: str) -> None:
@@ -105,13 +202,7 @@ def _merge_checks(merge_heads, name: str) -> None:
                     "you reshaped (B, H, T, Dh) straight to (B, T, D): that interleaves time steps and heads. Move H "
                     "back after T first, then merge (H, Dh) into D",
                     "the heads go back side by side: head h fills features h*Dh ... (h+1)*Dh - 1")
-    with check(f"{name}: head h lands on features h*Dh ... (h+1)*Dh - 1 (B=2, H=4, T=5, Dh=3, torch)"):
-        x = torch.randn(2, 4, 5, 3, generator=torch.Generator().manual_seed(1))
-        got = merge_heads(x)
-        expect_shape(got, (2, 5, 12), f"{name}(x)", names="B, T, D")
-        for h, t in [(2, 1), (0, 4)]:
-            expect_close(got[:, t, 3 * h:3 * h + 3], x[:, h, t], f"features {3 * h}..{3 * h + 2} at time {t}",
-                         hint=f"they should hold head {h} at time step {t}")
+    run(SPECS[name], merge_heads)
 
 
 def check_split_heads(split_heads) -> None:
@@ -129,9 +220,6 @@ def check_split_heads_reshape(split_heads_reshape) -> None:
     with check("split_heads_reshape uses reshape and swapaxes, not einops"):
         _no_einops(split_heads_reshape, "split_heads_reshape")
     _split_checks(split_heads_reshape, "split_heads_reshape")
-    with check("split_heads_reshape refuses D=10 with H=3 with a ValueError"):
-        expect_value_error(lambda: split_heads_reshape(torch.zeros(1, 2, 10), 3),
-                           "D=10 features cannot be cut into 3 equal heads")
 
 
 def check_merge_heads_reshape(merge_heads_reshape) -> None:
