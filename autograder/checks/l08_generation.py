@@ -7,14 +7,13 @@ data (``{"new": "decoder_course.testing:..."}``) and again here, so the trusted 
 - ``HashedLogitsModel``: pseudo-random logits fixed by (real source tokens, prefix), so a batched decoder must
   give each row its own answer, and forgetting ``src_is_real`` changes the answer.
 
-Expected tokens come from the reference decoders on the same models; the filters are checked against a float64
-nucleus computed here, and beam search also against exhaustive search. Sampling is judged by what any correct
-sampler guarantees: a seeded generator reproduces its draws whatever the global random state, no draw falls
+Expected tokens come from the reference decoders on the same models, and beam search's also from exhaustive
+search; the three filters are specs (``decoder_course/visible/l08_generation.py``). Sampling is judged by what any
+correct sampler guarantees: a seeded generator reproduces its draws whatever the global random state, no draw falls
 outside top-k/top-p, and first-token frequencies follow softmax(logits / temperature).
 
 Every decoder case is one :func:`_decode_case` (a stand-in model, the source, the call, the inputs to find
-unchanged) and is judged by :func:`_tokens` (type, shape, EOS and padding per row) and :func:`_same_tokens`; every
-filter case is one :func:`_logits_case`, judged by :func:`_judge_logits` (shape, dtype kept, inputs unchanged).
+unchanged) and is judged by :func:`_tokens` (type, shape, EOS and padding per row) and :func:`_same_tokens`.
 """
 
 from __future__ import annotations
@@ -24,11 +23,12 @@ import math
 import numpy as np
 import torch
 
-from autograder.checks import judges
-from autograder.checks.framework import Case, Exercise, Fail, Result, exercise, expect_close
+from autograder.checks import judges, spec
+from autograder.checks.framework import Case, Exercise, Fail, Result, exercise
 from autograder.reference import generation as ref
 from decoder_course.conventions import BOS, EOS
 from decoder_course.testing import HashedLogitsModel, ScriptedModel
+from decoder_course.visible import l08_generation as visible
 
 LESSON = "08-generation"
 HASHED = "decoder_course.testing:HashedLogitsModel"
@@ -233,153 +233,8 @@ class GreedyDecode(Exercise):
             judges.unchanged(result, case.id, d["kept"], "greedy_decode")
 
 
-# -- filters -----------------------------------------------------------------------------------------------------------
-def _rounded(logits: np.ndarray, dtype: str) -> np.ndarray:
-    """The logits as the kernel will hold them in ``dtype`` (float16 rounds), back in float32."""
-    return torch.from_numpy(logits).to(getattr(torch, dtype)).float().numpy()
-
-
-def _logits_case(case_id: str, desc: str, fn: str, logits: np.ndarray, dtype: str, *args, data: dict | None = None,
-                 **inputs) -> Case:
-    """``fn(logits, *inputs, *args)`` with the logits in ``dtype``, recorded as ``out``; the logits and the other
-    tensor ``inputs`` (name -> array) are recorded again after the call."""
-    kept = {"logits": logits, **inputs}
-    case = Case(case_id, desc, data={"logits": logits, "dtype": dtype, "args": args, "kept": kept, **(data or {})})
-    case.let("logits", case.tensor(logits, dtype=dtype))
-    for name, value in inputs.items():
-        case.let(name, case.tensor(value))
-    case.call(fn, *({"ref": name} for name in kept), *args, record="out")
-    judges.record_after(case, kept)
-    return case
-
-
-def _judge_logits(result: Result, call: str, check, finite: bool = True) -> None:
-    """Each :func:`_logits_case`: a float tensor of the logits' shape in their dtype, ``check(case, got)``, and the
-    caller's inputs unchanged."""
-    fn = call.split("(")[0]
-    for case in result.cases.values():
-        d = case.data
-        got = result.get(case.id, "out", what=call, kind="tensor", dtype="float", shape=d["logits"].shape,
-                         finite=finite)
-        declared = result.meta(case.id, "out").get("dtype")
-        if declared != f"torch.{d['dtype']}":
-            raise Fail(f"{fn} returned {declared} for {d['dtype']} logits ({case.desc}): keep the dtype.")
-        check(case, got)
-        judges.unchanged(result, case.id, d["kept"], fn)
-
-
-def _judge_filtered(got: np.ndarray, logits: np.ndarray, keep: np.ndarray, what: str, desc: str, idea: str) -> None:
-    """Kept logits unchanged, every other logit -inf."""
-    kept = np.isfinite(got)
-    removed_not_inf = ~kept & ~np.isneginf(got)
-    if removed_not_inf.any():
-        raise Fail(f"{what}: a removed token holds {got[removed_not_inf][0]} instead of -inf ({desc}): set filtered "
-                   "logits to float('-inf'), so that softmax gives them probability exactly 0.")
-    if not np.array_equal(kept, keep):
-        wrong = np.argwhere(kept != keep)[0].tolist()
-        more = "kept a token it should remove" if kept[tuple(wrong)] else "removed a token it should keep"
-        raise Fail(f"{what} {more}, first at index {wrong} ({desc}). {idea}")
-    if not np.array_equal(got[kept], logits[kept]):
-        raise Fail(f"{what} changed the value of a kept logit ({desc}): kept logits pass through unchanged.")
-
-
-@exercise(LESSON, "top_k_filter")
-class TopKFilter(Exercise):
-    def cases(self, rng):
-        rows = [((3, 11), int(rng.integers(2, 6)), "float32", ""), ((2, 3, 9), 1, "float32", "(B, T, V) logits"),
-                ((4, 7), 50, "float32", "k > V"), ((2, 6), 3, "float16", "float16 logits"),
-                ((3, 6), 2, "float32", "a tie with the k-th largest logit")]
-        cases = []
-        for i, (shape, k, dtype, what) in enumerate(rows):
-            logits = rng.standard_normal(shape) * 2.0
-            if what.startswith("a tie"):
-                base = np.array([5.0, 4.0, 4.0, 2.0, 1.0, 0.0])  # k = 2: 5 and both 4s stay
-                logits = np.stack([rng.permutation(base) for _ in range(shape[0])])
-            desc = f"logits {shape} in {dtype}, k={k}" + (f", {what}" if what else "")
-            cases.append(_logits_case(f"c{i}", desc, "top_k_filter", _rounded(logits, dtype), dtype, k))
-        return cases
-
-    def judge(self, result: Result):
-        def check(case: Case, got: np.ndarray) -> None:
-            logits, (k,) = case.data["logits"], case.data["args"]
-            kth = np.sort(logits, axis=-1)[..., ::-1][..., min(k, logits.shape[-1]) - 1 : min(k, logits.shape[-1])]
-            _judge_filtered(got, logits, logits >= kth, "top_k_filter(logits, k)", case.desc,  # ties stay
-                            "Keep every logit >= the k-th largest of its row (ties included, along the last axis; "
-                            "k larger than V keeps everything).")
-
-        _judge_logits(result, "top_k_filter(logits, k)", check, finite=False)
-
-
-def _nucleus(logits: np.ndarray, p: float) -> tuple[np.ndarray, float]:
-    """The float64 nucleus: per row the fewest most likely tokens reaching p (at least one), and the smallest
-    distance between p and any cumulative sum (decisions closer than that depend on rounding)."""
-    flat = logits.reshape(-1, logits.shape[-1]).astype(np.float64)
-    keep = np.zeros(flat.shape, dtype=bool)
-    margin = math.inf
-    for r, row in enumerate(flat):
-        probs = np.exp(row - row.max())
-        probs /= probs.sum()
-        order = np.argsort(-probs, kind="stable")
-        total = np.cumsum(probs[order])
-        n = 1 if p <= 0 else len(row) if p >= 1 else int(np.searchsorted(total, p) + 1)
-        keep[r, order[: max(n, 1)]] = True
-        if 0 < p < 1:
-            margin = min(margin, float(np.abs(total - p).min()))
-    return keep.reshape(logits.shape), margin
-
-
-@exercise(LESSON, "top_p_filter")
-class TopPFilter(Exercise):
-    def cases(self, rng):
-        rows = [((6, 15), float(rng.choice([0.5, 0.8, 0.9])), "float32", "rows from flat to peaked"),
-                ((2, 3, 10), 0.9, "float32", "(B, T, V) logits"), ((3, 8), 1.0, "float32", "p=1"),
-                ((3, 8), 0.0, "float32", "p=0"), ((4, 9), 0.75, "float16", "float16 logits")]
-        cases = []
-        for i, (shape, p, dtype, what) in enumerate(rows):
-            for _ in range(100):  # no cumulative sum within rounding distance of p
-                scales = np.geomspace(0.3, 8.0, shape[-2])[rng.permutation(shape[-2])][:, None]  # (rows, 1)
-                logits = _rounded(rng.standard_normal(shape) * scales, dtype)
-                keep, margin = _nucleus(logits, p)
-                if margin > 5e-3:
-                    break
-            cases.append(_logits_case(f"c{i}", f"logits {shape} in {dtype}, p={p}, {what}", "top_p_filter", logits,
-                                      dtype, p, data={"keep": keep}))
-        return cases
-
-    def judge(self, result: Result):
-        _judge_logits(result, "top_p_filter(logits, p)", lambda case, got: _judge_filtered(
-            got, case.data["logits"], case.data["keep"], "top_p_filter(logits, p)", case.desc,
-            "Per row (last axis), keep the fewest most likely tokens whose probabilities add up to at least p; the "
-            "most likely token always stays; p = 1 keeps everything. Sort, decide in sorted order, then scatter the "
-            "decision back to vocabulary order."), finite=False)
-
-
-@exercise(LESSON, "apply_repetition_penalty")
-class RepetitionPenalty(Exercise):
-    def cases(self, rng):
-        cases = []
-        for i, (B, V, L, penalty, dtype) in enumerate([(3, 9, 6, float(rng.choice([1.3, 1.5, 2.0])), "float32"),
-                                                       (2, 7, 4, 1.0, "float32"), (1, 6, 5, 1.2, "float32"),
-                                                       (2, 8, 3, 2.0, "float16")]):
-            logits = _rounded(rng.standard_normal((B, V)) * 2.0, dtype)
-            prev = rng.integers(0, V, size=(B, L))
-            prev[:, -1] = prev[:, 0]  # a repeated token in every row
-            cases.append(_logits_case(f"c{i}", f"B={B}, V={V}, {L} previous tokens with repeats, penalty={penalty}, "
-                                      f"{dtype}", "apply_repetition_penalty", logits, dtype, penalty, prev_ids=prev))
-        return cases
-
-    def judge(self, result: Result):
-        def check(case: Case, got: np.ndarray) -> None:
-            d = case.data
-            x = torch.from_numpy(d["logits"]).to(getattr(torch, d["dtype"]))
-            want = ref.apply_repetition_penalty(x, torch.from_numpy(d["kept"]["prev_ids"]), *d["args"]).float()
-            tol = 1e-6 if d["dtype"] == "float32" else 2e-3
-            expect_close(got, want.numpy(), "apply_repetition_penalty(...)", case.desc, rtol=tol, atol=tol,
-                         hint="For each row, the tokens in that row's prev_ids: a positive logit is divided by the "
-                              "penalty, a negative one multiplied by it; a token seen several times is penalised "
-                              "once; other tokens are unchanged.")
-
-        _judge_logits(result, "apply_repetition_penalty(...)", check)
+# -- the filters: specs (decoder_course/visible/l08_generation.py) ---------------------------------------------------
+spec.register(LESSON, visible.SPECS, ref)
 
 
 # -- sample ------------------------------------------------------------------------------------------------------------

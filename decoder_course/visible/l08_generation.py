@@ -4,13 +4,15 @@ The models are the scripted stand-ins of :mod:`decoder_course.testing`, whose an
 network: a hand-written probability tree where greedy decoding and beam search disagree, and pseudo-random logits
 fixed by (source, prefix). The properties checked need no reference answer: a batch gives each row what the row
 gives alone, rows stop at their own EOS and pad after it, a seeded generator reproduces its draws, filtered
-tokens are never drawn, and the worked examples of the lesson.
+tokens are never drawn, and the worked examples of the lesson. The three filters are specs
+(:mod:`decoder_course.spec`): their rows and properties below drive the hidden checks too, on secret draws.
 """
 
 from __future__ import annotations
 
 import math
 
+import numpy as np
 import torch
 
 from decoder_course.checks import (
@@ -23,6 +25,7 @@ from decoder_course.checks import (
     expect_type,
 )
 from decoder_course.conventions import BOS, EOS
+from decoder_course.spec import Spec, run
 from decoder_course.testing import HashedLogitsModel, ScriptedModel, sequence_log_prob
 
 # Greedy takes 3 (0.5) then 5 (0.4): 0.20. The most likely sequence is 4 (0.4) then 5 (0.9): 0.36.
@@ -136,6 +139,153 @@ def check_greedy_decode(greedy_decode) -> None:
                      "greedy_decode(..., max_len=0)")
 
 
+# -- the filters, as specs ---------------------------------------------------------------------------------------------
+def _logits(values: np.ndarray, dtype: str) -> torch.Tensor:
+    return torch.from_numpy(values).to(getattr(torch, dtype))
+
+
+def _top_k_rows(rng: np.random.Generator) -> list:
+    rows = []
+    for shape, k, dtype, what in [((3, 11), int(rng.integers(2, 6)), "float32", ""),
+                                  ((2, 3, 9), 1, "float32", "(B, T, V) logits"), ((4, 7), 50, "float32", "k > V"),
+                                  ((2, 6), 3, "float16", "float16 logits"),
+                                  ((3, 6), 2, "float32", "a tie with the k-th largest logit")]:
+        logits = rng.standard_normal(shape) * 2.0
+        if what.startswith("a tie"):  # k = 2: 5 and both 4s stay
+            logits = np.stack([rng.permutation([5.0, 4.0, 4.0, 2.0, 1.0, 0.0]) for _ in range(shape[0])])
+        rows.append((f"logits {shape} in {dtype}, k={k}" + (f", {what}" if what else ""),
+                     {"logits": _logits(logits, dtype), "k": k}))
+    return rows
+
+
+def _probs(logits: np.ndarray) -> np.ndarray:
+    x = logits.astype(np.float64)
+    e = np.exp(x - x.max(axis=-1, keepdims=True))
+    return e / e.sum(axis=-1, keepdims=True)
+
+
+def _top_p_rows(rng: np.random.Generator) -> list:
+    rows = []
+    for shape, p, dtype, what in [((6, 15), float(rng.choice([0.5, 0.8, 0.9])), "float32", "rows from flat to peaked"),
+                                  ((2, 3, 10), 0.9, "float32", "(B, T, V) logits"), ((3, 8), 1.0, "float32", "p=1"),
+                                  ((3, 8), 0.0, "float32", "p=0"), ((4, 9), 0.75, "float16", "float16 logits")]:
+        for _ in range(100):  # no cumulative sum within rounding distance of p: the nucleus is not a coin toss
+            scales = np.geomspace(0.3, 8.0, shape[-2])[rng.permutation(shape[-2])][:, None]  # (rows, 1)
+            logits = _logits(rng.standard_normal(shape) * scales, dtype)
+            sums = np.cumsum(-np.sort(-_probs(logits.float().numpy()), axis=-1), axis=-1)
+            if not 0 < p < 1 or np.abs(sums - p).min() > 5e-3:
+                break
+        rows.append((f"logits {shape} in {dtype}, p={p}, {what}", {"logits": logits, "p": p}))
+    return rows
+
+
+def _repetition_rows(rng: np.random.Generator) -> list:
+    rows = []
+    for B, V, L, penalty, dtype in [(3, 9, 6, float(rng.choice([1.3, 1.5, 2.0])), "float32"), (2, 7, 4, 1.0, "float32"),
+                                    (1, 6, 5, 1.2, "float32"), (2, 8, 3, 2.0, "float16")]:
+        prev = rng.integers(0, V, size=(B, L))
+        prev[:, -1] = prev[:, 0]  # a repeated token in every row
+        rows.append((f"B={B}, V={V}, {L} previous tokens with repeats, penalty={penalty}, {dtype}",
+                     {"logits": _logits(rng.standard_normal((B, V)) * 2.0, dtype), "prev_ids": torch.from_numpy(prev),
+                      "penalty": penalty}))
+    return rows
+
+
+def _filtered(what: str, args: dict, got: np.ndarray, desc: str) -> np.ndarray:
+    """Every logit passes through unchanged or becomes -inf, the most likely token stays, and no removed token is
+    more likely than a kept one (the kept ones are the top of their row). Returns which tokens were kept."""
+    logits, got = args["logits"].astype(np.float64), got.astype(np.float64)
+    kept = np.isfinite(got)
+    if (~kept & ~np.isneginf(got)).any():
+        raise CheckFailed(f"{what}: a removed token holds {got[~kept & ~np.isneginf(got)][0]} ({desc}): removed "
+                          "logits are float('-inf') and nothing else")
+    changed = kept & (got != logits)
+    if changed.any():
+        if (got[changed] < -1e4).any():
+            raise CheckFailed(f"{what}: a removed token holds {got[changed][got[changed] < -1e4][0]:.4g} instead of "
+                              f"-inf ({desc}): set filtered logits to float('-inf'), so that softmax gives them "
+                              "probability exactly 0")
+        raise CheckFailed(f"{what} changed the value of a kept logit ({desc}): kept logits pass through unchanged")
+    if not np.take_along_axis(kept, logits.argmax(axis=-1)[..., None], axis=-1).all():
+        raise CheckFailed(f"{what} removed the most likely token of a row ({desc}): it always stays, whatever k or p")
+    lowest_kept = np.where(kept, logits, np.inf).min(axis=-1)  # (...)
+    if (np.where(kept, -np.inf, logits).max(axis=-1) > lowest_kept).any():
+        raise CheckFailed(f"{what} removed a token more likely than one it kept ({desc}): decide per row (the last "
+                          "axis) by rank, in sorted order, and scatter the decision back to the vocabulary order")
+    return kept
+
+
+def _top_k_properties(args: dict, got: np.ndarray, desc: str) -> None:
+    kept = _filtered("top_k_filter(logits, k)", args, got, desc)
+    logits, k = args["logits"], args["k"]
+    kth = -np.sort(-logits, axis=-1)[..., min(k, logits.shape[-1]) - 1:][..., :1]  # (..., 1): the k-th largest
+    if not np.array_equal(kept, logits >= kth):
+        few = (kept.sum(-1) < (logits >= kth).sum(-1)).any()
+        raise CheckFailed(f"top_k_filter(logits, k) kept {'too few' if few else 'too many'} tokens in a row ({desc}): "
+                          "keep every logit >= the k-th largest of its row, ties included; k larger than V keeps "
+                          "everything")
+
+
+def _top_p_properties(args: dict, got: np.ndarray, desc: str) -> None:
+    kept = _filtered("top_p_filter(logits, p)", args, got, desc)
+    probs, p = _probs(args["logits"]), args["p"]
+    if p >= 1:
+        if not kept.all():
+            raise CheckFailed(f"top_p_filter(logits, 1.0) removed a token ({desc}): p = 1 keeps every token (a "
+                              "float32 cumulative sum can reach 1.0 early: sum from the unlikely end, or compare with "
+                              "a margin)")
+        return
+    mass = np.where(kept, probs, 0).sum(-1)  # (...): the nucleus's probability
+    smallest = np.where(kept, probs, np.inf).min(-1)  # (...): its least likely token
+    if (mass < p - 1e-3).any():
+        raise CheckFailed(f"top_p_filter(logits, p) kept tokens whose probabilities add up to less than p ({desc}): "
+                          "keep the most likely tokens until their sum reaches p, the one that crosses p included")
+    if ((mass - smallest >= p + 1e-3) & (kept.sum(-1) > 1)).any():
+        raise CheckFailed(f"top_p_filter(logits, p) kept more tokens than needed ({desc}): without its least likely "
+                          "kept token the rest still reach p. Keep the fewest most likely tokens whose sum reaches p")
+
+
+def _repetition_properties(args: dict, got: np.ndarray, desc: str) -> None:
+    """Tokens not in a row's prev_ids keep their logits; a seen token's logit moves away from being likely (the
+    values themselves are the hidden comparison's)."""
+    logits, prev, penalty = args["logits"].astype(np.float64), args["prev_ids"], args["penalty"]
+    got = got.astype(np.float64)
+    seen = np.zeros(logits.shape, dtype=bool)
+    np.put_along_axis(seen, prev, True, axis=-1)  # (B, V): tokens in each row's own prev_ids
+    if not np.array_equal(got[~seen], logits[~seen]):
+        raise CheckFailed(f"apply_repetition_penalty changed a token that is not in its row's prev_ids ({desc}): each "
+                          "row uses its own prev_ids, and other tokens are unchanged")
+    if penalty > 1 and (got[seen & (logits < 0)] > logits[seen & (logits < 0)]).any():
+        raise CheckFailed(f"apply_repetition_penalty raised a negative logit of a seen token ({desc}): dividing a "
+                          "negative logit by the penalty makes the token more likely. Multiply negative logits by "
+                          "the penalty, divide positive ones")
+
+
+def _k_beyond_v(args: dict, error: str) -> str:
+    return "k is larger than V here: clamp it (k larger than V keeps every token)." if (
+        args["k"] > args["logits"].shape[-1]) else ""
+
+
+SPECS = {
+    "top_k_filter": Spec(
+        "top_k_filter", _top_k_rows, dtype=lambda a: a["logits"].dtype, shape=lambda a: a["logits"].shape,
+        properties=_top_k_properties, on_error=_k_beyond_v,
+        hint="Keep every logit >= the k-th largest of its row (ties included, along the last axis; k larger than V "
+             "keeps everything)."),
+    "top_p_filter": Spec(
+        "top_p_filter", _top_p_rows, dtype=lambda a: a["logits"].dtype, shape=lambda a: a["logits"].shape,
+        properties=_top_p_properties,
+        hint="Per row (last axis), keep the fewest most likely tokens whose probabilities add up to at least p; the "
+             "most likely token always stays; p = 1 keeps everything. Sort, decide in sorted order, then scatter the "
+             "decision back to vocabulary order."),
+    "apply_repetition_penalty": Spec(
+        "apply_repetition_penalty", _repetition_rows, dtype=lambda a: a["logits"].dtype,
+        shape=lambda a: a["logits"].shape, properties=_repetition_properties, rtol=2e-3, atol=2e-3,
+        hint="For each row, the tokens in that row's prev_ids: a positive logit is divided by the penalty, a negative "
+             "one multiplied by it; a token seen several times is penalised once; other tokens are unchanged."),
+}
+
+
 def check_top_k_filter(top_k_filter) -> None:
     """Worked examples (ties kept), k beyond V, any leading shape, dtype, the caller's logits untouched."""
     inf = -math.inf
@@ -158,6 +308,7 @@ def check_top_k_filter(top_k_filter) -> None:
         if not bool((kept == 2).all()):
             raise CheckFailed(f"each row should keep 2 tokens, kept {kept.tolist()}: filter along the last axis")
         expect_dtype(top_k_filter(logits.half(), 2), torch.float16, "top_k_filter of float16 logits")
+    run(SPECS["top_k_filter"], top_k_filter)
 
 
 def check_top_p_filter(top_p_filter) -> None:
@@ -188,6 +339,7 @@ def check_top_p_filter(top_p_filter) -> None:
         logits = torch.randn(2, 3, 6, generator=torch.Generator().manual_seed(2))
         expect_shape(top_p_filter(logits, 0.9), (2, 3, 6), "top_p_filter on (B, T, V)", names="B, T, V")
         expect_dtype(top_p_filter(logits.half(), 0.9), torch.float16, "top_p_filter of float16 logits")
+    run(SPECS["top_p_filter"], top_p_filter)
 
 
 def check_apply_repetition_penalty(apply_repetition_penalty) -> None:
@@ -205,6 +357,7 @@ def check_apply_repetition_penalty(apply_repetition_penalty) -> None:
                           "penalised")
     with check("penalty 1.0 changes nothing"):
         expect_close(apply_repetition_penalty(logits, prev, 1.0), logits, "apply_repetition_penalty(..., 1.0)")
+    run(SPECS["apply_repetition_penalty"], apply_repetition_penalty)
 
 
 def _first_model() -> ScriptedModel:
