@@ -3,9 +3,9 @@ window and the modern block.
 
 - ``RMSNorm`` against ``torch.nn.RMSNorm`` with the same (random) weight and an ``eps`` that matters on rows of
   tiny scale, a 4-D input, bfloat16 in and out, a fresh module's weight of ones and no bias;
-- ``rotary_embedding`` against the paper's complex-number form (computed here in float64) on scattered, large
-  positions, another base, a float64 input kept float64; the common mistakes (half-split pairs, positions
-  ignored, the wrong frequencies, the opposite rotation) are recognised; an odd width raises;
+- ``rotary_embedding``, a spec: scattered, large positions, another base, a float64 input kept float64, pairs that
+  keep their lengths; its mutants name the common mistakes (half-split pairs, positions ignored, the wrong
+  frequencies, the opposite rotation); an odd width raises;
 - ``SwiGLUFeedForward`` loaded (strictly: three bias-free matrices by their names) and compared with the formula;
 - ``GroupedQueryAttention`` against the reference (itself proven equal to SDPA with ``enable_gqa=True``) for GQA,
   MQA and MHA, with and without RoPE, a random mask with a fully masked row (zeros), the cache path holding only
@@ -29,6 +29,7 @@ from autograder.checks import spec
 from autograder.checks.framework import Case, Exercise, Fail, Result, exercise, expect_close
 from autograder.checks.judges import diagnose, record_after, unchanged, value_error
 from autograder.reference import modern as ref
+from decoder_course.visible import l12_modern as visible
 from decoder_course.visible.l12_modern import SLIDING_WINDOW_MASK
 
 LESSON = "12-modern"
@@ -136,79 +137,8 @@ class RMSNormCheck(Exercise):
             raise Fail(f"a fresh RMSNorm's weight should start at ones, as LayerNorm's ({case.desc}).")
 
 
-# -- rotary_embedding --------------------------------------------------------------------------------------------------
-def _rope(x: np.ndarray, positions: np.ndarray, base: float, *, pairing: str = "interleaved", sign: float = 1.0,
-          exponent: float = 2.0) -> np.ndarray:
-    """RoPE in float64 as complex numbers, and the variants common mistakes compute."""
-    x = x.astype(np.float64)
-    Dh = x.shape[-1]
-    theta = base ** (-exponent * np.arange(Dh // 2) / Dh)  # (Dh/2,)
-    angles = sign * positions.astype(np.float64)[:, None] * theta  # (T, Dh/2)
-    # pairs (2i, 2i+1), or dimension i with i + Dh/2
-    first, second = (np.s_[..., 0::2], np.s_[..., 1::2]) if pairing == "interleaved" else \
-        (np.s_[..., : Dh // 2], np.s_[..., Dh // 2:])
-    z = (x[first] + 1j * x[second]) * np.exp(1j * angles)
-    out = np.empty_like(x)
-    out[first], out[second] = z.real, z.imag
-    return out
-
-
-@exercise(LESSON, "rotary_embedding")
-class RotaryEmbedding(Exercise):
-    """Equal to the complex-number form with interleaved pairs (2i, 2i+1), θ_i = base^(-2i/Dh), at the given
-    (scattered, large) positions; another base; dtype kept (float64); x and positions unchanged; odd Dh raises."""
-
-    def cases(self, rng):
-        cases = []
-        scattered = np.sort(rng.choice(600, size=7, replace=False))
-        scattered[0] = 0
-        for case_id, x, positions, base, desc in (
-                ("values", rng.normal(size=(2, 3, 7, 10)).astype(np.float32), scattered, None,
-                 "x (B=2, H=3, T=7, Dh=10), scattered positions up to 600, base 10000"),
-                ("base", rng.normal(size=(3, 2, 5, 6)).astype(np.float32), np.arange(5) + int(rng.integers(3, 20)),
-                 500.0, "x (B=3, H=2, T=5, Dh=6), positions starting past 0, base=500"),
-                ("float64", rng.normal(size=(2, 2, 4, 8)), np.arange(4) * 3, None,
-                 "x (2, 2, 4, 8) in float64, positions 0, 3, 6, 9")):
-            positions = positions.astype(np.int64)
-            case = Case(case_id, desc, data={"x": x, "positions": positions, "base": base or 10000.0})
-            case.let("x", case.tensor(x))
-            case.let("positions", case.tensor(positions))
-            case.call("rotary_embedding", {"ref": "x"}, {"ref": "positions"}, record="out",
-                      **({} if base is None else {"base": base}))
-            record_after(case, ["x", "positions"])
-            cases.append(case)
-        case = Case("odd", "x with Dh=5")
-        case.call("rotary_embedding", case.tensor(rng.normal(size=(1, 2, 3, 5)).astype(np.float32)),
-                  case.tensor(np.arange(3, dtype=np.int64)), record="out")
-        cases.append(case)
-        return cases
-
-    def judge(self, result: Result):
-        for case_id in ("values", "base", "float64"):
-            case, d = result.cases[case_id], result.cases[case_id].data
-            x, positions, base = d["x"], d["positions"], d["base"]
-            want = _rope(x, positions, base)
-            got = result.get(case.id, "out", what="rotary_embedding(x, positions)", kind="tensor", dtype="float",
-                             shape=want.shape)
-            mistakes = {
-                "pairs dimension i with i + Dh/2 (the rotate-half layout): this lesson pairs neighbours, (2i, 2i+1)":
-                    _rope(x, positions, base, pairing="half"),
-                "ignores `positions` and uses 0 .. T-1: rotate by the positions you are given (with a cache they "
-                "start at cache.length)": _rope(x, np.arange(x.shape[2]), base),
-                "uses θ_i = base^(-i/Dh): the exponent is -2i/Dh (i counts pairs)":
-                    _rope(x, positions, base, exponent=1.0),
-                "rotates the wrong way: (a, b) -> (a cos - b sin, a sin + b cos)": _rope(x, positions, base, sign=-1.0)}
-            hint = diagnose(got, {f"a version that {idea}": alt for idea, alt in mistakes.items()}, rtol=1e-3,
-                            atol=1e-3) or ("Rotate pair (x[2i], x[2i+1]) by the angle position · base^(-2i/Dh): "
-                                           "(a, b) -> (a cos - b sin, a sin + b cos).")
-            expect_close(got, want, "rotary_embedding(x, positions)", case.desc, hint=hint, rtol=1e-3, atol=1e-3)
-            unchanged(result, case.id, {"x": x, "positions": positions}, "rotary_embedding")
-        case = result.cases["float64"]
-        dtype = result.meta(case.id, "out").get("dtype")
-        if dtype != "torch.float64":
-            raise Fail(f"rotary_embedding returned {dtype} for a float64 x ({case.desc}): return x's dtype.")
-        value_error(result, "odd", "rotary_embedding was handed an odd Dh = 5, and there is no pair for the last "
-                                   "dimension")
+# -- rotary_embedding: a spec (decoder_course/visible/l12_modern.py) --------------------------------------------------
+spec.register(LESSON, visible.SPECS, ref)
 
 
 # -- SwiGLUFeedForward -------------------------------------------------------------------------------------------------
@@ -271,9 +201,9 @@ def _gqa_variant(state: dict, H: int, Hkv: int, x: np.ndarray, positions, allowe
     v = (xt @ w["v_proj.weight"].T).view(B, T, Hkv, Dh).transpose(1, 2)
     if positions is not None:
         pos = np.asarray(positions)
-        q = torch.from_numpy(_rope(q.numpy(), pos, 10000.0))
+        q = visible.complex_rotation(q, torch.from_numpy(pos))
         if rope == "both":
-            k = torch.from_numpy(_rope(k.numpy(), pos, 10000.0))
+            k = visible.complex_rotation(k, torch.from_numpy(pos))
     group = H // Hkv
     k, v = ((t.repeat(1, group, 1, 1) if tile else t.repeat_interleave(group, dim=1)) for t in (k, v))  # (B, H, T, Dh)
     scores = q @ k.transpose(-2, -1) / np.sqrt(Dh if scale_by == "Dh" else D)  # (B, H, T, T)

@@ -36,6 +36,9 @@ patched(MUTANTS, LESSON, "rotary_embedding", "ignores positions: rotates row t b
          "angles = torch.arange(x.shape[-2], device=x.device, dtype=torch.float32)[:, None] * theta"))
 patched(MUTANTS, LESSON, "rotary_embedding", "frequencies base^(-i/Dh) instead of base^(-2i/Dh)",
         ("theta = base ** (-2 * i / Dh)", "theta = base ** (-i / Dh)"))
+patched(MUTANTS, LESSON, "rotary_embedding", "rotates the wrong way: (a, b) -> (a cos + b sin, -a sin + b cos)",
+        ("rotated = torch.stack([a * cos - b * sin, a * sin + b * cos], dim=-1)",
+         "rotated = torch.stack([a * cos + b * sin, -a * sin + b * cos], dim=-1)"))
 
 
 # -- SwiGLUFeedForward -------------------------------------------------------------------------------------------------

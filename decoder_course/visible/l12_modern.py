@@ -28,7 +28,7 @@ from decoder_course.checks import (
     grid,
     randomised,
 )
-from decoder_course.spec import Spec, run
+from decoder_course.spec import Keyword, Spec, run
 
 CLOSE = {"atol": 1e-4, "rtol": 1e-4}  # float32 against a formula computed another way
 
@@ -76,13 +76,51 @@ def check_rms_norm(RMSNorm) -> None:  # noqa: N803 - the class under test
 
 
 # -- rotary_embedding --------------------------------------------------------------------------------------------------
-def _complex_rotation(x: torch.Tensor, positions: torch.Tensor, base: float = 10000.0) -> torch.Tensor:
+def complex_rotation(x: torch.Tensor, positions: torch.Tensor, base: float = 10000.0) -> torch.Tensor:
     """The paper's form: pair (2i, 2i+1) as a complex number, multiplied by exp(j · position · base^(-2i/Dh))."""
     Dh = x.shape[-1]
     theta = base ** (-torch.arange(0, Dh, 2, dtype=torch.float64) / Dh)  # (Dh/2,)
     angles = positions.double()[:, None] * theta  # (T, Dh/2)
     z = torch.view_as_complex(x.double().reshape(*x.shape[:-1], Dh // 2, 2).contiguous())  # (..., T, Dh/2)
     return torch.view_as_real(z * torch.polar(torch.ones_like(angles), angles)).flatten(-2)
+
+
+def _rope_rows(rng: np.random.Generator) -> list:
+    scattered = np.sort(rng.choice(600, size=7, replace=False))
+    scattered[0] = 0
+    rows = [("x (B=2, H=3, T=7, Dh=10), scattered positions up to 600, base 10000",
+             rng.normal(size=(2, 3, 7, 10)).astype(np.float32), scattered, None),
+            ("x (B=3, H=2, T=5, Dh=6), positions starting past 0, base=500",
+             rng.normal(size=(3, 2, 5, 6)).astype(np.float32), np.arange(5) + int(rng.integers(3, 20)), 500.0),
+            ("x (2, 2, 4, 8) in float64, positions 0, 3, 6, 9", rng.normal(size=(2, 2, 4, 8)), np.arange(4) * 3, None)]
+    return [(desc, {"x": torch.from_numpy(x), "positions": torch.from_numpy(positions.astype(np.int64)),
+                    **({} if base is None else {"base": Keyword(base)})}) for desc, x, positions, base in rows]
+
+
+def _rope_properties(args: dict, got: np.ndarray, desc: str) -> None:
+    """A rotation by position · θ: none at position 0, and each pair (2i, 2i+1) keeps its length."""
+    x, positions = args["x"].astype(np.float64), args["positions"]
+    got = got.astype(np.float64)
+    if (positions == 0).any() and not np.allclose(got[..., positions == 0, :], x[..., positions == 0, :], atol=1e-5):
+        raise CheckFailed(f"rotary_embedding moved a row at position 0 ({desc}): the angle is position · θ_i, zero "
+                          "there")
+    def pair_lengths(a):
+        return np.hypot(a[..., 0::2], a[..., 1::2])  # (..., Dh/2): |(a[2i], a[2i+1])|
+
+    if not np.allclose(pair_lengths(got), pair_lengths(x), rtol=1e-3, atol=1e-4):
+        raise CheckFailed(f"the length of a pair (x[2i], x[2i+1]) changed ({desc}): RoPE rotates neighbours (2i, "
+                          "2i+1) together (not dimension i with i + Dh/2), and a rotation keeps lengths")
+
+
+SPECS = {
+    "rotary_embedding": Spec(
+        "rotary_embedding", _rope_rows, dtype=lambda a: a["x"].dtype, shape=lambda a: a["x"].shape, axes="B, H, T, Dh",
+        properties=_rope_properties, rtol=1e-3, atol=1e-3,
+        refused=(("x with Dh=5", {"x": torch.zeros(1, 2, 3, 5), "positions": torch.arange(3)},
+                  "rotary_embedding was handed an odd Dh = 5, and there is no pair for the last dimension"),),
+        hint="Rotate pair (x[2i], x[2i+1]) by the angle position · base^(-2i/Dh): (a, b) -> (a cos - b sin, "
+             "a sin + b cos), at the positions you are given."),
+}
 
 
 def check_rotary_embedding(rotary_embedding) -> None:
@@ -100,7 +138,7 @@ def check_rotary_embedding(rotary_embedding) -> None:
                      hint="rotate each pair (a, b) -> (a cos - b sin, a sin + b cos): a rotation keeps lengths")
     with check("equal to the complex form: pair (x[2i], x[2i+1]) times exp(j · position · base^(-2i/Dh))"):
         for base in (10000.0, 100.0):
-            expect_close(rotary_embedding(x, positions, base=base).double(), _complex_rotation(x, positions, base),
+            expect_close(rotary_embedding(x, positions, base=base).double(), complex_rotation(x, positions, base),
                          f"RoPE with base={base:g}", **CLOSE,
                          hint="neighbours are pairs, (0, 1), (2, 3), ... (not i with i + Dh/2); θ_i = base^(-2i/Dh) "
                               "with i counting pairs; rotate by the positions given, not by 0 .. T-1")
@@ -118,6 +156,7 @@ def check_rotary_embedding(rotary_embedding) -> None:
         expect_dtype(rotary_embedding(x.double(), positions), torch.float64, "rotary_embedding(x in float64, ...)")
         expect_value_error(lambda: rotary_embedding(torch.randn(1, 1, 2, 5), torch.arange(2)),
                            "rotary_embedding was given Dh = 5: the last dimension has no partner")
+    run(SPECS["rotary_embedding"], rotary_embedding)
 
 
 # -- SwiGLUFeedForward -------------------------------------------------------------------------------------------------
@@ -148,7 +187,7 @@ def _sdpa_twin(attn, x, positions, allowed, n_heads, n_kv_heads):
     k = attn.k_proj(x).view(B, T, n_kv_heads, Dh).transpose(1, 2)  # (B, H_kv, T, Dh)
     v = attn.v_proj(x).view(B, T, n_kv_heads, Dh).transpose(1, 2)
     if positions is not None:
-        q, k = _complex_rotation(q, positions).float(), _complex_rotation(k, positions).float()
+        q, k = complex_rotation(q, positions).float(), complex_rotation(k, positions).float()
     out = F.scaled_dot_product_attention(q, k, v, attn_mask=allowed, enable_gqa=True)  # True = may attend
     return attn.out_proj(out.transpose(1, 2).reshape(B, T, D))  # (B, T, D)
 
