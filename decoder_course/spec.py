@@ -143,9 +143,9 @@ def run(spec: Spec, fn: Callable[..., Any], seed: int = 0) -> None:
     properties see NumPy arrays, as on the hidden side)."""
     for desc, args in spec.rows(np.random.default_rng(seed)):
         with check(f"{spec.name} on a case with {desc}"):
-            got = _called(spec, fn, args, desc)
-            given = plain(args)
             try:
+                got = _called(spec, fn, args, desc)
+                given = plain(args)
                 contract(spec, given, got, f"{spec.name}(...) ({desc})", tensor=returns_tensor(spec, args))
                 if spec.properties is not None:
                     spec.properties(given, as_numpy(got) if _is_tensor(got) else to_numpy(got), desc)

@@ -24,7 +24,7 @@ import numpy as np
 import torch
 from torch import nn
 
-from autograder.checks import judges
+from autograder.checks import judges, spec
 from autograder.checks.framework import Case, Exercise, Fail, Raised, Result, exercise, expect_close
 from autograder.checks.l05_decoder_layer import (
     _blocked,
@@ -43,67 +43,18 @@ from autograder.checks.l05_decoder_layer import (
 from autograder.reference import model as ref
 from autograder.reference.masks import causal_mask
 from decoder_course import twins
+from decoder_course.visible import l06_model as visible
 
 LESSON = "06-model"
 
 
-# -- the paper's table, written out ---------------------------------------------------------------------------
-def _paper_table(max_len: int, D: int, *, swap: bool = False, per_feature: bool = False,
-                 halves: bool = False, start: int = 0) -> np.ndarray:
-    """PE[pos, 2i] = sin(pos / 10000^(2i/D)), PE[pos, 2i+1] = cos(...), float64; the flags make known mistakes."""
-    pos = np.arange(start, start + max_len, dtype=np.float64)[:, None]  # (max_len, 1)
-    if per_feature:
-        # mistake: one frequency per feature, 10000^(j/D), instead of one per pair
-        angle = pos / 10000.0 ** (np.arange(D) / D)  # (max_len, D)
-        return np.where(np.arange(D) % 2 == 0, np.sin(angle), np.cos(angle))
-    angle = pos / 10000.0 ** (np.arange(0, D, 2) / D)  # (max_len, ceil(D/2))
-    first, second = (np.cos(angle), np.sin(angle)) if swap else (np.sin(angle), np.cos(angle))
-    second = second[:, : D // 2]  # an odd D has one odd feature fewer than even ones
-    if halves:
-        return np.concatenate([first, second], axis=1)  # mistake: [sin..., cos...] instead of interleaved
-    table = np.zeros((max_len, D))
-    table[:, 0::2], table[:, 1::2] = first, second
-    return table
+# -- sinusoidal_table: a spec (decoder_course.visible.l06_model), its mistakes named by its mutants ---------
+spec.register(LESSON, visible.SPECS, ref)
 
 
-# -- sinusoidal_table ------------------------------------------------------------------------------------------
-@exercise(LESSON, "sinusoidal_table")
-class SinusoidalTable(Exercise):
-    """Against the paper's formula in float64, for several lengths and widths, max_len = 1 and an odd D included."""
-
-    def cases(self, rng):
-        sizes = [(int(rng.integers(40, 90)), 24), (9, 6), (1, 10), (int(rng.integers(200, 300)), 8),
-                 (int(rng.integers(5, 15)), int(rng.choice([5, 7, 9])))]  # odd D last: one sine more than cosines
-        cases = []
-        for i, (max_len, D) in enumerate(sizes):
-            case = Case(f"c{i}", f"max_len={max_len}, D={D}", data={"max_len": max_len, "D": D})
-            case.call("sinusoidal_table", max_len, D, record="out")
-            cases.append(case)
-        return cases
-
-    def judge(self, result: Result):
-        for case in result.cases.values():
-            max_len, D = case.data["max_len"], case.data["D"]
-            if D % 2 and result.error(case.id) is not None:
-                raise Fail(f"sinusoidal_table({max_len}, {D}) raised an exception:\n    "
-                           f"{result.error(case.id).splitlines()[-1]}\nWith an odd D there are (D + 1) // 2 even "
-                           "features and D // 2 odd ones: the last pair has its sine but no cosine, so the cosines "
-                           "take angle[:, : D // 2].")
-            got = result.get(case.id, "out", what="sinusoidal_table(max_len, D)", kind="tensor", dtype="float",
-                             shape=(max_len, D))
-            hint = judges.diagnose(got, {
-                "sines and cosines swapped (sin belongs on the even features 0, 2, 4, ...)":
-                    _paper_table(max_len, D, swap=True),
-                "one frequency per feature, 10000^(j/D); the paper has one per pair, 10000^(2i/D), shared by "
-                "features 2i and 2i+1": _paper_table(max_len, D, per_feature=True),
-                "all sines first, then all cosines; the paper interleaves them (sin on 0::2, cos on 1::2)":
-                    _paper_table(max_len, D, halves=True),
-                "positions counted from 1; the first row is position 0": _paper_table(max_len, D, start=1),
-            }) or ("Feature 2i of position pos is sin(pos / 10000^(2i/D)) and feature 2i+1 is cos of the same "
-                   "angle.")
-            # float32 angles of positions in the hundreds are accurate to ~1e-5: a loose, fair tolerance
-            expect_close(got, _paper_table(max_len, D), "sinusoidal_table(max_len, D)", case.desc, hint=hint,
-                         rtol=0.0, atol=2e-4)
+def _table(max_len: int, D: int) -> np.ndarray:
+    """The reference's table (tests/test_reference_model.py proves it is the paper's formula)."""
+    return ref.sinusoidal_table(max_len, D).numpy()
 
 
 # -- PositionalEncoding ----------------------------------------------------------------------------------------
@@ -194,7 +145,7 @@ class PositionalEncodingCheck(Exercise):
             meta = result.meta("own", "table")
             if meta.get("type") == "torch.Tensor" and tuple(meta.get("shape", ())) == (max_len, D):
                 own_table = result.get("own", "table", what="sinusoidal_table", kind="tensor", finite=False)
-        matches_paper = np.allclose(pe, _paper_table(max_len, D), rtol=0.0, atol=2e-4)
+        matches_paper = np.allclose(pe, _table(max_len, D), rtol=0.0, atol=2e-4)
         matches_own = own_table is not None and np.allclose(pe, own_table, rtol=0.0, atol=1e-6, equal_nan=True)
         if not (matches_paper or matches_own):
             raise Fail(f"the buffer pe of {case.desc} is not the sinusoidal table: build it with "
@@ -497,7 +448,7 @@ def _model_state(rng: np.random.Generator, cfg: dict) -> dict[str, np.ndarray]:
     state = {}
     for key, value in model.state_dict().items():
         if key == "pos_encoding.pe":
-            state[key] = _paper_table(cfg["max_len"], cfg["D"]).astype(np.float32)
+            state[key] = _table(cfg["max_len"], cfg["D"])
         elif key.endswith(("norm1.weight", "norm2.weight", "norm3.weight", "norm.weight")):
             state[key] = (1.0 + rng.normal(0.0, 0.3, value.shape)).astype(np.float32)  # not the identity
         elif key == "out_proj.weight" and cfg["tie"]:

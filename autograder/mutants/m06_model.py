@@ -38,6 +38,9 @@ patched(MUTANTS, LESSON, "sinusoidal_table",
         "cosines of every angle: fails for an odd D (one cosine fewer than sines)",
         (_ODD, "    table[:, 1::2] = torch.cos(angle)"))
 
+patched(MUTANTS, LESSON, "sinusoidal_table", "positions counted from 1: the first row is position 0",
+        ("torch.arange(max_len, dtype=torch.float32)", "torch.arange(1, max_len + 1, dtype=torch.float32)"))
+
 
 # -- Decoder -------------------------------------------------------------------------------------------------
 _CALL = "            x = layer(x, memory, self_allowed, cross_allowed)"

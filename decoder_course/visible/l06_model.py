@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import math
 
+import numpy as np
 import torch
 import torch.nn.functional as F
 from torch import nn
@@ -29,12 +30,55 @@ from decoder_course.checks import (
     padding_leakage_probe,
     randomised,
 )
+from decoder_course.spec import Spec, run
 from decoder_course.visible.l05_decoder_layer import WIRING, _load
 
-
 # -- sinusoidal_table ----------------------------------------------------------------------------------------
+ODD_WIDTH = ("With an odd D the even features 0, 2, ..., D - 1 are (D + 1) // 2 sines and the odd features D // 2 "
+             "cosines: the last pair has no cosine, so the cosines take angle[:, : D // 2].")
+
+
+def _table_rows(rng: np.random.Generator) -> list:
+    """A long table, small ones, max_len = 1 and an odd width (one sine more than cosines)."""
+    sizes = [(int(rng.integers(40, 90)), 24), (9, 6), (1, 10), (int(rng.integers(200, 300)), 8),
+             (int(rng.integers(5, 15)), int(rng.choice([5, 7, 9])))]
+    return [(f"max_len={n}, D={D}", {"max_len": n, "d_model": D}) for n, D in sizes]
+
+
+def _table_properties(args: dict, got: np.ndarray, desc: str) -> None:
+    """Position 0 is (sin 0, cos 0) = (0, 1) in every pair; each full pair is the sine and cosine of one angle."""
+    D, got = args["d_model"], got.astype(np.float64)
+    first, odd = got[0], np.arange(D) % 2  # position 0 should be (sin 0, cos 0) = (0, 1) in every pair
+    if not np.allclose(first, odd, atol=1e-5):
+        if np.allclose(first, 1 - odd, atol=1e-5):
+            why = "the sines and cosines are swapped: sines go on the even features 0, 2, 4, ..., cosines on the odd"
+        elif D > 1 and np.allclose(first, np.arange(D) >= (D + 1) // 2, atol=1e-5):
+            why = ("all sines come first, then all cosines: the paper interleaves them, sin on features 0::2 and cos "
+                   "on 1::2")
+        else:
+            why = "is position 0 the first row? The angle pos / 10000^(2i/D) is 0 there"
+        raise CheckFailed(f"row 0 (position 0) should be 0 on the even features (sin 0) and 1 on the odd ones "
+                          f"(cos 0) ({desc}): {why}")
+    sin, cos = got[:, 0 : 2 * (D // 2) : 2], got[:, 1::2]  # (max_len, D // 2) each: the full pairs
+    if not np.allclose(sin**2 + cos**2, 1.0, atol=1e-4):
+        raise CheckFailed(f"features 2i and 2i+1 are not the sine and cosine of one angle: sin² + cos² ≠ 1 "
+                          f"({desc}). The frequency belongs to the pair, 1 / 10000^(2i/D), shared by both of its "
+                          "features (not one frequency per feature)")
+
+
+SPECS = {
+    "sinusoidal_table": Spec(
+        "sinusoidal_table", _table_rows, dtype=lambda a: np.float32, shape=lambda a: (a["max_len"], a["d_model"]),
+        axes="max_len, D", properties=_table_properties, tensors=True, keeps_inputs=False, rtol=0.0, atol=2e-4,
+        on_error=lambda args, error: ODD_WIDTH if args["d_model"] % 2 else "",
+        hint="Feature 2i of position pos is sin(pos / 10000^(2i/D)) and feature 2i+1 the cosine of the same "
+             "angle."),
+}
+
+
 def check_sinusoidal_table(sinusoidal_table) -> None:
-    """The worked example D = 4, shape and dtype, and the sine/cosine pairs of a larger table."""
+    """The spec's cases, the worked example D = 4, the angle each pair turns by, an odd width."""
+    run(SPECS["sinusoidal_table"], sinusoidal_table)
     with check("sinusoidal_table(3, 4) matches the worked example"):
         got = sinusoidal_table(3, 4)
         expect_type(got, torch.Tensor, "sinusoidal_table(3, 4)")
@@ -48,16 +92,12 @@ def check_sinusoidal_table(sinusoidal_table) -> None:
         expect_close(got, want, "sinusoidal_table(3, 4)", atol=1e-5,
                      hint="feature 2i is sin(pos / 10000^(2i/D)) and feature 2i+1 the cos of the same angle: "
                           "sines on the even features, cosines on the odd ones, one frequency per pair")
-    with check("sinusoidal_table(50, 16): shape, and each pair is a sine and a cosine of one angle"):
+    with check("sinusoidal_table(50, 16): pair i turns by 1 / 10000^(2i/D) radians per position"):
         table = sinusoidal_table(50, 16)
         expect_shape(table, (50, 16), "sinusoidal_table(50, 16)", names="max_len, D")
         expect_finite(table, "sinusoidal_table(50, 16)")
         sin, cos = table[:, 0::2].double(), table[:, 1::2].double()  # (max_len, D/2) each
-        expect_close(sin**2 + cos**2, torch.ones(50, 8, dtype=torch.float64), "sin² + cos² of each feature pair",
-                     atol=1e-5, hint="features 2i and 2i+1 must use the same angle (one frequency per pair, not per "
-                                     "feature)")
-        # pair i turns by 1 / 10000^(2i/D) radians per position: read it back from positions 0 and 1
-        step = torch.atan2(sin[1], cos[1])  # (D/2,)
+        step = torch.atan2(sin[1], cos[1])  # (D/2,): the angle at position 1, read back from the pair
         want = torch.exp(torch.arange(0, 16, 2, dtype=torch.float64) * (-math.log(10000.0) / 16))
         expect_close(step, want, "the angle per position of each pair", atol=1e-5,
                      hint="pair i's frequency is 1 / 10000^(2i/D): the exponent counts features in steps of 2 "
@@ -66,10 +106,7 @@ def check_sinusoidal_table(sinusoidal_table) -> None:
         try:
             odd = sinusoidal_table(4, 5)
         except (RuntimeError, ValueError, IndexError) as exc:
-            raise CheckFailed(
-                f"sinusoidal_table(4, 5) raised {type(exc).__name__}: {exc}. With an odd D the even features "
-                "0, 2, 4 are three sines and the odd features 1, 3 two cosines: the last pair has no cosine, "
-                "so assign torch.cos(angle[:, : D // 2]) to the odd features") from None
+            raise CheckFailed(f"sinusoidal_table(4, 5) raised {type(exc).__name__}: {exc}. {ODD_WIDTH}") from None
         expect_shape(odd, (4, 5), "sinusoidal_table(4, 5)", names="max_len, D")
         pos = torch.arange(4, dtype=torch.float64)[:, None]
         angle = pos / 10000.0 ** (torch.arange(0, 5, 2, dtype=torch.float64) / 5)  # (4, 3)
