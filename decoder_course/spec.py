@@ -72,6 +72,7 @@ class Spec:
     forbidden: tuple[str, ...] = ()  # names the exercise's code may not use (its docstring says why)
     rtol: float = 1e-5  # the hidden comparison with the reference's values
     atol: float = 1e-6
+    fresh: bool = False  # the docstring promises a new tensor, not an ``expand`` view sharing one row's memory
 
 
 def unwrap(value: Any) -> Any:
@@ -111,6 +112,16 @@ def contract(spec: Spec, args: dict, got: Any, what: str, tensor: bool | None = 
         raise CheckFailed(f"{text}{'' if text.endswith(('.', '?')) else '.'} {hint}" if hint else text) from None
 
 
+def expect_fresh(shape: tuple, strides: tuple, what: str) -> None:
+    """A result that promises a new tensor has no 0 stride along an axis longer than 1 (an ``expand`` view's)."""
+    shared = [axis for axis, (n, step) in enumerate(zip(shape, strides)) if step == 0 and n > 1]
+    if shared:
+        raise CheckFailed(f"{what} is a view whose entries along axis {shared[0]} share one row's memory (strides "
+                          f"{tuple(strides)}): `expand` makes no copy, so writing into one row writes into all of "
+                          "them and into the caller's tensor. Return a new tensor: `.repeat(...)` or "
+                          "`.expand(...).clone()`")
+
+
 def call_args(spec: Spec, args: dict) -> tuple[list, dict]:
     """The call as the exercise takes it, (positional, by name): NumPy arrays as they are (as fresh torch tensors
     with ``tensors``), torch tensors as fresh copies."""
@@ -147,6 +158,8 @@ def run(spec: Spec, fn: Callable[..., Any], seed: int = 0) -> None:
                 got = _called(spec, fn, args, desc)
                 given = plain(args)
                 contract(spec, given, got, f"{spec.name}(...) ({desc})", tensor=returns_tensor(spec, args))
+                if spec.fresh:
+                    expect_fresh(tuple(got.shape), got.stride(), f"{spec.name}(...)")
                 if spec.properties is not None:
                     spec.properties(given, as_numpy(got) if _is_tensor(got) else to_numpy(got), desc)
             except CheckFailed as failed:  # the check's title names the situation already

@@ -17,67 +17,18 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from autograder.checks import judges
+from autograder.checks import judges, spec
 from autograder.checks import l03_multi_head as mha
 from autograder.checks.framework import Case, Exercise, Fail, Result, exercise, expect_close
 from autograder.reference import cross_attention as ref
+from decoder_course.visible import l04_cross_attention as visible
 
 LESSON = "04-cross-attention"
 TOL = {"rtol": mha.RTOL, "atol": mha.ATOL}  # float32 student code against float64 PyTorch (lesson 03's)
 
 
-# -- cross_attention_mask ----------------------------------------------------------------------------------------
-@exercise(LESSON, "cross_attention_mask")
-class CrossAttentionMask(Exercise):
-    def cases(self, rng):
-        cases = []
-        # (B, S, T, situation): T < S, T > S, B = 1 with T = 1 (one decoding step), an empty source, scattered pads
-        for i, (B, S, T, kind) in enumerate([(3, 6, 4, "right"), (2, 3, 7, "empty"), (1, 5, 1, "right"),
-                                             (4, 8, int(rng.integers(2, 6)), "scattered")]):
-            if kind == "scattered":
-                is_real = rng.random((B, S)) < 0.6
-                is_real[0] = True
-            else:
-                is_real = judges.right_padded(rng, B, S, empty_row=1 if kind == "empty" else None)
-            desc = f"B={B}, S={S}, T={T}" + (", one sequence whose memory is all padding" if kind == "empty" else "")
-            case = Case(f"c{i}", desc, data={"is_real": is_real, "T": T})
-            case.let("is_real", case.tensor(is_real))
-            case.call("cross_attention_mask", {"ref": "is_real"}, T, let="mask", record="out")
-            judges.record_after(case, ["is_real"])
-            case.call({"attr": ["mask", "stride"]}, record="strides")  # 0 in a stride: a view, not a new tensor
-            cases.append(case)
-        return cases
-
-    def judge(self, result: Result):
-        for case in result.cases.values():
-            is_real, T = case.data["is_real"], case.data["T"]
-            B, S = is_real.shape
-            got = result.get(case.id, "out", what="cross_attention_mask(...)", kind="tensor", dtype="bool")
-            if got.shape != (B, 1, T, S):
-                hint = ""
-                if got.shape == (B, 1, 1, S):
-                    hint = (": it broadcasts, but the contract is one row per query, (B, 1, T, S): that is what T "
-                            "is for (repeat or expand the row T times)")
-                raise Fail(f"cross_attention_mask should have shape (B, 1, T, S) = {(B, 1, T, S)}, got {got.shape} "
-                           f"({case.desc}){hint}.")
-            want = ref.cross_attention_mask(torch.from_numpy(is_real), T).numpy()
-            if np.array_equal(got, ~want):
-                raise Fail(f"your mask is True exactly at the padding ({case.desc}): that is PyTorch's "
-                           "key_padding_mask polarity. Here True means the query may attend to this key.")
-            if not np.array_equal(got, want) and np.array_equal(got, want & np.tril(np.ones((T, S), dtype=bool))):
-                raise Fail(f"your mask hides later memory positions from early queries ({case.desc}): "
-                           "cross-attention has no causal part, the whole source is known before decoding starts.")
-            expect_close(got, want, "cross_attention_mask(...)", case.desc,
-                         hint="Every query may attend to every real memory token and to no padding: each of the "
-                              "T rows of sequence b is memory_is_real[b].")
-            judges.unchanged(result, case.id, {"is_real": is_real}, "cross_attention_mask")
-            strides = [int(result.get(case.id, f"strides/{i}", what="the mask's strides", kind="any"))
-                       for i in range(got.ndim)]
-            if 0 in strides[:3] and T > 1:
-                raise Fail(f"cross_attention_mask returned a view whose T rows share one row of memory (strides "
-                           f"{tuple(strides)}, {case.desc}): `expand` makes no copy, so writing into the mask "
-                           "writes into every row and into the caller's memory_is_real. Return a new tensor "
-                           "(`.repeat(1, 1, T, 1)` or `.expand(...).clone()`).")
+# -- cross_attention_mask: a spec (decoder_course.visible.l04_cross_attention) ----------------------------------
+spec.register(LESSON, visible.SPECS, ref)
 
 
 # -- CrossAttention ----------------------------------------------------------------------------------------------

@@ -23,7 +23,17 @@ from autograder import lessons
 from autograder.checks import judges
 from autograder.checks.framework import Case, Exercise, Fail, Raised, Result, exercise, expect_close
 from decoder_course.checks import CheckFailed, _is_tensor
-from decoder_course.spec import Keyword, Spec, as_numpy, call_args, contract, plain, returns_tensor, unwrap
+from decoder_course.spec import (
+    Keyword,
+    Spec,
+    as_numpy,
+    call_args,
+    contract,
+    expect_fresh,
+    plain,
+    returns_tensor,
+    unwrap,
+)
 
 
 @contextlib.contextmanager
@@ -91,8 +101,11 @@ class SpecExercise(Exercise):
                 case.let(name, _value(case, unwrap(args[name]), self.spec.tensors))
             given = {n: {"ref": n} if n in arrays else _value(case, unwrap(v), False) for n, v in args.items()}
             case.call(self.name, *(given[n] for n, v in args.items() if not isinstance(v, Keyword)), record="out",
+                      let="_result" if self.spec.fresh else None,
                       **{n: given[n] for n, v in args.items() if isinstance(v, Keyword)})
             judges.record_after(case, arrays if self.spec.keeps_inputs else [])
+            if self.spec.fresh:  # 0 in a stride: an expand view, not a new tensor
+                case.call({"attr": ["_result", "stride"]}, record="strides")
             cases.append(case)
         for i, (desc, args, why) in enumerate(self.spec.refused):
             case = Case(f"r{i}", desc, data={"why": why}, relative=False)
@@ -122,6 +135,10 @@ class SpecExercise(Exercise):
                 contract(spec, given, got, f"{what} ({case.desc})")
                 if spec.properties is not None:
                     spec.properties(given, got, case.desc)
+                if spec.fresh:
+                    strides = [int(result.get(case.id, f"strides/{i}", what="the result's strides", kind="any"))
+                               for i in range(got.ndim)]
+                    expect_fresh(got.shape, strides, f"{what} ({case.desc})")
             if spec.compare:
                 positional, by_name = call_args(spec, args)
                 want = as_numpy(getattr(self.ref, self.name)(*positional, **by_name))

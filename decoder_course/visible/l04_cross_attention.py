@@ -10,6 +10,7 @@ a decoding loop over two batches, each call compared with PyTorch's answer for i
 
 from __future__ import annotations
 
+import numpy as np
 import torch
 import torch.nn.functional as F
 from torch import nn
@@ -29,34 +30,67 @@ from decoder_course.checks import (
     padding_leakage_probe,
     randomised,
 )
+from decoder_course.spec import Spec, run
+
+
+def _mask_rows(rng: np.random.Generator) -> list:
+    """T < S, T > S, one decoding step (T = 1), a sequence whose memory is all padding, scattered padding."""
+    rows = []
+    for B, S, T, kind in [(3, 6, 4, "right"), (2, 3, 7, "empty"), (1, 5, 1, "right"),
+                          (4, 8, int(rng.integers(2, 6)), "scattered")]:
+        if kind == "scattered":
+            is_real = rng.random((B, S)) < 0.6
+        else:  # real tokens first, then padding
+            is_real = np.arange(S)[None, :] < rng.integers(1, S + 1, size=(B, 1))
+            if kind == "empty":
+                is_real[1] = False
+        is_real[0] = True
+        situation = f"B={B}, S={S}, T={T}" + (", one sequence whose memory is all padding" if kind == "empty" else "")
+        rows.append((situation, {"memory_is_real": torch.from_numpy(is_real), "T": T}))
+    return rows
+
+
+def _mask_properties(args: dict, got: np.ndarray, desc: str) -> None:
+    """Not PyTorch's polarity (True at the padding), and no causal part."""
+    rows = np.broadcast_to(args["memory_is_real"][:, None, None, :], got.shape)  # (B, 1, T, S)
+    if np.array_equal(got, ~rows):
+        raise CheckFailed(f"your mask is True exactly at the padding ({desc}): that is PyTorch's key_padding_mask "
+                          "polarity. Here True means the query may attend to this key")
+    T, S = got.shape[-2:]
+    if not np.array_equal(got, rows) and np.array_equal(got, rows & np.tri(T, S, dtype=bool)):
+        raise CheckFailed(f"your mask hides later memory positions from early queries ({desc}): cross-attention "
+                          "has no causal part, the whole source is known before decoding starts")
+
+
+def _broadcast_only(args: dict, shape: tuple) -> str:
+    B, S = args["memory_is_real"].shape
+    return ("It broadcasts, but the contract is one row per query, (B, 1, T, S): that is what T is for (repeat "
+            "the row T times)." if shape == (B, 1, 1, S) else "")
+
+
+SPECS = {
+    "cross_attention_mask": Spec(
+        "cross_attention_mask", _mask_rows, dtype=lambda a: np.bool_,
+        shape=lambda a: (a["memory_is_real"].shape[0], 1, a["T"], a["memory_is_real"].shape[1]),
+        axes="B, 1, T, S", shape_hint=_broadcast_only, properties=_mask_properties, fresh=True,
+        hint="Every query may attend to every real memory token and to no padding: each of the T rows of "
+             "sequence b is memory_is_real[b]."),
+}
 
 
 def check_cross_attention_mask(cross_attention_mask) -> None:
-    """The worked example (B=2, S=4, T=3), polarity, no causal part, and T > S."""
+    """The spec's cases (polarity, no causal part, a new tensor, T > S and T = 1), then the worked example."""
+    run(SPECS["cross_attention_mask"], cross_attention_mask)
     memory_is_real = torch.tensor([[True, True, True, False], [True, True, False, False]])  # (B, S)
     with check("cross_attention_mask on the worked example (B=2, S=4, T=3)"):
         got = expect_inputs_unchanged(cross_attention_mask, memory_is_real, 3)
         expect_type(got, torch.Tensor, "cross_attention_mask(memory_is_real, 3)")
         expect_shape(got, (2, 1, 3, 4), "cross_attention_mask(memory_is_real, 3)", names="B, 1, T, S")
         expect_dtype(got, "bool", "cross_attention_mask(...)")
+        _mask_properties({"memory_is_real": memory_is_real.numpy()}, got.numpy(), "B=2, S=4, T=3")
         want = torch.tensor([[[[True, True, True, False]] * 3], [[[True, True, False, False]] * 3]])  # (B, 1, T, S)
-        if torch.equal(got, ~want):
-            raise CheckFailed("your mask is True exactly at the padding: that is PyTorch's key_padding_mask "
-                              "polarity. Here True means the query may attend to this key")
-        if not got[0, 0, 0, 1:3].all():
-            raise CheckFailed("query 0 may not see memory positions 1 and 2, which are real tokens: cross-attention "
-                              "has no causal part, the whole source is known before decoding starts")
         expect_close(got, want, "cross_attention_mask(memory_is_real, 3)",
                      hint="each of the T rows of sequence b is memory_is_real[b]")
-    with check("cross_attention_mask returns a new tensor, not a view of the caller's memory_is_real"):
-        got = cross_attention_mask(memory_is_real, 3)
-        if 0 in got.stride()[:3]:
-            raise CheckFailed(f"the mask's strides are {got.stride()}: an `expand` view whose rows share the "
-                              "caller's memory, so writing into one query's row writes into all of them and into "
-                              "memory_is_real. Return a new tensor: .repeat(1, 1, T, 1) or .expand(...).clone()")
-    with check("cross_attention_mask with more queries than memory tokens (T=6, S=4)"):
-        got = cross_attention_mask(memory_is_real, 6)
-        expect_shape(got, (2, 1, 6, 4), "cross_attention_mask(memory_is_real, 6)", names="B, 1, T, S")
 
 
 def _pair(result, what: str):
