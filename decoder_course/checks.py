@@ -308,7 +308,9 @@ def _dtype_name(dtype: Any) -> str:
     torch = _torch()
     if torch is not None and isinstance(dtype, torch.dtype):
         return str(dtype).replace("torch.", "")
-    return np.dtype(dtype).name
+    if isinstance(dtype, str) and dtype.removeprefix("torch.") == "bfloat16":  # a name, as the harvest declares it
+        return "bfloat16"
+    return np.dtype(dtype.removeprefix("torch.") if isinstance(dtype, str) else dtype).name
 
 
 def _dtype_of(x: Any) -> str:

@@ -28,6 +28,7 @@ from decoder_course.checks import (
     _is_tensor,
     _torch,
     check,
+    expect_close,
     expect_dtype,
     expect_inputs_unchanged,
     expect_shape,
@@ -98,18 +99,39 @@ def returns_tensor(spec: Spec, args: dict) -> bool:
     return spec.tensors or any(_is_tensor(unwrap(v)) for v in args.values())
 
 
-def contract(spec: Spec, args: dict, got: Any, what: str, tensor: bool | None = None) -> None:
+@dataclass(frozen=True)
+class Declared:
+    """A result the grader's harvest handed in: its values (a NumPy array) and the dtype the kernel declared for it
+    (``"torch.bfloat16"``), which a bfloat16 tensor's widened values no longer show."""
+
+    dtype: str
+
+
+def contract(spec: Spec | ModuleSpec, args: dict, got: Any, what: str, tensor: bool | None = None,
+             declared: str | None = None) -> None:
     """The result's type (a tensor: ``tensor=True``, an array: ``False``, unless the caller checked it: ``None``),
-    dtype and shape on the (plain) ``args``."""
+    dtype (``spec.dtype`` of the arguments as passed, tensors included; against ``declared`` where the grader read
+    the result) and shape (``spec.shape`` of the plain arguments)."""
     if tensor is not None:
         expect_type(got, _torch().Tensor if tensor else np.ndarray, what)
-    expect_dtype(got, spec.dtype(args), what)
+    expect_dtype(Declared(declared) if declared else got, spec.dtype({n: unwrap(v) for n, v in args.items()}), what)
+    given = plain(args)
     try:
-        expect_shape(got, spec.shape(args), what, names=spec.axes or None)
+        expect_shape(got, spec.shape(given), what, names=spec.axes or None)
     except CheckFailed as wrong:
-        hint = spec.shape_hint(args, tuple(got.shape)) if callable(spec.shape_hint) else spec.shape_hint
+        hint = spec.shape_hint(given, tuple(got.shape)) if callable(spec.shape_hint) else spec.shape_hint
         text = str(wrong)
         raise CheckFailed(f"{text}{'' if text.endswith(('.', '?')) else '.'} {hint}" if hint else text) from None
+
+
+def tolerance(spec: Spec | ModuleSpec, args: dict) -> tuple[float, float]:
+    """The comparison's (rtol, atol): the spec's, widened to what a half precision argument can hold."""
+    rtol, atol = spec.rtol, spec.atol
+    names = {str(getattr(unwrap(v), "dtype", "")).removeprefix("torch.") for v in args.values()}
+    for name, floor in (("float16", 2e-3), ("bfloat16", 2e-2)):
+        if name in names:
+            rtol, atol = max(rtol, floor), max(atol, floor)
+    return rtol, atol
 
 
 def expect_fresh(shape: tuple, strides: tuple, what: str) -> None:
@@ -122,13 +144,15 @@ def expect_fresh(shape: tuple, strides: tuple, what: str) -> None:
                           "`.expand(...).clone()`")
 
 
-def call_args(spec: Spec, args: dict) -> tuple[list, dict]:
+def call_args(spec: Spec | ModuleSpec, args: dict) -> tuple[list, dict]:
     """The call as the exercise takes it, (positional, by name): NumPy arrays as they are (as fresh torch tensors
-    with ``tensors``), torch tensors as fresh copies."""
+    with ``tensors``: always for a module), torch tensors as fresh copies."""
+    tensors = getattr(spec, "tensors", True)
+
     def value(v):
         if _is_tensor(v):
             return v.clone()
-        return _torch().from_numpy(v.copy()) if spec.tensors and isinstance(v, np.ndarray) else v
+        return _torch().from_numpy(v.copy()) if tensors and isinstance(v, np.ndarray) else v
 
     positional = [value(v) for v in args.values() if not isinstance(v, Keyword)]
     return positional, {name: value(v.value) for name, v in args.items() if isinstance(v, Keyword)}
@@ -156,14 +180,122 @@ def run(spec: Spec, fn: Callable[..., Any], seed: int = 0) -> None:
         with check(f"{spec.name} on a case with {desc}"):
             try:
                 got = _called(spec, fn, args, desc)
-                given = plain(args)
-                contract(spec, given, got, f"{spec.name}(...) ({desc})", tensor=returns_tensor(spec, args))
+                contract(spec, args, got, f"{spec.name}(...) ({desc})", tensor=returns_tensor(spec, args))
                 if spec.fresh:
                     expect_fresh(tuple(got.shape), got.stride(), f"{spec.name}(...)")
                 if spec.properties is not None:
-                    spec.properties(given, as_numpy(got) if _is_tensor(got) else to_numpy(got), desc)
+                    spec.properties(plain(args), as_numpy(got) if _is_tensor(got) else to_numpy(got), desc)
             except CheckFailed as failed:  # the check's title names the situation already
                 raise CheckFailed(str(failed).replace(f" ({desc})", "")) from None
     for desc, args, why in spec.refused:
         with check(f"{spec.name} refuses a case with {desc}"):
             expect_value_error(lambda args=args: fn(*call_args(spec, args)[0], **call_args(spec, args)[1]), why)
+
+
+# -- modules ------------------------------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class Build:
+    """One situation of a module exercise: the module built with ``init``, holding ``state``, called on ``inputs``."""
+
+    situation: str
+    init: dict  # the constructor's arguments, in order (Keyword: by name)
+    inputs: dict  # forward's arguments, in order: arrays become fresh tensors
+    state: dict | None = None  # parameters by the contract's names (NumPy arrays); None: the module as built
+    seed: int | None = None  # training mode, torch seeded with this just before forward (dropout's masks); None: eval
+
+
+@dataclass(frozen=True)
+class ModuleSpec:
+    """One module exercise, compared with what PyTorch's own modules compute with the same weights (``twin``: a
+    public computation, not an answer key), on rows of both layers like a :class:`Spec`'s."""
+
+    name: str
+    rows: Callable[[np.random.Generator], list[Build]]
+    # (constructor arguments, state as torch tensors or None, forward's arguments as tensors, training) -> PyTorch's
+    # result: in training mode it runs right after the same seed, so its dropout draws the same masks
+    twin: Callable[[dict, dict | None, dict, bool], Any]
+    names: str  # the contract's parameters, for a state that does not load
+    dtype: Callable[[dict], Any]  # forward's arguments as passed -> the result's dtype
+    shape: Callable[[dict], tuple[int, ...]]  # the constructor's and forward's arguments (plain) -> the result's shape
+    axes: str = ""
+    shape_hint: str | Callable[[dict, tuple], str] = ""
+    properties: Callable[[dict, Any, str], None] | None = None  # (the arguments, plain; result; situation)
+    hint: str = ""
+    keeps_inputs: bool = True
+    on_error: Callable[[dict, str], str] | None = None
+    uses: tuple[str, ...] = ()
+    forbidden: tuple[str, ...] = ()
+    rtol: float = 1e-4  # float32 code against PyTorch's float32 modules
+    atol: float = 1e-5
+
+
+def _tensors(values: dict) -> dict:
+    torch = _torch()
+    return {n: torch.from_numpy(np.array(v)) if isinstance(v, np.ndarray) else v for n, v in values.items()}
+
+
+def expected(spec: ModuleSpec, row: Build) -> np.ndarray:
+    """The twin's result on ``row`` (seeded as the module was), as NumPy."""
+    torch = _torch()
+    with torch.random.fork_rng(), torch.no_grad():  # the caller's random state stays as it was
+        if row.seed is not None:
+            torch.manual_seed(row.seed)
+        want = spec.twin({n: unwrap(v) for n, v in row.init.items()}, None if row.state is None else
+                         _tensors(row.state), _tensors({n: unwrap(v) for n, v in row.inputs.items()}),
+                         row.seed is not None)
+    return as_numpy(want)
+
+
+def load(module: Any, state: dict, names: str, what: str) -> Any:
+    """``module`` holding ``state`` (strict: the names are the contract); a name it lacks says which it has."""
+    try:
+        module.load_state_dict(_tensors(state), strict=True)
+    except RuntimeError as exc:
+        detail = " ".join(str(exc).split())[:400]
+        raise CheckFailed(f"{what}'s parameters do not have the contract's names ({names}): PyTorch says "
+                          f"{detail}") from None
+    return module
+
+
+def built(spec: ModuleSpec, cls: Any, row: Build) -> Any:
+    """``cls`` built, loaded and put in the row's mode (a mistake's class, on the trusted side, as well)."""
+    positional, by_name = call_args(spec, row.init)
+    module = cls(*positional, **by_name)
+    if row.state is not None:
+        load(module, row.state, spec.names, spec.name)
+    return module.train() if row.seed is not None else module.eval()
+
+
+def forward(spec: ModuleSpec, module: Any, row: Build) -> Any:
+    torch = _torch()
+    positional, by_name = call_args(spec, row.inputs)
+    with torch.random.fork_rng(), torch.no_grad():  # the caller's random state stays as it was
+        if row.seed is not None:
+            torch.manual_seed(row.seed)
+        if spec.keeps_inputs:
+            return expect_inputs_unchanged(module, *positional, **by_name)
+        return module(*positional, **by_name)
+
+
+def run_module(spec: ModuleSpec, cls: Any, seed: int = 0) -> None:
+    """The visible half of a module spec: ``cls`` on each row drawn from ``seed``, its contract, properties and
+    agreement with PyTorch's own modules (``twin``) checked."""
+    for row in spec.rows(np.random.default_rng(seed)):
+        args = {**row.init, **row.inputs}
+        mode = " (training mode)" if row.seed is not None else ""
+        with check(f"{spec.name} on a case with {row.situation}{mode}"):
+            try:
+                got = forward(spec, built(spec, cls, row), row)
+            except (CheckFailed, NotImplementedError):
+                raise
+            except Exception as exc:
+                hint = spec.on_error(args, f"{type(exc).__name__}: {exc}") if spec.on_error else ""
+                if not hint:
+                    raise
+                raise CheckFailed(f"{spec.name} raised {type(exc).__name__}: {exc}. {hint}") from None
+            contract(spec, row.inputs | row.init, got, f"{spec.name}'s output", tensor=True)
+            if spec.properties is not None:
+                spec.properties(plain(args), as_numpy(got), row.situation)
+            rtol, atol = tolerance(spec, args)
+            expect_close(as_numpy(got), expected(spec, row), f"{spec.name}'s output (vs PyTorch's own modules)",
+                         rtol=rtol, atol=atol, hint=spec.hint or None)

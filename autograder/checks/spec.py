@@ -25,13 +25,18 @@ from autograder.checks.framework import Case, Exercise, Fail, Raised, Result, ex
 from decoder_course.checks import CheckFailed, _is_tensor
 from decoder_course.spec import (
     Keyword,
+    ModuleSpec,
     Spec,
     as_numpy,
+    built,
     call_args,
     contract,
     expect_fresh,
+    expected,
+    forward,
     plain,
     returns_tensor,
+    tolerance,
     unwrap,
 )
 
@@ -47,10 +52,11 @@ def shared():
 
 
 def _value(case: Case, value, tensors: bool):
-    """An argument as the kernel's harvest takes it: arrays sent aside (NumPy ones as tensors: ``tensors``), dtypes
-    by name, the rest as JSON."""
+    """An argument as the kernel's harvest takes it: arrays sent aside (NumPy ones as tensors: ``tensors``; a
+    bfloat16 tensor widened, with its dtype named), dtypes by name, the rest as JSON."""
     if _is_tensor(value):
-        return case.tensor(value)
+        bf16 = str(value.dtype) == "torch.bfloat16"
+        return case.tensor(value.float() if bf16 else value, dtype="bfloat16" if bf16 else None)
     if isinstance(value, np.ndarray):
         return case.tensor(value) if tensors else case.array(value)
     if isinstance(value, (type, np.dtype)):
@@ -62,30 +68,60 @@ def _is_array(value) -> bool:
     return isinstance(value, np.ndarray) or _is_tensor(value)
 
 
+def _call(case: Case, fn, args: dict, tensors: bool, keeps_inputs: bool, **step) -> None:
+    """``fn(*args)`` in the kernel, its arrays bound first so that they can be recorded again after the call."""
+    arrays = [name for name, value in args.items() if _is_array(unwrap(value))]
+    for name in arrays:
+        case.let(name, _value(case, unwrap(args[name]), tensors))
+    given = {n: {"ref": n} if n in arrays else _value(case, unwrap(v), False) for n, v in args.items()}
+    case.call(fn, *(given[n] for n, v in args.items() if not isinstance(v, Keyword)),
+              **{n: given[n] for n, v in args.items() if isinstance(v, Keyword)}, **step)
+    judges.record_after(case, arrays if keeps_inputs else [])
+
+
 @functools.cache
 def _mistakes(lesson: str, item: str) -> tuple[tuple[str, Callable], ...]:
-    """The item's known wrong answers (its mutants), each as the function a notebook holding it would call."""
+    """The item's known wrong answers (its mutants), each as the object a notebook holding it would use."""
     from autograder import samples
 
     return tuple((description, samples.notebook_namespace(lesson, replacement)[item])
                  for name, description, replacement in lessons.module(lesson, "mutants").MUTANTS if name == item)
 
 
-def diagnose(spec: Spec, lesson: str, args: dict, got: np.ndarray) -> str:
-    """The description of the item's known mistake whose result on ``args`` is ``got``, or ""."""
-    for description, wrong in _mistakes(lesson, spec.name):
+def diagnose(lesson: str, item: str, got: np.ndarray, produce: Callable, rtol: float, atol: float) -> str:
+    """The description of the item's known mistake whose result (``produce(mistake)``) is ``got``, or ""."""
+    for description, wrong in _mistakes(lesson, item):
         try:
-            positional, by_name = call_args(spec, copy.deepcopy(args))  # a mistake may write into its inputs
             with warnings.catch_warnings(), np.errstate(all="ignore"):
                 warnings.simplefilter("ignore")
-                value = as_numpy(wrong(*positional, **by_name))
+                value = np.asarray(as_numpy(produce(wrong)))
         except Exception:  # noqa: BLE001, S112 - a mistake that raises here is not the one the student made
             continue
-        value = np.asarray(value)
         if value.shape == got.shape and np.allclose(value.astype(np.float64), got.astype(np.float64),
-                                                    rtol=spec.rtol, atol=spec.atol, equal_nan=True):
+                                                    rtol=rtol, atol=atol, equal_nan=True):
             return description
     return ""
+
+
+def _compare(lesson: str, item: str, got: np.ndarray, want: np.ndarray, what: str, case: Case, hint: str,
+             tol: tuple[float, float], produce: Callable) -> None:
+    """Values against ``want``; where they differ, the known mistake they match is named first."""
+    rtol, atol = tol
+    close = got.shape == want.shape and np.allclose(got.astype(np.float64), want.astype(np.float64), rtol=rtol,
+                                                    atol=atol)
+    known = "" if close else diagnose(lesson, item, got, produce, rtol, atol)
+    hint = f"Your values are those of a known mistake: {known}. {hint}" if known else hint
+    expect_close(got, want, what, case.desc, hint=hint.strip(), rtol=rtol, atol=atol)
+
+
+def _raise_hint(spec, result: Result, case: Case, args: dict) -> None:
+    """An exception the spec recognises (``on_error``): the student's error, then its likely cause."""
+    error = result.error(case.id)
+    if error and spec.on_error is not None and "NotImplementedError" not in error:
+        last = error.strip().splitlines()[-1]
+        hint = spec.on_error(args, last)
+        if hint:
+            raise Raised(f"your code raised an exception on a case with {case.desc}:\n    {last}\n{hint}")
 
 
 class SpecExercise(Exercise):
@@ -96,14 +132,8 @@ class SpecExercise(Exercise):
         cases = []
         for i, (desc, args) in enumerate(self.spec.rows(rng)):
             case = Case(f"c{i}", desc, data={"args": args})
-            arrays = [name for name, value in args.items() if _is_array(unwrap(value))]
-            for name in arrays:  # bound, so that they can be recorded again after the call
-                case.let(name, _value(case, unwrap(args[name]), self.spec.tensors))
-            given = {n: {"ref": n} if n in arrays else _value(case, unwrap(v), False) for n, v in args.items()}
-            case.call(self.name, *(given[n] for n, v in args.items() if not isinstance(v, Keyword)), record="out",
-                      let="_result" if self.spec.fresh else None,
-                      **{n: given[n] for n, v in args.items() if isinstance(v, Keyword)})
-            judges.record_after(case, arrays if self.spec.keeps_inputs else [])
+            _call(case, self.name, args, self.spec.tensors, self.spec.keeps_inputs, record="out",
+                  let="_result" if self.spec.fresh else None)
             if self.spec.fresh:  # 0 in a stride: an expand view, not a new tensor
                 case.call({"attr": ["_result", "stride"]}, record="strides")
             cases.append(case)
@@ -123,16 +153,11 @@ class SpecExercise(Exercise):
                 continue
             args, what = case.data["args"], f"{self.name}(...)"
             given = plain(args)
-            error = result.error(case.id)
-            if error and spec.on_error is not None and "NotImplementedError" not in error:
-                hint = spec.on_error(args, error.strip().splitlines()[-1])
-                if hint:
-                    raise Raised(f"your code raised an exception on a case with {case.desc}:\n    "
-                                 f"{error.strip().splitlines()[-1]}\n{hint}")
+            _raise_hint(spec, result, case, args)
             kind = "tensor" if returns_tensor(spec, args) else "ndarray"
             got = result.get(case.id, "out", what=what, kind=kind, finite=False)
             with shared():
-                contract(spec, given, got, f"{what} ({case.desc})")
+                contract(spec, args, got, f"{what} ({case.desc})", declared=result.meta(case.id, "out").get("dtype"))
                 if spec.properties is not None:
                     spec.properties(given, got, case.desc)
                 if spec.fresh:
@@ -145,19 +170,73 @@ class SpecExercise(Exercise):
                 if callable(spec.compare):
                     with shared():
                         spec.compare(given, got, want, case.desc)
-                close = got.shape == want.shape and np.allclose(
-                    got.astype(np.float64), want.astype(np.float64), rtol=spec.rtol, atol=spec.atol)
-                known = "" if close else diagnose(spec, self.lesson, args, got)
-                hint = f"Your values are those of a known mistake: {known}. {spec.hint}" if known else spec.hint
-                expect_close(got, want, what, case.desc, hint=hint.strip(), rtol=spec.rtol, atol=spec.atol)
+
+                def produce(wrong, args=args):
+                    positional, by_name = call_args(spec, copy.deepcopy(args))  # a mistake may write into them
+                    return wrong(*positional, **by_name)
+
+                _compare(self.lesson, self.name, got, want, what, case, spec.hint, tolerance(spec, args), produce)
             if spec.keeps_inputs:
                 judges.unchanged(result, case.id, {n: v for n, v in given.items() if isinstance(v, np.ndarray)},
                                  self.name)
 
 
-def register(lesson: str, specs: dict[str, Spec], ref: ModuleType) -> None:
-    """Register each spec of ``lesson`` as a hidden exercise judged against the reference module ``ref``."""
+class ModuleSpecExercise(Exercise):
+    """The hidden half of a :class:`decoder_course.spec.ModuleSpec`: the student's module built, loaded by the
+    contract's names and called in the kernel; judged here against PyTorch's own modules (the spec's twin)."""
+
+    spec: ModuleSpec
+
+    def cases(self, rng):
+        cases = []
+        for i, row in enumerate(self.spec.rows(rng)):
+            case = Case(f"c{i}", row.situation + (" (training mode)" if row.seed is not None else ""),
+                        data={"row": row})
+            init = {n: _value(case, unwrap(v), True) for n, v in row.init.items()}
+            case.call(self.name, *(init[n] for n, v in row.init.items() if not isinstance(v, Keyword)), let="m",
+                      **{n: init[n] for n, v in row.init.items() if isinstance(v, Keyword)})
+            if row.state is not None:
+                case.load_state("m", row.state)
+            if row.seed is None:
+                case.eval("m")
+            else:
+                case.steps.append({"train": "m"})
+                case.seed(row.seed)
+            _call(case, {"ref": "m"}, row.inputs, True, self.spec.keeps_inputs, record="out")
+            cases.append(case)
+        return cases
+
+    def judge(self, result: Result):
+        spec = self.spec
+        for case in result.cases.values():
+            row = case.data["row"]
+            args, what = {**row.init, **row.inputs}, f"{self.name}'s output"
+            error = result.error(case.id)
+            if error is not None and "state_dict" in error:
+                raise Fail(f"the weights could not be loaded into your {self.name} ({case.desc}):\n    "
+                           f"{error.strip().splitlines()[-1]}\nThe names are part of the contract: {spec.names}.")
+            _raise_hint(spec, result, case, args)
+            got = result.get(case.id, "out", what=what, kind="tensor", finite=False)
+            with shared():
+                contract(spec, row.inputs | row.init, got, f"{what} ({case.desc})",
+                         declared=result.meta(case.id, "out").get("dtype"))
+                if spec.properties is not None:
+                    spec.properties(plain(args), got, case.desc)
+            def produce(wrong, row=row):
+                return forward(spec, built(spec, wrong, row), row)
+
+            _compare(self.lesson, self.name, got, expected(spec, row), f"{what} (vs PyTorch's own modules)", case,
+                     spec.hint, tolerance(spec, args), produce)
+            if spec.keeps_inputs:
+                judges.unchanged(result, case.id, {n: v for n, v in plain(row.inputs).items()
+                                                   if isinstance(v, np.ndarray)}, self.name)
+
+
+def register(lesson: str, specs: dict[str, Spec | ModuleSpec], ref: ModuleType) -> None:
+    """Register each spec of ``lesson`` as a hidden exercise (a function's judged against the reference module
+    ``ref``, a module's against its PyTorch twin)."""
     for name, spec in specs.items():
-        cls = type(f"{name}_spec", (SpecExercise,), {"spec": spec, "ref": ref, "reference": ref, "uses": spec.uses,
-                                                     "forbidden": spec.forbidden})
+        base = ModuleSpecExercise if isinstance(spec, ModuleSpec) else SpecExercise
+        cls = type(f"{name}_spec", (base,), {"spec": spec, "ref": ref, "reference": ref, "uses": spec.uses,
+                                             "forbidden": spec.forbidden})
         exercise(lesson, name)(cls)
