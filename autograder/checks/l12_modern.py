@@ -23,7 +23,6 @@ from __future__ import annotations
 import numpy as np
 import torch
 from torch import nn
-from torch.nn import functional as F
 
 from autograder.checks import spec
 from autograder.checks.framework import Case, Exercise, Fail, Result, exercise, expect_close
@@ -73,112 +72,8 @@ def _cached_output(result: Result, case: Case, B: int, D: int) -> np.ndarray:
     return np.concatenate(parts, axis=1)
 
 
-# -- RMSNorm -----------------------------------------------------------------------------------------------------------
-@exercise(LESSON, "RMSNorm")
-class RMSNormCheck(Exercise):
-    """Equal to torch.nn.RMSNorm with the same weight (eps inside the root, rows of tiny and huge scale, 4-D input);
-    bfloat16 in, bfloat16 out; weight (D,) of ones and nothing else; x unchanged."""
-
-    forbidden = ("nn.RMSNorm", "F.rms_norm", "rms_norm")
-
-    def cases(self, rng):
-        cases = []
-        scales = np.array([1e-3, 1.0, 50.0])[:, None, None]  # one per row of the batch
-        for case_id, eps, x, spread, desc in (
-                ("values", 1e-2, rng.normal(size=(3, 5, 12)) * scales, 0.5,
-                 "RMSNorm(D=12, eps=0.01) with a random weight, x (3, 5, 12) whose rows have scales 1e-3, 1 and 50"),
-                ("four_d", 1e-6, rng.normal(size=(2, 3, 4, 6)) * 3, 0.3, "RMSNorm(D=6, eps=1e-6), x (2, 3, 4, 6)")):
-            x = x.astype(np.float32)
-            weight = rng.normal(1.0, spread, size=x.shape[-1]).astype(np.float32)
-            case = Case(case_id, desc, data={"x": x, "weight": weight, "eps": eps})
-            case.call("RMSNorm", x.shape[-1], eps, let="m")
-            case.load_state("m", {"weight": weight})
-            _call_on_x(case, x)
-            cases.append(case)
-        xb = rng.normal(size=(2, 3, 8)).astype(np.float32)
-        case = Case("bf16", "a fresh RMSNorm(8), x (2, 3, 8) in bfloat16", data={"x": xb})
-        case.call("RMSNorm", 8, let="m")
-        case.call({"ref": "m"}, case.tensor(xb, dtype="bfloat16"), record="out")
-        case.record("weight", {"attr": ["m", "weight", "data"]})
-        cases.append(case)
-        return cases
-
-    def judge(self, result: Result):
-        for case_id in ("values", "four_d"):
-            case, d = result.cases[case_id], result.cases[case_id].data
-            _load_error(result, case, "RMSNorm has one parameter, `weight` (D,), and no bias.")
-            x, w, eps = torch.from_numpy(d["x"]), torch.from_numpy(d["weight"]), d["eps"]
-            theirs = nn.RMSNorm(x.shape[-1], eps=eps)
-            with torch.no_grad():
-                theirs.weight.copy_(w)
-                want = theirs(x)
-                mistakes = {
-                    "the mean was subtracted: that is LayerNorm. RMSNorm divides by sqrt(mean(x²) + eps) only":
-                        F.layer_norm(x, x.shape[-1:], eps=eps) * w,
-                    "eps was added outside the square root: sqrt(mean(x²) + eps), not sqrt(mean(x²)) + eps":
-                        x / (x.pow(2).mean(-1, keepdim=True).sqrt() + eps) * w,
-                    "the weight was not applied: multiply the normalised x by self.weight": want / w}
-            got = result.get(case.id, "out", what="RMSNorm's output", kind="tensor", dtype="float", shape=want.shape)
-            hint = diagnose(got, {f"a version where {idea}": alt.numpy() for idea, alt in mistakes.items()},
-                            rtol=1e-4, atol=1e-5) or "x / sqrt(mean(x², last axis) + eps) * weight."
-            expect_close(got, want.numpy(), "RMSNorm's output", case.desc, hint=hint, rtol=1e-4, atol=1e-5)
-            unchanged(result, case.id, {"x": d["x"]}, "RMSNorm")
-        case = result.cases["bf16"]
-        got = result.get(case.id, "out", what="RMSNorm's output on bfloat16", kind="tensor")
-        dtype = result.meta(case.id, "out").get("dtype")
-        if dtype != "torch.bfloat16":
-            raise Fail(f"RMSNorm returned {dtype} for a bfloat16 input ({case.desc}): compute in float32 if you "
-                       "like, then return x's dtype (.to(x.dtype)); a float32 weight promotes the product.")
-        x = torch.from_numpy(case.data["x"]).to(torch.bfloat16)
-        want = nn.RMSNorm(8, eps=1e-6)(x.float()).detach().numpy()
-        expect_close(got, want, "RMSNorm's output on bfloat16", case.desc, rtol=2e-2, atol=2e-2)
-        weight = result.get(case.id, "weight", what="a fresh RMSNorm's weight", kind="tensor", shape=(8,))
-        if not np.allclose(weight, 1.0):
-            raise Fail(f"a fresh RMSNorm's weight should start at ones, as LayerNorm's ({case.desc}).")
-
-
-# -- rotary_embedding: a spec (decoder_course/visible/l12_modern.py) --------------------------------------------------
+# -- RMSNorm, rotary_embedding, SwiGLUFeedForward: specs (decoder_course/visible/l12_modern.py) ----------------------
 spec.register(LESSON, visible.SPECS, ref)
-
-
-# -- SwiGLUFeedForward -------------------------------------------------------------------------------------------------
-@exercise(LESSON, "SwiGLUFeedForward")
-class SwiGLUCheck(Exercise):
-    """down_proj(silu(gate_proj(x)) * up_proj(x)) with the three bias-free matrices loaded by name (strictly: a
-    bias is an unexpected parameter); x unchanged."""
-
-    def cases(self, rng):
-        D, Fw = 8, 12
-        state = {name: rng.normal(0, 0.5, shape).astype(np.float32)
-                 for name, shape in (("gate_proj.weight", (Fw, D)), ("up_proj.weight", (Fw, D)),
-                                     ("down_proj.weight", (D, Fw)))}
-        x = rng.normal(size=(3, 4, D)).astype(np.float32) * 2
-        case = Case("values", f"SwiGLUFeedForward(D={D}, F={Fw}) with random weights, x (3, 4, {D})",
-                    data={"state": state, "x": x})
-        case.call("SwiGLUFeedForward", D, Fw, let="m")
-        case.load_state("m", state)
-        _call_on_x(case, x)
-        return [case]
-
-    def judge(self, result: Result):
-        case = result.cases["values"]
-        _load_error(result, case, "gate_proj, up_proj (D -> F) and down_proj (F -> D), nn.Linear without bias.")
-        w = {k: torch.from_numpy(v) for k, v in case.data["state"].items()}
-        x = torch.from_numpy(case.data["x"])
-        gate, up = x @ w["gate_proj.weight"].T, x @ w["up_proj.weight"].T  # (B, T, F)
-        down = w["down_proj.weight"].T
-        want = ((F.silu(gate) * up) @ down).numpy()
-        got = result.get(case.id, "out", what="SwiGLUFeedForward's output", kind="tensor", dtype="float",
-                         shape=want.shape)
-        mistakes = {"ReLU gates the up projection: SwiGLU's gate is SiLU, x · sigmoid(x)": torch.relu(gate) * up,
-                    "SiLU is applied to the up projection instead of the gate: silu(gate_proj(x)) * up_proj(x)":
-                        gate * F.silu(up),
-                    "the gate is a plain sigmoid (GLU): SwiGLU uses SiLU, x · sigmoid(x)": torch.sigmoid(gate) * up,
-                    "there is no up projection: multiply the gate by up_proj(x)": F.silu(gate)}
-        hint = diagnose(got, {f"a version where {idea}": (alt @ down).numpy() for idea, alt in mistakes.items()},
-                        rtol=1e-4, atol=1e-5) or "down_proj(silu(gate_proj(x)) * up_proj(x))."
-        expect_close(got, want, "SwiGLUFeedForward's output", case.desc, hint=hint, rtol=1e-4, atol=1e-5)
-        unchanged(result, case.id, {"x": case.data["x"]}, "SwiGLUFeedForward")
 
 
 # -- GroupedQueryAttention ---------------------------------------------------------------------------------------------

@@ -28,7 +28,7 @@ from decoder_course.checks import (
     grid,
     randomised,
 )
-from decoder_course.spec import Keyword, Spec, run
+from decoder_course.spec import Build, Keyword, ModuleSpec, Spec, run, run_module
 
 CLOSE = {"atol": 1e-4, "rtol": 1e-4}  # float32 against a formula computed another way
 
@@ -50,29 +50,65 @@ def _prefill_then_steps(fn, x, positions, causal, cache, *rest) -> torch.Tensor:
 
 
 # -- RMSNorm -----------------------------------------------------------------------------------------------------------
+def _rms_rows(rng: np.random.Generator) -> list[Build]:
+    """Rows of very different scale (where eps shows), a 4-D input, a fresh module on bfloat16."""
+    x = rng.normal(size=(3, 5, 12)) * np.array([1e-3, 1.0, 50.0])[:, None, None]  # one scale per batch row
+    return [
+        Build("RMSNorm(D=12, eps=0.01) with a random weight, x (3, 5, 12) whose rows have scales 1e-3, 1 and 50",
+              {"d": 12, "eps": 1e-2}, {"x": x.astype(np.float32)},
+              state={"weight": rng.normal(1.0, 0.5, 12).astype(np.float32)}),
+        Build("RMSNorm(D=6, eps=1e-6) with a random weight, x (2, 3, 4, 6)", {"d": 6, "eps": 1e-6},
+              {"x": (rng.normal(size=(2, 3, 4, 6)) * 3).astype(np.float32)},
+              state={"weight": rng.normal(1.0, 0.3, 6).astype(np.float32)}),
+        Build("a fresh RMSNorm(8) (its weight starts at ones), x (2, 3, 8) in bfloat16", {"d": 8},
+              {"x": torch.from_numpy(rng.normal(size=(2, 3, 8)).astype(np.float32)).to(torch.bfloat16)}),
+    ]
+
+
+def _rms_twin(init: dict, state, inputs: dict, train: bool) -> torch.Tensor:
+    """torch.nn.RMSNorm with the same weight, in float32, returned in x's dtype."""
+    theirs = nn.RMSNorm(init["d"], eps=init.get("eps", 1e-6))
+    if state is not None:
+        theirs.load_state_dict(state)
+    x = inputs["x"]
+    return theirs(x.float()).to(x.dtype)
+
+
+def _swiglu_rows(rng: np.random.Generator) -> list[Build]:
+    rows = []
+    for D, F_, B, T in ((8, 12, 3, 4), (6, 10, 2, 5)):
+        state = {name: rng.normal(0, 0.5, shape).astype(np.float32) for name, shape in
+                 (("gate_proj.weight", (F_, D)), ("up_proj.weight", (F_, D)), ("down_proj.weight", (D, F_)))}
+        rows.append(Build(f"SwiGLUFeedForward(D={D}, F={F_}) with random weights, x ({B}, {T}, {D})",
+                          {"d_model": D, "d_ff": F_}, {"x": (rng.normal(size=(B, T, D)) * 2).astype(np.float32)},
+                          state=state))
+    return rows
+
+
+def _swiglu_twin(init: dict, state: dict, inputs: dict, train: bool) -> torch.Tensor:
+    """The formula with PyTorch's own F.linear and F.silu."""
+    x = inputs["x"]
+    gate, up = F.linear(x, state["gate_proj.weight"]), F.linear(x, state["up_proj.weight"])  # (B, T, F)
+    return F.linear(F.silu(gate) * up, state["down_proj.weight"])  # (B, T, D)
+
+
+SPECS = {
+    "RMSNorm": ModuleSpec(
+        "RMSNorm", _rms_rows, _rms_twin, names="weight (D,), no bias", dtype=lambda a: a["x"].dtype,
+        shape=lambda a: a["x"].shape, forbidden=("nn.RMSNorm", "F.rms_norm", "rms_norm"),
+        hint="x / sqrt(mean(x², last axis) + eps) * weight: no mean subtracted, eps inside the square root (the "
+             "tiny rows show where it goes), computed in float32 and returned in x's dtype."),
+    "SwiGLUFeedForward": ModuleSpec(
+        "SwiGLUFeedForward", _swiglu_rows, _swiglu_twin, dtype=lambda a: a["x"].dtype, shape=lambda a: a["x"].shape,
+        names="gate_proj, up_proj (D -> F) and down_proj (F -> D), nn.Linear without bias",
+        hint="down_proj(silu(gate_proj(x)) * up_proj(x)): SiLU (x · sigmoid(x), F.silu) of the gate, not ReLU or a "
+             "plain sigmoid, and not of the up projection; multiplied element-wise by up_proj(x)."),
+}
+
+
 def check_rms_norm(RMSNorm) -> None:  # noqa: N803 - the class under test
-    """One parameter of ones; equal to nn.RMSNorm (eps inside the root shows on tiny rows); dtype kept."""
-    with check("RMSNorm(d, eps) has one parameter, `weight` (d,), starting at ones, and no bias"):
-        norm = RMSNorm(6, 1e-5)
-        _expect_parameters(norm, {"weight": (6,)}, "RMSNorm(6)", ": no bias, no mean")
-        if not torch.equal(norm.weight.detach(), torch.ones(6)):
-            raise CheckFailed("RMSNorm's weight should start at ones")
-    with check("equal to torch.nn.RMSNorm with the same weight, on rows of scale 1e-3, 1 and 50 (eps=1e-2)"):
-        torch.manual_seed(0)
-        ours, theirs = RMSNorm(12, 1e-2), nn.RMSNorm(12, eps=1e-2)
-        with torch.no_grad():
-            ours.weight.normal_(1.0, 0.5)
-            theirs.weight.copy_(ours.weight)
-            x = torch.randn(3, 4, 12) * torch.tensor([1e-3, 1.0, 50.0])[:, None, None]
-            got, want = ours(x), theirs(x)
-        expect_type(got, torch.Tensor, "RMSNorm(...)(x)")
-        expect_close(got, want, "RMSNorm's output", atol=1e-5, rtol=1e-4, names="B T D",
-                     hint="x / sqrt(mean(x², last axis) + eps) * weight: no mean subtracted, and eps inside the "
-                          "square root (the tiny rows show where it goes)")
-    with check("a bfloat16 input comes back bfloat16"):
-        with torch.no_grad():
-            out = RMSNorm(8)(torch.randn(2, 3, 8).to(torch.bfloat16))
-        expect_dtype(out, torch.bfloat16, "RMSNorm(8)(x in bfloat16)")
+    """One parameter by its name, equal to torch.nn.RMSNorm (eps inside the root shows on tiny rows), dtype kept."""
+    run_module(SPECS["RMSNorm"], RMSNorm)
 
 
 # -- rotary_embedding --------------------------------------------------------------------------------------------------
@@ -112,7 +148,7 @@ def _rope_properties(args: dict, got: np.ndarray, desc: str) -> None:
                           "2i+1) together (not dimension i with i + Dh/2), and a rotation keeps lengths")
 
 
-SPECS = {
+SPECS |= {
     "rotary_embedding": Spec(
         "rotary_embedding", _rope_rows, dtype=lambda a: a["x"].dtype, shape=lambda a: a["x"].shape, axes="B, H, T, Dh",
         properties=_rope_properties, rtol=1e-3, atol=1e-3,
@@ -161,21 +197,8 @@ def check_rotary_embedding(rotary_embedding) -> None:
 
 # -- SwiGLUFeedForward -------------------------------------------------------------------------------------------------
 def check_swiglu(SwiGLUFeedForward) -> None:  # noqa: N803 - the class under test
-    """Three bias-free matrices by name, the SwiGLU formula over the student's own weights."""
-    ff = SwiGLUFeedForward(8, 12)
-    with check("gate_proj, up_proj (D -> F) and down_proj (F -> D), nn.Linear without bias: 3·D·F parameters"):
-        _expect_parameters(ff, {"gate_proj.weight": (12, 8), "up_proj.weight": (12, 8), "down_proj.weight": (8, 12)},
-                           "SwiGLUFeedForward(8, 12)")
-    randomised(ff, 0, scale=0.3)
-    with check("down_proj(silu(gate_proj(x)) * up_proj(x))"):
-        x = torch.randn(3, 4, 8) * 2
-        with torch.no_grad():
-            got = ff(x)
-            gate, up = x @ ff.gate_proj.weight.T, x @ ff.up_proj.weight.T  # (B, T, F)
-            want = (gate * torch.sigmoid(gate) * up) @ ff.down_proj.weight.T  # (B, T, D)
-        expect_close(got, want, "SwiGLUFeedForward's output", **CLOSE, names="B T D",
-                     hint="SiLU (x · sigmoid(x), F.silu) of the gate, not ReLU or a plain sigmoid, and not of the up "
-                          "projection; multiply element-wise by up_proj(x), then down_proj")
+    """Three bias-free matrices by name, the SwiGLU formula over PyTorch's own F.linear and F.silu."""
+    run_module(SPECS["SwiGLUFeedForward"], SwiGLUFeedForward)
 
 
 # -- GroupedQueryAttention ---------------------------------------------------------------------------------------------
