@@ -15,13 +15,14 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from autograder.checks import judges
+from autograder.checks import judges, spec
 from autograder.checks.framework import Case, Exercise, Fail, Raised, Result, exercise, expect_close
 from autograder.reference import cross_attention as ref_cross
 from autograder.reference import decoder_layer as ref
 from autograder.reference import multi_head as ref_mh
 from autograder.reference.masks import causal_mask
 from decoder_course import twins
+from decoder_course.visible import l05_decoder_layer as visible
 
 LESSON = "05-decoder-layer"
 ATTN_PROJ = ("q_proj", "k_proj", "v_proj", "out_proj")
@@ -171,80 +172,8 @@ def _placement(norm_first: bool) -> str:
     return f"a {other} layer: check where the LayerNorms sit for norm_first={norm_first}"
 
 
-# -- FeedForward ---------------------------------------------------------------------------------------------
-@exercise(LESSON, "FeedForward")
-class FeedForwardCheck(Exercise):
-    """Values against PyTorch's own ops in eval mode; in training, dropout acts on the hidden (B, T, F)."""
-
-    def cases(self, rng):
-        cases = []
-        # id, B, T, D, F, dropout, training mode: there F < D, so the hidden units can be read back from the
-        # output (W2 has full column rank)
-        for case_id, B, T, D, F, p, train in (("c0", 2, 5, 12, 20, 0.1, False), ("c1", 1, 3, 8, 32, 0.1, False),
-                                              ("train", 3, 7, 10, 6, 0.5, True)):
-            state = _ff_state(rng, D, F, bias=0.5, unit=train)
-            x = rng.standard_normal((B, T, D)).astype(np.float32) if train else _inputs(rng, B, T, 1, D)[0]
-            mode = "training mode" if train else "eval mode"
-            case = Case(case_id, f"B={B}, T={T}, D={D}, F={F}, dropout={p}, {mode}", data={"state": state, "x": x,
-                                                                                          "p": p})
-            if train:
-                case.call("FeedForward", D, F, dropout=p, let="ff")
-                case.load_state("ff", state)
-                case.steps.append({"train": "ff"})
-                case.seed(int(rng.integers(2**31)))
-                case.method("ff", "forward", case.tensor(x), record="out")
-            else:  # dropout passed by position: the contract's third argument
-                case.call("FeedForward", D, F, p, let="ff")
-                case.load_state("ff", state)
-                case.eval("ff")
-                case.let("x", case.tensor(x))
-                case.method("ff", "forward", {"ref": "x"}, record="out")
-                judges.record_after(case, ("x",))
-            cases.append(case)
-        return cases
-
-    def judge(self, result: Result):
-        for case_id in ("c0", "c1"):
-            case = result.cases[case_id]
-            state, x = case.data["state"], case.data["x"]
-            got = result.get(case_id, "out", what="FeedForward's output", kind="tensor", dtype="float", shape=x.shape)
-            w = {k: torch.from_numpy(v.astype(np.float64)) for k, v in state.items()}
-            hidden = torch.from_numpy(x.astype(np.float64)) @ w["linear1.weight"].T + w["linear1.bias"]  # (B, T, F)
-
-            def out(h, w=w):  # (B, T, F) -> (B, T, D)
-                return (h @ w["linear2.weight"].T + w["linear2.bias"]).numpy()
-
-            hint = judges.diagnose(got, {
-                "the network without its ReLU (two linear maps are one linear map)": out(hidden),
-                "GELU, not ReLU (nn.TransformerDecoderLayer's default activation is ReLU)":
-                    out(torch.nn.functional.gelu(hidden)),
-            }) or ("Expected linear2(dropout(relu(linear1(x)))), with linear1: D -> F and linear2: F -> D; in eval "
-                   "mode dropout does nothing.")
-            expect_close(got, out(torch.relu(hidden)), "FeedForward's output", case.desc, rtol=1e-4, atol=1e-4,
-                         hint=hint)
-            _unchanged(result, case_id, {"x": x}, "FeedForward",
-                       "Use out-of-place operations: torch.relu(h), not h.relu_() on a view of x.")
-        self._judge_train(result)
-
-    @staticmethod
-    def _judge_train(result: Result):
-        case = result.cases["train"]
-        state, x, p = case.data["state"], case.data["x"].astype(np.float64), case.data["p"]
-        got = result.get("train", "out", what="FeedForward's output in training mode", kind="tensor", dtype="float",
-                         shape=x.shape).astype(np.float64)
-        W1, b1, W2, b2 = (state[k].astype(np.float64) for k in ("linear1.weight", "linear1.bias", "linear2.weight",
-                                                                "linear2.bias"))
-        kept = np.maximum(x @ W1.T + b1, 0.0) / (1.0 - p)  # (B, T, F): a hidden unit that survives dropout
-        # read the hidden units back: out - b2 = hidden @ W2.T, and W2 (D, F) has full column rank
-        hidden = (got - b2) @ np.linalg.pinv(W2.T)  # (B, T, F)
-        scale = 1e-3 * (1.0 + np.abs(kept))
-        if not ((np.abs(hidden) <= scale) | (np.abs(hidden - kept) <= scale)).all():
-            raise Fail(f"in training mode ({case.desc}), dropout should act on the hidden activations, between the "
-                       "ReLU and linear2: each hidden unit is either 0 or relu(linear1(x)) / (1 - p). Yours is not of "
-                       "that form: is dropout applied to the output or the input instead of the hidden layer?")
-        if not ((np.abs(hidden) <= scale) & (kept > 1e-2)).any():
-            raise Fail(f"in training mode with dropout={p} ({case.desc}) no hidden unit was dropped: create "
-                       "nn.Dropout(dropout) in __init__ and apply it to the hidden activations in forward.")
+# -- FeedForward: a spec (decoder_course/visible/l05_decoder_layer.py) ----------------------------------------
+spec.register(LESSON, visible.SPECS, ref)
 
 
 # -- DecoderLayer --------------------------------------------------------------------------------------------

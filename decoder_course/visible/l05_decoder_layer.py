@@ -14,6 +14,7 @@ from functools import partial
 import numpy as np
 import torch
 from torch import nn
+from torch.nn import functional as F  # noqa: N812
 
 from decoder_course import twins
 from decoder_course.checks import (
@@ -32,6 +33,7 @@ from decoder_course.checks import (
     padding_leakage_probe,
     randomised,
 )
+from decoder_course.spec import Build, Keyword, ModuleSpec, run_module
 
 ATTN_PROJ = ("q_proj", "k_proj", "v_proj", "out_proj")
 SUBLAYERS = ("self_attn", "cross_attn", "feed_forward")
@@ -116,16 +118,41 @@ def _matmul_hint(fn, *args, **kwargs):
 
 
 # -- FeedForward ---------------------------------------------------------------------------------------------
+def _ff_rows(rng: np.random.Generator) -> list[Build]:
+    """Two sizes in eval mode (dropout passed by position, the contract's third argument), one in training."""
+    rows = []
+    for B, T, D, F_, p, train in ((2, 5, 12, 20, 0.1, False), (1, 3, 8, 32, 0.1, False), (3, 7, 10, 6, 0.5, True)):
+        state = {}
+        for name, n_in, n_out in (("linear1", D, F_), ("linear2", F_, D)):
+            state[f"{name}.weight"] = rng.normal(0, 1 / np.sqrt(n_in), (n_out, n_in)).astype(np.float32)
+            state[f"{name}.bias"] = rng.normal(0, 0.5, n_out).astype(np.float32)  # far from 0: a lost bias shows
+        x = (rng.standard_normal((B, T, D)) * rng.choice([0.3, 1.0, 6.0])).astype(np.float32)
+        rows.append(Build(f"B={B}, T={T}, D={D}, F={F_}, dropout={p}",
+                          {"d_model": D, "d_ff": F_, "dropout": Keyword(p) if train else p}, {"x": x}, state=state,
+                          seed=int(rng.integers(2**31)) if train else None))
+    return rows
+
+
+def _ff_twin(init: dict, state: dict, inputs: dict, train: bool) -> torch.Tensor:
+    """PyTorch's own linear, ReLU and dropout: after the same seed, dropout draws the same mask on (B, T, F)."""
+    hidden = torch.relu(F.linear(inputs["x"], state["linear1.weight"], state["linear1.bias"]))  # (B, T, F)
+    hidden = F.dropout(hidden, init["dropout"], training=train)
+    return F.linear(hidden, state["linear2.weight"], state["linear2.bias"])  # (B, T, D)
+
+
+SPECS = {
+    "FeedForward": ModuleSpec(
+        "FeedForward", _ff_rows, _ff_twin, names="linear1 (D -> F), dropout, linear2 (F -> D)",
+        dtype=lambda a: a["x"].dtype, shape=lambda a: a["x"].shape, axes="B, T, D",
+        hint="linear2(dropout(relu(linear1(x)))), linear1: D -> F and linear2: F -> D, the same at every position; "
+             "dropout acts on the hidden (B, T, F) activations after the ReLU, in training mode only (and ReLU, "
+             "not GELU: PyTorch's default)."),
+}
+
+
 def check_feed_forward(FeedForward) -> None:
-    """Structure, a worked example by hand, one position at a time, dropout only in training."""
-    with check("FeedForward(8, 32) has linear1: 8 -> 32 and linear2: 32 -> 8"):
-        ff = FeedForward(8, 32)
-        for name, (n_in, n_out) in (("linear1", (8, 32)), ("linear2", (32, 8))):
-            layer = getattr(ff, name, None)
-            expect_type(layer, nn.Linear, f"ff.{name}")
-            if (layer.in_features, layer.out_features) != (n_in, n_out):
-                raise CheckFailed(f"ff.{name} maps {layer.in_features} -> {layer.out_features} features, expected "
-                                  f"{n_in} -> {n_out}: linear1 widens D to F, linear2 brings F back to D.")
+    """A worked example by hand, then the spec's rows: PyTorch's own layers with the same weights, in eval and in
+    training mode (dropout on the hidden activations draws PyTorch's masks after the same seed)."""
     with check("a worked example: D = 2, F = 3, by hand"):
         ff = FeedForward(2, 3).eval()
         with torch.no_grad():
@@ -139,29 +166,7 @@ def check_feed_forward(FeedForward) -> None:
         expect_close(got, torch.tensor([[[1.5, 0.0], [4.5, 3.0]]]), "FeedForward on the worked example",
                      hint="linear2(relu(linear1(x))): position 0's hidden layer is [1, -2, -2] before the ReLU "
                           "and [1, 0, 0] after it")
-    g = torch.Generator().manual_seed(0)
-    with check("FeedForward keeps (B, T, D) and treats every position on its own"):
-        ff = FeedForward(8, 32, dropout=0.1).eval()
-        x = torch.randn(2, 5, 8, generator=g)
-        with torch.no_grad():
-            out = expect_inputs_unchanged(ff, x)
-            expect_shape(out, (2, 5, 8), "FeedForward's output", names="B, T, D")
-            x2 = x.clone()
-            x2[:, 3] += 1.0
-            changed = (ff(x2) - out).abs().amax(dim=-1) > 1e-6  # (B, T)
-        if changed[:, [0, 1, 2, 4]].any():
-            raise CheckFailed("changing position 3 changed other positions: the feed-forward must act on each "
-                              "position alone (nn.Linear works on the last axis; nothing should mix T)")
-    with check("dropout acts in training mode only, on the hidden activations"):
-        ff = FeedForward(8, 32, dropout=0.5)
-        x = torch.randn(2, 5, 8, generator=g)
-        with torch.no_grad():
-            expect_dropout(lambda: ff(x), ff, "FeedForward", "to the hidden activations: self.dropout in forward")
-            trained = ff.train()(x)
-        if (trained == 0).any():
-            # dropout on the hidden layer keeps linear2's bias in every output; an exact 0 = it hit the output
-            raise CheckFailed("some outputs are exactly 0 in training mode: dropout was applied to the output; it "
-                              "belongs on the hidden activations, between the ReLU and linear2")
+    run_module(SPECS["FeedForward"], FeedForward)
 
 
 # -- DecoderLayer --------------------------------------------------------------------------------------------
