@@ -29,6 +29,7 @@ from decoder_course.checks import (
     _torch,
     check,
     expect_close,
+    expect_dropout,
     expect_dtype,
     expect_inputs_unchanged,
     expect_shape,
@@ -227,6 +228,13 @@ class ModuleSpec:
     forbidden: tuple[str, ...] = ()
     rtol: float = 1e-4  # float32 code against PyTorch's float32 modules
     atol: float = 1e-5
+    # (constructor arguments, state, forward's arguments) -> {what a known mistake means: what PyTorch's own modules
+    # compute when set up that way}: public wrong twins (the other LayerNorm placement, no padding mask), which
+    # name the idea in both layers when the values differ
+    variants: Callable[[dict, dict | None, dict], dict[str, Any]] | None = None
+    # where the exercise's dropout acts, in its docstring's words: a training row (one with a seed) is then judged
+    # as dropout active in training and off in eval, not against the twin (whose dropout draws in its own order)
+    dropout: str = ""
 
 
 def _tensors(values: dict) -> dict:
@@ -244,6 +252,22 @@ def expected(spec: ModuleSpec, row: Build) -> np.ndarray:
                          _tensors(row.state), _tensors({n: unwrap(v) for n, v in row.inputs.items()}),
                          row.seed is not None)
     return as_numpy(want)
+
+
+def variant(spec: ModuleSpec, row: Build, got: np.ndarray, rtol: float, atol: float) -> str:
+    """The known mistake (``spec.variants``) whose values on ``row`` are ``got``, or ""."""
+    if spec.variants is None:
+        return ""
+    torch = _torch()
+    with torch.no_grad():
+        wrong = spec.variants({n: unwrap(v) for n, v in row.init.items()}, None if row.state is None else
+                              _tensors(row.state), _tensors({n: unwrap(v) for n, v in row.inputs.items()}))
+    for idea, value in wrong.items():
+        value = as_numpy(value)
+        if value.shape == got.shape and np.allclose(value.astype(np.float64), got.astype(np.float64), rtol=rtol,
+                                                    atol=atol):
+            return idea
+    return ""
 
 
 def load(module: Any, state: dict, names: str, what: str) -> Any:
@@ -284,6 +308,13 @@ def run_module(spec: ModuleSpec, cls: Any, seed: int = 0) -> None:
         args = {**row.init, **row.inputs}
         mode = " (training mode)" if row.seed is not None else ""
         with check(f"{spec.name} on a case with {row.situation}{mode}"):
+            if row.seed is not None and spec.dropout:
+                module = built(spec, cls, row)
+                positional, by_name = call_args(spec, row.inputs)
+                with _torch().no_grad():
+                    expect_dropout(lambda m=module, a=positional, k=by_name: m(*a, **k), module, spec.name,
+                                   spec.dropout)
+                continue
             try:
                 got = forward(spec, built(spec, cls, row), row)
             except (CheckFailed, NotImplementedError):
@@ -297,5 +328,10 @@ def run_module(spec: ModuleSpec, cls: Any, seed: int = 0) -> None:
             if spec.properties is not None:
                 spec.properties(plain(args), as_numpy(got), row.situation)
             rtol, atol = tolerance(spec, args)
-            expect_close(as_numpy(got), expected(spec, row), f"{spec.name}'s output (vs PyTorch's own modules)",
-                         rtol=rtol, atol=atol, hint=spec.hint or None)
+            want, values = expected(spec, row), as_numpy(got)
+            close = values.shape == want.shape and np.allclose(values.astype(np.float64), want, rtol=rtol, atol=atol)
+            known = "" if close else variant(spec, row, values, rtol, atol)
+            if known:
+                raise CheckFailed(f"{spec.name}'s output is what PyTorch's own modules compute when {known}")
+            expect_close(values, want, f"{spec.name}'s output (vs PyTorch's own modules)", rtol=rtol, atol=atol,
+                         hint=spec.hint or None)

@@ -71,27 +71,9 @@ def leak_rows(sizes: str, dims: tuple, post: dict, pre: dict, x, x_future, memor
     ]
 
 
-def _ff_state(rng: np.random.Generator, D: int, F: int, prefix: str = "", bias: float = 0.2,
-              unit: bool = False) -> dict[str, np.ndarray]:
-    """linear1 (D -> F) and linear2 (F -> D), float32: weights N(0, 1/fan_in) (N(0, 1) if ``unit``)."""
-    state = {}
-    for name, n_in, n_out in (("linear1", D, F), ("linear2", F, D)):
-        state[f"{prefix}{name}.weight"] = rng.normal(0.0, 1.0 if unit else 1.0 / np.sqrt(n_in), (n_out, n_in))
-        state[f"{prefix}{name}.bias"] = rng.normal(0.0, bias, n_out)
-    return {key: value.astype(np.float32) for key, value in state.items()}
-
-
 def _layer_state(rng: np.random.Generator, D: int, F: int) -> dict[str, np.ndarray]:
     """A random state dict of the contract's ``DecoderLayer`` (float32), LayerNorms not the identity."""
-    state = {}
-    for sub in ("self_attn", "cross_attn"):
-        for proj in ATTN_PROJ:
-            state[f"{sub}.{proj}.weight"] = rng.normal(0.0, 1.0 / np.sqrt(D), (D, D))
-            state[f"{sub}.{proj}.bias"] = rng.normal(0.0, 0.2, D)
-    state.update(_ff_state(rng, D, F, "feed_forward."))
-    for norm in NORMS:
-        state[f"{norm}.weight"], state[f"{norm}.bias"] = 1.0 + rng.normal(0.0, 0.3, D), rng.normal(0.0, 0.3, D)
-    return {key: value.astype(np.float32) for key, value in state.items()}
+    return visible.random_state(rng, D, F)
 
 
 # -- PyTorch's side, and the reference's ---------------------------------------------------------------------

@@ -34,7 +34,6 @@ from autograder.checks.l05_decoder_layer import (
     _leaks,
     _padded,
     _perturbed,
-    _placement,
     _torch_forward,
     _torch_layer,
     _unchanged,
@@ -178,120 +177,10 @@ class PositionalEncodingCheck(Exercise):
                        "nn.Dropout(dropout) in __init__ and apply it in forward.")
 
 
-# -- EncoderLayer ----------------------------------------------------------------------------------------------
-ENCODER_NAMES = ("self_attn (q_proj, k_proj, v_proj, out_proj), feed_forward (linear1, linear2), norm1, norm2, "
-                 "dropout1, dropout2")
-
-
-def _encoder_layer_state(rng: np.random.Generator, D: int, F: int) -> dict[str, np.ndarray]:
-    """A random state dict of the contract's EncoderLayer: a decoder layer's without cross_attn and norm3."""
-    return {key: value for key, value in _layer_state(rng, D, F).items()
-            if not key.startswith(("cross_attn.", "norm3."))}
-
-
+# -- EncoderLayer: a spec (decoder_course.visible.l06_model), registered with sinusoidal_table above ------------
 def _torch_encoder_layer(state: dict, H: int, F: int, norm_first: bool) -> nn.TransformerEncoderLayer:
     """PyTorch's own encoder layer (float64, eval) carrying the weights of a contract state dict."""
     return twins.torch_twin(state, "encoder", H, d_ff=F, norm_first=norm_first, dtype=torch.float64)
-
-
-def _encoder_expected(d: dict, *, norm_first: bool | None = None, causal: bool = False) -> np.ndarray:
-    """nn.TransformerEncoderLayer's output on the case's input; the flags make known mistakes."""
-    norm_first = d["norm_first"] if norm_first is None else norm_first
-    theirs = _torch_encoder_layer(d["state"], d["H"], d["F"], norm_first)
-    with torch.no_grad():
-        return theirs(torch.from_numpy(d["x"].astype(np.float64)),
-                      src_mask=_blocked(causal_mask(d["x"].shape[1])) if causal else None,
-                      src_key_padding_mask=_blocked(d["is_real"])).numpy()
-
-
-@exercise(LESSON, "EncoderLayer")
-class EncoderLayerCheck(Exercise):
-    """Against nn.TransformerEncoderLayer with copied weights (eval; both LN placements; source padding;
-    B = 1 without a mask), padded keys never read, no causal mask, dropout active in training only, the
-    contract's parameter names, the input unchanged."""
-
-    # wrapping PyTorch's own layer would skip the exercise
-    forbidden = ("nn.TransformerEncoderLayer", "nn.TransformerEncoder")
-
-    def cases(self, rng):
-        B, S, D, H, F = 3, 7, 16, 4, 24  # S != H, Dh = 4, F != D
-        is_real = _padded(rng, B, S)
-        x, _ = _inputs(rng, B, S, 1, D)
-        x_pad = x.copy()
-        x_pad[~is_real] = rng.standard_normal((int((~is_real).sum()), D)) * 3.0
-        post, pre = _encoder_layer_state(rng, D, F), _encoder_layer_state(rng, D, F)
-        B1, S1, D1, H1, F1 = 1, 5, 12, 3, 20  # B = 1, no mask at all, another width and head count
-        sizes, dims = f"B={B}, S={S}, D={D}, H={H}, F={F}", (D, H, F)
-        # id, situation, (D, H, F), weights, norm_first (None: the default, post-LN), x, is_real
-        rows = [
-            ("post", f"{sizes}, post-LN, source padding", dims, post, False, x, is_real),
-            ("post_pad", f"{sizes}, post-LN, source padding, padded positions of x changed", dims, post, False,
-             x_pad, is_real),
-            ("pre", f"{sizes}, pre-LN, source padding", dims, pre, True, x, is_real),
-            ("pre_pad", f"{sizes}, pre-LN, source padding, padded positions of x changed", dims, pre, True, x_pad,
-             is_real),
-            ("b1", f"B=1, S={S1}, D={D1}, H={H1}, F={F1}, default norm_first (post-LN), src_is_real=None",
-             (D1, H1, F1), _encoder_layer_state(rng, D1, F1), None, _inputs(rng, B1, S1, 1, D1)[0], None),
-        ]
-        cases = []
-        for case_id, desc, (Dc, Hc, Fc), state, norm_first, xs, real in rows:
-            case = Case(case_id, desc, data={"state": state, "D": Dc, "H": Hc, "F": Fc, "norm_first": bool(norm_first),
-                                             "x": xs, "is_real": real})
-            if norm_first is None:
-                case.call("EncoderLayer", Dc, Hc, Fc, let="layer")
-            else:
-                case.call("EncoderLayer", Dc, Hc, Fc, dropout=0.1, norm_first=norm_first, let="layer")
-            case.load_state("layer", state)
-            case.eval("layer")
-            case.let("x", case.tensor(xs))
-            _forward(case, "layer", {"ref": "x"}, real)
-            if case_id == "post":
-                judges.record_after(case, ("x",))
-            cases.append(case)
-        # dropout: active in training mode, off in eval mode
-        case = Case("train", f"B={B}, S={S}, dropout=0.5, training mode then eval mode", data={"x": x})
-        case.call("EncoderLayer", D, H, F, dropout=0.5, let="layer")
-        case.load_state("layer", _encoder_layer_state(rng, D, F))
-        case.steps.append({"train": "layer"})
-        case.seed(int(rng.integers(2**31)))
-        for record in ("out_train", "out_eval", "out_eval2"):
-            if record == "out_eval":
-                case.eval("layer")
-            _forward(case, "layer", x, is_real, record=record)
-        cases.append(case)
-        return cases
-
-    def judge(self, result: Result):
-        for case_id in ("post", "pre", "b1", "train"):
-            _state_error(result, case_id, "EncoderLayer", ENCODER_NAMES)
-        outs = {case_id: result.get(case_id, "out", what="EncoderLayer's output", kind="tensor", dtype="float",
-                                    shape=result.cases[case_id].data["x"].shape)
-                for case_id in ("post", "post_pad", "pre", "pre_pad", "b1")}
-        for name in ("post", "pre"):
-            is_real = result.cases[name].data["is_real"]
-            judges.leak(outs[name][is_real], outs[name + "_pad"][is_real],
-                        f"the real positions changed when only padded positions of x changed "
-                        f"({result.cases[name + '_pad'].desc}): padded keys are read. Turn src_is_real (B, S) into "
-                        "allowed = src_is_real[:, None, None, :] (B, 1, 1, S), on the key axis, and pass it to "
-                        "self_attn.")
-        for case_id in ("post", "pre", "b1"):
-            case = result.cases[case_id]
-            d = case.data
-            hint = judges.diagnose(outs[case_id], {
-                _placement(d["norm_first"]): _encoder_expected(d, norm_first=not d["norm_first"]),
-                "a causal self-attention: the encoder reads the whole source, no causal mask here":
-                    _encoder_expected(d, causal=True),
-            }) or ("Post-LN (norm_first=False): x = norm(x + sublayer(x)); pre-LN (norm_first=True): "
-                   "x = x + sublayer(norm(x)); self-attention first (norm1, dropout1), then the feed-forward "
-                   "(norm2, dropout2).")
-            expect_close(outs[case_id], _encoder_expected(d),
-                         "EncoderLayer's output (vs nn.TransformerEncoderLayer with the same weights)", case.desc,
-                         hint=hint, rtol=1e-4, atol=1e-4)
-        _unchanged(result, "post", {"x": result.cases["post"].data["x"]}, "EncoderLayer",
-                   "In a layer: `x = x + ...`, not `x += ...`.")
-        judges.dropout(result, "train", "EncoderLayer", result.cases["train"].data["x"].shape,
-                       "inside the attention and the feed-forward (pass them dropout), and with dropout1 and dropout2 "
-                       "on their outputs")
 
 
 # -- Decoder ---------------------------------------------------------------------------------------------------

@@ -38,6 +38,7 @@ from decoder_course.spec import (
     returns_tensor,
     tolerance,
     unwrap,
+    variant,
 )
 
 
@@ -202,7 +203,13 @@ class ModuleSpecExercise(Exercise):
             else:
                 case.steps.append({"train": "m"})
                 case.seed(row.seed)
-            _call(case, {"ref": "m"}, row.inputs, True, self.spec.keeps_inputs, record="out")
+            if row.seed is not None and self.spec.dropout:  # training, then eval twice: judges.dropout
+                _call(case, {"ref": "m"}, row.inputs, True, False, record="out_train")
+                case.eval("m")
+                for record in ("out_eval", "out_eval2"):
+                    _call(case, {"ref": "m"}, row.inputs, True, False, record=record)
+            else:
+                _call(case, {"ref": "m"}, row.inputs, True, self.spec.keeps_inputs, record="out")
             cases.append(case)
         return cases
 
@@ -216,6 +223,9 @@ class ModuleSpecExercise(Exercise):
                 raise Fail(f"the weights could not be loaded into your {self.name} ({case.desc}):\n    "
                            f"{error.strip().splitlines()[-1]}\nThe names are part of the contract: {spec.names}.")
             _raise_hint(spec, result, case, args)
+            if row.seed is not None and spec.dropout:
+                judges.dropout(result, case.id, self.name, spec.shape(plain(args)), spec.dropout)
+                continue
             got = result.get(case.id, "out", what=what, kind="tensor", finite=False)
             with shared():
                 contract(spec, row.inputs | row.init, got, f"{what} ({case.desc})",
@@ -225,6 +235,10 @@ class ModuleSpecExercise(Exercise):
             def produce(wrong, row=row):
                 return forward(spec, built(spec, wrong, row), row)
 
+            with shared():  # a public wrong twin names the idea as the visible check does
+                known = variant(spec, row, got, *tolerance(spec, args))
+                if known:
+                    raise CheckFailed(f"{what} ({case.desc}) is what PyTorch's own modules compute when {known}")
             _compare(self.lesson, self.name, got, expected(spec, row), f"{what} (vs PyTorch's own modules)", case,
                      spec.hint, tolerance(spec, args), produce)
             if spec.keeps_inputs:

@@ -43,6 +43,23 @@ WIRING = {False: ("post-LN", "x = norm(x + sublayer(x))"), True: ("pre-LN", "x =
 
 
 # -- helpers (lesson 06's checks use them too) ---------------------------------------------------------------
+def random_state(rng: np.random.Generator, D: int, F: int, attention: tuple[str, ...] = ("self_attn", "cross_attn"),
+                 norms: tuple[str, ...] = ("norm1", "norm2", "norm3")) -> dict[str, np.ndarray]:
+    """A random state dict of a layer by the contract's names (float32): projections N(0, 1/fan_in), biases far
+    from 0, LayerNorms not the identity, so that a missing bias, projection or norm changes the output."""
+    state = {}
+    for sub in attention:
+        for proj in ATTN_PROJ:
+            state[f"{sub}.{proj}.weight"] = rng.normal(0.0, 1.0 / np.sqrt(D), (D, D))
+            state[f"{sub}.{proj}.bias"] = rng.normal(0.0, 0.2, D)
+    for name, n_in, n_out in (("linear1", D, F), ("linear2", F, D)):
+        state[f"feed_forward.{name}.weight"] = rng.normal(0.0, 1.0 / np.sqrt(n_in), (n_out, n_in))
+        state[f"feed_forward.{name}.bias"] = rng.normal(0.0, 0.2, n_out)
+    for norm in norms:
+        state[f"{norm}.weight"], state[f"{norm}.bias"] = 1.0 + rng.normal(0.0, 0.3, D), rng.normal(0.0, 0.3, D)
+    return {key: value.astype(np.float32) for key, value in state.items()}
+
+
 def _torch_layer(D: int, H: int, F: int, norm_first: bool, seed: int) -> nn.TransformerDecoderLayer:
     """PyTorch's decoder layer with random weights, in eval mode."""
     theirs = nn.TransformerDecoderLayer(D, H, F, dropout=0.1, batch_first=True, norm_first=norm_first)

@@ -30,8 +30,8 @@ from decoder_course.checks import (
     padding_leakage_probe,
     randomised,
 )
-from decoder_course.spec import Spec, run
-from decoder_course.visible.l05_decoder_layer import WIRING, _load
+from decoder_course.spec import Build, Keyword, ModuleSpec, Spec, run, run_module
+from decoder_course.visible.l05_decoder_layer import WIRING, _load, random_state
 
 # -- sinusoidal_table ----------------------------------------------------------------------------------------
 ODD_WIDTH = ("With an odd D the even features 0, 2, ..., D - 1 are (D + 1) // 2 sines and the odd features D // 2 "
@@ -163,61 +163,72 @@ def check_positional_encoding(PositionalEncoding, sinusoidal_table=None) -> None
 
 
 # -- EncoderLayer --------------------------------------------------------------------------------------------
+def _encoder_rows(rng: np.random.Generator) -> list[Build]:
+    """Both LayerNorm placements with source padding (whose positions of x hold large values: read, they would
+    show), the defaults on B = 1 without a mask, and dropout in training mode."""
+    B, S, D, H, F_ = 3, 7, 16, 4, 24  # S != H, Dh = 4, F != D
+    lengths = rng.integers(2, S, size=B)
+    lengths[rng.integers(B)] = S  # one sequence unpadded
+    is_real = np.arange(S)[None, :] < lengths[:, None]  # (B, S)
+    x = rng.standard_normal((B, S, D)) * np.geomspace(0.3, 6.0, B)[rng.permutation(B)][:, None, None]
+    x[~is_real] = rng.standard_normal((int((~is_real).sum()), D)) * 3.0
+    x = x.astype(np.float32)
+
+    def state(D, F_):
+        return random_state(rng, D, F_, attention=("self_attn",), norms=("norm1", "norm2"))
+
+    sizes = {"d_model": D, "n_heads": H, "d_ff": F_}
+    rows = [Build(f"B={B}, S={S}, D={D}, H={H}, F={F_}, {WIRING[norm_first][0]}, source padding",
+                  sizes | {"dropout": Keyword(0.1), "norm_first": Keyword(norm_first)},
+                  {"x": x, "src_is_real": is_real}, state=state(D, F_)) for norm_first in (False, True)]
+    rows.append(Build("B=1, S=5, D=12, H=3, F=20, the defaults (post-LN), src_is_real=None",
+                      {"d_model": 12, "n_heads": 3, "d_ff": 20},
+                      {"x": rng.standard_normal((1, 5, 12)).astype(np.float32)}, state=state(12, 20)))
+    rows.append(Build(f"B={B}, S={S}, dropout=0.5", sizes | {"dropout": Keyword(0.5)}, {"x": x, "src_is_real": is_real},
+                      state=state(D, F_), seed=int(rng.integers(2**31))))
+    return rows
+
+
+def _encoder_twin(init: dict, state: dict, inputs: dict, train: bool, causal: bool = False) -> torch.Tensor:
+    """nn.TransformerEncoderLayer in float64 with the same weights; its masks are True where blocked."""
+    theirs = twins.torch_twin(state, "encoder", init["n_heads"], d_ff=init["d_ff"],
+                              norm_first=init.get("norm_first", False), dtype=torch.float64)
+    x, is_real = inputs["x"].double(), inputs.get("src_is_real")
+    future = torch.ones(x.shape[1], x.shape[1], dtype=torch.bool).triu(1) if causal else None  # (S, S)
+    return theirs(x, src_mask=future, src_key_padding_mask=None if is_real is None else ~is_real)
+
+
+def _encoder_variants(init: dict, state: dict, inputs: dict) -> dict:
+    """The other LayerNorm placement, padding not masked, a causal mask."""
+    norm_first = init.get("norm_first", False)
+    wrong = {f"the wiring is {WIRING[not norm_first][0]} for norm_first={norm_first}: post-LN is x = norm(x + "
+             "sublayer(x)), pre-LN x = x + sublayer(norm(x))":
+             _encoder_twin(init | {"norm_first": not norm_first}, state, inputs, False)}
+    if inputs.get("src_is_real") is not None:
+        wrong["the padded keys are read: turn src_is_real (B, S) into allowed (B, 1, 1, S), on the key axis, and "
+              "pass it to self_attn"] = _encoder_twin(init, state, {"x": inputs["x"]}, False)
+    wrong["the self-attention is causal: the source is given in full, every real source token may read every "
+          "other; no causal mask here"] = _encoder_twin(init, state, inputs, False, causal=True)
+    return wrong
+
+
 ENCODER_NAMES = "self_attn (q_proj, k_proj, v_proj, out_proj), feed_forward (linear1, linear2), norm1, norm2"
+SPECS["EncoderLayer"] = ModuleSpec(
+    "EncoderLayer", _encoder_rows, _encoder_twin, names=ENCODER_NAMES, dtype=lambda a: a["x"].dtype,
+    shape=lambda a: a["x"].shape, axes="B, S, D", forbidden=("nn.TransformerEncoderLayer", "nn.TransformerEncoder"),
+    variants=_encoder_variants, rtol=1e-4, atol=1e-4,
+    dropout="inside the attention and the feed-forward (pass them dropout), and with dropout1 and dropout2 on their "
+            "outputs",
+    hint="self-attention on x with allowed = src_is_real[:, None, None, :] (the keys; no causal mask: the source "
+         "is known in full), then the feed-forward; post-LN (norm_first=False): x = norm(x + sublayer(x)), pre-LN: "
+         "x = x + sublayer(norm(x)); norm1 and dropout1 with the attention, norm2 and dropout2 with the "
+         "feed-forward.")
 
 
-def check_encoder_layer(EncoderLayer) -> None:
-    """Names, agreement with nn.TransformerEncoderLayer (both LN placements, padding), no leak from padding,
-    no causal mask, dropout, input unchanged."""
-    B, S, D, H, F_ = 2, 6, 16, 4, 24
-    src_is_real = torch.arange(S)[None, :] < torch.tensor([[S], [4]])  # (B, S): 2 pads in sequence 1
-    x = torch.randn(B, S, D, generator=torch.Generator().manual_seed(5)) * torch.tensor([0.5, 3.0])[:, None, None]
-    causal = torch.ones(S, S, dtype=torch.bool).tril()
-    layers = {}
-    for norm_first, (kind, _) in WIRING.items():
-        with check(f"{kind}: EncoderLayer equals nn.TransformerEncoderLayer with the same weights (padding masked)"):
-            theirs = nn.TransformerEncoderLayer(D, H, F_, dropout=0.1, batch_first=True, norm_first=norm_first)
-            theirs = randomised(theirs, 3 + norm_first).eval()
-            ours = layers[norm_first] = _load(EncoderLayer(D, H, F_, dropout=0.1, norm_first=norm_first),
-                                              twins.from_torch(theirs.state_dict(), "encoder"), "EncoderLayer",
-                                              ENCODER_NAMES)
-            with torch.no_grad():
-                got = expect_inputs_unchanged(ours, x, src_is_real)
-                # PyTorch's key padding mask means True = ignore this key: invert at this boundary only
-                want, want_unmasked = theirs(x, src_key_padding_mask=~src_is_real), theirs(x)
-            expect_type(got, torch.Tensor, "EncoderLayer's output")
-            expect_shape(got, (B, S, D), "EncoderLayer's output", names="B, S, D")
-            expect_finite(got, "EncoderLayer's output")
-            other = twins.torch_twin(ours.state_dict(), "encoder", H, d_ff=F_, norm_first=not norm_first)
-            with torch.no_grad():
-                mistakes = (  # (what a known mistake gives, the batch items where it shows, what it means)
-                    (other(x, src_key_padding_mask=~src_is_real), slice(None),
-                     f"your norm_first={norm_first} layer computes the {WIRING[not norm_first][0]} wiring: post-LN "
-                     "is x = norm(x + sublayer(x)), pre-LN x = x + sublayer(norm(x))"),
-                    (want_unmasked, 1, "the padded keys of sequence 1 were read: turn src_is_real (B, S) into "
-                                       "allowed (B, 1, 1, S) and pass it to self_attn"),
-                    (theirs(x, src_mask=~causal, src_key_padding_mask=~src_is_real), 0,
-                     "your encoder layer is causal: the source is given in full, every real source token may read "
-                     "every other; no causal mask here"),
-                )
-                for wrong, items, why in mistakes:
-                    if torch.allclose(got[items], wrong[items], atol=1e-4):
-                        raise CheckFailed(why)
-            expect_close(got, want, "EncoderLayer's output", rtol=1e-4, atol=1e-4,
-                         hint="self-attention on x (queries, keys, values) with allowed = src_is_real[:, None, "
-                         "None, :], then the feed-forward; norm1 and dropout1 with the attention, norm2 and "
-                         "dropout2 with the feed-forward")
-            with torch.no_grad():
-                expect_close(ours(x), want_unmasked, "EncoderLayer's output with src_is_real=None", rtol=1e-4,
-                             atol=1e-4, hint="src_is_real=None means no mask at all")
-    with check("padded source positions do not leak into the real ones"):
-        padding_leakage_probe(lambda t: layers[True](t, src_is_real), x, src_is_real,
-                              what="EncoderLayer's output at real positions", atol=1e-5)
-    with check("dropout is active after .train() and off after .eval()"):
-        layer = EncoderLayer(D, H, F_, dropout=0.5)
-        with torch.no_grad():
-            expect_dropout(lambda: layer(x, src_is_real), layer, "EncoderLayer",
-                           "by passing dropout to the attention and the feed-forward, and with dropout1 and dropout2")
+def check_encoder_layer(EncoderLayer) -> None:  # noqa: N803 - the class under test
+    """The spec's rows: the contract's names, nn.TransformerEncoderLayer with the same weights (both LayerNorm
+    placements, padding, no mask), dropout in training only, the input unchanged."""
+    run_module(SPECS["EncoderLayer"], EncoderLayer)
 
 
 # -- Decoder -------------------------------------------------------------------------------------------------
