@@ -6,6 +6,9 @@ notebook's given ``MultiHeadAttention`` / ``CrossAttention`` and a plain ``nn.Se
 ``nn.TransformerDecoderLayer`` carrying the same weights. Only one case builds the default sublayers, and it
 looks at their types and the output's shape, so a wrong ``FeedForward`` costs only its own item.
 
+``FeedForward`` is a module spec (``decoder_course/visible/l05_decoder_layer.py``): PyTorch's own linear, ReLU
+and dropout with the same weights, in eval mode and, after the same seed, in training mode.
+
 Each layer exercise is a table of rows (sizes, LayerNorm placement, inputs, masks) fed to one loop; the generic
 judges (inputs unchanged, leakage, dropout, a known mistake's output) are :mod:`autograder.checks.judges`'.
 """

@@ -6,9 +6,10 @@ Each item is graded apart from the others where the contract allows it:
   apart from ``sinusoidal_table``; its default table may be the reference's or the student's own table.
 - ``Decoder`` is built from the notebook's given ``DecoderLayer`` and compared with PyTorch's own
   ``nn.TransformerDecoder`` carrying the same weights.
-- ``EncoderLayer`` loads a state dict by the contract's names and is compared with PyTorch's own
-  ``nn.TransformerEncoderLayer`` carrying the same weights (its attention and feed-forward are the notebook's given
-  blocks, so it stands on its own).
+- ``sinusoidal_table`` and ``EncoderLayer`` are specs (``decoder_course/visible/l06_model.py``): the table by its
+  properties and the reference's values; the layer loads a state dict by the contract's names and is compared
+  with PyTorch's own ``nn.TransformerEncoderLayer`` carrying the same weights (its attention and feed-forward are
+  the notebook's given blocks, so it stands on its own).
 - ``Seq2SeqTransformer`` loads a whole state dict (the positional table included) and is compared with the same
   computation done by PyTorch's own modules (``nn.TransformerEncoderLayer``, ``nn.TransformerDecoder``). It calls
   the student's ``PositionalEncoding``, ``EncoderLayer`` (inside the given ``Encoder``) and ``Decoder``, as the

@@ -1,12 +1,10 @@
 """Hidden checks of lesson 12-modern (PyTorch): RMSNorm, RoPE, SwiGLU, grouped-query attention, the sliding
 window and the modern block.
 
-- ``RMSNorm`` against ``torch.nn.RMSNorm`` with the same (random) weight and an ``eps`` that matters on rows of
-  tiny scale, a 4-D input, bfloat16 in and out, a fresh module's weight of ones and no bias;
-- ``rotary_embedding``, a spec: scattered, large positions, another base, a float64 input kept float64, pairs that
-  keep their lengths; its mutants name the common mistakes (half-split pairs, positions ignored, the wrong
-  frequencies, the opposite rotation); an odd width raises;
-- ``SwiGLUFeedForward`` loaded (strictly: three bias-free matrices by their names) and compared with the formula;
+- ``RMSNorm``, ``rotary_embedding`` and ``SwiGLUFeedForward`` are specs (``decoder_course/visible/l12_modern.py``):
+  the same rows as the visible checks on secret draws; the modules against ``nn.RMSNorm`` and ``F.linear``/
+  ``F.silu`` with the same weights (bfloat16 in and out, a fresh weight of ones), RoPE by its properties and the
+  reference's values; each item's mutants name the mistake the student's values match;
 - ``GroupedQueryAttention`` against the reference (itself proven equal to SDPA with ``enable_gqa=True``) for GQA,
   MQA and MHA, with and without RoPE, a random mask with a fully masked row (zeros), the cache path holding only
   the key/value heads, bad sizes raising; judged relative to the student's ``rotary_embedding``;
