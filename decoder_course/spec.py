@@ -215,7 +215,8 @@ class ModuleSpec:
     # (constructor arguments, state as torch tensors or None, forward's arguments as tensors, training) -> PyTorch's
     # result: in training mode it runs right after the same seed, so its dropout draws the same masks
     twin: Callable[[dict, dict | None, dict, bool], Any]
-    names: str  # the contract's parameters, for a state that does not load
+    # the contract's parameters, for a state that does not load (or a function of the constructor's arguments)
+    names: str | Callable[[dict], str]
     dtype: Callable[[dict], Any]  # forward's arguments as passed -> the result's dtype
     shape: Callable[[dict], tuple[int, ...]]  # the constructor's and forward's arguments (plain) -> the result's shape
     axes: str = ""
@@ -281,12 +282,17 @@ def load(module: Any, state: dict, names: str, what: str) -> Any:
     return module
 
 
+def names_for(spec: ModuleSpec, row: Build) -> str:
+    """The contract's parameter names for ``row``'s module."""
+    return spec.names({n: unwrap(v) for n, v in row.init.items()}) if callable(spec.names) else spec.names
+
+
 def built(spec: ModuleSpec, cls: Any, row: Build) -> Any:
     """``cls`` built, loaded and put in the row's mode (a mistake's class, on the trusted side, as well)."""
     positional, by_name = call_args(spec, row.init)
     module = cls(*positional, **by_name)
     if row.state is not None:
-        load(module, row.state, spec.names, spec.name)
+        load(module, row.state, names_for(spec, row), spec.name)
     return module.train() if row.seed is not None else module.eval()
 
 

@@ -29,16 +29,9 @@ from autograder.checks import judges, spec
 from autograder.checks.framework import Case, Exercise, Fail, Raised, Result, exercise, expect_close
 from autograder.checks.l05_decoder_layer import (
     _blocked,
-    _forward,
     _inputs,
-    _layer_state,
-    _leaks,
-    _padded,
-    _perturbed,
-    _torch_forward,
     _torch_layer,
     _unchanged,
-    leak_rows,
 )
 from autograder.reference import model as ref
 from autograder.reference.masks import causal_mask
@@ -185,17 +178,6 @@ def _torch_encoder_layer(state: dict, H: int, F: int, norm_first: bool) -> nn.Tr
 
 
 # -- Decoder ---------------------------------------------------------------------------------------------------
-def _stack_state(rng: np.random.Generator, D: int, F: int, N: int, norm_first: bool) -> dict[str, np.ndarray]:
-    """A random state dict of the contract's Decoder: layers.{i}.<DecoderLayer names> and, for pre-LN, norm.*."""
-    state = {}
-    for i in range(N):
-        state.update({f"layers.{i}.{key}": value for key, value in _layer_state(rng, D, F).items()})
-    if norm_first:
-        state["norm.weight"] = (1.0 + rng.normal(0.0, 0.3, D)).astype(np.float32)
-        state["norm.bias"] = rng.normal(0.0, 0.3, D).astype(np.float32)
-    return state
-
-
 def _torch_stack(state: dict, D: int, H: int, F: int, N: int, norm_first: bool) -> nn.TransformerDecoder:
     """PyTorch's own nn.TransformerDecoder (float64, eval) of twin layers carrying a contract state dict."""
     layers = [_torch_layer({key.removeprefix(f"layers.{i}."): value for key, value in state.items()
@@ -208,113 +190,7 @@ def _torch_stack(state: dict, D: int, H: int, F: int, N: int, norm_first: bool) 
     return theirs.double().eval()
 
 
-def _stack_expected(d: dict) -> np.ndarray:
-    theirs = _torch_stack(d["state"], d["D"], d["H"], d["F"], d["N"], d["norm_first"])
-    return _torch_forward(theirs, d["x"], d["memory"], d["causal"], d["tgt_is_real"], d["mem_is_real"])
-
-
-def _stack_load_error(result: Result, case_id: str) -> None:
-    """A strict load that failed says which part of the stack's structure is wrong."""
-    error = result.error(case_id)
-    if error is None or "state_dict" not in error:
-        return
-    norm_first = result.cases[case_id].data["norm_first"]
-    if '"norm.weight"' in error:  # the final norm's own key, not a layer's norm1..3
-        if norm_first and "Unexpected" in error:
-            raise Fail("the pre-LN stack has no final LayerNorm named `norm`: pre-LN layers never normalise the "
-                       "residual stream itself, so the stack ends with self.norm = nn.LayerNorm(d_model).")
-        if not norm_first and "Missing" in error:
-            raise Fail("the post-LN stack has a final LayerNorm: post-LN layers already end with one (norm3), "
-                       "so self.norm should be nn.Identity() when norm_first is False.")
-    N = result.cases[case_id].data["N"]
-    raise Fail(f"the Decoder could not load weights by the contract's names: keep `layers` (an nn.ModuleList "
-               f"of n_layers = {N} DecoderLayer objects, named layers.0 ... layers.{N - 1}) and `norm`. "
-               f"PyTorch says: {error.splitlines()[-1][:300]}")
-
-
-@exercise(LESSON, "Decoder")
-class DecoderCheck(Exercise):
-    """Against nn.TransformerDecoder with copied weights (eval; pre-LN with its final norm and post-LN without;
-    causal + target and memory padding; T != S; B = 1, one layer), leakage of the future and of memory padding
-    through the whole stack, dropout reaching the layers, inputs unchanged."""
-
-    # wrapping PyTorch's own stack would skip the exercise
-    forbidden = ("nn.TransformerDecoder", "nn.TransformerDecoderLayer")
-
-    def cases(self, rng):
-        B, T, S, D, H, F, N = 2, 5, 7, 16, 4, 24, 3  # T != S != H, Dh = 4; 3 layers with distinct weights
-        causal = causal_mask(T)  # (T, T)
-        mem_is_real, tgt_is_real = _padded(rng, B, S), _padded(rng, B, T)
-        x, memory = _inputs(rng, B, T, S, D)
-        t0, x_future, memory_pad = _perturbed(rng, x, memory, mem_is_real)
-        pre, post = _stack_state(rng, D, F, N, True), _stack_state(rng, D, F, N, False)
-        B1, T1, S1, D1, H1, F1, N1 = 1, 3, 6, 12, 2, 20, 1  # B = 1, one layer, no masks, another width and heads
-        nf1 = bool(rng.integers(2))
-        x1, memory1 = _inputs(rng, B1, T1, S1, D1)
-        sizes, dims = f"B={B}, T={T}, S={S}, D={D}, H={H}, F={F}, n_layers={N}", (D, H, F, N)
-        # id, situation, (D, H, F, N), weights, norm_first, x, memory, causal, target padding, memory padding
-        rows = [
-            *leak_rows(sizes, dims, post, pre, x, x_future, memory, memory_pad, causal, tgt_is_real, mem_is_real),
-            ("b1", f"B=1, T={T1}, S={S1}, D={D1}, H={H1}, F={F1}, n_layers=1, {'pre' if nf1 else 'post'}-LN, no "
-             "masks", (D1, H1, F1, N1), _stack_state(rng, D1, F1, N1, nf1), nf1, x1, memory1, None, None, None),
-        ]
-        cases = []
-        for case_id, desc, (Dc, Hc, Fc, Nc), state, norm_first, xs, ms, cm, tgt, mem in rows:
-            case = Case(case_id, desc, data={"state": state, "D": Dc, "H": Hc, "F": Fc, "N": Nc,
-                                             "norm_first": norm_first, "x": xs, "memory": ms, "causal": cm,
-                                             "tgt_is_real": tgt, "mem_is_real": mem, "t0": t0})
-            case.call("Decoder", Dc, Hc, Fc, Nc, dropout=0.1, norm_first=norm_first, let="dec")
-            case.load_state("dec", state)
-            case.eval("dec")
-            case.let("x", case.tensor(xs))
-            case.let("memory", case.tensor(ms))
-            self_allowed = cm if tgt is None else cm[None, None] & tgt[:, None, None, :]  # pre-LN: (B, 1, T, T)
-            cross_allowed = None if mem is None else np.repeat(mem[:, None, None, :], T, axis=2)  # (B, 1, T, S)
-            _forward(case, "dec", {"ref": "x"}, {"ref": "memory"}, self_allowed, cross_allowed)
-            if case_id == "pre":
-                judges.record_after(case, ("x", "memory"))
-            cases.append(case)
-
-        # dropout: active in training mode, off in eval mode
-        case = Case("train", f"B={B}, T={T}, S={S}, n_layers=2, dropout=0.5, training mode then eval mode",
-                    data={"x": x})
-        case.call("Decoder", D, H, F, 2, dropout=0.5, let="dec")
-        case.steps.append({"train": "dec"})
-        case.seed(int(rng.integers(2**31)))
-        for record in ("out_train", "out_eval", "out_eval2"):
-            if record == "out_eval":
-                case.eval("dec")
-            _forward(case, "dec", x, memory, record=record)
-        cases.append(case)
-        return cases
-
-    def judge(self, result: Result):
-        for case_id in ("pre", "post", "b1"):
-            _stack_load_error(result, case_id)
-        outs = {case_id: result.get(case_id, "out", what="Decoder's output", kind="tensor", dtype="float",
-                                    shape=result.cases[case_id].data["x"].shape)
-                for case_id in ("pre", "post", "post_future", "post_pad", "b1")}
-        _leaks(outs, result.cases["post"], "Pass self_allowed to every layer.", "pass cross_allowed to every layer.")
-        for case_id in ("pre", "post", "b1"):
-            case = result.cases[case_id]
-            d = case.data
-            last = f"layers.{d['N'] - 1}."
-            shared = {key: d["state"][last + key.split(".", 2)[2]] if key.startswith("layers.") else value
-                      for key, value in d["state"].items()}  # every layer holding the last layer's weights
-            hint = judges.diagnose(outs[case_id], {
-                "the first layer only: each layer must read the previous layer's output (x = layer(x, ...))":
-                    _stack_expected({**d, "N": 1}),
-                "one layer object used n_layers times (its weights are those loaded last): build n_layers "
-                "separate DecoderLayer objects, e.g. with a list comprehension":
-                    _stack_expected({**d, "state": shared}),
-            }) or (f"Expected the {d['N']} layers in order (layers.0 first), each on the previous one's output "
-                   "with the same memory and masks, then the final norm (pre-LN only).")
-            expect_close(outs[case_id], _stack_expected(d), "Decoder's output (vs nn.TransformerDecoder with the same "
-                         "weights)", case.desc, hint=hint, rtol=1e-4, atol=1e-4)
-        pre = result.cases["pre"].data
-        _unchanged(result, "pre", {"x": pre["x"], "memory": pre["memory"]}, "Decoder", "Use `x = layer(x, ...)`.")
-        judges.dropout(result, "train", "Decoder", result.cases["train"].data["x"].shape,
-                       "in every layer: pass dropout to every DecoderLayer")
+# Decoder: a spec (decoder_course.visible.l06_model), registered with sinusoidal_table above
 
 
 # -- Seq2SeqTransformer ----------------------------------------------------------------------------------------

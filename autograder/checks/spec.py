@@ -34,6 +34,7 @@ from decoder_course.spec import (
     expect_fresh,
     expected,
     forward,
+    names_for,
     plain,
     returns_tensor,
     tolerance,
@@ -221,7 +222,8 @@ class ModuleSpecExercise(Exercise):
             error = result.error(case.id)
             if error is not None and "state_dict" in error:
                 raise Fail(f"the weights could not be loaded into your {self.name} ({case.desc}):\n    "
-                           f"{error.strip().splitlines()[-1]}\nThe names are part of the contract: {spec.names}.")
+                           f"{error.strip().splitlines()[-1]}\nThe names are part of the contract: "
+                           f"{names_for(spec, row)}.")
             _raise_hint(spec, result, case, args)
             if row.seed is not None and spec.dropout:
                 judges.dropout(result, case.id, self.name, spec.shape(plain(args)), spec.dropout)

@@ -31,7 +31,7 @@ from decoder_course.checks import (
     randomised,
 )
 from decoder_course.spec import Build, Keyword, ModuleSpec, Spec, run, run_module
-from decoder_course.visible.l05_decoder_layer import WIRING, _load, random_state
+from decoder_course.visible.l05_decoder_layer import WIRING, random_state
 
 # -- sinusoidal_table ----------------------------------------------------------------------------------------
 ODD_WIDTH = ("With an odd D the even features 0, 2, ..., D - 1 are (D + 1) // 2 sines and the odd features D // 2 "
@@ -232,86 +232,118 @@ def check_encoder_layer(EncoderLayer) -> None:  # noqa: N803 - the class under t
 
 
 # -- Decoder -------------------------------------------------------------------------------------------------
-def _torch_decoder(D: int, H: int, F_: int, N: int, norm_first: bool, seed: int) -> nn.TransformerDecoder:
-    """PyTorch's decoder stack with random, distinct weights in every layer, in eval mode."""
-    layer = nn.TransformerDecoderLayer(D, H, F_, dropout=0.1, batch_first=True, norm_first=norm_first)
-    theirs = nn.TransformerDecoder(layer, num_layers=N, norm=nn.LayerNorm(D) if norm_first else None)
-    return randomised(theirs, seed).eval()
+def _stack_rows(rng: np.random.Generator) -> list[Build]:
+    """Post-LN with causal + memory padding, pre-LN with target and memory padding (3 layers, distinct weights),
+    one layer without masks on B = 1, and dropout in training mode."""
+    B, T, S, D, H, F_, N = 2, 5, 7, 16, 4, 24, 3  # T != S != H, Dh = 4
+
+    def padded(n):
+        lengths = rng.integers(1, n, size=B)
+        lengths[rng.integers(B)] = n
+        return np.arange(n)[None, :] < lengths[:, None]  # (B, n): real tokens, then padding
+
+    def state(D, F_, N, norm_first):
+        layers = {f"layers.{i}.{key}": value for i in range(N) for key, value in random_state(rng, D, F_).items()}
+        final = {"norm.weight": (1.0 + rng.normal(0.0, 0.3, D)).astype(np.float32),
+                 "norm.bias": rng.normal(0.0, 0.3, D).astype(np.float32)} if norm_first else {}
+        return layers | final
+
+    def inputs(B, T, S, D):
+        scale = np.geomspace(0.3, 6.0, B)[rng.permutation(B)][:, None, None]  # each sequence on its own scale
+        return ((rng.standard_normal((B, T, D)) * scale).astype(np.float32),
+                (rng.standard_normal((B, S, D)) * scale[::-1]).astype(np.float32))
+
+    causal = np.tril(np.ones((T, T), bool))  # (T, T)
+    sizes = {"d_model": D, "n_heads": H, "d_ff": F_, "n_layers": N}
+    rows = []
+    for norm_first, situation in ((False, "causal + memory padding"), (True, "causal + target and memory padding")):
+        x, memory = inputs(B, T, S, D)
+        self_allowed = causal[None, None] & padded(T)[:, None, None, :] if norm_first else causal  # (B, 1, T, T)
+        cross_allowed = np.repeat(padded(S)[:, None, None, :], T, axis=2)  # (B, 1, T, S)
+        rows.append(Build(f"B={B}, T={T}, S={S}, D={D}, H={H}, F={F_}, n_layers={N}, {WIRING[norm_first][0]}, "
+                          f"{situation}", sizes | {"dropout": Keyword(0.1), "norm_first": Keyword(norm_first)},
+                          {"x": x, "memory": memory, "self_allowed": self_allowed, "cross_allowed": cross_allowed},
+                          state=state(D, F_, N, norm_first)))
+    norm_first = bool(rng.integers(2))
+    x, memory = inputs(1, 3, 6, 12)
+    rows.append(Build(f"B=1, T=3, S=6, D=12, H=2, F=20, n_layers=1, {WIRING[norm_first][0]}, no masks",
+                      {"d_model": 12, "n_heads": 2, "d_ff": 20, "n_layers": 1, "norm_first": Keyword(norm_first)},
+                      {"x": x, "memory": memory}, state=state(12, 20, 1, norm_first)))
+    x, memory = inputs(B, T, S, D)
+    rows.append(Build(f"B={B}, T={T}, S={S}, n_layers=2, dropout=0.5", sizes | {"n_layers": 2, "dropout": 0.5},
+                      {"x": x, "memory": memory}, state=state(D, F_, 2, True), seed=int(rng.integers(2**31))))
+    return rows
 
 
-def _stack_state(theirs: nn.TransformerDecoder) -> dict[str, torch.Tensor]:
-    """PyTorch's stack's weights under the course's names: layers.{i}.<DecoderLayer names>, norm.*."""
-    state = {f"layers.{i}.{key}": value for i, layer in enumerate(theirs.layers)
-             for key, value in twins.from_torch(layer.state_dict(), "decoder").items()}
-    if theirs.norm is not None:
-        state.update({f"norm.{key}": value for key, value in theirs.norm.state_dict().items()})
-    return state
+def _blocked(allowed: torch.Tensor | None, B: int, H: int) -> torch.Tensor | None:
+    """Our mask (True = may attend; (T, S) or (B, 1, T, S)) as PyTorch's (True = blocked; (T, S) or (B·H, T, S))."""
+    if allowed is None:
+        return None
+    allowed = torch.as_tensor(allowed, dtype=torch.bool)
+    if allowed.dim() == 2:
+        return ~allowed
+    return ~allowed.expand(B, H, *allowed.shape[-2:]).reshape(B * H, *allowed.shape[-2:])
 
 
-def _masks(B: int, T: int, S: int, tgt_lengths: list[int], src_lengths: list[int]):
-    """Our masks (True = may attend) and PyTorch's keyword masks (True = blocked) for the same batch."""
-    tgt_is_real = torch.arange(T)[None, :] < torch.tensor(tgt_lengths)[:, None]  # (B, T)
-    src_is_real = torch.arange(S)[None, :] < torch.tensor(src_lengths)[:, None]  # (B, S)
-    causal = torch.ones(T, T, dtype=torch.bool).tril()  # (T, T)
-    self_allowed = causal & tgt_is_real[:, None, None, :]  # (B, 1, T, T)
-    cross_allowed = src_is_real[:, None, None, :]  # (B, 1, 1, S)
-    # PyTorch's masks mean True = BLOCKED: invert at this boundary only
-    blocked = {"tgt_mask": ~causal, "tgt_key_padding_mask": ~tgt_is_real, "memory_key_padding_mask": ~src_is_real}
-    return causal, src_is_real, self_allowed, cross_allowed, blocked
+def _stack_twin(init: dict, state: dict, inputs: dict, train: bool, layers: list[int] | None = None,
+                final_norm: bool = True, masked_memory: bool = True) -> torch.Tensor:
+    """nn.TransformerDecoder in float64 over twin layers with the same weights (``layers``: which of them, in order;
+    the flags make known mistakes)."""
+    N, H, norm_first = init["n_layers"], init["n_heads"], init.get("norm_first", True)
+    twins_ = [twins.torch_twin({k.removeprefix(f"layers.{i}."): v for k, v in state.items()
+                                if k.startswith(f"layers.{i}.")}, "decoder", H, d_ff=init["d_ff"],
+                               norm_first=norm_first, dtype=torch.float64) for i in (layers or range(N))]
+    norm = None
+    if norm_first and final_norm:
+        norm = nn.LayerNorm(init["d_model"], dtype=torch.float64)
+        norm.load_state_dict({k: state[f"norm.{k}"].double() for k in ("weight", "bias")})
+    theirs = nn.TransformerDecoder(twins_[0], num_layers=len(twins_), norm=norm)
+    theirs.layers = nn.ModuleList(twins_)  # each layer its own weights
+    x, memory = inputs["x"].double(), inputs["memory"].double()
+    cross = inputs.get("cross_allowed") if masked_memory else None
+    return theirs.eval()(x, memory, tgt_mask=_blocked(inputs.get("self_allowed"), x.shape[0], H),
+                         memory_mask=_blocked(cross, x.shape[0], H))
 
 
-def check_decoder(Decoder) -> None:
-    """Structure, leakage, agreement with nn.TransformerDecoder (both LN placements), dropout."""
-    D, H, F_, N, B, T, S = 16, 4, 24, 3, 2, 5, 7
-    g = torch.Generator().manual_seed(0)
-    x, memory = torch.randn(B, T, D, generator=g), torch.randn(B, S, D, generator=g)
-    stacks = {}
-    for norm_first in (True, False):
-        with check(f"{WIRING[norm_first][0]}: Decoder(16, 4, 24, n_layers=3) has 3 separate layers and the right "
-                   "final norm"):
-            stack = stacks[norm_first] = Decoder(D, H, F_, N, dropout=0.1, norm_first=norm_first)
-            layers = getattr(stack, "layers", None)
-            expect_type(layers, nn.ModuleList, "decoder.layers")
-            if len(layers) != N:
-                raise CheckFailed(f"decoder.layers holds {len(layers)} layers, expected n_layers = {N}")
-            if len({id(layer) for layer in layers}) != N:
-                raise CheckFailed("the same layer object appears several times in decoder.layers: build n_layers "
-                                  "separate DecoderLayer objects (a list comprehension), not [layer] * n_layers")
-            norm = getattr(stack, "norm", None)
-            if norm_first and not isinstance(norm, nn.LayerNorm):
-                raise CheckFailed(f"decoder.norm is {type(norm).__name__}: a pre-LN stack ends with "
-                                  "nn.LayerNorm(d_model), since nothing normalises the residual stream after the "
-                                  "last layer")
-            if not norm_first and (norm is None or list(norm.parameters())):
-                raise CheckFailed("a post-LN stack already ends with a LayerNorm (the last layer's norm3): "
-                                  "decoder.norm should be nn.Identity(), with no parameters")
-    with check("the future and memory padding do not leak through the stack"):
-        stack = stacks[True].eval()
-        causal, src_is_real, _, cross_allowed, _ = _masks(B, T, S, [T, T], [5, S])
-        causal_leakage_probe(lambda q: stack(q, memory, causal, cross_allowed), x, what="Decoder's output",
-                             atol=1e-5)
-        padding_leakage_probe(lambda m: stack(x, m, causal, cross_allowed), memory, src_is_real,
-                              what="Decoder's output (pass cross_allowed to every layer)", atol=1e-5)
-    _, _, self_allowed, cross_allowed, blocked = _masks(B, T, S, [T, 3], [5, S])
-    for norm_first in (True, False):
-        with check(f"{WIRING[norm_first][0]}: equals nn.TransformerDecoder(num_layers=3) with the same weights "
-                   "(eval, causal + target and memory padding, T != S)"):
-            theirs = _torch_decoder(D, H, F_, N, norm_first, seed=11 + norm_first)
-            stack = _load(stacks[norm_first], _stack_state(theirs), "your Decoder",
-                          "layers.0..N-1.<DecoderLayer names>, norm")
-            with torch.no_grad():
-                got = expect_inputs_unchanged(stack, x, memory, self_allowed, cross_allowed)
-                want = theirs(x, memory, **blocked)
-            expect_type(got, torch.Tensor, "Decoder's output")
-            expect_shape(got, (B, T, D), "Decoder's output", names="B, T, D")
-            expect_finite(got, "Decoder's output")
-            expect_close(got, want, "Decoder's output", rtol=1e-4, atol=1e-5,
-                         hint="run the layers in order, each on the previous layer's output, all with the same "
-                              "memory and masks; then decoder.norm (a LayerNorm for pre-LN, nothing for post-LN)")
-    with check("dropout reaches the layers: active in training mode only"):
-        stack = Decoder(D, H, F_, 2, dropout=0.5)
-        with torch.no_grad():
-            expect_dropout(lambda: stack(x, memory), stack, "the Decoder", "in the layers: pass dropout to them")
+def _stack_variants(init: dict, state: dict, inputs: dict) -> dict:
+    N, last = init["n_layers"], init["n_layers"] - 1
+    wrong = {}
+    if init.get("norm_first", True):
+        wrong["the pre-LN stack has no final LayerNorm: nothing normalises the residual stream after the last "
+              "layer, so self.norm = nn.LayerNorm(d_model)"] = _stack_twin(init, state, inputs, False, final_norm=False)
+    if N > 1:
+        wrong["the stack is one layer, the first: each layer must read the previous layer's output (x = layer(x, "
+              "...))"] = _stack_twin(init, state, inputs, False, layers=[0])
+        wrong["only the last layer counts: each layer must read the previous layer's output, not the stack's "
+              "input x"] = _stack_twin(init, state, inputs, False, layers=[last])
+        wrong["every layer holds the last layer's weights: one layer object repeated n_layers times shares them; "
+              "build n_layers separate DecoderLayer objects"] = _stack_twin(init, state, inputs, False,
+                                                                          layers=[last] * N)
+    if inputs.get("cross_allowed") is not None:
+        wrong["memory padding leaks: pass cross_allowed to every layer"] = _stack_twin(init, state, inputs, False,
+                                                                                      masked_memory=False)
+    return wrong
+
+
+def _stack_names(init: dict) -> str:
+    N = init["n_layers"]
+    final = ("norm (the final nn.LayerNorm a pre-LN stack needs)" if init.get("norm_first", True) else
+             "no norm parameters (post-LN layers end normalised: self.norm = nn.Identity())")
+    return f"layers.0 .. layers.{N - 1} (an nn.ModuleList of {N} DecoderLayer objects, by their names), {final}"
+
+
+SPECS["Decoder"] = ModuleSpec(
+    "Decoder", _stack_rows, _stack_twin, names=_stack_names, dtype=lambda a: a["x"].dtype,
+    shape=lambda a: a["x"].shape, axes="B, T, D", forbidden=("nn.TransformerDecoder", "nn.TransformerDecoderLayer"),
+    variants=_stack_variants, rtol=1e-4, atol=1e-4, dropout="in the layers: pass dropout to them",
+    hint="run the layers in order, each on the previous layer's output, all with the same memory and masks; then "
+         "self.norm (a LayerNorm for pre-LN, nn.Identity() for post-LN).")
+
+
+def check_decoder(Decoder) -> None:  # noqa: N803 - the class under test
+    """The spec's rows: nn.TransformerDecoder with the same weights (both LayerNorm placements, masks, one layer),
+    the final norm by the contract's names, dropout in training only, inputs unchanged."""
+    run_module(SPECS["Decoder"], Decoder)
 
 
 # -- Seq2SeqTransformer --------------------------------------------------------------------------------------
