@@ -159,19 +159,24 @@ def call_args(spec: Spec | ModuleSpec, args: dict) -> tuple[list, dict]:
     return positional, {name: value(v.value) for name, v in args.items() if isinstance(v, Keyword)}
 
 
-def _called(spec: Spec, fn: Callable[..., Any], args: dict, desc: str) -> Any:
-    positional, by_name = call_args(spec, args)
+def _explained(spec: Spec | ModuleSpec, call: Callable[[], Any], args: dict) -> Any:
+    """``call()``; an exception the spec recognises (``on_error``) becomes a CheckFailed naming its likely cause."""
     try:
-        if spec.keeps_inputs:
-            return expect_inputs_unchanged(fn, *positional, **by_name)
-        return fn(*positional, **by_name)
+        return call()
     except (CheckFailed, NotImplementedError):
         raise
     except Exception as exc:
         hint = spec.on_error(args, f"{type(exc).__name__}: {exc}") if spec.on_error else ""
         if not hint:
             raise
-        raise CheckFailed(f"{spec.name} raised {type(exc).__name__}: {exc} ({desc}). {hint}") from None
+        raise CheckFailed(f"{spec.name} raised {type(exc).__name__}: {exc}. {hint}") from None
+
+
+def _called(spec: Spec, fn: Callable[..., Any], args: dict) -> Any:
+    positional, by_name = call_args(spec, args)
+    if spec.keeps_inputs:
+        return _explained(spec, lambda: expect_inputs_unchanged(fn, *positional, **by_name), args)
+    return _explained(spec, lambda: fn(*positional, **by_name), args)
 
 
 def run(spec: Spec, fn: Callable[..., Any], seed: int = 0) -> None:
@@ -180,7 +185,7 @@ def run(spec: Spec, fn: Callable[..., Any], seed: int = 0) -> None:
     for desc, args in spec.rows(np.random.default_rng(seed)):
         with check(f"{spec.name} on a case with {desc}"):
             try:
-                got = _called(spec, fn, args, desc)
+                got = _called(spec, fn, args)
                 contract(spec, args, got, f"{spec.name}(...) ({desc})", tensor=returns_tensor(spec, args))
                 if spec.fresh:
                     expect_fresh(tuple(got.shape), got.stride(), f"{spec.name}(...)")
@@ -321,15 +326,7 @@ def run_module(spec: ModuleSpec, cls: Any, seed: int = 0) -> None:
                     expect_dropout(lambda m=module, a=positional, k=by_name: m(*a, **k), module, spec.name,
                                    spec.dropout)
                 continue
-            try:
-                got = forward(spec, built(spec, cls, row), row)
-            except (CheckFailed, NotImplementedError):
-                raise
-            except Exception as exc:
-                hint = spec.on_error(args, f"{type(exc).__name__}: {exc}") if spec.on_error else ""
-                if not hint:
-                    raise
-                raise CheckFailed(f"{spec.name} raised {type(exc).__name__}: {exc}. {hint}") from None
+            got = _explained(spec, lambda row=row: forward(spec, built(spec, cls, row), row), args)
             contract(spec, row.inputs | row.init, got, f"{spec.name}'s output", tensor=True)
             if spec.properties is not None:
                 spec.properties(plain(args), as_numpy(got), row.situation)

@@ -71,23 +71,24 @@ def _head_rows(split: bool):
     return rows
 
 
+def _wrong_layout(got: np.ndarray, known: list, what: str, desc: str, otherwise: str) -> None:
+    """The values sit in the wrong places: name the known layout (``known``: (its values, what it is)) they match."""
+    why = next((f"your output is {why}" for wrong, why in known if np.array_equal(got, wrong)), otherwise)
+    raise CheckFailed(f"{what} the right shape but the values are in the wrong places ({desc}): {why}")
+
+
 def _split_layout(args: dict, got: np.ndarray, desc: str) -> None:
     """Head h holds features h*Dh ... (h+1)*Dh - 1 of every time step; a known wrong layout is named."""
     x, H = args["x"], args["H"]
     (B, T, _), Dh = x.shape, x.shape[-1] // H
     if all(np.array_equal(got[:, h], x[:, :, h * Dh:(h + 1) * Dh]) for h in range(H)):
         return
-    for wrong, why in [
-            (x.reshape(B, H, T, Dh), "a reshape straight to (B, H, T, Dh), which mixes time steps into heads: "
-                                     "reshape to (B, T, H, Dh) first, then swap the T and H axes"),
-            (x.reshape(B, T, Dh, H).transpose(0, 3, 1, 2), "the split (dh h), each head taking every H-th feature: "
-             "head h must hold the contiguous features h*Dh ... (h+1)*Dh - 1 (in einops, (h dh) and (dh h) are "
-             "different splits)")]:
-        if np.array_equal(got, wrong):
-            raise CheckFailed(f"the heads have the right shape but the values are in the wrong places ({desc}): "
-                              f"your output is {why}")
-    raise CheckFailed(f"the heads have the right shape but the values are in the wrong places ({desc}): head h must "
-                      "hold features h*Dh ... (h+1)*Dh - 1 of every time step")
+    _wrong_layout(got, [
+        (x.reshape(B, H, T, Dh), "a reshape straight to (B, H, T, Dh), which mixes time steps into heads: reshape "
+                                 "to (B, T, H, Dh) first, then swap the T and H axes"),
+        (x.reshape(B, T, Dh, H).transpose(0, 3, 1, 2), "the split (dh h), each head taking every H-th feature: head h "
+         "must hold the contiguous features h*Dh ... (h+1)*Dh - 1 (in einops, (h dh) and (dh h) are different "
+         "splits)")], "the heads have", desc, "head h must hold features h*Dh ... (h+1)*Dh - 1 of every time step")
 
 
 def _merge_layout(args: dict, got: np.ndarray, desc: str) -> None:
@@ -96,16 +97,13 @@ def _merge_layout(args: dict, got: np.ndarray, desc: str) -> None:
     B, H, T, Dh = x.shape
     if all(np.array_equal(got[:, :, h * Dh:(h + 1) * Dh], x[:, h]) for h in range(H)):
         return
-    for wrong, why in [
-            (x.reshape(B, T, H * Dh), "a reshape of (B, H, T, Dh) straight to (B, T, D), which interleaves time "
-                                      "steps and heads: swap the H and T axes back first, then reshape"),
-            (x.transpose(0, 2, 3, 1).reshape(B, T, H * Dh), "the heads merged as (dh h), feature by feature: the "
-             "heads must sit side by side, (h dh), features of head h at h*Dh ... (h+1)*Dh - 1")]:
-        if np.array_equal(got, wrong):
-            raise CheckFailed(f"the merged output has the right shape but the values are in the wrong places "
-                              f"({desc}): your output is {why}")
-    raise CheckFailed(f"the merged output has the right shape but the values are in the wrong places ({desc}): "
-                      "merge_heads must undo split_heads, head h going back to features h*Dh ... (h+1)*Dh - 1")
+    _wrong_layout(got, [
+        (x.reshape(B, T, H * Dh), "a reshape of (B, H, T, Dh) straight to (B, T, D), which interleaves time steps "
+                                  "and heads: swap the H and T axes back first, then reshape"),
+        (x.transpose(0, 2, 3, 1).reshape(B, T, H * Dh), "the heads merged as (dh h), feature by feature: the heads "
+         "must sit side by side, (h dh), features of head h at h*Dh ... (h+1)*Dh - 1")],
+        "the merged output has", desc,
+        "merge_heads must undo split_heads, head h going back to features h*Dh ... (h+1)*Dh - 1")
 
 
 def _split_shape_hint(args: dict, shape: tuple) -> str:
