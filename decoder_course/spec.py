@@ -75,6 +75,7 @@ class Spec:
     rtol: float = 1e-5  # the hidden comparison with the reference's values
     atol: float = 1e-6
     fresh: bool = False  # the docstring promises a new tensor, not an ``expand`` view sharing one row's memory
+    scalar: bool = False  # the result is a Python float (no dtype, no shape); the hidden side never shows its value
 
 
 def unwrap(value: Any) -> Any:
@@ -113,6 +114,11 @@ def contract(spec: Spec | ModuleSpec, args: dict, got: Any, what: str, tensor: b
     """The result's type (a tensor: ``tensor=True``, an array: ``False``, unless the caller checked it: ``None``),
     dtype (``spec.dtype`` of the arguments as passed, tensors included; against ``declared`` where the grader read
     the result) and shape (``spec.shape`` of the plain arguments)."""
+    if getattr(spec, "scalar", False):
+        if declared not in (None, "float") or (declared is None and not isinstance(got, float)):
+            kind = declared or type(got).__name__
+            raise CheckFailed(f"{what} should return a Python float, got {kind}: a tensor's .item() is one")
+        return
     if tensor is not None:
         expect_type(got, _torch().Tensor if tensor else np.ndarray, what)
     expect_dtype(Declared(declared) if declared else got, spec.dtype({n: unwrap(v) for n, v in args.items()}), what)
@@ -190,7 +196,8 @@ def run(spec: Spec, fn: Callable[..., Any], seed: int = 0) -> None:
                 if spec.fresh:
                     expect_fresh(tuple(got.shape), got.stride(), f"{spec.name}(...)")
                 if spec.properties is not None:
-                    spec.properties(plain(args), as_numpy(got) if _is_tensor(got) else to_numpy(got), desc)
+                    value = float(got) if spec.scalar else as_numpy(got) if _is_tensor(got) else to_numpy(got)
+                    spec.properties(plain(args), value, desc)
             except CheckFailed as failed:  # the check's title names the situation already
                 raise CheckFailed(str(failed).replace(f" ({desc})", "")) from None
     for desc, args, why in spec.refused:

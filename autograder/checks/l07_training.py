@@ -15,6 +15,7 @@ from autograder.checks import judges, spec
 from autograder.checks.framework import Case, Exercise, Fail, Result, exercise, expect_close
 from autograder.reference import training as ref_training
 from decoder_course.conventions import BOS, EOS, PAD
+from decoder_course.visible import l07_training as visible
 from decoder_course.visible.l07_training import SHIFT_RIGHT
 
 LESSON = "07-training"
@@ -166,96 +167,8 @@ class SequenceLoss(Exercise):
                        "1).")
 
 
-# -- exact_match -----------------------------------------------------------------------------------------------
-def _exact_match_by_hand(pred: np.ndarray, target: np.ndarray, pad_id: int, eos_id: int) -> float:
-    """The definition, one row at a time: equal at every position up to and including the target's first EOS
-    (everywhere when it has none), the shorter side padded with pad_id."""
-    L = max(pred.shape[1], target.shape[1])
-    right = 0
-    for p_row, t_row in zip(pred.tolist(), target.tolist(), strict=True):
-        p_row, t_row = p_row + [pad_id] * (L - len(p_row)), t_row + [pad_id] * (L - len(t_row))
-        end = t_row.index(eos_id) + 1 if eos_id in t_row else L
-        right += p_row[:end] == t_row[:end]
-    return right / len(target)
-
-
-def _exact_match_mistakes(pred: np.ndarray, target: np.ndarray, pad_id: int, eos_id: int) -> dict[str, float]:
-    """The values of known wrong exact matches on these inputs, to name a mistake (never shown as numbers)."""
-    L = max(pred.shape[1], target.shape[1])
-    pred, target = (np.pad(x, ((0, 0), (0, L - x.shape[1])), constant_values=pad_id) for x in (pred, target))
-    same, is_eos = pred == target, (target == eos_id).astype(int)  # (B, L) each
-    from_eos = np.cumsum(is_eos, axis=1) > 0
-    after_eos = (np.cumsum(is_eos, axis=1) - is_eos) > 0
-    return {
-        "a comparison of the whole padded length: whatever follows the target's EOS must be ignored":
-            float(same.all(axis=1).mean()),
-        "token accuracy: exact match counts whole sequences, right or wrong": float(same.mean()),
-        "a comparison of the tokens before the target's EOS only: the prediction must also stop, with EOS at the "
-        "same position": float((same | from_eos).all(axis=1).mean()),
-        "token accuracy (positions after EOS counted as right): exact match counts whole sequences":
-            float((same | after_eos).mean()),
-    }
-
-
-def _match_case(rng: np.random.Generator, B: int, L_tgt: int, L_pred: int, pad_id: int, eos_id: int):
-    """Targets with EOS and padding (one without EOS) and predictions made from them with typical errors."""
-    target = rng.integers(5, 30, size=(B, L_tgt))
-    lengths = rng.integers(1, L_tgt, size=B)
-    for b, n in enumerate(lengths):
-        target[b, n] = eos_id
-        target[b, n + 1:] = pad_id
-    target[0] = rng.integers(5, 30, size=L_tgt)  # a target without EOS
-    pred = np.full((B, L_pred), pad_id)
-    width = min(L_tgt, L_pred)
-    pred[:, :width] = target[:, :width]
-    kinds = ["right", "junk_after_eos", "no_eos", "early_eos", "wrong_token", "right"]
-    for b in range(B):
-        kind = kinds[int(rng.integers(len(kinds)))] if b >= len(kinds) else kinds[b]
-        end = int(np.argmax(target[b] == eos_id)) if (target[b] == eos_id).any() else None
-        if kind == "junk_after_eos" and end is not None and end + 1 < L_pred:
-            pred[b, end + 1:] = rng.integers(5, 30, size=L_pred - end - 1)
-        elif kind == "no_eos" and end is not None and end < L_pred:
-            pred[b, end] = 7
-        elif kind == "early_eos" and end is not None and 1 <= end <= L_pred:
-            pred[b, end - 1] = eos_id
-        elif kind == "wrong_token":
-            pred[b, 0] = pred[b, 0] + 1
-    return pred, target
-
-
-@exercise(LESSON, "exact_match")
-class ExactMatch(Exercise):
-    """Against the definition on batches with every kind of error (junk after EOS, missing EOS, early EOS, a
-    wrong token, a target without EOS), predictions longer and shorter than the targets, pad_id != 0, B = 1;
-    a number in [0, 1]; inputs unchanged."""
-
-    def cases(self, rng):
-        cases = []
-        for case_id, B, L_tgt, L_pred in [("c0", 6, 7, 9), ("c1", 8, 8, 5), ("c2", 12, 6, 6), ("b1", 1, 4, 6)]:
-            pad_id, eos_id = int(rng.integers(30, 40)), int(rng.integers(2, 5))
-            pred, target = _match_case(rng, B, L_tgt, L_pred, pad_id, eos_id)
-            desc = f"B={B}, predictions of length {L_pred}, targets of length {L_tgt}, pad_id={pad_id}, eos_id={eos_id}"
-            case = Case(case_id, desc, data={"pred": pred, "target": target, "pad_id": pad_id, "eos_id": eos_id})
-            case.let("pred_ids", case.tensor(pred))
-            case.let("target_ids", case.tensor(target))
-            case.call("exact_match", {"ref": "pred_ids"}, {"ref": "target_ids"}, pad_id, eos_id, record="out")
-            judges.record_after(case, ["pred_ids", "target_ids"])
-            cases.append(case)
-        return cases
-
-    def judge(self, result: Result):
-        for case_id, case in result.cases.items():
-            d = case.data
-            got = result.get(case_id, "out", what="exact_match(...)", kind="any", dtype="float", shape=())
-            want = _exact_match_by_hand(d["pred"], d["target"], d["pad_id"], d["eos_id"])
-            mistakes = {mistake: value for mistake, value in
-                        _exact_match_mistakes(d["pred"], d["target"], d["pad_id"], d["eos_id"]).items()
-                        if abs(value - want) > 1e-6}
-            hint = judges.diagnose(got, mistakes, rtol=0, atol=1e-6) or (
-                "A sequence is right when it equals its target at every position up to and including the "
-                "target's first EOS (the prediction must stop there too); pad the shorter tensor with pad_id.")
-            judges.scalar(got, want, "exact_match(...)", case.desc, hint, rtol=0, atol=1e-6)
-            judges.unchanged(result, case_id, {"pred_ids": d["pred"], "target_ids": d["target"]}, "exact_match")
+# -- exact_match: a spec (decoder_course/visible/l07_training.py) ---------------------------------------------
+spec.register(LESSON, visible.SPECS, ref_training)
 
 
 # -- train_step and validation_loss: a small model, a batch, the student's code around them ---------------------

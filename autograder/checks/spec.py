@@ -156,12 +156,14 @@ class SpecExercise(Exercise):
             args, what = case.data["args"], f"{self.name}(...)"
             given = plain(args)
             _raise_hint(spec, result, case, args)
-            kind = "tensor" if returns_tensor(spec, args) else "ndarray"
+            kind = "any" if spec.scalar else "tensor" if returns_tensor(spec, args) else "ndarray"
             got = result.get(case.id, "out", what=what, kind=kind, finite=False)
+            meta = result.meta(case.id, "out")
             with shared():
-                contract(spec, args, got, f"{what} ({case.desc})", declared=result.meta(case.id, "out").get("dtype"))
+                contract(spec, args, got, f"{what} ({case.desc})",
+                         declared=meta.get("type") if spec.scalar else meta.get("dtype"))
                 if spec.properties is not None:
-                    spec.properties(given, got, case.desc)
+                    spec.properties(given, float(got) if spec.scalar else got, case.desc)
                 if spec.fresh:
                     strides = [int(result.get(case.id, f"strides/{i}", what="the result's strides", kind="any"))
                                for i in range(got.ndim)]
@@ -177,7 +179,15 @@ class SpecExercise(Exercise):
                     positional, by_name = call_args(spec, copy.deepcopy(args))  # a mistake may write into them
                     return wrong(*positional, **by_name)
 
-                _compare(self.lesson, self.name, got, want, what, case, spec.hint, tolerance(spec, args), produce)
+                if spec.scalar:  # a number: the message says what broke, never the expected value
+                    rtol, atol = tolerance(spec, args)
+                    close = abs(float(got) - float(want)) <= atol + rtol * abs(float(want))
+                    known = "" if close else diagnose(self.lesson, self.name, got, produce, rtol, atol)
+                    hint = f"Your value is that of a known mistake: {known}. {spec.hint}" if known else spec.hint
+                    judges.scalar(got, float(want), what, case.desc, hint.strip(), rtol, atol)
+                else:
+                    _compare(self.lesson, self.name, got, want, what, case, spec.hint, tolerance(spec, args),
+                             produce)
             if spec.keeps_inputs:
                 judges.unchanged(result, case.id, {n: v for n, v in given.items() if isinstance(v, np.ndarray)},
                                  self.name)

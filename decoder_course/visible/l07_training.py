@@ -132,6 +132,51 @@ def check_sequence_loss(sequence_loss) -> None:
 
 
 # -- exact_match ---------------------------------------------------------------------------------------------
+def _match_rows(rng: np.random.Generator) -> list:
+    """Targets with EOS and padding (one without EOS), predictions made from them with every kind of error (junk
+    after EOS, EOS missing or early, a wrong token), longer and shorter than the targets, pad_id != 0, B = 1."""
+    rows = []
+    for B, L_tgt, L_pred in [(6, 7, 9), (8, 8, 5), (12, 6, 6), (1, 4, 6)]:
+        pad_id, eos_id = int(rng.integers(30, 40)), int(rng.integers(2, 5))
+        target = rng.integers(5, 30, size=(B, L_tgt))
+        for b, n in enumerate(rng.integers(1, L_tgt, size=B)):
+            target[b, n], target[b, n + 1:] = eos_id, pad_id
+        target[0] = rng.integers(5, 30, size=L_tgt)  # a target without EOS
+        pred = np.full((B, L_pred), pad_id)
+        width = min(L_tgt, L_pred)
+        pred[:, :width] = target[:, :width]
+        for b in range(B):
+            end = int(np.argmax(target[b] == eos_id)) if (target[b] == eos_id).any() else None
+            kind = ("right", "junk after EOS", "no EOS", "early EOS", "a wrong token", "right")[b % 6]
+            if kind == "junk after EOS" and end is not None and end + 1 < L_pred:
+                pred[b, end + 1:] = rng.integers(5, 30, size=L_pred - end - 1)
+            elif kind == "no EOS" and end is not None and end < L_pred:
+                pred[b, end] = 7
+            elif kind == "early EOS" and end is not None and 1 <= end <= L_pred:
+                pred[b, end - 1] = eos_id
+            elif kind == "a wrong token":
+                pred[b, 0] += 1
+        rows.append((f"B={B}, predictions of length {L_pred}, targets of length {L_tgt}, pad_id={pad_id}, "
+                     f"eos_id={eos_id}", {"pred_ids": pred, "target_ids": target, "pad_id": pad_id, "eos_id": eos_id}))
+    return rows
+
+
+def _a_fraction_of_rows(args: dict, got: float, desc: str) -> None:
+    B = len(args["target_ids"])
+    if not 0.0 <= got <= 1.0 or abs(got * B - round(got * B)) > 1e-6:
+        raise CheckFailed(f"exact_match gave {got} on {B} sequences ({desc}): it counts whole sequences, so it is "
+                          f"k / {B} for some k in 0 .. {B} (token accuracy is not)")
+
+
+SPECS = {
+    "exact_match": Spec(
+        "exact_match", _match_rows, dtype=lambda a: float, shape=lambda a: (), scalar=True, tensors=True,
+        properties=_a_fraction_of_rows, rtol=0.0, atol=1e-6,
+        hint="A sequence is right when it equals its target at every position up to and including the target's "
+             "first EOS (the prediction must stop there too); pad the shorter tensor with pad_id."),
+}
+
+
 def check_exact_match(exact_match) -> None:
     """The worked example, different lengths, a target without EOS, and a Python float in [0, 1]."""
     with check("exact_match on the worked example: 2 of 4 predictions are right"):
@@ -156,6 +201,7 @@ def check_exact_match(exact_match) -> None:
             got = float(exact_match(torch.tensor(pred), torch.tensor(target), PAD, EOS))
             if abs(got - want) > 1e-9:
                 raise CheckFailed(f"exact_match(pred={pred}, target={target}) gave {got}, expected {want}: {why}")
+    run(SPECS["exact_match"], exact_match)
 
 
 # -- train_step and validation_loss: PyTorch's own loss of a whole model ------------------------------------
