@@ -5,7 +5,9 @@ zeros, the course's convention) and ``F.scaled_dot_product_attention``, whose bo
 which returns zeros for a query with no allowed key. Inputs are rounded to the case's dtype first, so only the
 student's arithmetic is judged, within that dtype's rounding. Autocast cases run the student's call inside
 ``torch.autocast("cpu", ...)`` (the harvest's ``autocast`` step option), where ``q @ kᵀ`` is half precision
-although ``q`` is float32: the trap of a fill value taken from the inputs' dtype.
+although ``q`` is float32: the trap of a fill value taken from the inputs' dtype. ``robust_masked_softmax`` is a
+spec (``decoder_course/visible/l10_numerics.py``): every dtype, the weights' properties shared with lesson 02, the
+reference's values within the dtype's rounding, the dtype the kernel declared (bfloat16 stays bfloat16).
 """
 
 from __future__ import annotations
@@ -16,9 +18,10 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from autograder.checks import judges
+from autograder.checks import judges, spec
 from autograder.checks.framework import Case, Exercise, Fail, Raised, Result, exercise, expect_close
 from autograder.reference import numerics as ref
+from decoder_course.visible import l10_numerics as visible
 
 LESSON = "10-numerics"
 DTYPES = ("float16", "bfloat16", "float32", "float64")
@@ -165,55 +168,8 @@ class MaskFillValue(Exercise):
                            "number: torch.finfo knows it for every dtype.")
 
 
-# -- robust_masked_softmax -----------------------------------------------------------------------------------------
-@exercise(LESSON, "robust_masked_softmax")
-class RobustMaskedSoftmax(Exercise):
-    """Per dtype against float64 softmax; fully masked rows; broadcast masks; None; huge scores; input unchanged."""
-
-    uses = ("mask_fill_value",)  # the reference fills with it
-    reference = ref
-
-    def cases(self, rng):
-        rows = [  # (id, scores shape, mask shape or None, dtype, situation)
-            ("f32", (2, 3, 5, 7), (2, 1, 5, 7), "float32", "fully masked rows, rows of very different scale"),
-            ("f16", (2, 2, 4, 6), (4, 6), "float16", "a (T, S) mask broadcast over B and H, a fully masked row"),
-            ("bf16", (3, 1, 3, 5), (3, 1, 3, 5), "bfloat16", "H=1, fully masked rows"),
-            ("f64", (1, 4, 6), None, "float64", "B=1, allowed=None"),
-            ("huge16", (2, 6), (2, 6), "float16", "huge scores (±16376) and a fully masked row"),
-            ("hugebf", (2, 6), (2, 6), "bfloat16", "huge scores (±8.5e37) and a fully masked row"),
-        ]
-        cases = []
-        for case_id, shape, mask_shape, dtype, what in rows:
-            if case_id.startswith("huge"):
-                big = torch.finfo(_torch_dtype(dtype)).max / 4
-                scores = rng.choice([-big, -big / 2, 0.0, big / 2, big], size=shape)
-            else:
-                scores = _scaled_rows(rng, shape, rng.permutation([0.01, 1.0, 8.0, 30.0, 0.3, 3.0]))
-            case = _scores_case(case_id, _round(scores, dtype), _mask(rng, mask_shape), dtype, what)
-            mask = case.data["allowed"]
-            case.call("robust_masked_softmax", {"ref": "scores"}, None if mask is None else case.tensor(mask),
-                      record="out")
-            judges.record_after(case, ["scores"])
-            cases.append(case)
-        return cases
-
-    def judge(self, result: Result):
-        what = "robust_masked_softmax(scores, allowed)"
-        for case in result.cases.values():
-            scores, allowed, dtype = case.data["scores"], case.data["allowed"], case.data["dtype"]
-            _raise_overflow(result, case)
-            got = result.get(case.id, "out", what=what, kind="tensor", dtype="float", shape=scores.shape,
-                             finite=False)
-            declared = result.meta(case.id, "out").get("dtype")
-            if declared != f"torch.{dtype}":
-                raise Fail(f"{what} returned {declared} for {dtype} scores ({case.desc}): return the scores' "
-                           "dtype (compute in float32 if you like, then .to(scores.dtype)), so that a half "
-                           "precision model stays in half precision.")
-            _judge_weights(got.astype(np.float64), scores, allowed, dtype, what, case.desc,
-                           hint="Expected the softmax over the allowed keys of the last axis (computed in float32 "
-                                "for half precision scores), returned in the scores' dtype.")
-            _unchanged(result, case, ["scores"], "robust_masked_softmax",
-                       "Use masked_fill (a new tensor), not masked_fill_ or item assignment.")
+# -- robust_masked_softmax: a spec (decoder_course/visible/l10_numerics.py) ------------------------------------
+spec.register(LESSON, visible.SPECS, ref)
 
 
 # -- robust_attention ------------------------------------------------------------------------------------------------

@@ -45,8 +45,9 @@ def random_allowed(rng: np.random.Generator, shape: tuple[int, ...], p: float = 
     return allowed
 
 
-def check_weights(w: np.ndarray, allowed: np.ndarray | None, what: str, desc: str) -> None:
-    """Finite, blocked keys get no weight, a fully masked row is all zeros, every other row sums to one."""
+def check_weights(w: np.ndarray, allowed: np.ndarray | None, what: str, desc: str, sum_atol: float = 1e-4) -> None:
+    """Finite, blocked keys get no weight, a fully masked row is all zeros, every other row sums to one (within
+    ``sum_atol``: half precision weights round)."""
     w = np.asarray(w, dtype=np.float64)
     full = np.broadcast_to(True if allowed is None else allowed, w.shape)  # (..., T, S)
     has_key = full.any(axis=-1)  # (..., T)
@@ -68,7 +69,7 @@ def check_weights(w: np.ndarray, allowed: np.ndarray | None, what: str, desc: st
         raise CheckFailed(f"a fully masked row of {what} is not all zeros ({desc}): a query with no allowed key "
                           "gets weights of exactly zero.")
     sums = w.sum(axis=-1)[has_key]
-    if sums.size and not np.allclose(sums, 1.0, atol=1e-4):
+    if sums.size and not np.allclose(sums, 1.0, atol=sum_atol):
         raise CheckFailed(f"a row of {what} with allowed keys does not sum to 1 ({desc}). Zeroing blocked weights "
                           "after a plain softmax leaves the rest summing to less than one: mask the scores first, "
                           "then normalise over the keys (the last axis).")

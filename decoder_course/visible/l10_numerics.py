@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import math
 
+import numpy as np
 import torch
 import torch.nn.functional as F
 
@@ -26,6 +27,8 @@ from decoder_course.checks import (
     expect_shape,
     expect_type,
 )
+from decoder_course.spec import Spec, run
+from decoder_course.visible.l02_attention import check_weights, random_allowed, scaled_rows
 
 # How far a weight or an output may be from float64's answer, per dtype: the rounding of that dtype.
 TOLERANCE = {torch.float64: 1e-10, torch.float32: 1e-5, torch.float16: 3e-3, torch.bfloat16: 2e-2}
@@ -66,6 +69,49 @@ def check_mask_fill_value(mask_fill_value) -> None:
             if bool(torch.isfinite(as_dtype * 2)):
                 raise CheckFailed(f"{got} is finite in {_name(dtype)}, but not the most negative finite number: "
                                   f"{_name(dtype)} goes down to about {float(as_dtype * 2):.3g} and beyond")
+
+
+OVERFLOW = ("The fill value does not exist in the dtype of the tensor being filled (-1e9 in float16, or float32's "
+            "minimum in bfloat16/float16: inside autocast the scores are half precision even when q is float32). "
+            "Take the fill from the dtype of the tensor you fill.")
+
+
+def _robust_rows(rng: np.random.Generator) -> list:
+    """Every dtype, fully masked rows, rows of very different scale, a broadcast (T, S) mask, no mask, and huge
+    scores (a quarter of the dtype's largest number)."""
+    rows = []
+    for shape, mask_shape, dtype, what in [
+            ((2, 3, 5, 7), (2, 1, 5, 7), "float32", "fully masked rows, rows of very different scale"),
+            ((2, 2, 4, 6), (4, 6), "float16", "a (T, S) mask broadcast over B and H, a fully masked row"),
+            ((3, 1, 3, 5), (3, 1, 3, 5), "bfloat16", "H=1, fully masked rows"),
+            ((1, 4, 6), None, "float64", "B=1, allowed=None"),
+            ((2, 6), (2, 6), "float16", "huge scores and a fully masked row"),
+            ((2, 6), (2, 6), "bfloat16", "huge scores and a fully masked row")]:
+        if what.startswith("huge"):
+            big = torch.finfo(getattr(torch, dtype)).max / 4
+            scores = rng.choice([-big, -big / 2, 0.0, big / 2, big], size=shape)
+        else:
+            scores = scaled_rows(rng, shape)
+        allowed = None if mask_shape is None else random_allowed(rng, mask_shape)
+        rows.append((f"scores {shape} in {dtype}, {what}",
+                     {"scores": torch.tensor(scores).to(getattr(torch, dtype)), "allowed": allowed}))
+    return rows
+
+
+def _robust_weights(args: dict, got: np.ndarray, desc: str) -> None:
+    check_weights(got, args["allowed"], "robust_masked_softmax(scores, allowed)", desc, sum_atol=3e-2)
+
+
+SPECS = {
+    "robust_masked_softmax": Spec(
+        "robust_masked_softmax", _robust_rows, dtype=lambda a: a["scores"].dtype, shape=lambda a: a["scores"].shape,
+        properties=_robust_weights, uses=("mask_fill_value",), tensors=True,
+        on_error=lambda args, error: OVERFLOW if "without overflow" in error else "",
+        shape_hint="The weights have the scores' shape.",
+        hint="Expected the softmax over the allowed keys of the last axis (computed in float32 for half precision "
+             "scores), returned in the scores' dtype; fill the blocked scores (masked_fill, a new tensor) with "
+             "mask_fill_value of the dtype you fill, then zero the blocked weights."),
+}
 
 
 def check_robust_masked_softmax(robust_masked_softmax) -> None:
@@ -112,6 +158,7 @@ def check_robust_masked_softmax(robust_masked_softmax) -> None:
             expect_close(got, torch.tensor([[1.0, 0.0, 0.0, 0.0], [0.5, 0.5, 0.0, 0.0]]), "the weights",
                          atol=TOLERANCE[dtype], rtol=0, hint="row 0: the biggest allowed score takes everything; "
                                                              "row 1: two equal allowed scores share the weight")
+    run(SPECS["robust_masked_softmax"], robust_masked_softmax)
 
 
 def _inputs(seed: int, scale: float = 1.0, B=2, H=3, T=4, S=6, Dh=8):
