@@ -56,6 +56,10 @@ patched(MUTANTS, LESSON, "Decoder", "one layer object repeated n_layers times: t
          "        layer = DecoderLayer(d_model, n_heads, d_ff, dropout, norm_first=norm_first)\n"
          "        self.layers = nn.ModuleList([layer] * n_layers)\n"))
 
+patched(MUTANTS, LESSON, "Decoder", "dropout not passed to the layers: they are built with p = 0",
+        ("[DecoderLayer(d_model, n_heads, d_ff, dropout, norm_first=norm_first) for _ in range(n_layers)]",
+         "[DecoderLayer(d_model, n_heads, d_ff, 0.0, norm_first=norm_first) for _ in range(n_layers)]"))
+
 patched(MUTANTS, LESSON, "Decoder", "cross_allowed not passed to the layers: memory padding leaks",
         (_CALL, "            x = layer(x, memory, self_allowed)"))
 
@@ -119,6 +123,12 @@ patched(MUTANTS, LESSON, "EncoderLayer", "a causal mask in the encoder, as in th
 
 patched(MUTANTS, LESSON, "EncoderLayer", "norm_first ignored: always post-LN",
         ("        self.norm_first = norm_first", "        self.norm_first = False  # the argument is never read"))
+
+patched(MUTANTS, LESSON, "EncoderLayer", "the dropout argument ignored: every dropout of the layer has p = 0",
+        ("MultiHeadAttention(d_model, n_heads, dropout)", "MultiHeadAttention(d_model, n_heads, 0.0)"),
+        ("FeedForward(d_model, d_ff, dropout)", "FeedForward(d_model, d_ff, 0.0)"),
+        ("        self.dropout1 = nn.Dropout(dropout)\n        self.dropout2 = nn.Dropout(dropout)",
+         "        self.dropout1 = nn.Dropout(0.0)\n        self.dropout2 = nn.Dropout(0.0)"))
 
 
 # -- logits_from_ids (find the bug) ---------------------------------------------------------------------------
