@@ -103,8 +103,8 @@ def returns_tensor(spec: Spec, args: dict) -> bool:
 
 @dataclass(frozen=True)
 class Declared:
-    """A result the grader's harvest handed in: its values (a NumPy array) and the dtype the kernel declared for it
-    (``"torch.bfloat16"``), which a bfloat16 tensor's widened values no longer show."""
+    """The dtype the kernel declared for a result the grader read (``"torch.bfloat16"``), which the values it handed
+    in no longer show (NumPy has no bfloat16: they arrive widened to float32)."""
 
     dtype: str
 
@@ -202,7 +202,8 @@ def run(spec: Spec, fn: Callable[..., Any], seed: int = 0) -> None:
                 raise CheckFailed(str(failed).replace(f" ({desc})", "")) from None
     for desc, args, why in spec.refused:
         with check(f"{spec.name} refuses a case with {desc}"):
-            expect_value_error(lambda args=args: fn(*call_args(spec, args)[0], **call_args(spec, args)[1]), why)
+            positional, by_name = call_args(spec, args)
+            expect_value_error(lambda: fn(*positional, **by_name), why)  # noqa: B023 - called at once
 
 
 # -- modules ------------------------------------------------------------------------------------------------------
@@ -267,6 +268,12 @@ def expected(spec: ModuleSpec, row: Build) -> np.ndarray:
     return as_numpy(want)
 
 
+def agrees(got: Any, want: Any, rtol: float, atol: float) -> bool:
+    """``got`` has ``want``'s shape and values within the tolerance (NaN where ``want`` has NaN)."""
+    got, want = np.asarray(got, dtype=np.float64), np.asarray(want, dtype=np.float64)
+    return got.shape == want.shape and bool(np.allclose(got, want, rtol=rtol, atol=atol, equal_nan=True))
+
+
 def variant(spec: ModuleSpec, row: Build, got: np.ndarray, rtol: float, atol: float) -> str:
     """The known mistake (``spec.variants``) whose values on ``row`` are ``got``, or ""."""
     if spec.variants is None:
@@ -275,12 +282,7 @@ def variant(spec: ModuleSpec, row: Build, got: np.ndarray, rtol: float, atol: fl
     with torch.no_grad():
         wrong = spec.variants({n: unwrap(v) for n, v in row.init.items()}, None if row.state is None else
                               _tensors(row.state), _tensors({n: unwrap(v) for n, v in row.inputs.items()}))
-    for idea, value in wrong.items():
-        value = as_numpy(value)
-        if value.shape == got.shape and np.allclose(value.astype(np.float64), got.astype(np.float64), rtol=rtol,
-                                                    atol=atol):
-            return idea
-    return ""
+    return next((idea for idea, value in wrong.items() if agrees(got, as_numpy(value), rtol, atol)), "")
 
 
 def load(module: Any, state: dict, names: str, what: str) -> Any:
@@ -339,8 +341,7 @@ def run_module(spec: ModuleSpec, cls: Any, seed: int = 0) -> None:
                 spec.properties(plain(args), as_numpy(got), row.situation)
             rtol, atol = tolerance(spec, args)
             want, values = expected(spec, row), as_numpy(got)
-            close = values.shape == want.shape and np.allclose(values.astype(np.float64), want, rtol=rtol, atol=atol)
-            known = "" if close else variant(spec, row, values, rtol, atol)
+            known = "" if agrees(values, want, rtol, atol) else variant(spec, row, values, rtol, atol)
             if known:
                 raise CheckFailed(f"{spec.name}'s output is what PyTorch's own modules compute when {known}")
             expect_close(values, want, f"{spec.name}'s output (vs PyTorch's own modules)", rtol=rtol, atol=atol,

@@ -127,9 +127,7 @@ def _raise_overflow(result: Result, case: Case) -> None:
     error = result.error(case.id) or ""
     if "without overflow" in error:
         raise Fail(f"your code raised an exception on a case with {case.desc}:\n    {error.splitlines()[-1]}\n"
-                   "The fill value does not exist in the dtype of the tensor being filled (-1e9 in float16, or "
-                   "float32's minimum in bfloat16/float16: inside autocast the scores are half precision even "
-                   "when q is float32). Take the fill from the dtype of the tensor you fill.")
+                   f"{visible.OVERFLOW}")
 
 
 # -- mask_fill_value -----------------------------------------------------------------------------------------------

@@ -27,6 +27,7 @@ from decoder_course.spec import (
     Keyword,
     ModuleSpec,
     Spec,
+    agrees,
     as_numpy,
     built,
     call_args,
@@ -90,7 +91,7 @@ def _mistakes(lesson: str, item: str) -> tuple[tuple[str, Callable], ...]:
                  for name, description, replacement in lessons.module(lesson, "mutants").MUTANTS if name == item)
 
 
-def diagnose(lesson: str, item: str, got: np.ndarray, produce: Callable, rtol: float, atol: float) -> str:
+def known_mistake(lesson: str, item: str, got: np.ndarray, produce: Callable, rtol: float, atol: float) -> str:
     """The description of the item's known mistake whose result (``produce(mistake)``) is ``got``, or ""."""
     for description, wrong in _mistakes(lesson, item):
         try:
@@ -99,21 +100,22 @@ def diagnose(lesson: str, item: str, got: np.ndarray, produce: Callable, rtol: f
                 value = np.asarray(as_numpy(produce(wrong)))
         except Exception:  # noqa: BLE001, S112 - a mistake that raises here is not the one the student made
             continue
-        if value.shape == got.shape and np.allclose(value.astype(np.float64), got.astype(np.float64),
-                                                    rtol=rtol, atol=atol, equal_nan=True):
+        if agrees(got, value, rtol, atol):
             return description
     return ""
 
 
 def _compare(lesson: str, item: str, got: np.ndarray, want: np.ndarray, what: str, case: Case, hint: str,
-             tol: tuple[float, float], produce: Callable) -> None:
-    """Values against ``want``; where they differ, the known mistake they match is named first."""
+             tol: tuple[float, float], produce: Callable, scalar: bool = False) -> None:
+    """Values against ``want``; where they differ, the known mistake they match is named first. A scalar's message
+    says what broke, never the expected value."""
     rtol, atol = tol
-    close = got.shape == want.shape and np.allclose(got.astype(np.float64), want.astype(np.float64), rtol=rtol,
-                                                    atol=atol)
-    known = "" if close else diagnose(lesson, item, got, produce, rtol, atol)
+    known = "" if agrees(got, want, *tol) else known_mistake(lesson, item, got, produce, rtol, atol)
     hint = f"Your values are those of a known mistake: {known}. {hint}" if known else hint
-    expect_close(got, want, what, case.desc, hint=hint.strip(), rtol=rtol, atol=atol)
+    if scalar:
+        judges.scalar(got, float(want), what, case.desc, hint.strip(), rtol, atol)
+    else:
+        expect_close(got, want, what, case.desc, hint=hint.strip(), rtol=rtol, atol=atol)
 
 
 def _raise_hint(spec, result: Result, case: Case, args: dict) -> None:
@@ -179,15 +181,8 @@ class SpecExercise(Exercise):
                     positional, by_name = call_args(spec, copy.deepcopy(args))  # a mistake may write into them
                     return wrong(*positional, **by_name)
 
-                if spec.scalar:  # a number: the message says what broke, never the expected value
-                    rtol, atol = tolerance(spec, args)
-                    close = abs(float(got) - float(want)) <= atol + rtol * abs(float(want))
-                    known = "" if close else diagnose(self.lesson, self.name, got, produce, rtol, atol)
-                    hint = f"Your value is that of a known mistake: {known}. {spec.hint}" if known else spec.hint
-                    judges.scalar(got, float(want), what, case.desc, hint.strip(), rtol, atol)
-                else:
-                    _compare(self.lesson, self.name, got, want, what, case, spec.hint, tolerance(spec, args),
-                             produce)
+                _compare(self.lesson, self.name, got, np.asarray(want), what, case, spec.hint, tolerance(spec, args),
+                         produce, scalar=spec.scalar)
             if spec.keeps_inputs:
                 judges.unchanged(result, case.id, {n: v for n, v in given.items() if isinstance(v, np.ndarray)},
                                  self.name)
@@ -247,12 +242,13 @@ class ModuleSpecExercise(Exercise):
             def produce(wrong, row=row):
                 return forward(spec, built(spec, wrong, row), row)
 
-            with shared():  # a public wrong twin names the idea as the visible check does
-                known = variant(spec, row, got, *tolerance(spec, args))
+            want, tol = expected(spec, row), tolerance(spec, args)
+            with shared():  # where the values differ, a public wrong twin names the idea as the visible check does
+                known = "" if agrees(got, want, *tol) else variant(spec, row, got, *tol)
                 if known:
                     raise CheckFailed(f"{what} ({case.desc}) is what PyTorch's own modules compute when {known}")
-            _compare(self.lesson, self.name, got, expected(spec, row), f"{what} (vs PyTorch's own modules)", case,
-                     spec.hint, tolerance(spec, args), produce)
+            _compare(self.lesson, self.name, got, want, f"{what} (vs PyTorch's own modules)", case, spec.hint, tol,
+                     produce)
             if spec.keeps_inputs:
                 judges.unchanged(result, case.id, {n: v for n, v in plain(row.inputs).items()
                                                    if isinstance(v, np.ndarray)}, self.name)

@@ -33,7 +33,7 @@ from decoder_course.checks import (
     padding_leakage_probe,
     randomised,
 )
-from decoder_course.spec import Build, Keyword, ModuleSpec, run_module
+from decoder_course.spec import Build, Keyword, ModuleSpec, load, run_module
 
 ATTN_PROJ = ("q_proj", "k_proj", "v_proj", "out_proj")
 SUBLAYERS = ("self_attn", "cross_attn", "feed_forward")
@@ -73,13 +73,7 @@ def _plain_feed_forward(D: int, F: int) -> nn.Module:
 
 def _load(module: nn.Module, state: dict, what: str = "your layer", names: str = LAYER_NAMES) -> nn.Module:
     """``module`` holding ``state`` (strict), in eval mode; a name it lacks says which names the contract has."""
-    try:
-        module.load_state_dict(state, strict=True)
-    except RuntimeError as exc:
-        detail = " ".join(str(exc).split())[:400]
-        raise CheckFailed(f"{what}'s parameters do not have the contract's names ({names}): PyTorch says "
-                          f"{detail}") from None
-    return module.eval()
+    return load(module, state, names, what).eval()
 
 
 def _masks(B: int, T: int, S: int, mem_lengths: list[int]):
