@@ -17,8 +17,10 @@ two libraries: ``split_heads`` works on both), numbers, dtypes; :class:`Keyword`
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Callable
 from dataclasses import dataclass
+from types import SimpleNamespace
 from typing import Any
 
 import numpy as np
@@ -208,6 +210,16 @@ def run(spec: Spec, fn: Callable[..., Any], seed: int = 0) -> None:
 
 # -- modules ------------------------------------------------------------------------------------------------------
 @dataclass(frozen=True)
+class Perturbed:
+    """A second call whose inputs differ from the row's only where the result must not depend on them (the future,
+    the padded keys): the part of the first output it must leave where it was moves only if something leaks."""
+
+    inputs: dict  # forward's arguments of the second call
+    kept: Callable[[np.ndarray], np.ndarray]  # the first output -> the part that must not move
+    leak: str  # what it means when it moves ("the future leaks: ...")
+
+
+@dataclass(frozen=True)
 class Build:
     """One situation of a module exercise: the module built with ``init``, holding ``state``, called on ``inputs``."""
 
@@ -216,6 +228,8 @@ class Build:
     inputs: dict  # forward's arguments, in order: arrays become fresh tensors
     state: dict | None = None  # parameters by the contract's names (NumPy arrays); None: the module as built
     seed: int | None = None  # training mode, torch seeded with this just before forward (dropout's masks); None: eval
+    perturbed: Perturbed | None = None  # a second call that must leave part of the output unmoved
+    grad: bool = False  # a backward pass from the (first) output: every float input gets a finite gradient
 
 
 @dataclass(frozen=True)
@@ -232,23 +246,29 @@ class ModuleSpec:
     names: str | Callable[[dict], str]
     dtype: Callable[[dict], Any]  # forward's arguments as passed -> the result's dtype
     shape: Callable[[dict], tuple[int, ...]]  # the constructor's and forward's arguments (plain) -> the result's shape
-    axes: str = ""
-    shape_hint: str | Callable[[dict, tuple], str] = ""
+    axes: str | tuple[str, ...] = ""
+    shape_hint: str | Callable[[dict, tuple], str] | tuple = ""
     properties: Callable[[dict, Any, str], None] | None = None  # (the arguments, plain; result; situation)
-    hint: str = ""
+    hint: str | dict[str, str] = ""
     keeps_inputs: bool = True
     on_error: Callable[[dict, str], str] | None = None
     uses: tuple[str, ...] = ()
     forbidden: tuple[str, ...] = ()
     rtol: float = 1e-4  # float32 code against PyTorch's float32 modules
     atol: float = 1e-5
-    # (constructor arguments, state, forward's arguments) -> {what a known mistake means: what PyTorch's own modules
-    # compute when set up that way}: public wrong twins (the other LayerNorm placement, no padding mask), which
-    # name the idea in both layers when the values differ
-    variants: Callable[[dict, dict | None, dict], dict[str, Any]] | None = None
+    # (constructor arguments, state, forward's arguments, training) -> {what a known mistake means: what PyTorch's
+    # own modules compute when set up that way}: public wrong twins (the other LayerNorm placement, no padding
+    # mask), which name the idea in both layers when the values differ
+    variants: Callable[[dict, dict | None, dict, bool], dict[str, Any]] | None = None
     # where the exercise's dropout acts, in its docstring's words: a training row (one with a seed) is then judged
     # as dropout active in training and off in eval, not against the twin (whose dropout draws in its own order)
     dropout: str = ""
+    # forward returns a tuple: its items' names, in order ("out", "weights"); then ``shape`` gives one shape per
+    # item, ``axes`` and ``shape_hint`` may be tuples too, ``hint`` a dict by name, and the twin returns a tuple
+    outputs: tuple[str, ...] = ()
+    order: tuple[str, ...] = ()  # the order the items are compared in (the weights before what they make)
+    refused: tuple[tuple[str, dict, str], ...] = ()  # (situation, constructor's arguments, why): a ValueError
+    grad_hint: str = ""  # what a NaN gradient on a row with ``grad`` most likely means
 
 
 def _tensors(values: dict) -> dict:
@@ -256,16 +276,67 @@ def _tensors(values: dict) -> dict:
     return {n: torch.from_numpy(np.array(v)) if isinstance(v, np.ndarray) else v for n, v in values.items()}
 
 
-def expected(spec: ModuleSpec, row: Build) -> np.ndarray:
-    """The twin's result on ``row`` (seeded as the module was), as NumPy."""
+def item_names(spec: ModuleSpec) -> tuple[str, ...]:
+    """The names of a module's result items: its ``outputs``, or ("output",) for a single tensor."""
+    return spec.outputs or ("output",)
+
+
+def items(spec: ModuleSpec, got: Any, what: str) -> list:
+    """A module's result as the list of its items (one for a single tensor); a tuple of another length is refused."""
+    if not spec.outputs:
+        return [got]
+    if not isinstance(got, (tuple, list)) or len(got) != len(spec.outputs):
+        kind = f"{len(got)} values" if isinstance(got, (tuple, list)) else f"a {type(got).__name__}"
+        raise CheckFailed(f"{what} should return ({', '.join(spec.outputs)}), got {kind}")
+    return list(got)
+
+
+def part(spec: ModuleSpec, i: int) -> Any:
+    """The contract of item ``i`` of the result, as :func:`contract` reads one."""
+    if not spec.outputs:
+        return spec
+
+    def pick(value):
+        return value[i] if isinstance(value, tuple) else value
+
+    return SimpleNamespace(dtype=spec.dtype, shape=lambda a: spec.shape(a)[i], axes=pick(spec.axes),
+                           shape_hint=pick(spec.shape_hint))
+
+
+def compared(spec: ModuleSpec) -> list[int]:
+    """The items' indices in the order they are compared (``order``: the weights before what they make)."""
+    names = item_names(spec)
+    return [names.index(n) for n in spec.order] if spec.order else list(range(len(names)))
+
+
+def hint_for(spec: ModuleSpec, i: int) -> str:
+    return spec.hint.get(item_names(spec)[i], "") if isinstance(spec.hint, dict) else spec.hint
+
+
+def what_of(spec: ModuleSpec, i: int) -> str:
+    return f"{spec.name}'s {item_names(spec)[i]}"
+
+
+@contextlib.contextmanager
+def seeded(row: Build):
+    """The row's random state (training rows: torch seeded with ``row.seed``); the caller's is kept as it was."""
     torch = _torch()
-    with torch.random.fork_rng(), torch.no_grad():  # the caller's random state stays as it was
+    with torch.random.fork_rng(), torch.no_grad():
         if row.seed is not None:
             torch.manual_seed(row.seed)
-        want = spec.twin({n: unwrap(v) for n, v in row.init.items()}, None if row.state is None else
-                         _tensors(row.state), _tensors({n: unwrap(v) for n, v in row.inputs.items()}),
-                         row.seed is not None)
-    return as_numpy(want)
+        yield
+
+
+def _plain_call(row: Build) -> tuple[dict, dict | None, dict]:
+    return ({n: unwrap(v) for n, v in row.init.items()}, None if row.state is None else _tensors(row.state),
+            _tensors({n: unwrap(v) for n, v in row.inputs.items()}))
+
+
+def expected(spec: ModuleSpec, row: Build) -> list[np.ndarray]:
+    """The twin's result items on ``row`` (seeded as the module was), as NumPy."""
+    with seeded(row):
+        want = spec.twin(*_plain_call(row), row.seed is not None)
+    return [as_numpy(w) for w in (want if spec.outputs else [want])]
 
 
 def agrees(got: Any, want: Any, rtol: float, atol: float) -> bool:
@@ -274,15 +345,20 @@ def agrees(got: Any, want: Any, rtol: float, atol: float) -> bool:
     return got.shape == want.shape and bool(np.allclose(got, want, rtol=rtol, atol=atol, equal_nan=True))
 
 
-def variant(spec: ModuleSpec, row: Build, got: np.ndarray, rtol: float, atol: float) -> str:
-    """The known mistake (``spec.variants``) whose values on ``row`` are ``got``, or ""."""
+def all_agree(got: list, want: list, rtol: float, atol: float) -> bool:
+    return len(got) == len(want) and all(agrees(g, w, rtol, atol) for g, w in zip(got, want))
+
+
+def variant(spec: ModuleSpec, row: Build, got: list[np.ndarray], rtol: float, atol: float) -> str:
+    """The known mistake (``spec.variants``) whose result items on ``row`` are ``got``, or ""."""
     if spec.variants is None:
         return ""
-    torch = _torch()
-    with torch.no_grad():
-        wrong = spec.variants({n: unwrap(v) for n, v in row.init.items()}, None if row.state is None else
-                              _tensors(row.state), _tensors({n: unwrap(v) for n, v in row.inputs.items()}))
-    return next((idea for idea, value in wrong.items() if agrees(got, as_numpy(value), rtol, atol)), "")
+    with seeded(row):
+        wrong = spec.variants(*_plain_call(row), row.seed is not None)
+    for idea, value in wrong.items():
+        if all_agree(got, [as_numpy(v) for v in (value if spec.outputs else [value])], rtol, atol):
+            return idea
+    return ""
 
 
 def load(module: Any, state: dict, names: str, what: str) -> Any:
@@ -310,15 +386,68 @@ def built(spec: ModuleSpec, cls: Any, row: Build) -> Any:
     return module.train() if row.seed is not None else module.eval()
 
 
-def forward(spec: ModuleSpec, module: Any, row: Build) -> Any:
-    torch = _torch()
-    positional, by_name = call_args(spec, row.inputs)
-    with torch.random.fork_rng(), torch.no_grad():  # the caller's random state stays as it was
-        if row.seed is not None:
-            torch.manual_seed(row.seed)
+def forward(spec: ModuleSpec, module: Any, row: Build, inputs: dict | None = None) -> Any:
+    """``module`` on the row's inputs (or ``inputs``: a perturbed call), seeded as the row says."""
+    positional, by_name = call_args(spec, row.inputs if inputs is None else inputs)
+    with seeded(row):
         if spec.keeps_inputs:
             return expect_inputs_unchanged(module, *positional, **by_name)
         return module(*positional, **by_name)
+
+
+def judge_items(spec: ModuleSpec, row: Build, got: list[np.ndarray], what: str, declared: list | None = None) -> None:
+    """What both layers judge of a row's result items, before the values: the contract of each, the properties,
+    and the known mistakes (public wrong twins) where the values differ from the twin's."""
+    args = {**row.init, **row.inputs}
+    for i, value in enumerate(got):
+        contract(part(spec, i), row.inputs | row.init, value, f"{what_of(spec, i)} ({what})",
+                 declared=None if declared is None else declared[i])
+    if spec.properties is not None and row.seed is None:  # they describe eval mode: dropout breaks a row's sum
+        spec.properties(plain(args), got if spec.outputs else got[0], what)
+    rtol, atol = tolerance(spec, args)
+    if not all_agree(got, expected(spec, row), rtol, atol):
+        known = variant(spec, row, got, rtol, atol)
+        if known:
+            whose = f"{spec.name}'s result" if spec.outputs else what_of(spec, 0)
+            raise CheckFailed(f"{whose} ({what}) is what PyTorch's own modules compute when {known}")
+
+
+def expect_unmoved(row: Build, first: np.ndarray, moved: np.ndarray, what: str) -> None:
+    """The perturbed call left the part of the first output it must not move where it was."""
+    kept = row.perturbed.kept
+    if np.shape(moved) != np.shape(first) or not agrees(kept(moved), kept(first), 1e-5, 1e-4):
+        raise CheckFailed(f"{what} moved where it must not ({row.situation}): {row.perturbed.leak}")
+
+
+def expect_gradients(spec: ModuleSpec, grads: dict, situation: str) -> None:
+    """Every float input got a gradient (None: none reached it), and a finite one."""
+    for name, grad in grads.items():
+        if grad is None:
+            raise CheckFailed(f"no gradient reached the {name} ({situation}): does forward detach, or go through "
+                              "NumPy? Gradients must flow through the module for training")
+        if not np.isfinite(grad).all():
+            raise CheckFailed(f"the gradient of the {name} holds NaN or inf ({situation}). {spec.grad_hint}".strip())
+
+
+def grad_inputs(row: Build) -> list[str]:
+    """The inputs of a ``grad`` row that get a gradient: its float arrays."""
+    return [n for n, v in row.inputs.items() if isinstance(unwrap(v), np.ndarray)
+            and np.issubdtype(unwrap(v).dtype, np.floating)]
+
+
+def _gradients(spec: ModuleSpec, cls: Any, row: Build) -> dict:
+    """The gradients of the float inputs after a backward pass from the first output (all ones)."""
+    torch, given = _torch(), {}
+    for n, v in row.inputs.items():
+        x = unwrap(v)
+        if isinstance(x, np.ndarray):
+            x = torch.from_numpy(x.copy()).requires_grad_(n in grad_inputs(row))
+        given[n] = Keyword(x) if isinstance(v, Keyword) else x
+    module = built(spec, cls, row)
+    first = items(spec, module(*(v for v in given.values() if not isinstance(v, Keyword)),
+                               **{n: v.value for n, v in given.items() if isinstance(v, Keyword)}), spec.name)[0]
+    first.backward(torch.ones_like(first))
+    return {n: None if given[n].grad is None else given[n].grad.numpy() for n in grad_inputs(row)}
 
 
 def run_module(spec: ModuleSpec, cls: Any, seed: int = 0) -> None:
@@ -335,14 +464,29 @@ def run_module(spec: ModuleSpec, cls: Any, seed: int = 0) -> None:
                     expect_dropout(lambda m=module, a=positional, k=by_name: m(*a, **k), module, spec.name,
                                    spec.dropout)
                 continue
-            got = _explained(spec, lambda row=row: forward(spec, built(spec, cls, row), row), args)
-            contract(spec, row.inputs | row.init, got, f"{spec.name}'s output", tensor=True)
-            if spec.properties is not None:
-                spec.properties(plain(args), as_numpy(got), row.situation)
+            module = _explained(spec, lambda row=row: built(spec, cls, row), args)
+            got = items(spec, _explained(spec, lambda m=module, row=row: forward(spec, m, row), args), spec.name)
+            for i, value in enumerate(got):
+                expect_type(value, _torch().Tensor, what_of(spec, i))
+            values = [as_numpy(v) for v in got]
+            try:
+                judge_items(spec, row, values, row.situation, declared=[str(v.dtype) for v in got])
+                if row.perturbed is not None:
+                    moved = items(spec, forward(spec, module, row, row.perturbed.inputs), spec.name)[0]
+                    expect_unmoved(row, values[0], as_numpy(moved), what_of(spec, 0))
+            except CheckFailed as failed:  # the check's title names the situation already
+                raise CheckFailed(str(failed).replace(f" ({row.situation})", "")) from None
             rtol, atol = tolerance(spec, args)
-            want, values = expected(spec, row), as_numpy(got)
-            known = "" if agrees(values, want, rtol, atol) else variant(spec, row, values, rtol, atol)
-            if known:
-                raise CheckFailed(f"{spec.name}'s output is what PyTorch's own modules compute when {known}")
-            expect_close(values, want, f"{spec.name}'s output (vs PyTorch's own modules)", rtol=rtol, atol=atol,
-                         hint=spec.hint or None)
+            want = expected(spec, row)
+            for i in compared(spec):
+                expect_close(values[i], want[i], f"{what_of(spec, i)} (vs PyTorch's own modules)", rtol=rtol,
+                             atol=atol, hint=hint_for(spec, i) or None)
+            if row.grad:
+                try:
+                    expect_gradients(spec, _gradients(spec, cls, row), row.situation)
+                except CheckFailed as failed:
+                    raise CheckFailed(str(failed).replace(f" ({row.situation})", "")) from None
+    for desc, init, why in spec.refused:
+        with check(f"{spec.name} refuses to be built with {desc}"):
+            positional, by_name = call_args(spec, init)
+            expect_value_error(lambda: cls(*positional, **by_name), why)  # noqa: B023 - called at once

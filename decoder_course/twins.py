@@ -70,19 +70,21 @@ def from_torch(state: dict, kind: str) -> dict:
 
 
 def torch_twin(ours_state: dict, kind: str, n_heads: int, *, d_ff: int | None = None, norm_first: bool = False,
-               dtype: torch.dtype = torch.float32) -> nn.Module:
-    """PyTorch's own module of ``kind`` holding the weights of a course state dict, in eval mode.
+               dtype: torch.dtype = torch.float32, dropout: float = 0.0) -> nn.Module:
+    """PyTorch's own module of ``kind`` holding the weights of a course state dict, in eval mode (``dropout``: the
+    attention's, for training mode).
 
     ``d_ff`` is needed for the layers; the width is read from the weights.
     """
     D = ours_state[f"{next(iter(_kind(kind)))}q_proj.weight"].shape[-1]
-    if kind == "attention":
-        theirs = nn.MultiheadAttention(D, n_heads, batch_first=True, dtype=dtype)
-    else:
-        if d_ff is None:
-            raise ValueError(f"a {kind} layer's twin needs d_ff")
-        layer = nn.TransformerEncoderLayer if kind == "encoder" else nn.TransformerDecoderLayer
-        theirs = layer(D, n_heads, d_ff, batch_first=True, norm_first=norm_first, dtype=dtype)
+    if kind != "attention" and d_ff is None:
+        raise ValueError(f"a {kind} layer's twin needs d_ff")
+    with torch.random.fork_rng():  # its initial weights, overwritten below, leave the caller's random state alone
+        if kind == "attention":
+            theirs = nn.MultiheadAttention(D, n_heads, dropout=dropout, batch_first=True, dtype=dtype)
+        else:
+            layer = nn.TransformerEncoderLayer if kind == "encoder" else nn.TransformerDecoderLayer
+            theirs = layer(D, n_heads, d_ff, batch_first=True, norm_first=norm_first, dtype=dtype)
     theirs.load_state_dict({key: torch.as_tensor(np.asarray(value) if not torch.is_tensor(value) else value,
                                                  dtype=dtype).detach().clone()
                             for key, value in to_torch(ours_state, kind).items()})

@@ -28,19 +28,27 @@ from decoder_course.spec import (
     ModuleSpec,
     Spec,
     agrees,
+    all_agree,
     as_numpy,
     built,
     call_args,
+    compared,
     contract,
     expect_fresh,
+    expect_gradients,
+    expect_unmoved,
     expected,
     forward,
+    grad_inputs,
+    hint_for,
+    items,
+    judge_items,
     names_for,
     plain,
     returns_tensor,
     tolerance,
     unwrap,
-    variant,
+    what_of,
 )
 
 
@@ -54,14 +62,16 @@ def shared():
         raise Fail(text if text.endswith((".", "?", "!")) else f"{text}.") from None
 
 
-def _value(case: Case, value, tensors: bool):
+def _value(case: Case, value, tensors: bool, grad: bool = False):
     """An argument as the kernel's harvest takes it: arrays sent aside (NumPy ones as tensors: ``tensors``; a
     bfloat16 tensor widened, with its dtype named), dtypes by name, the rest as JSON."""
     if _is_tensor(value):
         bf16 = str(value.dtype) == "torch.bfloat16"
         return case.tensor(value.float() if bf16 else value, dtype="bfloat16" if bf16 else None)
     if isinstance(value, np.ndarray):
-        return case.tensor(value) if tensors else case.array(value)
+        if tensors:
+            return case.tensor(value, requires_grad=grad and np.issubdtype(value.dtype, np.floating))
+        return case.array(value)
     if isinstance(value, (type, np.dtype)):
         return {"np_dtype": np.dtype(value).name}
     return value
@@ -71,11 +81,12 @@ def _is_array(value) -> bool:
     return isinstance(value, np.ndarray) or _is_tensor(value)
 
 
-def _call(case: Case, fn, args: dict, tensors: bool, keeps_inputs: bool, **step) -> None:
-    """``fn(*args)`` in the kernel, its arrays bound first so that they can be recorded again after the call."""
+def _call(case: Case, fn, args: dict, tensors: bool, keeps_inputs: bool, grad: bool = False, **step) -> None:
+    """``fn(*args)`` in the kernel, its arrays bound first so that they can be recorded again after the call (float
+    arrays that require a gradient: ``grad``)."""
     arrays = [name for name, value in args.items() if _is_array(unwrap(value))]
     for name in arrays:
-        case.let(name, _value(case, unwrap(args[name]), tensors))
+        case.let(name, _value(case, unwrap(args[name]), tensors, grad))
     given = {n: {"ref": n} if n in arrays else _value(case, unwrap(v), False) for n, v in args.items()}
     case.call(fn, *(given[n] for n, v in args.items() if not isinstance(v, Keyword)),
               **{n: given[n] for n, v in args.items() if isinstance(v, Keyword)}, **step)
@@ -91,26 +102,30 @@ def _mistakes(lesson: str, item: str) -> tuple[tuple[str, Callable], ...]:
                  for name, description, replacement in lessons.module(lesson, "mutants").MUTANTS if name == item)
 
 
-def known_mistake(lesson: str, item: str, got: np.ndarray, produce: Callable, rtol: float, atol: float) -> str:
-    """The description of the item's known mistake whose result (``produce(mistake)``) is ``got``, or ""."""
+def known_mistake(lesson: str, item: str, got: np.ndarray | list, produce: Callable, rtol: float,
+                  atol: float) -> str:
+    """The description of the item's known mistake whose result (``produce(mistake)``) is ``got``, or "" (a list:
+    the items of a tuple result, which must all agree)."""
     for description, wrong in _mistakes(lesson, item):
         try:
             with warnings.catch_warnings(), np.errstate(all="ignore"):
                 warnings.simplefilter("ignore")
-                value = np.asarray(as_numpy(produce(wrong)))
+                value = produce(wrong)
+                value = [as_numpy(v) for v in value] if isinstance(got, list) else np.asarray(as_numpy(value))
         except Exception:  # noqa: BLE001, S112 - a mistake that raises here is not the one the student made
             continue
-        if agrees(got, value, rtol, atol):
+        if all_agree(got, value, rtol, atol) if isinstance(got, list) else agrees(got, value, rtol, atol):
             return description
     return ""
 
 
 def _compare(lesson: str, item: str, got: np.ndarray, want: np.ndarray, what: str, case: Case, hint: str,
-             tol: tuple[float, float], produce: Callable, scalar: bool = False) -> None:
-    """Values against ``want``; where they differ, the known mistake they match is named first. A scalar's message
-    says what broke, never the expected value."""
+             tol: tuple[float, float], produce: Callable | None, scalar: bool = False, known: str = "") -> None:
+    """Values against ``want``; where they differ, the known mistake they match (``known``, or the one ``produce``
+    finds) is named first. A scalar's message says what broke, never the expected value."""
     rtol, atol = tol
-    known = "" if agrees(got, want, *tol) else known_mistake(lesson, item, got, produce, rtol, atol)
+    if not known and produce is not None and not agrees(got, want, *tol):
+        known = known_mistake(lesson, item, got, produce, rtol, atol)
     hint = f"Your values are those of a known mistake: {known}. {hint}" if known else hint
     if scalar:
         judges.scalar(got, float(want), what, case.desc, hint.strip(), rtol, atol)
@@ -199,9 +214,7 @@ class ModuleSpecExercise(Exercise):
         for i, row in enumerate(self.spec.rows(rng)):
             case = Case(f"c{i}", row.situation + (" (training mode)" if row.seed is not None else ""),
                         data={"row": row})
-            init = {n: _value(case, unwrap(v), True) for n, v in row.init.items()}
-            case.call(self.name, *(init[n] for n, v in row.init.items() if not isinstance(v, Keyword)), let="m",
-                      **{n: init[n] for n, v in row.init.items() if isinstance(v, Keyword)})
+            _build(case, self.name, row.init, let="m")
             if row.state is not None:
                 case.load_state("m", row.state)
             if row.seed is None:
@@ -214,16 +227,47 @@ class ModuleSpecExercise(Exercise):
                 case.eval("m")
                 for record in ("out_eval", "out_eval2"):
                     _call(case, {"ref": "m"}, row.inputs, True, False, record=record)
-            else:
-                _call(case, {"ref": "m"}, row.inputs, True, self.spec.keeps_inputs, record="out")
+                cases.append(case)
+                continue
+            _call(case, {"ref": "m"}, row.inputs, True, self.spec.keeps_inputs and not row.grad, record="out",
+                  let="res", grad=row.grad)
+            if row.grad:  # backward from the first output, then each float input's gradient
+                first = self.spec.shape(plain({**row.init, **row.inputs}))
+                first = first[0] if self.spec.outputs else first
+                if self.spec.outputs:
+                    case.let("first", {"index": ["res", 0]})
+                case.backward("first" if self.spec.outputs else "res", np.ones(first, dtype=np.float32))
+                for name in grad_inputs(row):
+                    case.record(f"grad_{name}", {"grad": name})
+            if row.perturbed is not None:
+                _call(case, {"ref": "m"}, row.perturbed.inputs, True, False, record="moved")
+            cases.append(case)
+        for i, (desc, init, why) in enumerate(self.spec.refused):
+            case = Case(f"r{i}", f"{self.name} built with {desc}", data={"why": why}, relative=False)
+            _build(case, self.name, init)
             cases.append(case)
         return cases
+
+    def _items(self, result: Result, case: Case, record: str) -> list[np.ndarray]:
+        """The recorded result's items (one for a single tensor), its length judged first."""
+        spec = self.spec
+        if not spec.outputs:
+            return [result.get(case.id, record, what=f"{self.name}'s output", kind="tensor", finite=False)]
+        meta = result.meta(case.id, record)
+        if meta.get("type") not in ("tuple", "list") or meta.get("len") != len(spec.outputs):
+            kind = f"{meta.get('len')} values" if meta.get("type") in ("tuple", "list") else f"a {meta.get('type')}"
+            raise Fail(f"{self.name} should return ({', '.join(spec.outputs)}), got {kind} ({case.desc}).")
+        return [result.get(case.id, f"{record}/{i}", what=what_of(spec, i), kind="tensor", finite=False)
+                for i in range(len(spec.outputs))]
 
     def judge(self, result: Result):
         spec = self.spec
         for case in result.cases.values():
+            if "why" in case.data:
+                judges.value_error(result, case.id, case.data["why"])
+                continue
             row = case.data["row"]
-            args, what = {**row.init, **row.inputs}, f"{self.name}'s output"
+            args = {**row.init, **row.inputs}
             error = result.error(case.id)
             if error is not None and "state_dict" in error:
                 raise Fail(f"the weights could not be loaded into your {self.name} ({case.desc}):\n    "
@@ -233,25 +277,40 @@ class ModuleSpecExercise(Exercise):
             if row.seed is not None and spec.dropout:
                 judges.dropout(result, case.id, self.name, spec.shape(plain(args)), spec.dropout)
                 continue
-            got = result.get(case.id, "out", what=what, kind="tensor", finite=False)
+            got = self._items(result, case, "out")
+            n = len(got)
+            declared = [result.meta(case.id, f"out/{i}" if spec.outputs else "out").get("dtype") for i in range(n)]
             with shared():
-                contract(spec, row.inputs | row.init, got, f"{what} ({case.desc})",
-                         declared=result.meta(case.id, "out").get("dtype"))
-                if spec.properties is not None:
-                    spec.properties(plain(args), got, case.desc)
-            def produce(wrong, row=row):
-                return forward(spec, built(spec, wrong, row), row)
-
+                judge_items(spec, row, got, case.desc, declared)
+                if row.perturbed is not None:
+                    expect_unmoved(row, got[0], self._items(result, case, "moved")[0], what_of(spec, 0))
             want, tol = expected(spec, row), tolerance(spec, args)
-            with shared():  # where the values differ, a public wrong twin names the idea as the visible check does
-                known = "" if agrees(got, want, *tol) else variant(spec, row, got, *tol)
-                if known:
-                    raise CheckFailed(f"{what} ({case.desc}) is what PyTorch's own modules compute when {known}")
-            _compare(self.lesson, self.name, got, want, f"{what} (vs PyTorch's own modules)", case, spec.hint, tol,
-                     produce)
-            if spec.keeps_inputs:
+
+            def produce(wrong, row=row):
+                return items(spec, forward(spec, built(spec, wrong, row), row), spec.name)
+
+            # the known mistake whose every item is the student's (two mistakes may share the weights)
+            known = "" if all_agree(got, want, *tol) else known_mistake(self.lesson, self.name, got, produce, *tol)
+            for i in compared(spec):
+                _compare(self.lesson, self.name, got[i], want[i], f"{what_of(spec, i)} (vs PyTorch's own modules)",
+                         case, hint_for(spec, i), tol, None, known=known)
+            if row.grad:
+                grads = {name: result.get(case.id, f"grad_{name}", what=f"the gradient of the {name}", kind="tensor",
+                                          finite=False)
+                         if result.meta(case.id, f"grad_{name}").get("type") == "torch.Tensor" else None
+                         for name in grad_inputs(row)}
+                with shared():
+                    expect_gradients(spec, grads, case.desc)
+            if spec.keeps_inputs and not row.grad:
                 judges.unchanged(result, case.id, {n: v for n, v in plain(row.inputs).items()
                                                    if isinstance(v, np.ndarray)}, self.name)
+
+
+def _build(case: Case, name: str, init: dict, **step) -> None:
+    """``name(*init)`` in the kernel: the module's constructor, its arrays sent aside."""
+    given = {n: _value(case, unwrap(v), True) for n, v in init.items()}
+    case.call(name, *(given[n] for n, v in init.items() if not isinstance(v, Keyword)),
+              **{n: given[n] for n, v in init.items() if isinstance(v, Keyword)}, **step)
 
 
 def register(lesson: str, specs: dict[str, Spec | ModuleSpec], ref: ModuleType) -> None:

@@ -15,6 +15,7 @@ import textwrap
 
 import numpy as np
 import torch
+import torch.nn.functional as F
 from torch import nn
 
 from decoder_course import twins
@@ -23,19 +24,16 @@ from decoder_course.checks import (
     causal_leakage_probe,
     check,
     expect_close,
-    expect_dropout,
     expect_dtype,
-    expect_finite,
     expect_inputs_unchanged,
-    expect_rows_sum_to_one,
     expect_shape,
     expect_type,
-    expect_value_error,
     grid,
     padding_leakage_probe,
     randomised,
 )
-from decoder_course.spec import Spec, run
+from decoder_course.spec import Build, Keyword, ModuleSpec, Perturbed, Spec, load, run, run_module
+from decoder_course.visible.l02_attention import check_weights
 
 # The worked example of the lesson: B=1, T=2, D=6 split into H=3 heads of Dh=2 features.
 EXAMPLE_X = np.array([[[0, 1, 2, 3, 4, 5], [10, 11, 12, 13, 14, 15]]], dtype=np.float32)  # (B, T, D)
@@ -227,41 +225,201 @@ def check_merge_heads_reshape(merge_heads_reshape) -> None:
     _merge_checks(merge_heads_reshape, "merge_heads_reshape")
 
 
-# -- MultiHeadAttention ------------------------------------------------------------------------------------------
+# -- MultiHeadAttention: a module spec, compared with nn.MultiheadAttention --------------------------------------
 _NAMES = ("q_proj", "k_proj", "v_proj", "out_proj")
+MHA_NAMES = ("q_proj, k_proj, v_proj, out_proj: each an nn.Linear(d_model, d_model) with a bias, and nothing else "
+             "(a mask is an argument of forward, not a buffer)")
 
 
-def check_multi_head_attention(MultiHeadAttention) -> None:
-    """Names and shapes, masks applied per head, no leakage, and agreement with nn.MultiheadAttention."""
+def random_mha_state(rng: np.random.Generator, D: int) -> dict[str, np.ndarray]:
+    """Random float32 weights under the contract's names; biases far from 0 so that a dropped bias shows."""
+    state = {}
+    for name in _NAMES:
+        state[f"{name}.weight"] = (rng.normal(size=(D, D)) / np.sqrt(D)).astype(np.float32)
+        state[f"{name}.bias"] = (0.5 * rng.normal(size=D)).astype(np.float32)
+    return state
+
+
+def _padded(rng: np.random.Generator, B: int, n: int, min_real: int = 2) -> np.ndarray:
+    """``is_real`` (B, n): real tokens then padding; sequence 0 unpadded, the others between min_real and n - 1 real."""
+    lengths = rng.integers(min_real, n, size=B)
+    lengths[0] = n
+    return np.arange(n)[None, :] < lengths[:, None]  # (B, n)
+
+
+def _mha_mask(rng: np.random.Generator, kind: str, B: int, T: int, S: int, H: int) -> np.ndarray | None:
+    """The ``allowed`` mask of one row (None: no mask). No query is blocked in some heads only."""
+    causal = np.tril(np.ones((T, T), dtype=bool))  # (T, T)
+    if kind == "causal+padding":  # (B, 1, T, T)
+        return causal[None, None] & _padded(rng, B, T)[:, None, None, :]
+    if kind == "key padding":  # (B, 1, 1, S)
+        return _padded(rng, B, S)[:, None, None, :]
+    if kind == "per head":  # (B, H, T, S): every row keeps a key
+        allowed = rng.random((B, H, T, S)) < 0.5
+        allowed[..., int(rng.integers(S))] |= ~allowed.any(axis=-1)
+        return allowed
+    if kind == "empty rows":  # (B, 1, T, S): one query with no key, and a whole sequence with an empty memory
+        allowed = np.ones((B, 1, T, S), dtype=bool)
+        allowed[0, 0, :, 4:] = False
+        allowed[0, 0, int(rng.integers(T))] = False
+        allowed[1] = False
+        return allowed
+    return causal if kind == "causal" else None  # a (T, T) mask must broadcast too
+
+
+def _mha_row(rng, situation: str, B: int, T: int, S: int | None, H: int, Dh: int, mask: str | None,
+             dropout: float = 0.0, seed: bool = False, probe: str = "", grad: bool = False) -> Build:
+    """One situation: S = None is self-attention (query = key = value)."""
+    D, self_attn = H * Dh, S is None
+    S = T if self_attn else S
+    allowed = _mha_mask(rng, mask, B, T, S, H)
+    scales = np.array([0.2, 1.0, 5.0])[:B, None, None] if mask == "causal+padding" else 1.0  # rows of unlike scale
+    query = (rng.normal(size=(B, T, D)) * scales).astype(np.float32)
+    key, value = (query, query) if self_attn else (rng.normal(size=(B, S, D)).astype(np.float32) for _ in "kv")
+    inputs = {"query": query, "key": key, "value": value} | ({} if allowed is None else {"allowed": Keyword(allowed)})
+    perturbed = None
+    if probe == "future":  # the same input after position t0 only: outputs at positions <= t0 must not move
+        t0 = int(rng.integers(1, T - 1))
+        later = query.copy()
+        later[:, t0 + 1:] += 3.0 * rng.normal(size=later[:, t0 + 1:].shape).astype(np.float32)
+        perturbed = Perturbed(inputs | {"query": later, "key": later, "value": later},
+                              lambda out, t0=t0: out[:, :t0 + 1],
+                              f"an output at a position <= {t0} changed when only positions > {t0} of the input "
+                              "changed: the future leaks. Is the mask applied in every head, with the course's "
+                              "polarity?")
+    elif probe == "padding":  # padded keys and values replaced by huge ones: no output may move
+        is_real = np.broadcast_to(allowed, (B, 1, T, S))[:, 0, 0]  # (B, S)
+        key2, value2 = key.copy(), value.copy()
+        key2[~is_real] = 100.0 * rng.normal(size=key2[~is_real].shape)
+        value2[~is_real] = 100.0 * rng.normal(size=value2[~is_real].shape)
+        perturbed = Perturbed(inputs | {"key": key2, "value": value2}, lambda out: out,
+                              "the output changed when only padded keys and values changed: padding leaks into real "
+                              "outputs. Apply the mask to the scores of every head, before the softmax.")
+    init = {"d_model": D, "n_heads": H} | ({"dropout": Keyword(dropout)} if dropout else {})
+    return Build(situation.format(B=B, T=T, S=S, H=H, Dh=Dh, D=D), init, inputs, state=random_mha_state(rng, D),
+                 seed=int(rng.integers(2**31)) if seed else None, perturbed=perturbed, grad=grad)
+
+
+def _mha_rows(rng: np.random.Generator) -> list[Build]:
+    T = int(rng.choice([5, 6]))
+    return [
+        _mha_row(rng, "self-attention, B={B}, T={T}, H={H}, Dh={Dh}, a causal + padding mask (B, 1, T, T), batch rows "
+                 "of very different scale", 3, T, None, 3, 4, "causal+padding"),
+        _mha_row(rng, "T={T} queries, S={S} keys, B={B}, H={H}, Dh={Dh}, a key-padding mask (B, 1, 1, S), dropout=0.5 "
+                 "in eval mode", 2, 4, 7, 2, 5, "key padding", dropout=0.5),
+        _mha_row(rng, "B={B}, H={H}, T={T}, S={S}, Dh={Dh}, no mask (allowed=None)", 1, 3, 5, 1, 6, None),
+        _mha_row(rng, "a different mask per head, (B, H, T, S) = ({B}, {H}, {T}, {S}), Dh={Dh}", 2, 5, 3, 4, 2,
+                 "per head"),
+        _mha_row(rng, "fully masked query rows (B={B}, T={T}, S={S}, H={H}, Dh={Dh}), with a backward pass", 2, 4, 6, 2,
+                 3, "empty rows", grad=True),
+        _mha_row(rng, "causal self-attention with a (T, T) mask, B={B}, T={T}, H={H}, Dh={Dh}, the future changed",
+                 2, 6, None, 2, 4, "causal", probe="future"),
+        _mha_row(rng, "key padding, B={B}, T={T}, S={S}, H={H}, Dh={Dh}, the padded keys changed", 3, 3, 5, 2, 3,
+                 "key padding", probe="padding"),
+        _mha_row(rng, "MultiHeadAttention(D={D}, H={H}, dropout=0.5), B={B}, T={T}, S={S}", 2, 5, 6, 2, 4, None,
+                 dropout=0.5, seed=True),
+    ]
+
+
+def _mha_twin(init: dict, state: dict, inputs: dict, train: bool, p: float | None = None) -> tuple:
+    """nn.MultiheadAttention with the same weights (and dropout, drawing the same masks in training mode), with the
+    course's answer on a query that may attend to nothing: zero weights, so its output row is out_proj.bias."""
+    H, p = init["n_heads"], init.get("dropout", 0.0) if p is None else p
+    query, key, value, allowed = inputs["query"], inputs["key"], inputs["value"], inputs.get("allowed")
+    (B, T, _), S = query.shape, key.shape[1]
+    full = torch.ones(T, S, dtype=torch.bool) if allowed is None else allowed
+    full = torch.broadcast_to(full, (B, H, T, S))  # (B, H, T, S)
+    empty = ~full.any(dim=-1, keepdim=True)  # (B, H, T, 1): a query with no allowed key
+    if (empty.any(dim=1) & ~empty.all(dim=1)).any():
+        raise RuntimeError("a row blocks a query in some heads only: the twin cannot judge it")
+    theirs = twins.torch_twin(state, "attention", H, dropout=p).train(train)
+    # PyTorch's boundary: True = blocked; an empty row is opened here (its answer would be NaN) and set below
+    blocked = ~(full | empty)
+    out, weights = theirs(query, key, value, attn_mask=blocked.reshape(B * H, T, S), average_attn_weights=False)
+    out[empty[:, 0, :, 0]] = theirs.out_proj.bias  # (B, T, D): nothing attended to, only the bias is left
+    return out, weights.masked_fill(empty, 0.0)
+
+
+def _mha_variants(init: dict, state: dict, inputs: dict, train: bool) -> dict:
+    """What PyTorch's module computes with the mask inverted or ignored, the scores over √D, no out_proj, and (in
+    training mode) dropout on the output or nowhere."""
+    H, D = init["n_heads"], state["q_proj.weight"].shape[0]
+    unmasked = {k: v for k, v in inputs.items() if k != "allowed"}
+    setups = [("the scores are divided by √D instead of √Dh (Dh = D // H, the width of one head)",
+               state | {f"q_proj.{w}": state[f"q_proj.{w}"] / H ** 0.5 for w in ("weight", "bias")}, inputs),
+              ("out_proj is left out: the merged heads must go through the output projection",
+               state | {"out_proj.weight": torch.eye(D), "out_proj.bias": torch.zeros(D)}, inputs)]
+    if "allowed" in inputs:
+        setups += [("the mask is read with PyTorch's polarity (True = blocked): here True means this query may attend "
+                    "to this key; invert only at PyTorch's boundary", state, inputs | {"allowed": ~inputs["allowed"]}),
+                   ("the mask is never applied: the future and the padding are read", state, unmasked)]
+    found = {}
+    for idea, changed_state, changed_inputs in setups:
+        # each from the row's seed (training mode draws); a mask that blocks a query in some heads only: not judged
+        with torch.random.fork_rng(), contextlib.suppress(RuntimeError):
+            found[idea] = _mha_twin(init, changed_state, changed_inputs, train)
+    if train:
+        out, weights = _mha_twin(init, state, inputs, False)  # no dropout drawn: the first draw is the output's
+        dropped = F.dropout(out.contiguous(), init["dropout"])  # (B, T, D), drawn in its memory order, as a module's
+        found["dropout acts on the output, not on the attention weights: apply it to the weights, before they "
+              "average the values (attention(..., dropout=self.dropout))"] = (dropped, weights)
+        found["the dropout never acts: pass dropout=self.dropout to attention, which applies it to the weights"] = (
+            out, weights)
+    return found
+
+
+def _mha_shape(a: dict) -> tuple:
+    (B, T, D), S = a["query"].shape, a["key"].shape[1]
+    return (B, T, D), (B, a["n_heads"], T, S)
+
+
+def _weights_shape_hint(a: dict, shape: tuple) -> str:
+    B, T, _ = a["query"].shape
+    return "Per head: do not average the weights over the heads." if shape == (B, T, a["key"].shape[1]) else ""
+
+
+def _mha_properties(a: dict, got: tuple, situation: str) -> None:
+    """The weights: finite, none on a blocked key (every head), a query with no key all zeros, the others sum to one."""
+    allowed = a.get("allowed")
+    check_weights(got[1], None if allowed is None else np.broadcast_to(allowed, got[1].shape),
+                  "MultiHeadAttention's weights", situation)
+
+
+def _mha_error(args: dict, error: str) -> str:
+    if "unexpected keyword argument 'allowed'" in error:
+        return "The mask argument of forward is called `allowed` (True = this query may attend to this key)."
+    return ""
+
+
+SPECS["MultiHeadAttention"] = ModuleSpec(
+    "MultiHeadAttention", _mha_rows, _mha_twin, names=MHA_NAMES, dtype=lambda a: a["query"].dtype, shape=_mha_shape,
+    outputs=("out", "weights"), order=("weights", "out"), axes=("B, T, D", "B, H, T, S"),
+    shape_hint=("", _weights_shape_hint), properties=_mha_properties, variants=_mha_variants, on_error=_mha_error,
+    uses=("split_heads", "merge_heads"),
+    forbidden=("nn.MultiheadAttention", "F.scaled_dot_product_attention", "F.multi_head_attention_forward"),
+    refused=(("d_model=10 and n_heads=3", {"d_model": 10, "n_heads": 3},
+              "MultiHeadAttention(10, 3): d_model=10 cannot be cut into 3 equal heads"),),
+    grad_hint="-inf in the scores (an additive -inf bias, say) gives NaN gradients on a fully masked row even when "
+              "its weights are zeroed afterwards: fill blocked scores with a finite value such as "
+              "torch.finfo(scores.dtype).min.",
+    hint={"weights": "The weights are softmax(q·k / √Dh) per head, Dh = D // H, q from the query through q_proj and "
+                     "k from the key through k_proj, split into heads before the product; in training mode dropout "
+                     "acts on them. MultiHeadAttention builds on your split_heads: if its checks fail, fix it first.",
+          "out": "The weights are right, so look after them: the values (the value through v_proj), merging the "
+                 "heads back side by side (B, H, T, Dh) -> (B, T, D), then out_proj. MultiHeadAttention builds on your "
+                 "merge_heads: if its checks fail, fix it first."})
+
+
+def check_multi_head_attention(MultiHeadAttention) -> None:  # noqa: N803 - the class under test
+    """Two worked examples (the mask's polarity, heads merged side by side), then the spec's rows: the contract's
+    names, nn.MultiheadAttention with the same weights on every kind of mask, the future and the padding not
+    leaking, finite gradients on empty rows, dropout on the weights in training mode only, MultiHeadAttention(10, 3)
+    refused."""
     D, H, B, T, S = 12, 3, 2, 4, 6  # Dh = 4; T != S != H
     g = torch.Generator().manual_seed(2)
     query, memory = torch.randn(B, T, D, generator=g), torch.randn(B, S, D, generator=g)
-
-    with check("MultiHeadAttention(12, 3) has the contract's parameters: q_proj, k_proj, v_proj, out_proj"):
-        mha = MultiHeadAttention(D, H)
-        expect_type(mha, nn.Module, "MultiHeadAttention(12, 3)")
-        for name in _NAMES:
-            proj = getattr(mha, name, None)
-            if not isinstance(proj, nn.Linear) or (proj.in_features, proj.out_features) != (D, D) or proj.bias is None:
-                raise CheckFailed(f"`{name}` should be an nn.Linear(d_model, d_model) with a bias")
-        extra = sorted(set(mha.state_dict()) - {f"{n}.{w}" for n in _NAMES for w in ("weight", "bias")})
-        if extra:
-            raise CheckFailed(f"unexpected parameters or buffers {extra}: weights are loaded by the four names "
-                              "only (a mask is an argument of forward, not a buffer)")
-
-    mha = randomised(MultiHeadAttention(D, H), seed=3).eval()  # biases far from 0, so a missing one shows
-    with check("forward(query, key, value) with T=4 != S=6 returns out (B, T, D) and weights (B, H, T, S)"):
-        result = expect_inputs_unchanged(mha, query, memory, memory)
-        expect_type(result, tuple, "forward(...)")
-        if len(result) != 2:
-            raise CheckFailed(f"forward should return (out, weights), got {len(result)} values")
-        out, weights = result
-        expect_shape(out, (B, T, D), "out", names="B, T, D")
-        expect_shape(weights, (B, H, T, S), "weights", names="B, H, T, S")
-        expect_dtype(out, "float", "out")
-        expect_rows_sum_to_one(weights, what="the weights (no mask)")
-
     with check("the mask's polarity: True = this query may attend to this key"):
+        mha = randomised(MultiHeadAttention(D, H), seed=3).eval()
         only_first = torch.zeros(1, 1, 1, S, dtype=torch.bool)
         only_first[..., 0] = True  # every query may attend to key 0 only
         with torch.no_grad():
@@ -272,33 +430,13 @@ def check_multi_head_attention(MultiHeadAttention) -> None:
         expect_close(weights[..., 0], torch.ones(B, H, T), "the weight on key 0, the only allowed key",
                      hint="a query with one allowed key puts all its weight there")
 
-    with check("a key-padding mask (B, 1, 1, S) with an empty sequence: blocked keys get 0, empty rows give zeros"):
-        allowed = torch.tensor([[True] * 4 + [False] * 2, [False] * S])[:, None, None, :]  # (B, 1, 1, S); seq 1 empty
-        with torch.no_grad():
-            out, weights = expect_inputs_unchanged(mha, query, memory, memory, allowed=allowed)
-        expect_finite(out, "out")
-        expect_rows_sum_to_one(weights, allowed)
-        expect_close(out[1], mha.out_proj.bias.detach().expand(T, D), "the output rows of the empty sequence",
-                     hint="a query with no allowed key attends to nothing: its attention output is zero, so "
-                          "its output row is out_proj.bias")
-
-    with check("gradients stay finite when a query row is fully masked"):
-        q, m = query.clone().requires_grad_(True), memory.clone().requires_grad_(True)
-        allowed = torch.ones(B, 1, T, S, dtype=torch.bool)
-        allowed[0, 0, 1] = False  # query 1 of sequence 0 may attend to nothing
-        mha(q, m, m, allowed=allowed)[0].sum().backward()
-        expect_finite(q.grad, "the gradient of the query",
-                      hint="-inf in the scores gives NaN gradients on a fully masked row, even when its weights "
-                           "are zeroed afterwards: fill with a finite value such as torch.finfo(dtype).min")
-        expect_finite(m.grad, "the gradient of the keys and values")
-
     with check("heads merged side by side: uniform attention over the past gives out[b, t] = mean(value[b, :t+1])"):
         plain = MultiHeadAttention(D, H)
         # zero queries and keys: every score is 0, so each head averages the allowed values uniformly;
         # identity value and output projections: the output is that average itself, feature by feature
-        plain.load_state_dict({"q_proj.weight": torch.zeros(D, D), "k_proj.weight": torch.zeros(D, D),
-                               "v_proj.weight": torch.eye(D), "out_proj.weight": torch.eye(D),
-                               **{f"{n}.bias": torch.zeros(D) for n in _NAMES}})
+        load(plain, {"q_proj.weight": torch.zeros(D, D), "k_proj.weight": torch.zeros(D, D),
+                     "v_proj.weight": torch.eye(D), "out_proj.weight": torch.eye(D),
+                     **{f"{n}.bias": torch.zeros(D) for n in _NAMES}}, MHA_NAMES, "MultiHeadAttention")
         causal = torch.ones(T, T, dtype=torch.bool).tril()  # (T, T)
         with torch.no_grad():
             got, _ = plain.eval()(query, query, query, allowed=causal)
@@ -311,53 +449,7 @@ def check_multi_head_attention(MultiHeadAttention) -> None:
                 "position" + (": a bare reshape of (B, H, T, Dh) to (B, T, D) mixes heads and time steps" if bare
                               else "") + ". Merge the heads back side by side: move H next to Dh first, "
                 "(B, H, T, Dh) -> (B, T, H, Dh) -> (B, T, D), as merge_heads does")
-
-    with check("dropout=0.5 acts on the attention weights, in training mode only"):
-        drop = randomised(MultiHeadAttention(D, H, 0.5), seed=4)
-        with torch.no_grad():
-            expect_dropout(lambda: drop(query, memory, memory), drop, "MultiHeadAttention(12, 3, dropout=0.5)",
-                           "to the attention weights, with an nn.Dropout(dropout) (the dropout argument was ignored)")
-            _, w_e = drop(query, memory, memory)
-            torch.manual_seed(0)
-            _, w_t = drop.train()(query, memory, memory)
-        dropped = (w_t == 0) & (w_e > 0)
-        if not bool(dropped.any()):
-            raise CheckFailed("in training mode the output changed but the attention weights returned are the "
-                              "eval-mode ones: dropout belongs on the attention weights, before they average the "
-                              "values (pass dropout=self.dropout to attention, as nn.MultiheadAttention does), not "
-                              "on the output")
-        kept = ~dropped & (w_e > 0)
-        expect_close(w_t[kept], 2.0 * w_e[kept], "the kept attention weights in training mode", atol=1e-5,
-                     hint="nn.Dropout(0.5) zeroes about half the weights and doubles the others (1 / (1 - p))")
-
-    with check("causal self-attention: the future does not leak, in any head"):
-        causal = torch.ones(T, T, dtype=torch.bool).tril()  # (T, T), broadcast over B and H
-        causal_leakage_probe(lambda x: mha(x, x, x, allowed=causal), query, time_axis=1, atol=1e-5,
-                             what="MultiHeadAttention's output")
-
-    with check("padded keys do not leak into the output"):
-        key_is_real = torch.tensor([[True] * S, [True] * 3 + [False] * 3])
-        padding_leakage_probe(lambda m: mha(query, m, m, allowed=key_is_real[:, None, None, :]), memory,
-                              key_is_real, key_axis=1, atol=1e-5, what="MultiHeadAttention's output")
-
-    with check("equals nn.MultiheadAttention with the same weights (causal + padding mask, inverted for PyTorch)"):
-        x, is_real = query, torch.tensor([[True] * T, [True] * 3 + [False]])
-        allowed = torch.ones(T, T, dtype=torch.bool).tril()[None, None] & is_real[:, None, None, :]  # (B,1,T,T)
-        theirs = twins.torch_twin(mha.state_dict(), "attention", H)  # PyTorch's module, our weights
-        with torch.no_grad():
-            out, weights = mha(x, x, x, allowed=allowed)
-            # PyTorch's boundary: its attn_mask says True = blocked, so our `allowed` is inverted here
-            blocked = ~allowed.expand(B, H, T, T).reshape(B * H, T, T)  # (B*H, T, T)
-            want, want_w = theirs(x, x, x, attn_mask=blocked, average_attn_weights=False)
-        expect_rows_sum_to_one(weights, allowed)
-        expect_close(weights, want_w, "the weights vs nn.MultiheadAttention's", atol=1e-5, rtol=1e-4,
-                     hint="softmax(q·k / √Dh) per head, Dh = D // H, q from query and k from key")
-        expect_close(out, want, "the output vs nn.MultiheadAttention's", atol=1e-5, rtol=1e-4,
-                     hint="the weights agree, so check the values, merging the heads and out_proj")
-
-    with check("MultiHeadAttention(10, 3) is refused with a ValueError"):
-        expect_value_error(lambda: MultiHeadAttention(10, 3),
-                           "MultiHeadAttention(10, 3): d_model=10 cannot be cut into 3 equal heads")
+    run_module(SPECS["MultiHeadAttention"], MultiHeadAttention)
 
 
 class _TorchAttention(nn.Module):

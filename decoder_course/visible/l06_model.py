@@ -198,7 +198,7 @@ def _encoder_twin(init: dict, state: dict, inputs: dict, train: bool, causal: bo
     return theirs(x, src_mask=future, src_key_padding_mask=None if is_real is None else ~is_real)
 
 
-def _encoder_variants(init: dict, state: dict, inputs: dict) -> dict:
+def _encoder_variants(init: dict, state: dict, inputs: dict, train: bool = False) -> dict:
     """The other LayerNorm placement, padding not masked, a causal mask."""
     norm_first = init.get("norm_first", False)
     wrong = {f"the wiring is {WIRING[not norm_first][0]} for norm_first={norm_first}: post-LN is x = norm(x + "
@@ -305,7 +305,7 @@ def _stack_twin(init: dict, state: dict, inputs: dict, train: bool, layers: list
                          memory_mask=_blocked(cross, x.shape[0], H))
 
 
-def _stack_variants(init: dict, state: dict, inputs: dict) -> dict:
+def _stack_variants(init: dict, state: dict, inputs: dict, train: bool = False) -> dict:
     N, last = init["n_layers"], init["n_layers"] - 1
     wrong = {}
     if init.get("norm_first", True):
