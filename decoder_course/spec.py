@@ -40,7 +40,8 @@ from decoder_course.checks import (
     to_numpy,
 )
 
-Row = tuple[str, dict]  # (the situation, as messages name it; the arguments, by name, in call order)
+# (the situation, as messages name it; the arguments, by name, in call order[; a Perturbed second call])
+Row = tuple
 
 
 @dataclass(frozen=True)
@@ -60,9 +61,10 @@ class Spec:
     dtype: Callable[[dict], Any]
     shape: Callable[[dict], tuple[int, ...]]
     properties: Callable[[dict, Any, str], None] | None = None  # (arguments, result, situation): raise CheckFailed
-    axes: str = ""  # the result's dimension names, for the shape message ("B, T, H, Dh")
-    shape_hint: str | Callable[[dict, tuple], str] = ""  # what a wrong shape means, or (arguments, shape) -> that
-    hint: str = ""  # what a wrong value most likely means: the hidden comparison with the reference says it
+    axes: str | tuple[str, ...] = ""  # the result's dimension names, for the shape message ("B, T, H, Dh")
+    # what a wrong shape means, or (arguments, shape) -> that
+    shape_hint: str | Callable[[dict, tuple], str] | tuple = ""
+    hint: str | dict[str, str] = ""  # what a wrong value most likely means: the hidden comparison with the reference
     keeps_inputs: bool = True  # the docstring promises the caller's arrays unchanged
     # the hidden side compares the values with the reference's (False: the properties decide), or a function
     # (arguments, result, the reference's result, situation) that says what differs without quoting a value
@@ -78,6 +80,11 @@ class Spec:
     atol: float = 1e-6
     fresh: bool = False  # the docstring promises a new tensor, not an ``expand`` view sharing one row's memory
     scalar: bool = False  # the result is a Python float (no dtype, no shape); the hidden side never shows its value
+    # the result is a tuple: its items' names, in order ("out", "weights"); ``shape`` then gives one shape per item,
+    # ``axes``, ``shape_hint`` may be tuples and ``hint`` a dict by name, as for a ModuleSpec; ``order``: the order
+    # the items are compared in
+    outputs: tuple[str, ...] = ()
+    order: tuple[str, ...] = ()
 
 
 def unwrap(value: Any) -> Any:
@@ -190,9 +197,12 @@ def _called(spec: Spec, fn: Callable[..., Any], args: dict) -> Any:
 def run(spec: Spec, fn: Callable[..., Any], seed: int = 0) -> None:
     """The visible half: ``fn`` on each row drawn from ``seed``, its contract and properties checked (the
     properties see NumPy arrays, as on the hidden side)."""
-    for desc, args in spec.rows(np.random.default_rng(seed)):
+    for desc, args, *probe in spec.rows(np.random.default_rng(seed)):
         with check(f"{spec.name} on a case with {desc}"):
             try:
+                if spec.outputs:
+                    _run_items(spec, fn, args, desc, probe[0] if probe else None)
+                    continue
                 got = _called(spec, fn, args)
                 contract(spec, args, got, f"{spec.name}(...) ({desc})", tensor=returns_tensor(spec, args))
                 if spec.fresh:
@@ -206,6 +216,30 @@ def run(spec: Spec, fn: Callable[..., Any], seed: int = 0) -> None:
         with check(f"{spec.name} refuses a case with {desc}"):
             positional, by_name = call_args(spec, args)
             expect_value_error(lambda: fn(*positional, **by_name), why)  # noqa: B023 - called at once
+
+
+def _numpy(x: Any) -> np.ndarray:
+    return as_numpy(x) if _is_tensor(x) else to_numpy(x)
+
+
+def judge_parts(spec: Spec, args: dict, got: list, situation: str, declared: list | None = None) -> None:
+    """A tuple result's items: the contract of each (on what was returned), then the properties (on NumPy)."""
+    for i, value in enumerate(got):
+        contract(part(spec, i), args, value, f"{what_of(spec, i)} ({situation})",
+                 declared=None if declared is None else declared[i])
+    if spec.properties is not None:
+        spec.properties(plain(args), [_numpy(v) for v in got], situation)
+
+
+def _run_items(spec: Spec, fn: Callable[..., Any], args: dict, desc: str, probe: Perturbed | None) -> None:
+    """One row of a function whose result is a tuple: each item's type and contract, the properties, the probe."""
+    got = items(spec, _called(spec, fn, args), f"{spec.name}(...)")
+    for i, value in enumerate(got):
+        expect_type(value, _torch().Tensor if returns_tensor(spec, args) else np.ndarray, what_of(spec, i))
+    judge_parts(spec, args, got, desc)
+    if probe is not None:
+        moved = items(spec, _called(spec, fn, probe.inputs), f"{spec.name}(...)")[0]
+        expect_unmoved(probe, _numpy(got[0]), _numpy(moved), what_of(spec, 0), desc)
 
 
 # -- modules ------------------------------------------------------------------------------------------------------
@@ -412,11 +446,10 @@ def judge_items(spec: ModuleSpec, row: Build, got: list[np.ndarray], what: str, 
             raise CheckFailed(f"{whose} ({what}) is what PyTorch's own modules compute when {known}")
 
 
-def expect_unmoved(row: Build, first: np.ndarray, moved: np.ndarray, what: str) -> None:
+def expect_unmoved(probe: Perturbed, first: np.ndarray, moved: np.ndarray, what: str, situation: str) -> None:
     """The perturbed call left the part of the first output it must not move where it was."""
-    kept = row.perturbed.kept
-    if np.shape(moved) != np.shape(first) or not agrees(kept(moved), kept(first), 1e-5, 1e-4):
-        raise CheckFailed(f"{what} moved where it must not ({row.situation}): {row.perturbed.leak}")
+    if np.shape(moved) != np.shape(first) or not agrees(probe.kept(moved), probe.kept(first), 1e-5, 1e-4):
+        raise CheckFailed(f"{what} moved where it must not ({situation}): {probe.leak}")
 
 
 def expect_gradients(spec: ModuleSpec, grads: dict, situation: str) -> None:
@@ -473,7 +506,7 @@ def run_module(spec: ModuleSpec, cls: Any, seed: int = 0) -> None:
                 judge_items(spec, row, values, row.situation, declared=[str(v.dtype) for v in got])
                 if row.perturbed is not None:
                     moved = items(spec, forward(spec, module, row, row.perturbed.inputs), spec.name)[0]
-                    expect_unmoved(row, values[0], as_numpy(moved), what_of(spec, 0))
+                    expect_unmoved(row.perturbed, values[0], as_numpy(moved), what_of(spec, 0), row.situation)
             except CheckFailed as failed:  # the check's title names the situation already
                 raise CheckFailed(str(failed).replace(f" ({row.situation})", "")) from None
             rtol, atol = tolerance(spec, args)

@@ -43,6 +43,7 @@ from decoder_course.spec import (
     hint_for,
     items,
     judge_items,
+    judge_parts,
     names_for,
     plain,
     returns_tensor,
@@ -149,12 +150,14 @@ class SpecExercise(Exercise):
 
     def cases(self, rng):
         cases = []
-        for i, (desc, args) in enumerate(self.spec.rows(rng)):
-            case = Case(f"c{i}", desc, data={"args": args})
+        for i, (desc, args, *probe) in enumerate(self.spec.rows(rng)):
+            case = Case(f"c{i}", desc, data={"args": args, "probe": probe[0] if probe else None})
             _call(case, self.name, args, self.spec.tensors, self.spec.keeps_inputs, record="out",
                   let="_result" if self.spec.fresh else None)
             if self.spec.fresh:  # 0 in a stride: an expand view, not a new tensor
                 case.call({"attr": ["_result", "stride"]}, record="strides")
+            if probe:  # a second call that changes only what must not matter
+                _call(case, self.name, probe[0].inputs, self.spec.tensors, False, record="moved")
             cases.append(case)
         for i, (desc, args, why) in enumerate(self.spec.refused):
             case = Case(f"r{i}", desc, data={"why": why}, relative=False)
@@ -173,6 +176,9 @@ class SpecExercise(Exercise):
             args, what = case.data["args"], f"{self.name}(...)"
             given = plain(args)
             _raise_hint(spec, result, case, args)
+            if spec.outputs:
+                self._judge_items(result, case)
+                continue
             kind = "any" if spec.scalar else "tensor" if returns_tensor(spec, args) else "ndarray"
             got = result.get(case.id, "out", what=what, kind=kind, finite=False)
             meta = result.meta(case.id, "out")
@@ -201,6 +207,46 @@ class SpecExercise(Exercise):
             if spec.keeps_inputs:
                 judges.unchanged(result, case.id, {n: v for n, v in given.items() if isinstance(v, np.ndarray)},
                                  self.name)
+
+
+    def _judge_items(self, result: Result, case: Case) -> None:
+        """A tuple result: each item's contract, the properties, the probe, then each item against the reference's
+        (the known mistake named is the one whose every item matches), then the inputs unchanged."""
+        spec, args = self.spec, case.data["args"]
+        got = _recorded_items(result, case, spec, self.name, "out", kind="tensor" if returns_tensor(spec, args)
+                              else "ndarray")
+        declared = [result.meta(case.id, f"out/{i}").get("dtype") for i in range(len(got))]
+        with shared():
+            judge_parts(spec, args, got, case.desc, declared)
+            probe = case.data["probe"]
+            if probe is not None:
+                moved = _recorded_items(result, case, spec, self.name, "moved", kind="any")[0]
+                expect_unmoved(probe, got[0], np.asarray(moved), what_of(spec, 0), case.desc)
+        positional, by_name = call_args(spec, args)
+        want = [np.asarray(as_numpy(w)) for w in getattr(self.ref, self.name)(*positional, **by_name)]
+        tol = tolerance(spec, args)
+
+        def produce(wrong, args=args):
+            positional, by_name = call_args(spec, copy.deepcopy(args))  # a mistake may write into them
+            return list(wrong(*positional, **by_name))
+
+        known = "" if all_agree(got, want, *tol) else known_mistake(self.lesson, self.name, got, produce, *tol)
+        for i in compared(spec):
+            _compare(self.lesson, self.name, got[i], want[i], what_of(spec, i), case, hint_for(spec, i), tol, None,
+                     known=known)
+        if spec.keeps_inputs:
+            judges.unchanged(result, case.id, {n: v for n, v in plain(args).items() if isinstance(v, np.ndarray)},
+                             self.name)
+
+
+def _recorded_items(result: Result, case: Case, spec, name: str, record: str, kind: str) -> list[np.ndarray]:
+    """The recorded tuple result's items, its kind and length judged first."""
+    meta = result.meta(case.id, record)
+    if meta.get("type") not in ("tuple", "list") or meta.get("len") != len(spec.outputs):
+        got = f"{meta.get('len')} values" if meta.get("type") in ("tuple", "list") else f"a {meta.get('type')}"
+        raise Fail(f"{name} should return ({', '.join(spec.outputs)}), got {got} ({case.desc}).")
+    return [result.get(case.id, f"{record}/{i}", what=what_of(spec, i), kind=kind, finite=False)
+            for i in range(len(spec.outputs))]
 
 
 class ModuleSpecExercise(Exercise):
@@ -249,16 +295,10 @@ class ModuleSpecExercise(Exercise):
         return cases
 
     def _items(self, result: Result, case: Case, record: str) -> list[np.ndarray]:
-        """The recorded result's items (one for a single tensor), its length judged first."""
-        spec = self.spec
-        if not spec.outputs:
+        """The recorded result's items (one for a single tensor)."""
+        if not self.spec.outputs:
             return [result.get(case.id, record, what=f"{self.name}'s output", kind="tensor", finite=False)]
-        meta = result.meta(case.id, record)
-        if meta.get("type") not in ("tuple", "list") or meta.get("len") != len(spec.outputs):
-            kind = f"{meta.get('len')} values" if meta.get("type") in ("tuple", "list") else f"a {meta.get('type')}"
-            raise Fail(f"{self.name} should return ({', '.join(spec.outputs)}), got {kind} ({case.desc}).")
-        return [result.get(case.id, f"{record}/{i}", what=what_of(spec, i), kind="tensor", finite=False)
-                for i in range(len(spec.outputs))]
+        return _recorded_items(result, case, self.spec, self.name, record, kind="tensor")
 
     def judge(self, result: Result):
         spec = self.spec
@@ -283,7 +323,8 @@ class ModuleSpecExercise(Exercise):
             with shared():
                 judge_items(spec, row, got, case.desc, declared)
                 if row.perturbed is not None:
-                    expect_unmoved(row, got[0], self._items(result, case, "moved")[0], what_of(spec, 0))
+                    expect_unmoved(row.perturbed, got[0], self._items(result, case, "moved")[0], what_of(spec, 0),
+                                   case.desc)
             want, tol = expected(spec, row), tolerance(spec, args)
 
             def produce(wrong, row=row):

@@ -11,7 +11,6 @@ import numpy as np
 
 from decoder_course.checks import (
     CheckFailed,
-    causal_leakage_probe,
     check,
     expect_close,
     expect_finite,
@@ -19,9 +18,8 @@ from decoder_course.checks import (
     expect_rows_sum_to_one,
     expect_shape,
     expect_type,
-    padding_leakage_probe,
 )
-from decoder_course.spec import Keyword, Spec, run
+from decoder_course.spec import Keyword, Perturbed, Spec, run
 
 # softmax([1, 2, 3]) = [e^0, e^1, e^2] / (e^0 + e^1 + e^2), by hand
 SOFTMAX_123 = np.array([0.09003057317038046, 0.24472847105479767, 0.6652409557748219])
@@ -140,6 +138,93 @@ SPECS = {
 }
 
 
+# -- scaled_dot_product_attention: rows of every layout, two probes ------------------------------------------------
+def _attention_rows(rng: np.random.Generator) -> list:
+    """Batched heads, no batch axes at all, key padding (the padded keys changed), causal self-attention (the future
+    changed), huge float64 scores, one head with a (T, S) mask; fully masked rows where a mask is random."""
+    def normal(*shapes, dtype=np.float64):
+        return [rng.standard_normal(shape).astype(dtype) for shape in shapes]
+
+    def row(desc, q, k, v, allowed, probe=None):
+        args = {"q": q, "k": k, "v": v} | ({} if allowed is None else {"allowed": allowed})
+        return (desc, args) if probe is None else (desc, args, probe(args))
+
+    def padded_changed(args):  # other keys and values at the padded positions: no output may move
+        k2, v2, pad = args["k"].copy(), args["v"].copy(), ~args["allowed"][:, 0, :]  # (B, S)
+        k2[pad] += 5.0 * rng.standard_normal(k2[pad].shape)
+        v2[pad] += 5.0 * rng.standard_normal(v2[pad].shape)
+        return Perturbed(args | {"k": k2, "v": v2}, lambda out: out, "changing the keys and values at padded "
+                         "positions changed the output: padded keys leak into real queries. Apply `allowed` to the "
+                         "scores before the softmax (True = may attend).")
+
+    def future_changed(args):  # the same x after position t0 only: no output at or before t0 may move
+        t0, x2 = int(rng.integers(1, args["q"].shape[-2] - 2)), args["q"].copy()
+        x2[..., t0 + 1:, :] += 3.0 * rng.standard_normal(x2[..., t0 + 1:, :].shape)
+        return Perturbed(args | {"q": x2, "k": x2, "v": x2}, lambda out, t0=t0: out[..., :t0 + 1, :],
+                         f"in causal self-attention an output at a position <= {t0} changed when only positions "
+                         f"after {t0} changed: the future leaks. Apply `allowed` to the scores before the softmax "
+                         "(True = may attend).")
+
+    B, H, T, S, Dh, Dv = 2, 3, 4, 5, 8, 6
+    (x,) = normal((2, 2, 6, 4))
+    return [
+        row(f"(B, H, T, S, Dh, Dv) = {(B, H, T, S, Dh, Dv)}, allowed (B, 1, T, S) with a fully masked row",
+            scaled_rows(rng, (B, H, T, Dh), scales=(0.1, 1.0, 3.0)), *normal((B, H, S, Dh), (B, H, S, Dv)),
+            random_allowed(rng, (B, 1, T, S))),
+        row("q (T, Dh) = (3, 6), k (S, Dh) = (5, 6), v (S, Dv) = (5, 2), float32, allowed=None",
+            *normal((3, 6), (5, 6), (5, 2), dtype=np.float32), None),
+        row("(B, T, S, Dh, Dv) = (2, 4, 6, 3, 5) without heads, key padding (B, 1, S), the padded keys changed",
+            *normal((2, 4, 3), (2, 6, 3), (2, 6, 5)), np.array([[True] * 6, [True] * 3 + [False] * 3])[:, None, :],
+            padded_changed),
+        row("causal self-attention, q = k = v of shape (B, H, T, Dh) = (2, 2, 6, 4), the future changed", x, x, x,
+            np.tril(np.ones((6, 6), dtype=bool)), future_changed),
+        row("huge scores, (B, H, T, S, Dh, Dv) = (1, 2, 3, 5, 4, 4), a fully masked row",
+            rng.standard_normal((1, 2, 3, 4)) * 1e3, rng.standard_normal((1, 2, 5, 4)) * 1e2,
+            rng.standard_normal((1, 2, 5, 4)), random_allowed(rng, (1, 2, 3, 5))),
+        row("(B, H, T, S, Dh, Dv) = (2, 1, 5, 3, 2, 4), float32, allowed (T, S)",
+            *normal((2, 1, 5, 2), (2, 1, 3, 2), (2, 1, 3, 4), dtype=np.float32), random_allowed(rng, (5, 3))),
+    ]
+
+
+def _attention_shape(a: dict) -> tuple:
+    lead = np.broadcast_shapes(a["q"].shape[:-2], a["k"].shape[:-2])
+    return lead + (a["q"].shape[-2], a["v"].shape[-1]), lead + (a["q"].shape[-2], a["k"].shape[-2])  # out, weights
+
+
+def _swapped(a: dict, shape: tuple) -> str:
+    out, weights = _attention_shape(a)
+    return "The outputs come in the wrong order: return `out, weights`, the output first." if shape == weights \
+        and out != weights else ""
+
+
+def _attention_properties(a: dict, got: list, desc: str) -> None:
+    """The weights are masked_softmax's (finite, blocked keys 0, rows summing to one); a query with no key outputs 0."""
+    out, weights = got
+    check_weights(weights, a.get("allowed"), "the attention weights", desc)
+    if a.get("allowed") is not None:
+        has_key = np.broadcast_to(a["allowed"], weights.shape).any(axis=-1)  # (..., T)
+        if np.abs(out[~has_key]).max(initial=0.0) > ATOL:
+            raise CheckFailed(f"a query with no allowed key should output zeros ({desc}): its weights are zero, so "
+                              "its weighted average of the values is zero.")
+
+
+def _matmul_error(args: dict, error: str) -> str:
+    if "matmul" in error and args["k"].ndim > 2:
+        return ("k.T reverses every axis of a batched k: swap only its last two, k.swapaxes(-1, -2), so that "
+                "q (..., T, Dh) @ kᵀ (..., Dh, S) gives the scores (..., T, S).")
+    return ""
+
+
+SPECS["scaled_dot_product_attention"] = Spec(
+    "scaled_dot_product_attention", _attention_rows, dtype=lambda a: "float", shape=_attention_shape,
+    outputs=("out", "weights"), order=("weights", "out"), on_error=_matmul_error,
+    shape_hint=(_swapped, "One score per query and key: q · kᵀ with k's last two axes swapped."),
+    properties=_attention_properties, uses=("masked_softmax", "softmax"), rtol=1e-4, atol=1e-5,
+    hint={"weights": "weights = masked_softmax(q · kᵀ / sqrt(Dh), allowed), with Dh = q.shape[-1] and k's last two "
+                     "axes swapped.",
+          "out": "Your weights are right: out = weights @ v."})
+
+
 def check_softmax(softmax) -> None:
     """Worked example, huge scores, rows of very different scale, the axis argument, the caller's array."""
     with check("softmax([1, 2, 3]) matches the worked example"):
@@ -222,35 +307,7 @@ def check_scaled_dot_product_attention(scaled_dot_product_attention) -> None:
                      hint="scores = q · kᵀ / sqrt(Dh) = [2, 0], and the weights are their softmax")
         expect_close(out, np.array([[w0, 1.0 - w0]]), "out", hint="out = weights @ v")
 
-    rng = np.random.default_rng(1)
-    B, H, T, S, Dh, Dv = 2, 3, 4, 5, 8, 6
-    q = rng.standard_normal((B, H, T, Dh))  # (B, H, T, Dh)
-    k = rng.standard_normal((B, H, S, Dh))  # (B, H, S, Dh)
-    v = rng.standard_normal((B, H, S, Dv))  # (B, H, S, Dv)
-    with check("shapes (B, H, T, S, Dh, Dv) = (2, 3, 4, 5, 8, 6) with a (B, 1, T, S) mask and a fully "
-               "masked row"):
-        allowed = rng.random((B, 1, T, S)) < 0.6
-        allowed[0, 0, 0], allowed[1, 0, 2] = True, False  # a full row and a fully masked row
-        out, weights = expect_inputs_unchanged(scaled_dot_product_attention, q, k, v, allowed)
-        if np.shape(out) == (B, H, T, S) and np.shape(weights) == (B, H, T, Dv):
-            raise AssertionError("out and weights come in the wrong order: return `out, weights`")
-        expect_shape(weights, (B, H, T, S), "weights", names="B, H, T, S")
-        expect_shape(out, (B, H, T, Dv), "out", names="B, H, T, Dv")
-        expect_rows_sum_to_one(weights, allowed, what="weights")
-        expect_close(out[1, :, 2], np.zeros((H, Dv)), "out for the fully masked query (batch 1, position 2)",
-                     hint="a query with no allowed key has zero weights, so its output is zeros")
-    with check("causal self-attention: no output position depends on a later one"):
-        causal = np.tril(np.ones((T, T), dtype=bool))  # (T, T): key s <= query t
-        causal_leakage_probe(lambda x: scaled_dot_product_attention(x, x, x, causal),
-                             rng.standard_normal((B, H, T, Dh)), time_axis=2,
-                             what="scaled_dot_product_attention(x, x, x, causal)")
-    with check("key padding: changing padded keys and values changes no output"):
-        is_real = np.array([[True] * S, [True, True, False, False, False]])  # (B, S)
-        q3 = rng.standard_normal((B, T, Dh))  # (B, T, Dh): no head axis this time
-        # allowed (B, 1, S): the padding of each sequence, for every query
-        padding_leakage_probe(lambda kv: scaled_dot_product_attention(q3, kv, kv, is_real[:, None, :]),
-                              rng.standard_normal((B, S, Dh)), is_real, key_axis=1,
-                              what="scaled_dot_product_attention(q, kv, kv, allowed)")
+    run(SPECS["scaled_dot_product_attention"], scaled_dot_product_attention)
 
 
 def check_fixed_attention(fixed_attention) -> None:
