@@ -144,6 +144,15 @@ def _raise_hint(spec, result: Result, case: Case, args: dict) -> None:
             raise Raised(f"your code raised an exception on a case with {case.desc}:\n    {last}\n{hint}")
 
 
+def _unrefused(result: Result) -> list[Case]:
+    """The cases built to be refused (a ``why``) are judged first: each must have raised a ValueError; the others
+    are returned for the exercise's judge."""
+    for case in result.cases.values():
+        if "why" in case.data:
+            judges.value_error(result, case.id, case.data["why"])
+    return [case for case in result.cases.values() if "why" not in case.data]
+
+
 class SpecExercise(Exercise):
     spec: Spec
     ref: ModuleType
@@ -161,18 +170,13 @@ class SpecExercise(Exercise):
             cases.append(case)
         for i, (desc, args, why) in enumerate(self.spec.refused):
             case = Case(f"r{i}", desc, data={"why": why}, relative=False)
-            given = {n: _value(case, unwrap(v), self.spec.tensors) for n, v in args.items()}
-            case.call(self.name, *(given[n] for n, v in args.items() if not isinstance(v, Keyword)),
-                      **{n: given[n] for n, v in args.items() if isinstance(v, Keyword)})
+            _build(case, self.name, args, tensors=self.spec.tensors)
             cases.append(case)
         return cases
 
     def judge(self, result: Result):
         spec = self.spec
-        for case in result.cases.values():
-            if "why" in case.data:
-                judges.value_error(result, case.id, case.data["why"])
-                continue
+        for case in _unrefused(result):
             args, what = case.data["args"], f"{self.name}(...)"
             given = plain(args)
             _raise_hint(spec, result, case, args)
@@ -302,10 +306,7 @@ class ModuleSpecExercise(Exercise):
 
     def judge(self, result: Result):
         spec = self.spec
-        for case in result.cases.values():
-            if "why" in case.data:
-                judges.value_error(result, case.id, case.data["why"])
-                continue
+        for case in _unrefused(result):
             row = case.data["row"]
             args = {**row.init, **row.inputs}
             error = result.error(case.id)
@@ -347,9 +348,10 @@ class ModuleSpecExercise(Exercise):
                                                    if isinstance(v, np.ndarray)}, self.name)
 
 
-def _build(case: Case, name: str, init: dict, **step) -> None:
-    """``name(*init)`` in the kernel: the module's constructor, its arrays sent aside."""
-    given = {n: _value(case, unwrap(v), True) for n, v in init.items()}
+def _build(case: Case, name: str, init: dict, tensors: bool = True, **step) -> None:
+    """``name(*init)`` in the kernel (a module's constructor, or a call that must be refused), its arrays sent aside
+    (as tensors: ``tensors``)."""
+    given = {n: _value(case, unwrap(v), tensors) for n, v in init.items()}
     case.call(name, *(given[n] for n, v in init.items() if not isinstance(v, Keyword)),
               **{n: given[n] for n, v in init.items() if isinstance(v, Keyword)}, **step)
 
