@@ -264,6 +264,9 @@ class Build:
     seed: int | None = None  # training mode, torch seeded with this just before forward (dropout's masks); None: eval
     perturbed: Perturbed | None = None  # a second call that must leave part of the output unmoved
     grad: bool = False  # a backward pass from the (first) output: every float input gets a finite gradient
+    # forward's inputs of further calls on the same module sharing one fresh cache (the spec's ``cache``, passed as
+    # ``cache``): a prefill, then one position at a time; their outputs joined along axis 1 are the first output
+    cached: tuple[dict, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -303,6 +306,7 @@ class ModuleSpec:
     order: tuple[str, ...] = ()  # the order the items are compared in (the weights before what they make)
     refused: tuple[tuple[str, dict, str], ...] = ()  # (situation, constructor's arguments, why): a ValueError
     grad_hint: str = ""  # what a NaN gradient on a row with ``grad`` most likely means
+    cache: Cached | None = None  # how a row's ``cached`` calls are judged (a module that decodes with a cache)
 
 
 def _tensors(values: dict) -> dict:
@@ -483,9 +487,10 @@ def _gradients(spec: ModuleSpec, cls: Any, row: Build) -> dict:
     return {n: None if given[n].grad is None else given[n].grad.numpy() for n in grad_inputs(row)}
 
 
-def run_module(spec: ModuleSpec, cls: Any, seed: int = 0) -> None:
+def run_module(spec: ModuleSpec, cls: Any, seed: int = 0, given: dict | None = None) -> None:
     """The visible half of a module spec: ``cls`` on each row drawn from ``seed``, its contract, properties and
-    agreement with PyTorch's own modules (``twin``) checked."""
+    agreement with PyTorch's own modules (``twin``) checked (``given``: the lesson's given classes by name, the
+    cache of rows that decode with one)."""
     for row in spec.rows(np.random.default_rng(seed)):
         args = {**row.init, **row.inputs}
         mode = " (training mode)" if row.seed is not None else ""
@@ -507,6 +512,12 @@ def run_module(spec: ModuleSpec, cls: Any, seed: int = 0) -> None:
                 if row.perturbed is not None:
                     moved = items(spec, forward(spec, module, row, row.perturbed.inputs), spec.name)[0]
                     expect_unmoved(row.perturbed, values[0], as_numpy(moved), what_of(spec, 0), row.situation)
+                if row.cached:
+                    cache = given[spec.cache.given](1)
+                    parts = [items(spec, forward(spec, module, row, {**step, "cache": Keyword(cache)}), spec.name)[0]
+                             for step in row.cached]
+                    keys = None if cache.keys[0] is None else tuple(cache.keys[0].shape)
+                    expect_cached(spec, row, values[0], [as_numpy(p) for p in parts], keys, row.situation)
             except CheckFailed as failed:  # the check's title names the situation already
                 raise CheckFailed(str(failed).replace(f" ({row.situation})", "")) from None
             rtol, atol = tolerance(spec, args)
@@ -523,3 +534,31 @@ def run_module(spec: ModuleSpec, cls: Any, seed: int = 0) -> None:
         with check(f"{spec.name} refuses to be built with {desc}"):
             positional, by_name = call_args(spec, init)
             expect_value_error(lambda: cls(*positional, **by_name), why)  # noqa: B023 - called at once
+
+
+@dataclass(frozen=True)
+class Cached:
+    """How a module that decodes with a cache is judged: a row's ``cached`` calls, sharing one fresh cache of the
+    lesson's given class, give the row's first output joined along axis 1; the cache then holds keys of the shape
+    ``keys`` says (a module that only passes the cache on to a submodule says none: that one's checks judge it)."""
+
+    given: str  # the cache's class as the lesson gives it ("KVCache"), built with one layer
+    keys: Callable[[dict], tuple] | None = None  # (the row's arguments, plain) -> the shape of layer 0's cached keys
+    hint: str = ""  # what cached outputs that differ from the full forward's most likely mean
+    keys_hint: str = ""  # what cached keys of another shape most likely mean
+
+
+def expect_cached(spec: ModuleSpec, row: Build, first: np.ndarray, parts: list, keys: tuple | None,
+                  situation: str) -> None:
+    """The cached calls' outputs, each of its own length, joined along axis 1 equal the full forward's ``first``;
+    the cache holds keys of the shape the spec's ``cache.keys`` says (if it says one)."""
+    what = f"{spec.name}'s output with a cache ({situation}: a prefill, then one position at a time)"
+    for step, got in zip(row.cached, parts):
+        T = np.shape(unwrap(next(iter(step.values()))))[1]
+        expect_shape(got, (first.shape[0], T, *first.shape[2:]), what, names=spec.axes or None)
+    if not agrees(np.concatenate(parts, axis=1), first, *tolerance(spec, {**row.init, **row.inputs})):
+        raise CheckFailed(f"{what} differs from the output of one call on all the positions. {spec.cache.hint}")
+    want = None if spec.cache.keys is None else tuple(spec.cache.keys(plain({**row.init, **row.inputs})))
+    if want is not None and keys != want:
+        raise CheckFailed(f"the cache holds keys of shape {keys}, should be {want} ({situation}). "
+                          f"{spec.cache.keys_hint}".strip())

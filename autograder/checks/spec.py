@@ -34,6 +34,7 @@ from decoder_course.spec import (
     call_args,
     compared,
     contract,
+    expect_cached,
     expect_fresh,
     expect_gradients,
     expect_unmoved,
@@ -291,6 +292,13 @@ class ModuleSpecExercise(Exercise):
                     case.record(f"grad_{name}", {"grad": name})
             if row.perturbed is not None:
                 _call(case, {"ref": "m"}, row.perturbed.inputs, True, False, record="moved")
+            if row.cached:  # one fresh cache of the lesson's given class, then each cached call
+                case.call(self.spec.cache.given, 1, let="cache")
+                for j, step in enumerate(row.cached):
+                    _call(case, {"ref": "m"}, {**step, "cache": Keyword({"ref": "cache"})}, True, False,
+                          record=f"cached{j}")
+                if self.spec.cache.keys is not None:
+                    case.record("cache_keys", {"attr": ["cache", "keys"]})
             cases.append(case)
         for i, (desc, init, why) in enumerate(self.spec.refused):
             case = Case(f"r{i}", f"{self.name} built with {desc}", data={"why": why}, relative=False)
@@ -326,6 +334,11 @@ class ModuleSpecExercise(Exercise):
                 if row.perturbed is not None:
                     expect_unmoved(row.perturbed, got[0], self._items(result, case, "moved")[0], what_of(spec, 0),
                                    case.desc)
+                if row.cached:
+                    keys = result.meta(case.id, "cache_keys/0") if spec.cache.keys else {}  # None: nothing cached
+                    expect_cached(spec, row, got[0], [self._items(result, case, f"cached{j}")[0]
+                                                      for j in range(len(row.cached))],
+                                  tuple(keys["shape"]) if keys.get("type") == "torch.Tensor" else None, case.desc)
             want, tol = expected(spec, row), tolerance(spec, args)
 
             def produce(wrong, row=row):

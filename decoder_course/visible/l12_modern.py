@@ -1,13 +1,13 @@
 """Visible checks of lesson 12-modern: RMSNorm, rotary embeddings, SwiGLU, grouped-query attention, the sliding
 window and the modern block.
 
-No reference answer is needed: ``RMSNorm`` is compared with ``torch.nn.RMSNorm`` holding the student's weight;
-RoPE with the paper's complex-number form (``torch.view_as_complex`` times ``torch.polar``) and by its defining
-property (scores depend only on the position difference); SwiGLU and the block with their formulas written over
-the student's own weights and submodules; grouped-query attention with ``F.scaled_dot_product_attention(...,
-enable_gqa=True)`` fed the student's own projections; the sliding window with worked examples. The MHA-to-GQA
-conversion by labelled heads read back after pooling, and by PyTorch's attention over the converted weights (so
-only the conversion is on trial, not the student's forward).
+No reference answer is needed: the modules are specs compared with PyTorch's own functions holding the same weights
+(``torch.nn.RMSNorm``, ``F.silu``, ``F.scaled_dot_product_attention(..., enable_gqa=True)``), their cached calls
+with the full forward, and with public wrong twins that name the usual mistakes; RoPE with the paper's
+complex-number form (``torch.view_as_complex`` times ``torch.polar``) and by its defining property (scores depend
+only on the position difference); the sliding window with worked examples. The MHA-to-GQA conversion by labelled
+heads read back after pooling, and by PyTorch's attention over the converted weights (so only the conversion is on
+trial, not the student's forward).
 """
 
 from __future__ import annotations
@@ -28,25 +28,9 @@ from decoder_course.checks import (
     grid,
     randomised,
 )
-from decoder_course.spec import Build, Keyword, ModuleSpec, Spec, run, run_module
+from decoder_course.spec import Build, Cached, Keyword, ModuleSpec, Spec, run, run_module
 
 CLOSE = {"atol": 1e-4, "rtol": 1e-4}  # float32 against a formula computed another way
-
-
-def _expect_parameters(module: nn.Module, want: dict, what: str, why: str = "") -> None:
-    """``module``'s parameters are exactly ``want``, {name: shape}."""
-    shapes = {name: tuple(p.shape) for name, p in module.named_parameters()}
-    if shapes != want:
-        raise CheckFailed(f"{what} has parameters {shapes}, should be {want}{why}")
-
-
-def _prefill_then_steps(fn, x, positions, causal, cache, *rest) -> torch.Tensor:
-    """``fn`` on the first 4 positions, then on each later one alone, all with ``cache``: the outputs joined."""
-    T = x.shape[1]
-    with torch.no_grad():
-        parts = [fn(x[:, :4], positions[:4], causal[:4, :4], cache, *rest)]
-        parts += [fn(x[:, t:t + 1], positions[t:t + 1], causal[t:t + 1, :t + 1], cache, *rest) for t in range(4, T)]
-    return torch.cat(parts, dim=1)  # (B, T, D)
 
 
 # -- RMSNorm -----------------------------------------------------------------------------------------------------------
@@ -202,69 +186,116 @@ def check_swiglu(SwiGLUFeedForward) -> None:  # noqa: N803 - the class under tes
 
 
 # -- GroupedQueryAttention ---------------------------------------------------------------------------------------------
-def _sdpa_twin(attn, x, positions, allowed, n_heads, n_kv_heads):
-    """PyTorch's grouped-query attention over the student's own projections (RoPE in the complex form)."""
+def _gqa(state: dict, H: int, Hkv: int, x, positions=None, allowed=None, *, tile: bool = False, rope_k: bool = True,
+         scale: float | None = None) -> torch.Tensor:
+    """PyTorch's grouped-query attention (SDPA with enable_gqa=True: query head h uses kv head h // g) over the
+    weights of ``state``, RoPE in the complex form; the keywords make the known mistakes."""
     B, T, D = x.shape
-    Dh = D // n_heads
-    q = attn.q_proj(x).view(B, T, n_heads, Dh).transpose(1, 2)  # (B, H, T, Dh)
-    k = attn.k_proj(x).view(B, T, n_kv_heads, Dh).transpose(1, 2)  # (B, H_kv, T, Dh)
-    v = attn.v_proj(x).view(B, T, n_kv_heads, Dh).transpose(1, 2)
+    Dh = D // H
+    q = F.linear(x, state["q_proj.weight"]).view(B, T, H, Dh).transpose(1, 2)  # (B, H, T, Dh)
+    k = F.linear(x, state["k_proj.weight"]).view(B, T, Hkv, Dh).transpose(1, 2)  # (B, H_kv, T, Dh)
+    v = F.linear(x, state["v_proj.weight"]).view(B, T, Hkv, Dh).transpose(1, 2)
     if positions is not None:
-        q, k = complex_rotation(q, positions).float(), complex_rotation(k, positions).float()
-    out = F.scaled_dot_product_attention(q, k, v, attn_mask=allowed, enable_gqa=True)  # True = may attend
-    return attn.out_proj(out.transpose(1, 2).reshape(B, T, D))  # (B, T, D)
+        q = complex_rotation(q, positions).to(x.dtype)
+        k = complex_rotation(k, positions).to(x.dtype) if rope_k else k
+    if tile:  # (B, H, T, Dh): query head h gets kv head h % H_kv
+        k, v = k.repeat(1, H // Hkv, 1, 1), v.repeat(1, H // Hkv, 1, 1)
+    out = F.scaled_dot_product_attention(q, k, v, attn_mask=allowed, scale=scale, enable_gqa=True)  # True = may attend
+    return F.linear(out.nan_to_num(0.0).transpose(1, 2).reshape(B, T, D), state["out_proj.weight"])  # (B, T, D)
+
+
+def _decoded(x: np.ndarray, positions: np.ndarray, causal: np.ndarray, prefill: int = 3) -> tuple[dict, ...]:
+    """A row's calls with a cache: the first ``prefill`` positions at once, then each later one alone."""
+    cuts = [(0, prefill), *((t, t + 1) for t in range(prefill, x.shape[1]))]
+    return tuple({"x": x[:, a:b], "positions": positions[a:b], "allowed": causal[a:b, :b]} for a, b in cuts)
+
+
+def _gqa_state(rng: np.random.Generator, D: int, H: int, Hkv: int) -> dict[str, np.ndarray]:
+    Dh = D // H
+    return {name: rng.normal(0, 0.4, shape).astype(np.float32) for name, shape in (
+        ("q_proj.weight", (D, D)), ("k_proj.weight", (Hkv * Dh, D)), ("v_proj.weight", (Hkv * Dh, D)),
+        ("out_proj.weight", (D, D)))}
+
+
+def _gqa_rows(rng: np.random.Generator) -> list[Build]:
+    """GQA, MQA, MHA, with RoPE from an offset or without positions, a causal or a random mask with an empty row;
+    MQA also decoded with a cache."""
+    rows = []
+    for D, H, Hkv, B, T, rope, causal, what in (
+            (24, 6, 2, 3, 7, True, False, "GQA"), (16, 4, 1, 2, 6, True, True, "MQA (n_kv_heads=1)"),
+            (12, 3, 3, 2, 5, False, True, "MHA (n_kv_heads=n_heads)"), (16, 4, 2, 2, 5, False, False, "GQA")):
+        state, x = _gqa_state(rng, D, H, Hkv), rng.normal(size=(B, T, D)).astype(np.float32)
+        positions = (np.arange(T) + int(rng.integers(0, 40))).astype(np.int64) if rope else None
+        if causal:
+            allowed = np.tril(np.ones((T, T), dtype=bool))
+        else:
+            allowed = rng.random((B, 1, T, T)) < 0.6
+            allowed[..., 0] = True
+            allowed[-1, 0, 1] = False  # one fully masked query row: zeros before out_proj
+        rows.append(Build(
+            f"{what}: D={D}, n_heads={H}, n_kv_heads={Hkv}, B={B}, T={T}, "
+            f"{f'RoPE at positions from {int(positions[0])}' if rope else 'no positions'}, "
+            f"{'a causal mask' if causal else 'a random mask with a fully masked row'}",
+            {"d_model": D, "n_heads": H, "n_kv_heads": Hkv}, {"x": x, "positions": positions, "allowed": allowed},
+            state=state, cached=_decoded(x, positions, allowed) if rope and causal else ()))
+    return rows
+
+
+def _gqa_twin(init: dict, state: dict, inputs: dict, train: bool) -> torch.Tensor:
+    return _gqa(state, init["n_heads"], init["n_kv_heads"], *inputs.values())
+
+
+def _gqa_variants(init: dict, state: dict, inputs: dict, train: bool) -> dict[str, torch.Tensor]:
+    H, Hkv, (x, positions, allowed) = init["n_heads"], init["n_kv_heads"], inputs.values()
+    wrong = {"the key/value heads are tiled (repeat: query head h gets kv head h % n_kv_heads): consecutive query "
+             "heads h·g .. h·g + g - 1 share kv head h, so repeat_interleave(g, dim=1)":
+             _gqa(state, H, Hkv, x, positions, allowed, tile=True)}
+    if positions is not None:
+        wrong["only the queries are rotated: rotate the keys at their positions too, or the score depends on "
+              "absolute positions"] = _gqa(state, H, Hkv, x, positions, allowed, rope_k=False)
+        wrong["`positions` are ignored: rotate q and k with rotary_embedding(.., positions)"] = \
+            _gqa(state, H, Hkv, x, None, allowed)
+    wrong["the scores are scaled by 1/sqrt(D): the scale is 1/sqrt(Dh), the head width"] = \
+        _gqa(state, H, Hkv, x, positions, allowed, scale=init["d_model"] ** -0.5)
+    return wrong
+
+
+def _empty_rows_zero(a: dict, got: np.ndarray, situation: str) -> None:
+    """A query with no allowed key gives a zero output row (no bias after the attention), never NaN."""
+    if a["allowed"] is None:
+        return
+    B, T = got.shape[:2]
+    empty = ~np.broadcast_to(a["allowed"], (B, 1, T, a["allowed"].shape[-1])).any(-1)[:, 0]  # (B, T)
+    if not np.allclose(got[empty], 0.0, atol=1e-6):
+        raise CheckFailed(f"a query row with no allowed key should give zeros ({situation}): zero its weights, as "
+                          "lesson 03's attention does (out_proj has no bias, so the output row is zero), never NaN")
+
+
+KV_KEYS = Cached(
+    "KVCache", lambda a: (a["x"].shape[0], a["n_kv_heads"], a["x"].shape[1], a["d_model"] // a["n_heads"]),
+    hint="Rotate the new keys at their positions, cache.update(k, v, layer_idx) with the n_kv_heads heads, then "
+         "repeat them for the groups and attend over everything cached.",
+    keys_hint="Cache the n_kv_heads heads (B, n_kv_heads, S, Dh), before repeating them for the query groups: that is "
+              "where the memory is saved.")
+SPECS["GroupedQueryAttention"] = ModuleSpec(
+    "GroupedQueryAttention", _gqa_rows, _gqa_twin, variants=_gqa_variants, properties=_empty_rows_zero,
+    names="q_proj (D -> D), k_proj and v_proj (D -> n_kv_heads·Dh), out_proj (D -> D), nn.Linear without bias",
+    dtype=lambda a: a["x"].dtype, shape=lambda a: a["x"].shape, axes="B, T, D", rtol=1e-4, atol=1e-4,
+    uses=("rotary_embedding",), forbidden=("scaled_dot_product_attention", "enable_gqa", "nn.MultiheadAttention"),
+    cache=KV_KEYS, refused=(
+        ("D=16, n_heads=3", {"d_model": 16, "n_heads": 3, "n_kv_heads": 1},
+         "GroupedQueryAttention(16, 3, 1): D = 16 does not divide into 3 heads"),
+        ("n_heads=4, n_kv_heads=3", {"d_model": 16, "n_heads": 4, "n_kv_heads": 3},
+         "GroupedQueryAttention(16, 4, 3): 4 query heads do not divide into groups for 3 key/value heads")),
+    hint="Project, split into n_heads query and n_kv_heads key/value heads, rotate q and k at the positions, repeat "
+         "each key/value head for its group (repeat_interleave on the head axis), attend with the mask scaled by "
+         "1/sqrt(Dh), merge, out_proj.")
 
 
 def check_gqa(GroupedQueryAttention, KVCache) -> None:  # noqa: N803 - the classes under test
-    """Projection sizes, equal to SDPA with enable_gqa=True (MHA, GQA, MQA; with RoPE), a fully masked row, the
-    cache holding only the key/value heads, bad sizes."""
-    with check("q_proj, out_proj (D -> D); k_proj, v_proj (D -> n_kv_heads·Dh); no bias"):
-        _expect_parameters(GroupedQueryAttention(24, 6, 2),
-                           {"q_proj.weight": (24, 24), "k_proj.weight": (8, 24), "v_proj.weight": (8, 24),
-                            "out_proj.weight": (24, 24)},
-                           "GroupedQueryAttention(24, 6, 2)", " (Dh = 4: the keys and values have 2 heads of 4)")
-    torch.manual_seed(0)
-    x = torch.randn(3, 6, 24)
-    causal = torch.ones(6, 6, dtype=torch.bool).tril()
-    positions = torch.arange(6) + 3
-    for H_kv, what in ((2, "GQA, 6 query heads in 2 groups"), (1, "MQA, n_kv_heads=1"), (6, "MHA, n_kv_heads=6")):
-        with check(f"{what}: equal to F.scaled_dot_product_attention(..., enable_gqa=True), causal, with RoPE"):
-            attn = randomised(GroupedQueryAttention(24, 6, H_kv), H_kv, scale=0.3)
-            with torch.no_grad():
-                plain, want_plain = attn(x, allowed=causal), _sdpa_twin(attn, x, None, causal, 6, H_kv)
-                got, want = attn(x, positions, causal), _sdpa_twin(attn, x, positions, causal, 6, H_kv)
-            expect_type(plain, torch.Tensor, "GroupedQueryAttention's output (one tensor)")
-            expect_shape(plain, (3, 6, 24), "GroupedQueryAttention's output", names="B T D")
-            expect_close(plain, want_plain, "the output without positions", **CLOSE,
-                         hint="query head h uses kv head h // (n_heads // n_kv_heads): repeat_interleave the kv heads "
-                              "on the head axis (not repeat); scale the scores by 1/sqrt(Dh)")
-            expect_close(got, want, "the output with positions", **CLOSE,
-                         hint="rotate the queries *and* the keys with rotary_embedding(..., positions), before the "
-                              "scores (and before caching the keys)")
-    with check("a fully masked query row gives zeros; the rest is unchanged"):
-        allowed = causal.clone()
-        allowed[2] = False
-        with torch.no_grad():
-            out = GroupedQueryAttention(24, 6, 2)(x, allowed=allowed)
-        if not torch.allclose(out[:, 2], torch.zeros(24), atol=1e-6) or not torch.isfinite(out).all():
-            raise CheckFailed("query row 2 has no allowed key: its output should be zeros (lesson 03's attention), "
-                              "never NaN")
-    with check("with a KVCache: the cache holds (B, n_kv_heads, S, Dh), and prefill + one at a time = full"):
-        attn, cache = randomised(GroupedQueryAttention(24, 6, 2), 7, scale=0.3), KVCache(1)
-        with torch.no_grad():
-            full = attn(x, torch.arange(6), causal)
-        cached = _prefill_then_steps(attn, x, torch.arange(6), causal, cache)
-        shape = None if cache.keys[0] is None else tuple(cache.keys[0].shape)
-        if shape != (3, 2, 6, 4):
-            raise CheckFailed(f"the cache holds keys of shape {shape}, should be (B, n_kv_heads, S, Dh) = "
-                              "(3, 2, 6, 4): cache.update(k, v, layer_idx) with the n_kv_heads heads, before "
-                              "repeating them")
-        expect_close(cached, full, "the cached outputs", **CLOSE,
-                     hint="rotate the new keys at their positions, cache them, attend over everything cached")
-    with check("D not divisible by n_heads, or n_heads not by n_kv_heads, raises ValueError"):
-        for args, why in (((24, 5, 1), "D = 24 is not divisible by n_heads = 5"),
-                          ((24, 6, 4), "n_heads = 6 is not divisible by n_kv_heads = 4")):
-            expect_value_error(lambda args=args: GroupedQueryAttention(*args), f"GroupedQueryAttention{args}: {why}")
+    """The spec's rows: projection names and sizes, SDPA with enable_gqa=True (GQA, MQA, MHA; with RoPE), a fully
+    masked row, the cache holding only the key/value heads, bad sizes refused."""
+    run_module(SPECS["GroupedQueryAttention"], GroupedQueryAttention, given={"KVCache": KVCache})
 
 
 # -- sliding_window_mask -----------------------------------------------------------------------------------------------
@@ -286,6 +317,7 @@ SLIDING_WINDOW_MASK = Spec(
     hint="Query t sees keys t - window + 1 .. t: itself and window - 1 positions back.",
     refused=(("T=5, window=0", {"T": 5, "window": 0}, "sliding_window_mask(5, 0) was asked for an empty window, and "
               "a window must hold at least the query itself"),))
+SPECS["sliding_window_mask"] = SLIDING_WINDOW_MASK
 
 
 def check_sliding_window_mask(sliding_window_mask) -> None:
@@ -309,31 +341,75 @@ def check_sliding_window_mask(sliding_window_mask) -> None:
 
 
 # -- ModernBlock -------------------------------------------------------------------------------------------------------
+def _block(init: dict, state: dict, inputs: dict, *, post: bool = False, rope: bool = True,
+           one_norm: bool = False) -> torch.Tensor:
+    """The pre-norm block over ``state`` with F.rms_norm, PyTorch's GQA and F.silu; the keywords make the known
+    miswirings."""
+    x, positions, allowed = inputs.values()
+
+    def sub(prefix):
+        return {k.removeprefix(prefix): v for k, v in state.items() if k.startswith(prefix)}
+
+    def norm(name, h):
+        return F.rms_norm(h, (h.shape[-1],), state[f"{name}.weight"], init.get("eps", 1e-6))
+
+    def attn(h):
+        return _gqa(sub("attn."), init["n_heads"], init["n_kv_heads"], h, positions if rope else None, allowed)
+
+    def ffn(h):
+        return _swiglu_twin({}, sub("feed_forward."), {"x": h}, False)
+
+    if post:
+        h = norm("attn_norm", x + attn(x))
+        return norm("ffn_norm", h + ffn(h))
+    h = x + attn(norm("attn_norm", x))  # (B, T, D)
+    return h + ffn(norm("attn_norm" if one_norm else "ffn_norm", h))
+
+
+def _block_rows(rng: np.random.Generator) -> list[Build]:
+    """Two different norm gains far from ones; a causal GQA block also decoded with a cache, an MHA one unmasked."""
+    rows = []
+    for (D, H, Hkv, Fw), B, T, causal in (((16, 4, 2, 24), 3, 6, True), ((8, 2, 2, 12), 2, 5, False)):
+        Dh = D // H
+        shapes = {"attn_norm.weight": (D,), "ffn_norm.weight": (D,), "attn.q_proj.weight": (D, D),
+                  "attn.k_proj.weight": (Hkv * Dh, D), "attn.v_proj.weight": (Hkv * Dh, D),
+                  "attn.out_proj.weight": (D, D), "feed_forward.gate_proj.weight": (Fw, D),
+                  "feed_forward.up_proj.weight": (Fw, D), "feed_forward.down_proj.weight": (D, Fw)}
+        state = {k: rng.normal(1.0 if "norm" in k else 0.0, 0.3, s).astype(np.float32) for k, s in shapes.items()}
+        x = rng.normal(size=(B, T, D)).astype(np.float32)
+        positions = (np.arange(T) + int(rng.integers(1, 30))).astype(np.int64)
+        allowed = np.tril(np.ones((T, T), bool)) if causal else None
+        rows.append(Build(
+            f"ModernBlock(D={D}, n_heads={H}, n_kv_heads={Hkv}, d_ff={Fw}, eps=1e-5) with random weights, B={B}, "
+            f"T={T}, positions from {int(positions[0])}, {'a causal mask' if causal else 'no mask'}",
+            {"d_model": D, "n_heads": H, "n_kv_heads": Hkv, "d_ff": Fw, "eps": Keyword(1e-5)},
+            {"x": x, "positions": positions, "allowed": allowed}, state=state,
+            cached=_decoded(x, positions, allowed) if causal else ()))
+    return rows
+
+
+SPECS["ModernBlock"] = ModuleSpec(
+    "ModernBlock", _block_rows, lambda init, state, inputs, train: _block(init, state, inputs),
+    variants=lambda init, state, inputs, train: {
+        "it normalises after adding (post-norm): pre-norm normalises each sublayer's input and adds its output to the "
+        "unnormalised stream": _block(init, state, inputs, post=True),
+        "`positions` are not passed to the attention: without them RoPE never happens and the block cannot tell "
+        "positions apart": _block(init, state, inputs, rope=False),
+        "attn_norm is used before the feed-forward too: each sublayer has its own norm (ffn_norm)":
+            _block(init, state, inputs, one_norm=True)},
+    names="attn_norm, ffn_norm (RMSNorm), attn (GroupedQueryAttention), feed_forward (SwiGLUFeedForward)",
+    dtype=lambda a: a["x"].dtype, shape=lambda a: a["x"].shape, axes="B, T, D", rtol=1e-4, atol=1e-4,
+    uses=("RMSNorm", "GroupedQueryAttention", "SwiGLUFeedForward"),
+    cache=Cached("KVCache", hint="Pass cache and layer_idx on to the attention."),
+    hint="x + attn(attn_norm(x), positions, allowed), then + feed_forward(ffn_norm(x)): each sublayer's input "
+         "normalised by its own norm, its output added to the stream. ModernBlock builds on your RMSNorm, "
+         "GroupedQueryAttention and SwiGLUFeedForward: if their checks fail, fix them first.")
+
+
 def check_modern_block(ModernBlock, KVCache) -> None:  # noqa: N803 - the classes under test
-    """Submodules by name, the pre-norm wiring over the student's own submodules, positions reaching RoPE, the cache."""
-    block = ModernBlock(16, 4, 2, 24)
-    with check("submodules attn_norm, attn, ffn_norm, feed_forward"):
-        for name in ("attn_norm", "attn", "ffn_norm", "feed_forward"):
-            if not hasattr(block, name):
-                raise CheckFailed(f"ModernBlock has no `{name}`: the names are part of the contract")
-    randomised(block, 3, scale=0.3).eval()  # two different norm gains
-    torch.manual_seed(1)
-    x = torch.randn(2, 6, 16)
-    positions, causal = torch.arange(6) + 2, torch.ones(6, 6, dtype=torch.bool).tril()
-    with check("x + attn(attn_norm(x), positions, allowed), then + feed_forward(ffn_norm(.)): pre-norm"):
-        with torch.no_grad():
-            got = block(x, positions, causal)
-            h = x + block.attn(block.attn_norm(x), positions, causal)
-            want = h + block.feed_forward(block.ffn_norm(h))
-        expect_type(got, torch.Tensor, "ModernBlock(...)(x, positions)")
-        expect_close(got, want, "ModernBlock's output", **CLOSE, names="B T D",
-                     hint="normalise each sublayer's input (attn_norm, then ffn_norm: one norm each) and add its "
-                          "output to the unnormalised stream; pass positions and allowed on to the attention")
-    with check("with a KVCache: prefill + one at a time = the full forward"):
-        with torch.no_grad():
-            full = block(x, torch.arange(6), causal)
-        expect_close(_prefill_then_steps(block, x, torch.arange(6), causal, KVCache(1), 0), full,
-                     "the cached outputs", **CLOSE, hint="pass cache and layer_idx on to the attention")
+    """The spec's rows: submodules by name, the pre-norm wiring (PyTorch's own functions over the same weights),
+    positions reaching RoPE, the cache."""
+    run_module(SPECS["ModernBlock"], ModernBlock, given={"KVCache": KVCache})
 
 
 # -- mha_to_gqa (find the bug) -----------------------------------------------------------------------------------------
@@ -391,7 +467,8 @@ def check_mha_to_gqa(mha_to_gqa, GroupedQueryAttention) -> None:  # noqa: N803 -
         x, positions = torch.randn(3, 5, 24), torch.arange(5) + 2
         causal = torch.ones(5, 5, dtype=torch.bool).tril()
         with torch.no_grad():
-            got, want = _sdpa_twin(gqa, x, positions, causal, 6, 2), _sdpa_twin(mha, x, positions, causal, 6, 6)
+            got = _gqa(gqa.state_dict(), 6, 2, x, positions, causal)
+            want = _gqa(mha.state_dict(), 6, 6, x, positions, causal)
         expect_close(got, want, "the converted model's output", **CLOSE,
                      hint="nothing is lost when the heads of each group are equal: their mean is each of them. The "
                           "mean, not the sum; and of whole heads, Dh rows each, consecutive heads per group")
