@@ -307,6 +307,9 @@ class ModuleSpec:
     refused: tuple[tuple[str, dict, str], ...] = ()  # (situation, constructor's arguments, why): a ValueError
     grad_hint: str = ""  # what a NaN gradient on a row with ``grad`` most likely means
     cache: Cached | None = None  # how a row's ``cached`` calls are judged (a module that decodes with a cache)
+    # state prefixes of submodules built from the student's other exercises (whose own checks judge their names):
+    # the hidden side loads those keys only where the student's submodule has them, so a wrong name costs its own item
+    lenient: tuple[str, ...] = ()
 
 
 def _tensors(values: dict) -> dict:

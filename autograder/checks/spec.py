@@ -267,7 +267,7 @@ class ModuleSpecExercise(Exercise):
                         data={"row": row})
             _build(case, self.name, row.init, let="m")
             if row.state is not None:
-                case.load_state("m", row.state)
+                case.load_state("m", row.state, lenient=self.spec.lenient)
             if row.seed is None:
                 case.eval("m")
             else:

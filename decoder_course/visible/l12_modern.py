@@ -400,6 +400,7 @@ SPECS["ModernBlock"] = ModuleSpec(
     names="attn_norm, ffn_norm (RMSNorm), attn (GroupedQueryAttention), feed_forward (SwiGLUFeedForward)",
     dtype=lambda a: a["x"].dtype, shape=lambda a: a["x"].shape, axes="B, T, D", rtol=1e-4, atol=1e-4,
     uses=("RMSNorm", "GroupedQueryAttention", "SwiGLUFeedForward"),
+    lenient=("attn_norm.", "ffn_norm.", "attn.", "feed_forward."),
     cache=Cached("KVCache", hint="Pass cache and layer_idx on to the attention."),
     hint="x + attn(attn_norm(x), positions, allowed), then + feed_forward(ffn_norm(x)): each sublayer's input "
          "normalised by its own norm, its output added to the stream. ModernBlock builds on your RMSNorm, "
