@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from types import SimpleNamespace
 from typing import Any
 
@@ -166,6 +166,8 @@ def call_args(spec: Spec | ModuleSpec, args: dict) -> tuple[list, dict]:
     tensors = getattr(spec, "tensors", True)
 
     def value(v):
+        if isinstance(v, tuple):  # a tuple of arrays (memory_kv), each passed as the others are
+            return tuple(value(x) for x in v)
         if _is_tensor(v):
             return v.clone()
         return _torch().from_numpy(v.copy()) if tensors and isinstance(v, np.ndarray) else v
@@ -264,6 +266,8 @@ class Build:
     seed: int | None = None  # training mode, torch seeded with this just before forward (dropout's masks); None: eval
     perturbed: Perturbed | None = None  # a second call that must leave part of the output unmoved
     grad: bool = False  # a backward pass from the (first) output: every float input gets a finite gradient
+    method: str = ""  # the row calls this method instead of forward, judged by the spec's ``methods[method]``
+    refuses: str = ""  # the call must raise a ValueError: why (forward given both memory and memory_kv)
 
 
 @dataclass(frozen=True)
@@ -303,6 +307,9 @@ class ModuleSpec:
     order: tuple[str, ...] = ()  # the order the items are compared in (the weights before what they make)
     refused: tuple[tuple[str, dict, str], ...] = ()  # (situation, constructor's arguments, why): a ValueError
     grad_hint: str = ""  # what a NaN gradient on a row with ``grad`` most likely means
+    # a method other than forward (``CrossAttention.project_memory``): its own contract, twin and hints, for the
+    # rows that call it (``Build.method``); built with this spec's constructor and names
+    methods: dict[str, ModuleSpec] = field(default_factory=dict)
 
 
 def _tensors(values: dict) -> dict:
@@ -421,12 +428,19 @@ def built(spec: ModuleSpec, cls: Any, row: Build) -> Any:
 
 
 def forward(spec: ModuleSpec, module: Any, row: Build, inputs: dict | None = None) -> Any:
-    """``module`` on the row's inputs (or ``inputs``: a perturbed call), seeded as the row says."""
+    """``module`` (or its ``row.method``) on the row's inputs (or ``inputs``: a perturbed call), seeded as the row
+    says."""
     positional, by_name = call_args(spec, row.inputs if inputs is None else inputs)
+    call = getattr(module, row.method) if row.method else module
     with seeded(row):
         if spec.keeps_inputs:
-            return expect_inputs_unchanged(module, *positional, **by_name)
-        return module(*positional, **by_name)
+            return expect_inputs_unchanged(call, *positional, **by_name)
+        return call(*positional, **by_name)
+
+
+def judged_by(spec: ModuleSpec, row: Build) -> ModuleSpec:
+    """The spec that judges ``row``: its method's (``methods``), or the module's own for forward."""
+    return spec.methods[row.method] if row.method else spec
 
 
 def judge_items(spec: ModuleSpec, row: Build, got: list[np.ndarray], what: str, declared: list | None = None) -> None:
@@ -487,39 +501,48 @@ def run_module(spec: ModuleSpec, cls: Any, seed: int = 0) -> None:
     """The visible half of a module spec: ``cls`` on each row drawn from ``seed``, its contract, properties and
     agreement with PyTorch's own modules (``twin``) checked."""
     for row in spec.rows(np.random.default_rng(seed)):
-        args = {**row.init, **row.inputs}
-        mode = " (training mode)" if row.seed is not None else ""
-        with check(f"{spec.name} on a case with {row.situation}{mode}"):
-            if row.seed is not None and spec.dropout:
-                module = built(spec, cls, row)
-                positional, by_name = call_args(spec, row.inputs)
-                with _torch().no_grad():
-                    expect_dropout(lambda m=module, a=positional, k=by_name: m(*a, **k), module, spec.name,
-                                   spec.dropout)
-                continue
-            module = _explained(spec, lambda row=row: built(spec, cls, row), args)
-            got = items(spec, _explained(spec, lambda m=module, row=row: forward(spec, m, row), args), spec.name)
-            for i, value in enumerate(got):
-                expect_type(value, _torch().Tensor, what_of(spec, i))
-            values = [as_numpy(v) for v in got]
-            try:
-                judge_items(spec, row, values, row.situation, declared=[str(v.dtype) for v in got])
-                if row.perturbed is not None:
-                    moved = items(spec, forward(spec, module, row, row.perturbed.inputs), spec.name)[0]
-                    expect_unmoved(row.perturbed, values[0], as_numpy(moved), what_of(spec, 0), row.situation)
-            except CheckFailed as failed:  # the check's title names the situation already
-                raise CheckFailed(str(failed).replace(f" ({row.situation})", "")) from None
-            rtol, atol = tolerance(spec, args)
-            want = expected(spec, row)
-            for i in compared(spec):
-                expect_close(values[i], want[i], f"{what_of(spec, i)} (vs PyTorch's own modules)", rtol=rtol,
-                             atol=atol, hint=hint_for(spec, i) or None)
-            if row.grad:
-                try:
-                    expect_gradients(spec, _gradients(spec, cls, row), row.situation)
-                except CheckFailed as failed:
-                    raise CheckFailed(str(failed).replace(f" ({row.situation})", "")) from None
+        _run_row(judged_by(spec, row), cls, row)
     for desc, init, why in spec.refused:
         with check(f"{spec.name} refuses to be built with {desc}"):
             positional, by_name = call_args(spec, init)
             expect_value_error(lambda: cls(*positional, **by_name), why)  # noqa: B023 - called at once
+
+
+def _run_row(spec: ModuleSpec, cls: Any, row: Build) -> None:
+    """One row of :func:`run_module`, judged by ``spec`` (the module's, or its method's)."""
+    args = {**row.init, **row.inputs}
+    mode = " (training mode)" if row.seed is not None else ""
+    with check(f"{spec.name} on a case with {row.situation}{mode}"):
+        if row.refuses:
+            module = built(spec, cls, row)
+            expect_value_error(lambda: forward(spec, module, row), row.refuses)
+            return
+        if row.seed is not None and spec.dropout:
+            module = built(spec, cls, row)
+            positional, by_name = call_args(spec, row.inputs)
+            with _torch().no_grad():
+                expect_dropout(lambda m=module, a=positional, k=by_name: m(*a, **k), module, spec.name,
+                               spec.dropout)
+            return
+        module = _explained(spec, lambda row=row: built(spec, cls, row), args)
+        got = items(spec, _explained(spec, lambda m=module, row=row: forward(spec, m, row), args), spec.name)
+        for i, value in enumerate(got):
+            expect_type(value, _torch().Tensor, what_of(spec, i))
+        values = [as_numpy(v) for v in got]
+        try:
+            judge_items(spec, row, values, row.situation, declared=[str(v.dtype) for v in got])
+            if row.perturbed is not None:
+                moved = items(spec, forward(spec, module, row, row.perturbed.inputs), spec.name)[0]
+                expect_unmoved(row.perturbed, values[0], as_numpy(moved), what_of(spec, 0), row.situation)
+        except CheckFailed as failed:  # the check's title names the situation already
+            raise CheckFailed(str(failed).replace(f" ({row.situation})", "")) from None
+        rtol, atol = tolerance(spec, args)
+        want = expected(spec, row)
+        for i in compared(spec):
+            expect_close(values[i], want[i], f"{what_of(spec, i)} (vs PyTorch's own modules)", rtol=rtol,
+                         atol=atol, hint=hint_for(spec, i) or None)
+        if row.grad:
+            try:
+                expect_gradients(spec, _gradients(spec, cls, row), row.situation)
+            except CheckFailed as failed:
+                raise CheckFailed(str(failed).replace(f" ({row.situation})", "")) from None

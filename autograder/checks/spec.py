@@ -44,6 +44,7 @@ from decoder_course.spec import (
     items,
     judge_items,
     judge_parts,
+    judged_by,
     names_for,
     plain,
     returns_tensor,
@@ -66,6 +67,8 @@ def shared():
 def _value(case: Case, value, tensors: bool, grad: bool = False):
     """An argument as the kernel's harvest takes it: arrays sent aside (NumPy ones as tensors: ``tensors``; a
     bfloat16 tensor widened, with its dtype named), dtypes by name, the rest as JSON."""
+    if isinstance(value, tuple):  # a tuple of arrays (memory_kv)
+        return {"tuple": [_value(case, v, tensors) for v in value]}
     if _is_tensor(value):
         bf16 = str(value.dtype) == "torch.bfloat16"
         return case.tensor(value.float() if bf16 else value, dtype="bfloat16" if bf16 else None)
@@ -88,7 +91,7 @@ def _call(case: Case, fn, args: dict, tensors: bool, keeps_inputs: bool, grad: b
     arrays = [name for name, value in args.items() if _is_array(unwrap(value))]
     for name in arrays:
         case.let(name, _value(case, unwrap(args[name]), tensors, grad))
-    given = {n: {"ref": n} if n in arrays else _value(case, unwrap(v), False) for n, v in args.items()}
+    given = {n: {"ref": n} if n in arrays else _value(case, unwrap(v), tensors) for n, v in args.items()}
     case.call(fn, *(given[n] for n, v in args.items() if not isinstance(v, Keyword)),
               **{n: given[n] for n, v in args.items() if isinstance(v, Keyword)}, **step)
     judges.record_after(case, arrays if keeps_inputs else [])
@@ -262,8 +265,9 @@ class ModuleSpecExercise(Exercise):
     def cases(self, rng):
         cases = []
         for i, row in enumerate(self.spec.rows(rng)):
+            spec = judged_by(self.spec, row)
             case = Case(f"c{i}", row.situation + (" (training mode)" if row.seed is not None else ""),
-                        data={"row": row})
+                        data={"row": row} | ({"why": row.refuses} if row.refuses else {}))
             _build(case, self.name, row.init, let="m")
             if row.state is not None:
                 case.load_state("m", row.state)
@@ -272,25 +276,26 @@ class ModuleSpecExercise(Exercise):
             else:
                 case.steps.append({"train": "m"})
                 case.seed(row.seed)
-            if row.seed is not None and self.spec.dropout:  # training, then eval twice: judges.dropout
+            if row.seed is not None and spec.dropout:  # training, then eval twice: judges.dropout
                 _call(case, {"ref": "m"}, row.inputs, True, False, record="out_train")
                 case.eval("m")
                 for record in ("out_eval", "out_eval2"):
                     _call(case, {"ref": "m"}, row.inputs, True, False, record=record)
                 cases.append(case)
                 continue
-            _call(case, {"ref": "m"}, row.inputs, True, self.spec.keeps_inputs and not row.grad, record="out",
-                  let="res", grad=row.grad)
+            call = {"attr": ["m", row.method]} if row.method else {"ref": "m"}
+            _call(case, call, row.inputs, True, spec.keeps_inputs and not row.grad, record="out", let="res",
+                  grad=row.grad)
             if row.grad:  # backward from the first output, then each float input's gradient
-                first = self.spec.shape(plain({**row.init, **row.inputs}))
-                first = first[0] if self.spec.outputs else first
-                if self.spec.outputs:
+                first = spec.shape(plain({**row.init, **row.inputs}))
+                first = first[0] if spec.outputs else first
+                if spec.outputs:
                     case.let("first", {"index": ["res", 0]})
-                case.backward("first" if self.spec.outputs else "res", np.ones(first, dtype=np.float32))
+                case.backward("first" if spec.outputs else "res", np.ones(first, dtype=np.float32))
                 for name in grad_inputs(row):
                     case.record(f"grad_{name}", {"grad": name})
             if row.perturbed is not None:
-                _call(case, {"ref": "m"}, row.perturbed.inputs, True, False, record="moved")
+                _call(case, call, row.perturbed.inputs, True, False, record="moved")
             cases.append(case)
         for i, (desc, init, why) in enumerate(self.spec.refused):
             case = Case(f"r{i}", f"{self.name} built with {desc}", data={"why": why}, relative=False)
@@ -298,16 +303,17 @@ class ModuleSpecExercise(Exercise):
             cases.append(case)
         return cases
 
-    def _items(self, result: Result, case: Case, record: str) -> list[np.ndarray]:
+    @staticmethod
+    def _items(spec: ModuleSpec, result: Result, case: Case, record: str) -> list[np.ndarray]:
         """The recorded result's items (one for a single tensor)."""
-        if not self.spec.outputs:
-            return [result.get(case.id, record, what=f"{self.name}'s output", kind="tensor", finite=False)]
-        return _recorded_items(result, case, self.spec, self.name, record, kind="tensor")
+        if not spec.outputs:
+            return [result.get(case.id, record, what=f"{spec.name}'s output", kind="tensor", finite=False)]
+        return _recorded_items(result, case, spec, spec.name, record, kind="tensor")
 
     def judge(self, result: Result):
-        spec = self.spec
         for case in _unrefused(result):
             row = case.data["row"]
+            spec = judged_by(self.spec, row)
             args = {**row.init, **row.inputs}
             error = result.error(case.id)
             if error is not None and "state_dict" in error:
@@ -318,17 +324,17 @@ class ModuleSpecExercise(Exercise):
             if row.seed is not None and spec.dropout:
                 judges.dropout(result, case.id, self.name, spec.shape(plain(args)), spec.dropout)
                 continue
-            got = self._items(result, case, "out")
+            got = self._items(spec, result, case, "out")
             n = len(got)
             declared = [result.meta(case.id, f"out/{i}" if spec.outputs else "out").get("dtype") for i in range(n)]
             with shared():
                 judge_items(spec, row, got, case.desc, declared)
                 if row.perturbed is not None:
-                    expect_unmoved(row.perturbed, got[0], self._items(result, case, "moved")[0], what_of(spec, 0),
+                    expect_unmoved(row.perturbed, got[0], self._items(spec, result, case, "moved")[0], what_of(spec, 0),
                                    case.desc)
             want, tol = expected(spec, row), tolerance(spec, args)
 
-            def produce(wrong, row=row):
+            def produce(wrong, row=row, spec=spec):
                 return items(spec, forward(spec, built(spec, wrong, row), row), spec.name)
 
             # the known mistake whose every item is the student's (two mistakes may share the weights)

@@ -247,7 +247,7 @@ def _padded(rng: np.random.Generator, B: int, n: int, min_real: int = 2) -> np.n
     return np.arange(n)[None, :] < lengths[:, None]  # (B, n)
 
 
-def _mha_mask(rng: np.random.Generator, kind: str, B: int, T: int, S: int, H: int) -> np.ndarray | None:
+def mha_mask(rng: np.random.Generator, kind: str, B: int, T: int, S: int, H: int) -> np.ndarray | None:
     """The ``allowed`` mask of one row (None: no mask). No query is blocked in some heads only."""
     causal = np.tril(np.ones((T, T), dtype=bool))  # (T, T)
     if kind == "causal+padding":  # (B, 1, T, T)
@@ -272,7 +272,7 @@ def _mha_row(rng, situation: str, B: int, T: int, S: int | None, H: int, Dh: int
     """One situation: S = None is self-attention (query = key = value)."""
     D, self_attn = H * Dh, S is None
     S = T if self_attn else S
-    allowed = _mha_mask(rng, mask, B, T, S, H)
+    allowed = mha_mask(rng, mask, B, T, S, H)
     scales = np.array([0.2, 1.0, 5.0])[:B, None, None] if mask == "causal+padding" else 1.0  # rows of unlike scale
     query = (rng.normal(size=(B, T, D)) * scales).astype(np.float32)
     key, value = (query, query) if self_attn else (rng.normal(size=(B, S, D)).astype(np.float32) for _ in "kv")
@@ -321,7 +321,7 @@ def _mha_rows(rng: np.random.Generator) -> list[Build]:
     ]
 
 
-def _mha_twin(init: dict, state: dict, inputs: dict, train: bool, p: float | None = None) -> tuple:
+def mha_twin(init: dict, state: dict, inputs: dict, train: bool, p: float | None = None) -> tuple:
     """nn.MultiheadAttention with the same weights (and dropout, drawing the same masks in training mode), with the
     course's answer on a query that may attend to nothing: zero weights, so its output row is out_proj.bias."""
     H, p = init["n_heads"], init.get("dropout", 0.0) if p is None else p
@@ -340,7 +340,7 @@ def _mha_twin(init: dict, state: dict, inputs: dict, train: bool, p: float | Non
     return out, weights.masked_fill(empty, 0.0)
 
 
-def _mha_variants(init: dict, state: dict, inputs: dict, train: bool) -> dict:
+def mha_variants(init: dict, state: dict, inputs: dict, train: bool) -> dict:
     """What PyTorch's module computes with the mask inverted or ignored, the scores over √D, no out_proj, and (in
     training mode) dropout on the output or nowhere."""
     H, D = init["n_heads"], state["q_proj.weight"].shape[0]
@@ -357,9 +357,9 @@ def _mha_variants(init: dict, state: dict, inputs: dict, train: bool) -> dict:
     for idea, changed_state, changed_inputs in setups:
         # each from the row's seed (training mode draws); a mask that blocks a query in some heads only: not judged
         with torch.random.fork_rng(), contextlib.suppress(RuntimeError):
-            found[idea] = _mha_twin(init, changed_state, changed_inputs, train)
+            found[idea] = mha_twin(init, changed_state, changed_inputs, train)
     if train:
-        out, weights = _mha_twin(init, state, inputs, False)  # no dropout drawn: the first draw is the output's
+        out, weights = mha_twin(init, state, inputs, False)  # no dropout drawn: the first draw is the output's
         dropped = F.dropout(out.contiguous(), init["dropout"])  # (B, T, D), drawn in its memory order, as a module's
         found["dropout acts on the output, not on the attention weights: apply it to the weights, before they "
               "average the values (attention(..., dropout=self.dropout))"] = (dropped, weights)
@@ -378,23 +378,23 @@ def _weights_shape_hint(a: dict, shape: tuple) -> str:
     return "Per head: do not average the weights over the heads." if shape == (B, T, a["key"].shape[1]) else ""
 
 
-def _mha_properties(a: dict, got: tuple, situation: str) -> None:
+def mha_properties(a: dict, got: tuple, situation: str) -> None:
     """The weights: finite, none on a blocked key (every head), a query with no key all zeros, the others sum to one."""
     allowed = a.get("allowed")
     check_weights(got[1], None if allowed is None else np.broadcast_to(allowed, got[1].shape),
                   "MultiHeadAttention's weights", situation)
 
 
-def _mha_error(args: dict, error: str) -> str:
+def mha_error(args: dict, error: str) -> str:
     if "unexpected keyword argument 'allowed'" in error:
         return "The mask argument of forward is called `allowed` (True = this query may attend to this key)."
     return ""
 
 
 SPECS["MultiHeadAttention"] = ModuleSpec(
-    "MultiHeadAttention", _mha_rows, _mha_twin, names=MHA_NAMES, dtype=lambda a: a["query"].dtype, shape=_mha_shape,
+    "MultiHeadAttention", _mha_rows, mha_twin, names=MHA_NAMES, dtype=lambda a: a["query"].dtype, shape=_mha_shape,
     outputs=("out", "weights"), order=("weights", "out"), axes=("B, T, D", "B, H, T, S"),
-    shape_hint=("", _weights_shape_hint), properties=_mha_properties, variants=_mha_variants, on_error=_mha_error,
+    shape_hint=("", _weights_shape_hint), properties=mha_properties, variants=mha_variants, on_error=mha_error,
     uses=("split_heads", "merge_heads"),
     forbidden=("nn.MultiheadAttention", "F.scaled_dot_product_attention", "F.multi_head_attention_forward"),
     refused=(("d_model=10 and n_heads=3", {"d_model": 10, "n_heads": 3},
