@@ -160,12 +160,17 @@ def expect_fresh(shape: tuple, strides: tuple, what: str) -> None:
                           "`.expand(...).clone()`")
 
 
-def call_args(spec: Spec | ModuleSpec, args: dict) -> tuple[list, dict]:
+def call_args(spec: Spec | ModuleSpec, args: dict, modules: dict | None = None) -> tuple[list, dict]:
     """The call as the exercise takes it, (positional, by name): NumPy arrays as they are (as fresh torch tensors
-    with ``tensors``: always for a module), torch tensors as fresh copies."""
+    with ``tensors``: always for a module), torch tensors as fresh copies, a :class:`Built` module built from
+    ``modules`` (its classes by name)."""
     tensors = getattr(spec, "tensors", True)
 
     def value(v):
+        if isinstance(v, Built):
+            module = modules[v.cls](*v.init.values())
+            module.load_state_dict(_tensors(v.state), strict=True)
+            return module.eval()
         if isinstance(v, tuple):  # a tuple of arrays (memory_kv), each passed as the others are
             return tuple(value(x) for x in v)
         if _is_tensor(v):
@@ -189,21 +194,21 @@ def _explained(spec: Spec | ModuleSpec, call: Callable[[], Any], args: dict) -> 
         raise CheckFailed(f"{spec.name} raised {type(exc).__name__}: {exc}. {hint}") from None
 
 
-def _called(spec: Spec, fn: Callable[..., Any], args: dict) -> Any:
-    positional, by_name = call_args(spec, args)
+def _called(spec: Spec, fn: Callable[..., Any], args: dict, modules: dict | None = None) -> Any:
+    positional, by_name = call_args(spec, args, modules)
     if spec.keeps_inputs:
         return _explained(spec, lambda: expect_inputs_unchanged(fn, *positional, **by_name), args)
     return _explained(spec, lambda: fn(*positional, **by_name), args)
 
 
-def run(spec: Spec, fn: Callable[..., Any], seed: int = 0) -> None:
+def run(spec: Spec, fn: Callable[..., Any], seed: int = 0, modules: dict | None = None) -> None:
     """The visible half: ``fn`` on each row drawn from ``seed``, its contract and properties checked (the
-    properties see NumPy arrays, as on the hidden side)."""
+    properties see NumPy arrays, as on the hidden side); ``modules``: the classes a :class:`Built` argument names."""
     for desc, args, *probe in spec.rows(np.random.default_rng(seed)):
         with check(f"{spec.name} on a case with {desc}"):
             try:
                 if spec.outputs:
-                    _run_items(spec, fn, args, desc, probe[0] if probe else None)
+                    _run_items(spec, fn, args, desc, probe[0] if probe else None, modules)
                     continue
                 got = _called(spec, fn, args)
                 contract(spec, args, got, f"{spec.name}(...) ({desc})", tensor=returns_tensor(spec, args))
@@ -233,14 +238,15 @@ def judge_parts(spec: Spec, args: dict, got: list, situation: str, declared: lis
         spec.properties(plain(args), [_numpy(v) for v in got], situation)
 
 
-def _run_items(spec: Spec, fn: Callable[..., Any], args: dict, desc: str, probe: Perturbed | None) -> None:
+def _run_items(spec: Spec, fn: Callable[..., Any], args: dict, desc: str, probe: Perturbed | None,
+               modules: dict | None = None) -> None:
     """One row of a function whose result is a tuple: each item's type and contract, the properties, the probe."""
-    got = items(spec, _called(spec, fn, args), f"{spec.name}(...)")
+    got = items(spec, _called(spec, fn, args, modules), f"{spec.name}(...)")
     for i, value in enumerate(got):
         expect_type(value, _torch().Tensor if returns_tensor(spec, args) else np.ndarray, what_of(spec, i))
     judge_parts(spec, args, got, desc)
     if probe is not None:
-        moved = items(spec, _called(spec, fn, probe.inputs), f"{spec.name}(...)")[0]
+        moved = items(spec, _called(spec, fn, probe.inputs, modules), f"{spec.name}(...)")[0]
         expect_unmoved(probe, _numpy(got[0]), _numpy(moved), what_of(spec, 0), desc)
 
 
@@ -546,3 +552,15 @@ def _run_row(spec: ModuleSpec, cls: Any, row: Build) -> None:
                 expect_gradients(spec, _gradients(spec, cls, row), row.situation)
             except CheckFailed as failed:
                 raise CheckFailed(str(failed).replace(f" ({row.situation})", "")) from None
+
+
+@dataclass(frozen=True)
+class Built:
+    """A row's argument that is one of the notebook's modules (``cls``, by name), built with ``init`` (in order),
+    holding ``state`` (NumPy arrays by the contract's names), in eval mode: the student's own in the hidden check
+    (``causal_self_attention(mha, ...)``), the class ``run`` is given in ``modules`` in the visible one, the
+    reference's on the trusted side."""
+
+    cls: str
+    init: dict
+    state: dict

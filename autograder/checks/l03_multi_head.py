@@ -1,20 +1,16 @@
-"""Hidden checks of lesson 03-multi-head: head split/merge and MultiHeadAttention are specs; causal_self_attention.
+"""Hidden checks of lesson 03-multi-head: every exercise is a spec; helpers lesson 04's CachedCrossAttention uses.
 
-The four head exercises and ``MultiHeadAttention`` are rows of ``decoder_course/visible/l03_multi_head.py``: the
-module is compared there with PyTorch's own ``nn.MultiheadAttention`` holding the same weights (its twin, in both
-layers), its masks inverted at PyTorch's boundary. The helpers below judge an ``(out, weights)`` pair against
-``nn.MultiheadAttention`` in float64 for the exercises still written as classes: ``causal_self_attention`` here,
-lesson 04's ``CrossAttention`` and ``CachedCrossAttention``.
+The four head exercises, ``MultiHeadAttention`` and ``causal_self_attention`` (find the bug, handed the student's
+own ``MultiHeadAttention``) are rows of ``decoder_course/visible/l03_multi_head.py``. The helpers below judge an
+``(out, weights)`` pair against ``nn.MultiheadAttention`` in float64 for lesson 04's ``CachedCrossAttention``.
 """
-
 from __future__ import annotations
 
 import numpy as np
 import torch
 
-from autograder.checks import judges, spec
-from autograder.checks.framework import Case, Exercise, Fail, Raised, Result, exercise, expect_close
-from autograder.reference import masks as ref_masks
+from autograder.checks import spec
+from autograder.checks.framework import Fail, Raised, Result, expect_close
 from autograder.reference import multi_head as ref
 from decoder_course import twins
 from decoder_course.visible import l03_multi_head as visible
@@ -131,75 +127,3 @@ def judge_attention_output(result: Result, case_id: str, name: str, state, H: in
 
 # -- split / merge, MultiHeadAttention: specs (decoder_course/visible/l03_multi_head.py) ----------------------
 spec.register(LESSON, visible.SPECS, ref)
-
-
-# ------------------------------------------------------------------------------------------------------------
-# causal_self_attention: find the bug (autograder.bugs), judged relative to the student's MultiHeadAttention
-# ------------------------------------------------------------------------------------------------------------
-@exercise(LESSON, "causal_self_attention")
-class CausalSelfAttention(Exercise):
-    """The given block hands the student's ``MultiHeadAttention`` a mask; the shown bug puts the padding on the
-    query axis. Judged by MultiHeadAttention's own output check with the right mask (causal, key padding), after
-    two checks of the mask alone that say which keys were wrongly allowed or blocked."""
-
-    # built on the student's own module, and through it on their split_heads and merge_heads (a module judged
-    # relative to a wrong split_heads passes its own cell): their mistakes cost their own cells
-    uses = ("MultiHeadAttention", "split_heads", "merge_heads")
-    reference = ref
-
-    def cases(self, rng):
-        cases = []
-        for cid, situation, B, T, H, Dh, padding in [  # padding: "right", "left" or None (is_real=None)
-                ("right", "padding at the end of the sequences", 3, None, 2, 4, "right"),
-                ("left", "padding at the start of the sequences (left padding)", 3, None, 3, 2, "left"),
-                ("none", "is_real=None", 2, 4, 2, 3, None)]:
-            T = int(rng.choice([5, 6])) if T is None else T
-            is_real = None if padding is None else judges.right_padded(rng, B, T, min_real=2)  # (B, T)
-            if padding == "left":
-                is_real = is_real[:, ::-1].copy()  # (B, T): padding, then real tokens
-            D = H * Dh
-            state = random_mha_state(rng, D)
-            x = rng.normal(size=(B, T, D)).astype(np.float32)
-            allowed = ref_masks.causal_mask(T)[None, None] if is_real is None else \
-                ref_masks.combine_masks(ref_masks.causal_mask(T), is_real)  # (B or 1, 1, T, T)
-            case = Case(cid, f"B={B}, T={T}, H={H}, Dh={Dh}, {situation}", data={
-                "state": state, "H": H, "x": x, "is_real": is_real, "allowed": allowed})
-            case.call("MultiHeadAttention", D, H, let="m")
-            case.load_state("m", state)
-            case.eval("m")
-            inputs = ["x"] + ([] if is_real is None else ["is_real"])
-            for name in inputs:
-                case.let(name, case.tensor(case.data[name]))
-            case.call("causal_self_attention", {"ref": "m"}, {"ref": "x"}, {"ref": "is_real"} if is_real is not None
-                      else None, record="res")
-            judges.record_after(case, inputs)
-            cases.append(case)
-        return cases
-
-    def judge(self, result: Result):
-        what = "causal_self_attention"
-        for case in result.cases.values():
-            raise_module_error(result, case.id)
-            d = case.data
-            B, T, _ = d["x"].shape
-            get_pair(result, case.id, "res", what)
-            weights = result.get(case.id, "res/1", what=f"the weights of {what}", kind="tensor", dtype="float",
-                                 shape=(B, d["H"], T, T))
-            full = np.broadcast_to(d["allowed"], weights.shape)  # (B, H, T, T): the mask it should hand mha
-            real = np.ones((B, T), dtype=bool) if d["is_real"] is None else d["is_real"]
-            leaked = (np.abs(weights) > 1e-6) & ~full
-            if leaked.any():
-                b, _, t, s = (int(i) for i in np.argwhere(leaked)[0])
-                why = "a padded key" if not real[b, s] else f"a later key (s = {s} > t = {t}): the future leaks"
-                raise Fail(f"{what} lets query {t} of sequence {b} attend to key {s}, {why} ({case.desc}). Print the "
-                           "mask it hands mha for one padded sequence as a T × T grid (rows are queries, columns "
-                           "keys) and compare it with what the docstring allows.")
-            starved = full.any(axis=-1) & (np.abs(weights).sum(axis=-1) < 1e-6)  # (B, H, T)
-            if starved.any():
-                b, _, t = (int(i) for i in np.argwhere(starved)[0])
-                raise Fail(f"query {t} of sequence {b} attends to nothing, although it may attend to the real keys at "
-                           f"or before it ({case.desc}). Padding is masked on the key axis only: a padded query still "
-                           "attends, like any other.")
-            judge_attention_output(result, case.id, "res", d["state"], d["H"], d["x"], d["x"], d["x"], d["allowed"],
-                                   what)
-            judges.unchanged(result, case.id, {"x": d["x"], "is_real": d["is_real"]}, what)

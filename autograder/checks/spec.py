@@ -24,6 +24,7 @@ from autograder.checks import judges
 from autograder.checks.framework import Case, Exercise, Fail, Raised, Result, exercise, expect_close
 from decoder_course.checks import CheckFailed, _is_tensor
 from decoder_course.spec import (
+    Built,
     Keyword,
     ModuleSpec,
     Spec,
@@ -67,6 +68,12 @@ def shared():
 def _value(case: Case, value, tensors: bool, grad: bool = False):
     """An argument as the kernel's harvest takes it: arrays sent aside (NumPy ones as tensors: ``tensors``; a
     bfloat16 tensor widened, with its dtype named), dtypes by name, the rest as JSON."""
+    if isinstance(value, Built):  # one of the notebook's modules, built, loaded and in eval mode in the kernel
+        name = f"_built{len(case.steps)}"
+        _build(case, value.cls, value.init, let=name)
+        case.load_state(name, value.state)
+        case.eval(name)
+        return {"ref": name}
     if isinstance(value, tuple):  # a tuple of arrays (memory_kv)
         return {"tuple": [_value(case, v, tensors) for v in value]}
     if _is_tensor(value):
@@ -199,14 +206,14 @@ class SpecExercise(Exercise):
                                for i in range(got.ndim)]
                     expect_fresh(got.shape, strides, f"{what} ({case.desc})")
             if spec.compare:
-                positional, by_name = call_args(spec, args)
+                positional, by_name = call_args(spec, args, vars(self.ref))
                 want = as_numpy(getattr(self.ref, self.name)(*positional, **by_name))
                 if callable(spec.compare):
                     with shared():
                         spec.compare(given, got, want, case.desc)
 
                 def produce(wrong, args=args):
-                    positional, by_name = call_args(spec, copy.deepcopy(args))  # a mistake may write into them
+                    positional, by_name = call_args(spec, copy.deepcopy(args), vars(self.ref))  # mistakes may write
                     return wrong(*positional, **by_name)
 
                 _compare(self.lesson, self.name, got, np.asarray(want), what, case, spec.hint, tolerance(spec, args),
@@ -229,12 +236,12 @@ class SpecExercise(Exercise):
             if probe is not None:
                 moved = _recorded_items(result, case, spec, self.name, "moved", kind="any")[0]
                 expect_unmoved(probe, got[0], np.asarray(moved), what_of(spec, 0), case.desc)
-        positional, by_name = call_args(spec, args)
+        positional, by_name = call_args(spec, args, vars(self.ref))
         want = [np.asarray(as_numpy(w)) for w in getattr(self.ref, self.name)(*positional, **by_name)]
         tol = tolerance(spec, args)
 
         def produce(wrong, args=args):
-            positional, by_name = call_args(spec, copy.deepcopy(args))  # a mistake may write into them
+            positional, by_name = call_args(spec, copy.deepcopy(args), vars(self.ref))  # a mistake may write into them
             return list(wrong(*positional, **by_name))
 
         known = "" if all_agree(got, want, *tol) else known_mistake(self.lesson, self.name, got, produce, *tol)
