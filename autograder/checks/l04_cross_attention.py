@@ -3,22 +3,24 @@
 ``cross_attention_mask`` and ``CrossAttention`` (with its ``project_memory``) are rows of
 ``decoder_course/visible/l04_cross_attention.py``. ``CachedCrossAttention`` (find the bug) is judged relative to the
 student's ``CrossAttention`` and ``cross_attention_mask``: each call against ``nn.MultiheadAttention`` on that
-call's memory (lesson 03's ``torch_mha_expected``), and the spy's record of the projections.
+call's memory (CrossAttention's spec: its twin, contract and known wrong twins), and the spy's record of the
+projections.
 """
+
 from __future__ import annotations
 
+import dataclasses
 import re
 
 import numpy as np
 
 from autograder.checks import judges, spec
-from autograder.checks import l03_multi_head as mha
-from autograder.checks.framework import Case, Exercise, Fail, Result, exercise
+from autograder.checks.framework import Case, Exercise, Fail, Result, exercise, expect_close
 from autograder.reference import cross_attention as ref
+from decoder_course.spec import Build, Keyword, agrees, compared, expected, hint_for, judge_items, what_of
 from decoder_course.visible import l04_cross_attention as visible
 
 LESSON = "04-cross-attention"
-TOL = {"rtol": mha.RTOL, "atol": mha.ATOL}  # float32 student code against float64 PyTorch (lesson 03's)
 
 
 # -- cross_attention_mask, CrossAttention: specs (decoder_course.visible.l04_cross_attention) -------------------
@@ -26,6 +28,19 @@ spec.register(LESSON, visible.SPECS, ref)
 
 
 # -- CachedCrossAttention: find the bug (autograder.bugs), judged relative to the student's blocks --------------
+# each call judged as CrossAttention's forward on that call's memory and mask (its spec: contract, twin, hints)
+_CALL = dataclasses.replace(visible.SPECS["CrossAttention"], name="CachedCrossAttention")
+_CALL_TOL = (_CALL.rtol, _CALL.atol)
+
+
+def _call_row(d: dict, query: np.ndarray, memory: int, mask: int) -> Build:
+    """One call as a row of CrossAttention's spec: ``query`` attending to memory ``memory`` with ``mask``'s padding."""
+    D = query.shape[-1]
+    return Build("", {"d_model": D, "n_heads": d["H"]}, {"query": query, "memory": d["memories"][memory],
+                                                         "allowed": Keyword(d["is_real"][mask][:, None, None, :])},
+                 state=d["state"])
+
+
 def _calls(result: Result, case_id: str, label: str) -> int:
     """How many calls of the student's ``label`` (``CrossAttention.project_memory``, ...) the spy recorded."""
     meta = result.report_cases.get(case_id, {}).get("outputs", {})
@@ -55,7 +70,7 @@ class CachedCrossAttentionCheck(Exercise):
     def _case(self, rng, cid, desc, H, Dh, batches, plan):
         """``batches``: (B, S, lengths) per memory; ``plan``: (batch index, T) per call, in order."""
         D = H * Dh
-        state = mha.random_mha_state(rng, D)
+        state = visible.mha.random_mha_state(rng, D)
         memories = [rng.normal(size=(B, S, D)).astype(np.float32) for B, S, _ in batches]
         is_real = [np.arange(S)[None, :] < np.asarray(lengths)[:, None] for _, S, lengths in batches]  # (B, S)
         queries = [rng.normal(size=(batches[i][0], T, D)).astype(np.float32) for i, T in plan]
@@ -90,27 +105,27 @@ class CachedCrossAttentionCheck(Exercise):
     def judge(self, result: Result):
         what = "CachedCrossAttention"
         for case in result.cases.values():
-            mha.raise_module_error(result, case.id)
+            result.raise_if_error(case.id)
             d = case.data
-            H, plan, memories, is_real = d["H"], d["plan"], d["memories"], d["is_real"]
+            plan, memories = d["plan"], d["memories"]
             new = [step == 0 or plan[step][0] != plan[step - 1][0] for step in range(len(plan))]  # memory changed
-            for step, ((i, T), query) in enumerate(zip(plan, d["queries"], strict=True)):
-                mha.get_pair(result, case.id, f"step{step}", what)
-                B, S, D = memories[i].shape
-                out = result.get(case.id, f"step{step}/0", what=f"the output of call {step}", kind="tensor",
-                                 dtype="float", shape=(B, T, D))
-                allowed = is_real[i][:, None, None, :]  # (B, 1, 1, S)
+            for step, ((i, _), query) in enumerate(zip(plan, d["queries"], strict=True)):
+                got = spec._recorded_items(result, case, _CALL, what, f"step{step}", kind="tensor")
+                desc = f"call {step} of {case.desc}"
                 if step and new[step] and memories[plan[step - 1][0]].shape == memories[i].shape:
-                    previous = memories[plan[step - 1][0]]
-                    stale, _ = mha.torch_mha_expected(d["state"], H, query, previous, previous, allowed)
-                    if np.allclose(out, stale, **TOL):
+                    stale = expected(_CALL, _call_row(d, query, plan[step - 1][0], i))[0]
+                    if agrees(got[0], stale, *_CALL_TOL):
                         raise Fail(f"call {step} of {what} attends to the memory of the previous calls, not to the "
                                    f"one it was given ({case.desc}): the keys and values of one batch are reused for "
                                    "the next. They belong to the memory they came from: a call with another memory "
                                    "must project that memory.")
-                mha.judge_attention_output(result, case.id, f"step{step}", d["state"], H, query, memories[i],
-                                           memories[i], allowed, f"call {step} of {what}", key_name="memory",
-                                           value_name="memory")
+                row = _call_row(d, query, i, i)
+                with spec.shared():
+                    judge_items(_CALL, row, got, desc)
+                want = expected(_CALL, row)
+                for n in compared(_CALL):
+                    expect_close(got[n], want[n], what_of(_CALL, n), desc, hint=hint_for(_CALL, n), rtol=_CALL_TOL[0],
+                                 atol=_CALL_TOL[1])
             if _memory_handed_to_forward(result, case.id):
                 raise Fail(f"{what} hands xattn the memory to project at every call ({case.desc}): the point of the "
                            "wrapper is to project each memory once and hand the later calls its keys and values "

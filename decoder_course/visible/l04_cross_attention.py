@@ -8,6 +8,7 @@ identity projections), memory padding never leaking, ``project_memory``'s keys a
 ``CrossAttention`` whose answers are PyTorch's: a decoding loop over two batches, each call compared with PyTorch's
 answer for its memory, the projections counted.
 """
+
 from __future__ import annotations
 
 import numpy as np
