@@ -36,7 +36,9 @@ from decoder_course.checks import (
     expect_inputs_unchanged,
     expect_shape,
     expect_type,
+    expect_unchanged,
     expect_value_error,
+    snapshot,
     to_numpy,
 )
 
@@ -439,9 +441,14 @@ def forward(spec: ModuleSpec, module: Any, row: Build, inputs: dict | None = Non
     positional, by_name = call_args(spec, row.inputs if inputs is None else inputs)
     call = getattr(module, row.method) if row.method else module
     with seeded(row):
-        if spec.keeps_inputs:
-            return expect_inputs_unchanged(call, *positional, **by_name)
-        return call(*positional, **by_name)
+        if not spec.keeps_inputs:
+            return call(*positional, **by_name)
+        kept = {f"{n}[{j}]": (x, snapshot(x)) for n, v in by_name.items() if isinstance(v, tuple)
+                for j, x in enumerate(v)}  # a tuple's arrays (memory_kv), unchanged too
+        result = expect_inputs_unchanged(call, *positional, **by_name)
+        for name, (x, old) in kept.items():
+            expect_unchanged(old, x, f"argument `{name}` of {spec.name}")
+        return result
 
 
 def judged_by(spec: ModuleSpec, row: Build) -> ModuleSpec:

@@ -74,8 +74,6 @@ def _value(case: Case, value, tensors: bool, grad: bool = False):
         case.load_state(name, value.state)
         case.eval(name)
         return {"ref": name}
-    if isinstance(value, tuple):  # a tuple of arrays (memory_kv)
-        return {"tuple": [_value(case, v, tensors) for v in value]}
     if _is_tensor(value):
         bf16 = str(value.dtype) == "torch.bfloat16"
         return case.tensor(value.float() if bf16 else value, dtype="bfloat16" if bf16 else None)
@@ -96,12 +94,20 @@ def _call(case: Case, fn, args: dict, tensors: bool, keeps_inputs: bool, grad: b
     """``fn(*args)`` in the kernel, its arrays bound first so that they can be recorded again after the call (float
     arrays that require a gradient: ``grad``)."""
     arrays = [name for name, value in args.items() if _is_array(unwrap(value))]
-    for name in arrays:
-        case.let(name, _value(case, unwrap(args[name]), tensors, grad))
-    given = {n: {"ref": n} if n in arrays else _value(case, unwrap(v), tensors) for n, v in args.items()}
+    for name, value in (args | _parts(args)).items():
+        if name in arrays or name not in args:
+            case.let(name, _value(case, unwrap(value), tensors, grad))
+    given = {n: {"ref": n} if n in arrays else _value(case, unwrap(v), False) for n, v in args.items()}
+    given |= {n: {"tuple": [{"ref": f"{n}_{j}"} for j in range(len(unwrap(args[n])))]} for n in args
+              if isinstance(unwrap(args[n]), tuple)}
     case.call(fn, *(given[n] for n, v in args.items() if not isinstance(v, Keyword)),
               **{n: given[n] for n, v in args.items() if isinstance(v, Keyword)}, **step)
-    judges.record_after(case, arrays if keeps_inputs else [])
+    judges.record_after(case, [*arrays, *_parts(args)] if keeps_inputs else [])
+
+
+def _parts(args: dict) -> dict:
+    """A tuple argument's items (memory_kv), by the names the kernel binds them to: ``memory_kv_0``, ..."""
+    return {f"{n}_{j}": x for n, v in args.items() if isinstance(unwrap(v), tuple) for j, x in enumerate(unwrap(v))}
 
 
 @functools.cache
@@ -357,7 +363,7 @@ class ModuleSpecExercise(Exercise):
                 with shared():
                     expect_gradients(spec, grads, case.desc)
             if spec.keeps_inputs and not row.grad:
-                judges.unchanged(result, case.id, {n: v for n, v in plain(row.inputs).items()
+                judges.unchanged(result, case.id, {n: v for n, v in (plain(row.inputs) | _parts(row.inputs)).items()
                                                    if isinstance(v, np.ndarray)}, self.name)
 
 
