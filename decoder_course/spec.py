@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from types import SimpleNamespace
 from typing import Any
 
@@ -36,7 +36,9 @@ from decoder_course.checks import (
     expect_inputs_unchanged,
     expect_shape,
     expect_type,
+    expect_unchanged,
     expect_value_error,
+    snapshot,
     to_numpy,
 )
 
@@ -160,12 +162,19 @@ def expect_fresh(shape: tuple, strides: tuple, what: str) -> None:
                           "`.expand(...).clone()`")
 
 
-def call_args(spec: Spec | ModuleSpec, args: dict) -> tuple[list, dict]:
+def call_args(spec: Spec | ModuleSpec, args: dict, modules: dict | None = None) -> tuple[list, dict]:
     """The call as the exercise takes it, (positional, by name): NumPy arrays as they are (as fresh torch tensors
-    with ``tensors``: always for a module), torch tensors as fresh copies."""
+    with ``tensors``: always for a module), torch tensors as fresh copies, a :class:`Built` module built from
+    ``modules`` (its classes by name)."""
     tensors = getattr(spec, "tensors", True)
 
     def value(v):
+        if isinstance(v, Built):
+            module = modules[v.cls](*v.init.values())
+            module.load_state_dict(_tensors(v.state), strict=True)
+            return module.eval()
+        if isinstance(v, tuple):  # a tuple of arrays (memory_kv), each passed as the others are
+            return tuple(value(x) for x in v)
         if _is_tensor(v):
             return v.clone()
         return _torch().from_numpy(v.copy()) if tensors and isinstance(v, np.ndarray) else v
@@ -187,21 +196,21 @@ def _explained(spec: Spec | ModuleSpec, call: Callable[[], Any], args: dict) -> 
         raise CheckFailed(f"{spec.name} raised {type(exc).__name__}: {exc}. {hint}") from None
 
 
-def _called(spec: Spec, fn: Callable[..., Any], args: dict) -> Any:
-    positional, by_name = call_args(spec, args)
+def _called(spec: Spec, fn: Callable[..., Any], args: dict, modules: dict | None = None) -> Any:
+    positional, by_name = call_args(spec, args, modules)
     if spec.keeps_inputs:
         return _explained(spec, lambda: expect_inputs_unchanged(fn, *positional, **by_name), args)
     return _explained(spec, lambda: fn(*positional, **by_name), args)
 
 
-def run(spec: Spec, fn: Callable[..., Any], seed: int = 0) -> None:
+def run(spec: Spec, fn: Callable[..., Any], seed: int = 0, modules: dict | None = None) -> None:
     """The visible half: ``fn`` on each row drawn from ``seed``, its contract and properties checked (the
-    properties see NumPy arrays, as on the hidden side)."""
+    properties see NumPy arrays, as on the hidden side); ``modules``: the classes a :class:`Built` argument names."""
     for desc, args, *probe in spec.rows(np.random.default_rng(seed)):
         with check(f"{spec.name} on a case with {desc}"):
             try:
                 if spec.outputs:
-                    _run_items(spec, fn, args, desc, probe[0] if probe else None)
+                    _run_items(spec, fn, args, desc, probe[0] if probe else None, modules)
                     continue
                 got = _called(spec, fn, args)
                 contract(spec, args, got, f"{spec.name}(...) ({desc})", tensor=returns_tensor(spec, args))
@@ -231,14 +240,15 @@ def judge_parts(spec: Spec, args: dict, got: list, situation: str, declared: lis
         spec.properties(plain(args), [_numpy(v) for v in got], situation)
 
 
-def _run_items(spec: Spec, fn: Callable[..., Any], args: dict, desc: str, probe: Perturbed | None) -> None:
+def _run_items(spec: Spec, fn: Callable[..., Any], args: dict, desc: str, probe: Perturbed | None,
+               modules: dict | None = None) -> None:
     """One row of a function whose result is a tuple: each item's type and contract, the properties, the probe."""
-    got = items(spec, _called(spec, fn, args), f"{spec.name}(...)")
+    got = items(spec, _called(spec, fn, args, modules), f"{spec.name}(...)")
     for i, value in enumerate(got):
         expect_type(value, _torch().Tensor if returns_tensor(spec, args) else np.ndarray, what_of(spec, i))
     judge_parts(spec, args, got, desc)
     if probe is not None:
-        moved = items(spec, _called(spec, fn, probe.inputs), f"{spec.name}(...)")[0]
+        moved = items(spec, _called(spec, fn, probe.inputs, modules), f"{spec.name}(...)")[0]
         expect_unmoved(probe, _numpy(got[0]), _numpy(moved), what_of(spec, 0), desc)
 
 
@@ -267,6 +277,8 @@ class Build:
     # forward's inputs of further calls on the same module sharing one fresh cache (the spec's ``cache``, passed as
     # ``cache``): a prefill, then one position at a time; their outputs joined along axis 1 are the first output
     cached: tuple[dict, ...] = ()
+    method: str = ""  # the row calls this method instead of forward, judged by the spec's ``methods[method]``
+    refuses: str = ""  # the call must raise a ValueError: why (forward given both memory and memory_kv)
 
 
 @dataclass(frozen=True)
@@ -310,6 +322,9 @@ class ModuleSpec:
     # state prefixes of submodules built from the student's other exercises (whose own checks judge their names):
     # the hidden side loads those keys only where the student's submodule has them, so a wrong name costs its own item
     lenient: tuple[str, ...] = ()
+    # a method other than forward (``CrossAttention.project_memory``): its own contract, twin and hints, for the
+    # rows that call it (``Build.method``); built with this spec's constructor and names
+    methods: dict[str, ModuleSpec] = field(default_factory=dict)
 
 
 def _tensors(values: dict) -> dict:
@@ -428,12 +443,24 @@ def built(spec: ModuleSpec, cls: Any, row: Build) -> Any:
 
 
 def forward(spec: ModuleSpec, module: Any, row: Build, inputs: dict | None = None) -> Any:
-    """``module`` on the row's inputs (or ``inputs``: a perturbed call), seeded as the row says."""
+    """``module`` (or its ``row.method``) on the row's inputs (or ``inputs``: a perturbed call), seeded as the row
+    says."""
     positional, by_name = call_args(spec, row.inputs if inputs is None else inputs)
+    call = getattr(module, row.method) if row.method else module
     with seeded(row):
-        if spec.keeps_inputs:
-            return expect_inputs_unchanged(module, *positional, **by_name)
-        return module(*positional, **by_name)
+        if not spec.keeps_inputs:
+            return call(*positional, **by_name)
+        kept = {f"{n}[{j}]": (x, snapshot(x)) for n, v in by_name.items() if isinstance(v, tuple)
+                for j, x in enumerate(v)}  # a tuple's arrays (memory_kv), unchanged too
+        result = expect_inputs_unchanged(call, *positional, **by_name)
+        for name, (x, old) in kept.items():
+            expect_unchanged(old, x, f"argument `{name}` of {spec.name}")
+        return result
+
+
+def judged_by(spec: ModuleSpec, row: Build) -> ModuleSpec:
+    """The spec that judges ``row``: its method's (``methods``), or the module's own for forward."""
+    return spec.methods[row.method] if row.method else spec
 
 
 def judge_items(spec: ModuleSpec, row: Build, got: list[np.ndarray], what: str, declared: list | None = None) -> None:
@@ -495,48 +522,69 @@ def run_module(spec: ModuleSpec, cls: Any, seed: int = 0, given: dict | None = N
     agreement with PyTorch's own modules (``twin``) checked (``given``: the lesson's given classes by name, the
     cache of rows that decode with one)."""
     for row in spec.rows(np.random.default_rng(seed)):
-        args = {**row.init, **row.inputs}
-        mode = " (training mode)" if row.seed is not None else ""
-        with check(f"{spec.name} on a case with {row.situation}{mode}"):
-            if row.seed is not None and spec.dropout:
-                module = built(spec, cls, row)
-                positional, by_name = call_args(spec, row.inputs)
-                with _torch().no_grad():
-                    expect_dropout(lambda m=module, a=positional, k=by_name: m(*a, **k), module, spec.name,
-                                   spec.dropout)
-                continue
-            module = _explained(spec, lambda row=row: built(spec, cls, row), args)
-            got = items(spec, _explained(spec, lambda m=module, row=row: forward(spec, m, row), args), spec.name)
-            for i, value in enumerate(got):
-                expect_type(value, _torch().Tensor, what_of(spec, i))
-            values = [as_numpy(v) for v in got]
-            try:
-                judge_items(spec, row, values, row.situation, declared=[str(v.dtype) for v in got])
-                if row.perturbed is not None:
-                    moved = items(spec, forward(spec, module, row, row.perturbed.inputs), spec.name)[0]
-                    expect_unmoved(row.perturbed, values[0], as_numpy(moved), what_of(spec, 0), row.situation)
-                if row.cached:
-                    cache = given[spec.cache.given](1)
-                    parts = [items(spec, forward(spec, module, row, {**step, "cache": Keyword(cache)}), spec.name)[0]
-                             for step in row.cached]
-                    keys = None if cache.keys[0] is None else tuple(cache.keys[0].shape)
-                    expect_cached(spec, row, values[0], [as_numpy(p) for p in parts], keys, row.situation)
-            except CheckFailed as failed:  # the check's title names the situation already
-                raise CheckFailed(str(failed).replace(f" ({row.situation})", "")) from None
-            rtol, atol = tolerance(spec, args)
-            want = expected(spec, row)
-            for i in compared(spec):
-                expect_close(values[i], want[i], f"{what_of(spec, i)} (vs PyTorch's own modules)", rtol=rtol,
-                             atol=atol, hint=hint_for(spec, i) or None)
-            if row.grad:
-                try:
-                    expect_gradients(spec, _gradients(spec, cls, row), row.situation)
-                except CheckFailed as failed:
-                    raise CheckFailed(str(failed).replace(f" ({row.situation})", "")) from None
+        _run_row(judged_by(spec, row), cls, row, given)
     for desc, init, why in spec.refused:
         with check(f"{spec.name} refuses to be built with {desc}"):
             positional, by_name = call_args(spec, init)
             expect_value_error(lambda: cls(*positional, **by_name), why)  # noqa: B023 - called at once
+
+
+def _run_row(spec: ModuleSpec, cls: Any, row: Build, given: dict | None = None) -> None:
+    """One row of :func:`run_module`, judged by ``spec`` (the module's, or its method's)."""
+    args = {**row.init, **row.inputs}
+    mode = " (training mode)" if row.seed is not None else ""
+    with check(f"{spec.name} on a case with {row.situation}{mode}"):
+        if row.refuses:
+            module = built(spec, cls, row)
+            expect_value_error(lambda: forward(spec, module, row), row.refuses)
+            return
+        if row.seed is not None and spec.dropout:
+            module = built(spec, cls, row)
+            positional, by_name = call_args(spec, row.inputs)
+            with _torch().no_grad():
+                expect_dropout(lambda m=module, a=positional, k=by_name: m(*a, **k), module, spec.name,
+                               spec.dropout)
+            return
+        module = _explained(spec, lambda row=row: built(spec, cls, row), args)
+        got = items(spec, _explained(spec, lambda m=module, row=row: forward(spec, m, row), args), spec.name)
+        for i, value in enumerate(got):
+            expect_type(value, _torch().Tensor, what_of(spec, i))
+        values = [as_numpy(v) for v in got]
+        try:
+            judge_items(spec, row, values, row.situation, declared=[str(v.dtype) for v in got])
+            if row.perturbed is not None:
+                moved = items(spec, forward(spec, module, row, row.perturbed.inputs), spec.name)[0]
+                expect_unmoved(row.perturbed, values[0], as_numpy(moved), what_of(spec, 0), row.situation)
+            if row.cached:
+                cache = given[spec.cache.given](1)
+                parts = [items(spec, forward(spec, module, row, {**step, "cache": Keyword(cache)}), spec.name)[0]
+                         for step in row.cached]
+                keys = None if cache.keys[0] is None else tuple(cache.keys[0].shape)
+                expect_cached(spec, row, values[0], [as_numpy(p) for p in parts], keys, row.situation)
+        except CheckFailed as failed:  # the check's title names the situation already
+            raise CheckFailed(str(failed).replace(f" ({row.situation})", "")) from None
+        rtol, atol = tolerance(spec, args)
+        want = expected(spec, row)
+        for i in compared(spec):
+            expect_close(values[i], want[i], f"{what_of(spec, i)} (vs PyTorch's own modules)", rtol=rtol,
+                         atol=atol, hint=hint_for(spec, i) or None)
+        if row.grad:
+            try:
+                expect_gradients(spec, _gradients(spec, cls, row), row.situation)
+            except CheckFailed as failed:
+                raise CheckFailed(str(failed).replace(f" ({row.situation})", "")) from None
+
+
+@dataclass(frozen=True)
+class Built:
+    """A row's argument that is one of the notebook's modules (``cls``, by name), built with ``init`` (in order),
+    holding ``state`` (NumPy arrays by the contract's names), in eval mode: the student's own in the hidden check
+    (``causal_self_attention(mha, ...)``), the class ``run`` is given in ``modules`` in the visible one, the
+    reference's on the trusted side."""
+
+    cls: str
+    init: dict
+    state: dict
 
 
 @dataclass(frozen=True)

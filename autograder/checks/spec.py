@@ -24,6 +24,7 @@ from autograder.checks import judges
 from autograder.checks.framework import Case, Exercise, Fail, Raised, Result, exercise, expect_close
 from decoder_course.checks import CheckFailed, _is_tensor
 from decoder_course.spec import (
+    Built,
     Keyword,
     ModuleSpec,
     Spec,
@@ -45,6 +46,7 @@ from decoder_course.spec import (
     items,
     judge_items,
     judge_parts,
+    judged_by,
     names_for,
     plain,
     returns_tensor,
@@ -67,6 +69,12 @@ def shared():
 def _value(case: Case, value, tensors: bool, grad: bool = False):
     """An argument as the kernel's harvest takes it: arrays sent aside (NumPy ones as tensors: ``tensors``; a
     bfloat16 tensor widened, with its dtype named), dtypes by name, the rest as JSON."""
+    if isinstance(value, Built):  # one of the notebook's modules, built, loaded and in eval mode in the kernel
+        name = f"_built{len(case.steps)}"
+        _build(case, value.cls, value.init, let=name)
+        case.load_state(name, value.state)
+        case.eval(name)
+        return {"ref": name}
     if _is_tensor(value):
         bf16 = str(value.dtype) == "torch.bfloat16"
         return case.tensor(value.float() if bf16 else value, dtype="bfloat16" if bf16 else None)
@@ -87,12 +95,20 @@ def _call(case: Case, fn, args: dict, tensors: bool, keeps_inputs: bool, grad: b
     """``fn(*args)`` in the kernel, its arrays bound first so that they can be recorded again after the call (float
     arrays that require a gradient: ``grad``)."""
     arrays = [name for name, value in args.items() if _is_array(unwrap(value))]
-    for name in arrays:
-        case.let(name, _value(case, unwrap(args[name]), tensors, grad))
+    for name, value in (args | _parts(args)).items():
+        if name in arrays or name not in args:
+            case.let(name, _value(case, unwrap(value), tensors, grad))
     given = {n: {"ref": n} if n in arrays else _value(case, unwrap(v), False) for n, v in args.items()}
+    given |= {n: {"tuple": [{"ref": f"{n}_{j}"} for j in range(len(unwrap(args[n])))]} for n in args
+              if isinstance(unwrap(args[n]), tuple)}
     case.call(fn, *(given[n] for n, v in args.items() if not isinstance(v, Keyword)),
               **{n: given[n] for n, v in args.items() if isinstance(v, Keyword)}, **step)
-    judges.record_after(case, arrays if keeps_inputs else [])
+    judges.record_after(case, [*arrays, *_parts(args)] if keeps_inputs else [])
+
+
+def _parts(args: dict) -> dict:
+    """A tuple argument's items (memory_kv), by the names the kernel binds them to: ``memory_kv_0``, ..."""
+    return {f"{n}_{j}": x for n, v in args.items() if isinstance(unwrap(v), tuple) for j, x in enumerate(unwrap(v))}
 
 
 @functools.cache
@@ -197,14 +213,14 @@ class SpecExercise(Exercise):
                                for i in range(got.ndim)]
                     expect_fresh(got.shape, strides, f"{what} ({case.desc})")
             if spec.compare:
-                positional, by_name = call_args(spec, args)
+                positional, by_name = call_args(spec, args, vars(self.ref))
                 want = as_numpy(getattr(self.ref, self.name)(*positional, **by_name))
                 if callable(spec.compare):
                     with shared():
                         spec.compare(given, got, want, case.desc)
 
                 def produce(wrong, args=args):
-                    positional, by_name = call_args(spec, copy.deepcopy(args))  # a mistake may write into them
+                    positional, by_name = call_args(spec, copy.deepcopy(args), vars(self.ref))  # mistakes may write
                     return wrong(*positional, **by_name)
 
                 _compare(self.lesson, self.name, got, np.asarray(want), what, case, spec.hint, tolerance(spec, args),
@@ -227,12 +243,12 @@ class SpecExercise(Exercise):
             if probe is not None:
                 moved = _recorded_items(result, case, spec, self.name, "moved", kind="any")[0]
                 expect_unmoved(probe, got[0], np.asarray(moved), what_of(spec, 0), case.desc)
-        positional, by_name = call_args(spec, args)
+        positional, by_name = call_args(spec, args, vars(self.ref))
         want = [np.asarray(as_numpy(w)) for w in getattr(self.ref, self.name)(*positional, **by_name)]
         tol = tolerance(spec, args)
 
         def produce(wrong, args=args):
-            positional, by_name = call_args(spec, copy.deepcopy(args))  # a mistake may write into them
+            positional, by_name = call_args(spec, copy.deepcopy(args), vars(self.ref))  # a mistake may write into them
             return list(wrong(*positional, **by_name))
 
         known = "" if all_agree(got, want, *tol) else known_mistake(self.lesson, self.name, got, produce, *tol)
@@ -263,8 +279,9 @@ class ModuleSpecExercise(Exercise):
     def cases(self, rng):
         cases = []
         for i, row in enumerate(self.spec.rows(rng)):
+            spec = judged_by(self.spec, row)
             case = Case(f"c{i}", row.situation + (" (training mode)" if row.seed is not None else ""),
-                        data={"row": row})
+                        data={"row": row} | ({"why": row.refuses} if row.refuses else {}))
             _build(case, self.name, row.init, let="m")
             if row.state is not None:
                 case.load_state("m", row.state, lenient=self.spec.lenient)
@@ -273,25 +290,26 @@ class ModuleSpecExercise(Exercise):
             else:
                 case.steps.append({"train": "m"})
                 case.seed(row.seed)
-            if row.seed is not None and self.spec.dropout:  # training, then eval twice: judges.dropout
+            if row.seed is not None and spec.dropout:  # training, then eval twice: judges.dropout
                 _call(case, {"ref": "m"}, row.inputs, True, False, record="out_train")
                 case.eval("m")
                 for record in ("out_eval", "out_eval2"):
                     _call(case, {"ref": "m"}, row.inputs, True, False, record=record)
                 cases.append(case)
                 continue
-            _call(case, {"ref": "m"}, row.inputs, True, self.spec.keeps_inputs and not row.grad, record="out",
-                  let="res", grad=row.grad)
+            call = {"attr": ["m", row.method]} if row.method else {"ref": "m"}
+            _call(case, call, row.inputs, True, spec.keeps_inputs and not row.grad, record="out", let="res",
+                  grad=row.grad)
             if row.grad:  # backward from the first output, then each float input's gradient
-                first = self.spec.shape(plain({**row.init, **row.inputs}))
-                first = first[0] if self.spec.outputs else first
-                if self.spec.outputs:
+                first = spec.shape(plain({**row.init, **row.inputs}))
+                first = first[0] if spec.outputs else first
+                if spec.outputs:
                     case.let("first", {"index": ["res", 0]})
-                case.backward("first" if self.spec.outputs else "res", np.ones(first, dtype=np.float32))
+                case.backward("first" if spec.outputs else "res", np.ones(first, dtype=np.float32))
                 for name in grad_inputs(row):
                     case.record(f"grad_{name}", {"grad": name})
             if row.perturbed is not None:
-                _call(case, {"ref": "m"}, row.perturbed.inputs, True, False, record="moved")
+                _call(case, call, row.perturbed.inputs, True, False, record="moved")
             if row.cached:  # one fresh cache of the lesson's given class, then each cached call
                 case.call(self.spec.cache.given, 1, let="cache")
                 for j, step in enumerate(row.cached):
@@ -306,16 +324,17 @@ class ModuleSpecExercise(Exercise):
             cases.append(case)
         return cases
 
-    def _items(self, result: Result, case: Case, record: str) -> list[np.ndarray]:
+    @staticmethod
+    def _items(spec: ModuleSpec, result: Result, case: Case, record: str) -> list[np.ndarray]:
         """The recorded result's items (one for a single tensor)."""
-        if not self.spec.outputs:
-            return [result.get(case.id, record, what=f"{self.name}'s output", kind="tensor", finite=False)]
-        return _recorded_items(result, case, self.spec, self.name, record, kind="tensor")
+        if not spec.outputs:
+            return [result.get(case.id, record, what=f"{spec.name}'s output", kind="tensor", finite=False)]
+        return _recorded_items(result, case, spec, spec.name, record, kind="tensor")
 
     def judge(self, result: Result):
-        spec = self.spec
         for case in _unrefused(result):
             row = case.data["row"]
+            spec = judged_by(self.spec, row)
             args = {**row.init, **row.inputs}
             error = result.error(case.id)
             if error is not None and "state_dict" in error:
@@ -326,22 +345,22 @@ class ModuleSpecExercise(Exercise):
             if row.seed is not None and spec.dropout:
                 judges.dropout(result, case.id, self.name, spec.shape(plain(args)), spec.dropout)
                 continue
-            got = self._items(result, case, "out")
+            got = self._items(spec, result, case, "out")
             n = len(got)
             declared = [result.meta(case.id, f"out/{i}" if spec.outputs else "out").get("dtype") for i in range(n)]
             with shared():
                 judge_items(spec, row, got, case.desc, declared)
                 if row.perturbed is not None:
-                    expect_unmoved(row.perturbed, got[0], self._items(result, case, "moved")[0], what_of(spec, 0),
+                    expect_unmoved(row.perturbed, got[0], self._items(spec, result, case, "moved")[0], what_of(spec, 0),
                                    case.desc)
                 if row.cached:
                     keys = result.meta(case.id, "cache_keys/0") if spec.cache.keys else {}  # None: nothing cached
-                    expect_cached(spec, row, got[0], [self._items(result, case, f"cached{j}")[0]
+                    expect_cached(spec, row, got[0], [self._items(spec, result, case, f"cached{j}")[0]
                                                       for j in range(len(row.cached))],
                                   tuple(keys["shape"]) if keys.get("type") == "torch.Tensor" else None, case.desc)
             want, tol = expected(spec, row), tolerance(spec, args)
 
-            def produce(wrong, row=row):
+            def produce(wrong, row=row, spec=spec):
                 return items(spec, forward(spec, built(spec, wrong, row), row), spec.name)
 
             # the known mistake whose every item is the student's (two mistakes may share the weights)
@@ -357,7 +376,7 @@ class ModuleSpecExercise(Exercise):
                 with shared():
                     expect_gradients(spec, grads, case.desc)
             if spec.keeps_inputs and not row.grad:
-                judges.unchanged(result, case.id, {n: v for n, v in plain(row.inputs).items()
+                judges.unchanged(result, case.id, {n: v for n, v in (plain(row.inputs) | _parts(row.inputs)).items()
                                                    if isinstance(v, np.ndarray)}, self.name)
 
 

@@ -31,7 +31,9 @@ def cross_attention_mask(memory_is_real: torch.Tensor, T: int) -> torch.Tensor:
 class CrossAttention(MultiHeadAttention):
     """Multi-head attention from decoder queries to encoder memory, whose keys/values can be projected once.
 
-    Same parameters as ``MultiHeadAttention`` (``q_proj``, ``k_proj``, ``v_proj``, ``out_proj``).
+    Same parameters as ``MultiHeadAttention`` (``q_proj``, ``k_proj``, ``v_proj``, ``out_proj``), and its contract:
+    ``allowed`` True = this query may attend to this memory token, a query with no allowed key gets zero weights
+    (its output row is ``out_proj.bias``), gradients stay finite, the caller's inputs (and ``memory_kv``) unchanged.
 
     Shape:
         query: (B, T, D), memory: (B, S, D), allowed: (B, H, T, S)-broadcastable bool or None

@@ -21,18 +21,15 @@ from torch import nn
 from decoder_course import twins
 from decoder_course.checks import (
     CheckFailed,
-    causal_leakage_probe,
     check,
     expect_close,
     expect_dtype,
     expect_inputs_unchanged,
     expect_shape,
     expect_type,
-    grid,
-    padding_leakage_probe,
     randomised,
 )
-from decoder_course.spec import Build, Keyword, ModuleSpec, Perturbed, Spec, load, run, run_module
+from decoder_course.spec import Build, Built, Keyword, ModuleSpec, Perturbed, Spec, load, run, run_module
 from decoder_course.visible.l02_attention import check_weights
 
 # The worked example of the lesson: B=1, T=2, D=6 split into H=3 heads of Dh=2 features.
@@ -247,7 +244,7 @@ def _padded(rng: np.random.Generator, B: int, n: int, min_real: int = 2) -> np.n
     return np.arange(n)[None, :] < lengths[:, None]  # (B, n)
 
 
-def _mha_mask(rng: np.random.Generator, kind: str, B: int, T: int, S: int, H: int) -> np.ndarray | None:
+def mha_mask(rng: np.random.Generator, kind: str, B: int, T: int, S: int, H: int) -> np.ndarray | None:
     """The ``allowed`` mask of one row (None: no mask). No query is blocked in some heads only."""
     causal = np.tril(np.ones((T, T), dtype=bool))  # (T, T)
     if kind == "causal+padding":  # (B, 1, T, T)
@@ -272,7 +269,7 @@ def _mha_row(rng, situation: str, B: int, T: int, S: int | None, H: int, Dh: int
     """One situation: S = None is self-attention (query = key = value)."""
     D, self_attn = H * Dh, S is None
     S = T if self_attn else S
-    allowed = _mha_mask(rng, mask, B, T, S, H)
+    allowed = mha_mask(rng, mask, B, T, S, H)
     scales = np.array([0.2, 1.0, 5.0])[:B, None, None] if mask == "causal+padding" else 1.0  # rows of unlike scale
     query = (rng.normal(size=(B, T, D)) * scales).astype(np.float32)
     key, value = (query, query) if self_attn else (rng.normal(size=(B, S, D)).astype(np.float32) for _ in "kv")
@@ -321,7 +318,7 @@ def _mha_rows(rng: np.random.Generator) -> list[Build]:
     ]
 
 
-def _mha_twin(init: dict, state: dict, inputs: dict, train: bool, p: float | None = None) -> tuple:
+def mha_twin(init: dict, state: dict, inputs: dict, train: bool, p: float | None = None) -> tuple:
     """nn.MultiheadAttention with the same weights (and dropout, drawing the same masks in training mode), with the
     course's answer on a query that may attend to nothing: zero weights, so its output row is out_proj.bias."""
     H, p = init["n_heads"], init.get("dropout", 0.0) if p is None else p
@@ -340,7 +337,7 @@ def _mha_twin(init: dict, state: dict, inputs: dict, train: bool, p: float | Non
     return out, weights.masked_fill(empty, 0.0)
 
 
-def _mha_variants(init: dict, state: dict, inputs: dict, train: bool) -> dict:
+def mha_variants(init: dict, state: dict, inputs: dict, train: bool) -> dict:
     """What PyTorch's module computes with the mask inverted or ignored, the scores over √D, no out_proj, and (in
     training mode) dropout on the output or nowhere."""
     H, D = init["n_heads"], state["q_proj.weight"].shape[0]
@@ -357,9 +354,9 @@ def _mha_variants(init: dict, state: dict, inputs: dict, train: bool) -> dict:
     for idea, changed_state, changed_inputs in setups:
         # each from the row's seed (training mode draws); a mask that blocks a query in some heads only: not judged
         with torch.random.fork_rng(), contextlib.suppress(RuntimeError):
-            found[idea] = _mha_twin(init, changed_state, changed_inputs, train)
+            found[idea] = mha_twin(init, changed_state, changed_inputs, train)
     if train:
-        out, weights = _mha_twin(init, state, inputs, False)  # no dropout drawn: the first draw is the output's
+        out, weights = mha_twin(init, state, inputs, False)  # no dropout drawn: the first draw is the output's
         dropped = F.dropout(out.contiguous(), init["dropout"])  # (B, T, D), drawn in its memory order, as a module's
         found["dropout acts on the output, not on the attention weights: apply it to the weights, before they "
               "average the values (attention(..., dropout=self.dropout))"] = (dropped, weights)
@@ -378,23 +375,23 @@ def _weights_shape_hint(a: dict, shape: tuple) -> str:
     return "Per head: do not average the weights over the heads." if shape == (B, T, a["key"].shape[1]) else ""
 
 
-def _mha_properties(a: dict, got: tuple, situation: str) -> None:
+def mha_properties(a: dict, got: tuple, situation: str) -> None:
     """The weights: finite, none on a blocked key (every head), a query with no key all zeros, the others sum to one."""
     allowed = a.get("allowed")
     check_weights(got[1], None if allowed is None else np.broadcast_to(allowed, got[1].shape),
                   "MultiHeadAttention's weights", situation)
 
 
-def _mha_error(args: dict, error: str) -> str:
+def mha_error(args: dict, error: str) -> str:
     if "unexpected keyword argument 'allowed'" in error:
         return "The mask argument of forward is called `allowed` (True = this query may attend to this key)."
     return ""
 
 
 SPECS["MultiHeadAttention"] = ModuleSpec(
-    "MultiHeadAttention", _mha_rows, _mha_twin, names=MHA_NAMES, dtype=lambda a: a["query"].dtype, shape=_mha_shape,
+    "MultiHeadAttention", _mha_rows, mha_twin, names=MHA_NAMES, dtype=lambda a: a["query"].dtype, shape=_mha_shape,
     outputs=("out", "weights"), order=("weights", "out"), axes=("B, T, D", "B, H, T, S"),
-    shape_hint=("", _weights_shape_hint), properties=_mha_properties, variants=_mha_variants, on_error=_mha_error,
+    shape_hint=("", _weights_shape_hint), properties=mha_properties, variants=mha_variants, on_error=mha_error,
     uses=("split_heads", "merge_heads"),
     forbidden=("nn.MultiheadAttention", "F.scaled_dot_product_attention", "F.multi_head_attention_forward"),
     refused=(("d_model=10 and n_heads=3", {"d_model": 10, "n_heads": 3},
@@ -452,79 +449,87 @@ def check_multi_head_attention(MultiHeadAttention) -> None:  # noqa: N803 - the 
     run_module(SPECS["MultiHeadAttention"], MultiHeadAttention)
 
 
-class _TorchAttention(nn.Module):
-    """A stand-in for a MultiHeadAttention: PyTorch's own module behind the course's mask polarity (True = may
-    attend), which remembers the last mask it was handed (``seen``), so a check can show it."""
+# -- causal_self_attention: find the bug, a spec whose rows hand it a MultiHeadAttention ----------------------------
+class TwinAttention(nn.Module):
+    """PyTorch's ``nn.MultiheadAttention`` behind MultiHeadAttention's contract (its names, the course's mask
+    polarity, zero weights on a query with no allowed key): the visible stand-in for the module a checked function
+    is handed, so that only the function's own code is tested."""
 
-    def __init__(self, D: int, H: int, seed: int):
+    def __init__(self, d_model: int, n_heads: int):
         super().__init__()
-        self.H, self.torch_mha = H, randomised(nn.MultiheadAttention(D, H, batch_first=True), seed).eval()
-        w = twins.from_torch(self.torch_mha.state_dict(), "attention")  # in_proj split into q_proj, k_proj, v_proj
-        self.w_v, self.b_v = w["v_proj.weight"], w["v_proj.bias"]  # the value projection, (D, D) and (D,)
-        self.seen = None
+        self.n_heads = n_heads
+        for name in _NAMES:
+            setattr(self, name, nn.Linear(d_model, d_model))
 
     def forward(self, query, key, value, allowed=None):
-        B, T, _ = query.shape
-        S = key.shape[1]
-        self.seen = None if allowed is None else allowed.detach().clone()
-        full = torch.broadcast_to(torch.ones(T, S, dtype=torch.bool) if allowed is None else allowed,
-                                  (B, self.H, T, S))  # (B, H, T, S)
-        empty = ~full.any(dim=-1, keepdim=True)  # (B, H, T, 1): a query that may attend to nothing
-        # PyTorch's boundary: True = blocked; an empty row is opened here and zeroed below (its answer is NaN)
-        blocked = ~(full | empty)
-        with torch.no_grad():
-            _, weights = self.torch_mha(query, key, value, attn_mask=blocked.reshape(B * self.H, T, S),
-                                        average_attn_weights=False)  # (B, H, T, S)
-            weights = weights.masked_fill(empty, 0.0)
-            v = (value @ self.w_v.T + self.b_v).reshape(B, S, self.H, -1).transpose(1, 2)  # (B, H, S, Dh)
-            heads = (weights @ v).transpose(1, 2).reshape(B, T, -1)  # (B, T, D)
-            return self.torch_mha.out_proj(heads), weights
+        inputs = {"query": query, "key": key, "value": value} | ({} if allowed is None else {"allowed": allowed})
+        return mha_twin({"n_heads": self.n_heads}, self.state_dict(), inputs, self.training)
 
 
-@contextlib.contextmanager
-def _adding(text: str):
-    """A probe's failure, with ``text`` (more of the story) added to its message."""
-    try:
-        yield
-    except CheckFailed as exc:
-        raise CheckFailed(f"{exc}{text}") from None
+def _causal_rows(rng: np.random.Generator) -> list:
+    """Right padding, left padding (as batched generation uses; the padded x changed), no padding (the future
+    changed)."""
+    rows = []
+    for situation, B, T, H, Dh, padding in [("padding at the end of the sequences", 3, None, 2, 4, "right"),
+                                            ("padding at the start of the sequences (left padding), the padded x "
+                                             "changed", 3, None, 3, 2, "left"),
+                                            ("is_real=None, the future changed", 2, 4, 2, 3, None)]:
+        T, D = int(rng.choice([5, 6])) if T is None else T, H * Dh
+        x = rng.normal(size=(B, T, D)).astype(np.float32)
+        is_real = None if padding is None else _padded(rng, B, T)  # (B, T)
+        if padding == "left":
+            is_real = is_real[:, ::-1].copy()  # (B, T): padding, then real tokens
+        args = {"mha": Built("MultiHeadAttention", {"d_model": D, "n_heads": H}, random_mha_state(rng, D)), "x": x,
+                "is_real": is_real}
+        changed = x + 3.0 * rng.normal(size=x.shape).astype(np.float32)
+        if padding == "left":  # only the padded positions changed: no real output may move
+            probe = Perturbed(args | {"x": np.where(is_real[..., None], x, changed)}, lambda out, r=is_real: out[r],
+                              "a real token's output changed when only padded positions of x changed: padding leaks")
+        elif padding is None:  # only the positions after t0 changed: the outputs up to t0 may not move
+            t0 = int(rng.integers(1, T - 1))
+            probe = Perturbed(args | {"x": np.concatenate([x[:, :t0 + 1], changed[:, t0 + 1:]], axis=1)},
+                              lambda out, t0=t0: out[:, :t0 + 1], f"an output at a position <= {t0} changed when "
+                              f"only positions > {t0} of x changed: the future leaks")
+        rows.append((f"B={B}, T={T}, H={H}, Dh={Dh}, {situation}", args, *([] if padding == "right" else [probe])))
+    return rows
+
+
+def _causal_mask_properties(a: dict, got: list, situation: str) -> None:
+    """The weights follow the docstring's mask: no weight on a later or padded key, a padded query still attends."""
+    weights = got[1]
+    B, _, T, _ = weights.shape
+    real = np.ones((B, T), dtype=bool) if a["is_real"] is None else a["is_real"]
+    full = np.broadcast_to(np.tril(np.ones((T, T), dtype=bool)) & real[:, None, None, :], weights.shape)
+    leaked = (np.abs(weights) > 1e-6) & ~full  # (B, H, T, T)
+    if leaked.any():
+        b, _, t, s = (int(i) for i in np.argwhere(leaked)[0])
+        why = "a padded key" if not real[b, s] else f"a later key (s = {s} > t = {t}): the future leaks"
+        raise CheckFailed(f"causal_self_attention lets query {t} of sequence {b} attend to key {s}, {why} "
+                          f"({situation}). Print the mask it hands mha for one padded sequence as a T × T grid (rows "
+                          "are queries, columns keys) and compare it with what the docstring allows.")
+    starved = full.any(axis=-1) & (np.abs(weights).sum(axis=-1) < 1e-6)  # (B, H, T)
+    if starved.any():
+        b, _, t = (int(i) for i in np.argwhere(starved)[0])
+        raise CheckFailed(f"query {t} of sequence {b} attends to nothing, although it may attend to the real keys at "
+                          f"or before it ({situation}). Padding is masked on the key axis only: a padded query still "
+                          "attends, like any other.")
+
+
+def _causal_shape(a: dict) -> tuple:
+    B, T, D = a["x"].shape
+    return (B, T, D), (B, a["mha"].init["n_heads"], T, T)
+
+
+SPECS["causal_self_attention"] = Spec(
+    "causal_self_attention", _causal_rows, dtype=lambda a: a["x"].dtype, shape=_causal_shape, tensors=True,
+    outputs=("out", "weights"), order=("weights", "out"), axes=("B, T, D", "B, H, T, T"),
+    properties=_causal_mask_properties, uses=("MultiHeadAttention", "split_heads", "merge_heads"), rtol=1e-4,
+    atol=1e-5, hint={"weights": "Query t may attend to key s when s <= t and token s is real: a padded query is not "
+                                "blocked itself (only the key axis is masked for padding).",
+                     "out": "The weights are right: out is what mha gives with them."})
 
 
 def check_causal_self_attention(causal_self_attention) -> None:
-    """Find the bug: the probe first (padding must not leak), then the future, then PyTorch's own answer."""
-    D, H = 8, 2
-    mha = _TorchAttention(D, H, seed=5)  # a stand-in whose answers are PyTorch's: only the mask is tested
-    g = torch.Generator().manual_seed(4)
-
-    with check("the probe: with left padding, changing only the pad positions of x changes no real output"):
-        x = torch.randn(2, 5, D, generator=g)  # (B, T, D)
-        is_real = torch.tensor([[True] * 5, [False, False, True, True, True]])  # (B, T): sequence 1 left-padded
-        out, weights = expect_inputs_unchanged(causal_self_attention, mha, x, is_real)
-        expect_shape(out, (2, 5, D), "out", names="B, T, D")
-        expect_shape(weights, (2, H, 5, 5), "weights", names="B, H, T, T")
-        shown = "" if mha.seen is None else (
-            "\n    The mask it handed mha for sequence 1 (rows: queries 0-4, columns: keys 0-4, 1 = may attend):\n"
-            + grid(torch.broadcast_to(mha.seen, (2, 1, 5, 5))[1, 0]))
-        with _adding(shown + "\n    Which columns should be empty? Which line builds the padding part?"):
-            padding_leakage_probe(lambda x: causal_self_attention(mha, x, is_real), x, is_real, atol=1e-5,
-                                  what="the output")
-
-    with check("the future does not leak: changing positions > t changes no output at positions <= t"):
-        is_real = torch.tensor([[True] * 6, [True] * 4 + [False] * 2])
-        with _adding(". Query t may attend to keys s <= t only: the causal part of the mask must survive "
-                     "combining it with the padding (both must allow a key)"):
-            causal_leakage_probe(lambda x: causal_self_attention(mha, x, is_real), torch.randn(2, 6, D, generator=g),
-                                 atol=1e-5, what="the output")
-
-    with check("equal to nn.MultiheadAttention with a causal mask and key padding (padded queries included)"):
-        x = torch.randn(3, 5, D, generator=g)
-        is_real = torch.tensor([[True] * 5, [True] * 3 + [False] * 2, [True] * 2 + [False] * 3])  # right padding
-        out, weights = causal_self_attention(mha, x, is_real)
-        causal = torch.ones(5, 5, dtype=torch.bool).tril()
-        with torch.no_grad():  # PyTorch's boundary: its masks say True = blocked
-            want, want_w = mha.torch_mha(x, x, x, attn_mask=~causal, key_padding_mask=~is_real,
-                                         average_attn_weights=False)
-        expect_close(weights, want_w, "the weights",
-                     hint="a padded query is not blocked itself: it attends to the real keys at or before it "
-                          "(only the key axis is masked for padding)")
-        expect_close(out, want, "out")
+    """Find the bug: the spec's rows, on a MultiHeadAttention whose answers are PyTorch's (only the mask is
+    tested): right and left padding, no padding, the padding and the future not leaking."""
+    run(SPECS["causal_self_attention"], causal_self_attention, modules={"MultiHeadAttention": TwinAttention})

@@ -1,11 +1,12 @@
 """Visible checks of lesson 04-cross-attention: the cross-attention mask, and CrossAttention's reusable memory.
 
-Properties any correct answer has: one identical row per query with no causal part, memory padding never leaks,
-``forward(query, memory_kv=project_memory(memory))`` equals ``forward(query, memory)`` without projecting the memory
-again, the output follows the ``memory_kv`` it is given, one decoding step at a time equals the full pass, and
-agreement with ``nn.MultiheadAttention`` (whose ``key_padding_mask`` is True at padding: the opposite polarity).
-The find-the-bug wrapper ``CachedCrossAttention`` runs on a stand-in ``CrossAttention`` whose answers are PyTorch's:
-a decoding loop over two batches, each call compared with PyTorch's answer for its memory, the projections counted.
+``cross_attention_mask`` and ``CrossAttention`` are specs (:mod:`decoder_course.spec`), whose rows drive the hidden
+checks too: one identical row per query with no causal part; CrossAttention compared with ``nn.MultiheadAttention``
+holding the same weights (lesson 03's twin, the memory as key and value, or ``memory_kv``'s heads merged back behind
+identity projections), memory padding never leaking, ``project_memory``'s keys and values, forward refusing both
+``memory`` and ``memory_kv`` or neither. The find-the-bug wrapper ``CachedCrossAttention`` runs on a stand-in
+``CrossAttention`` whose answers are PyTorch's: a decoding loop over two batches, each call compared with PyTorch's
+answer for its memory, the projections counted.
 """
 
 from __future__ import annotations
@@ -21,16 +22,13 @@ from decoder_course.checks import (
     check,
     expect_close,
     expect_dtype,
-    expect_finite,
     expect_inputs_unchanged,
-    expect_rows_sum_to_one,
     expect_shape,
     expect_type,
-    expect_value_error,
-    padding_leakage_probe,
     randomised,
 )
-from decoder_course.spec import Spec, run
+from decoder_course.spec import Build, Keyword, ModuleSpec, Perturbed, Spec, run, run_module
+from decoder_course.visible import l03_multi_head as mha
 
 
 def _mask_rows(rng: np.random.Generator) -> list:
@@ -100,91 +98,134 @@ def _pair(result, what: str):
     return result
 
 
-def check_cross_attention(CrossAttention) -> None:
-    """Shapes, masks, reuse of memory_kv, one step at a time, and agreement with nn.MultiheadAttention."""
-    D, H, B, T, S = 12, 3, 2, 4, 6  # Dh = 4; T != S != H
-    g = torch.Generator().manual_seed(5)
-    query, memory, memory2 = (torch.randn(B, n, D, generator=g) for n in (T, S, S))
-    is_real = torch.tensor([[True] * S, [True] * 3 + [False] * 3])  # (B, S)
-    allowed = is_real[:, None, None, :].expand(B, 1, T, S)  # (B, 1, T, S)
-    xattn = randomised(CrossAttention(D, H), seed=6).eval()  # biases far from 0, so a missing one shows
+# -- CrossAttention: a module spec, MultiHeadAttention's twin with the memory as key and value ------------------
+def _heads(x, H: int):
+    """(B, L, D) -> (B, H, L, Dh), a NumPy array or a torch tensor."""
+    B, L, D = x.shape
+    return x.reshape(B, L, H, D // H).swapaxes(1, 2)  # (B, L, D) -> (B, H, L, Dh)
 
-    with check("project_memory(memory) returns per-head keys and values (B, H, S, Dh)"):
-        kv = _pair(expect_inputs_unchanged(xattn.project_memory, memory), "project_memory(memory)")
-        for name, x in zip("kv", kv, strict=True):
-            expect_type(x, torch.Tensor, f"project_memory's {name}")
-            expect_shape(x, (B, H, S, D // H), f"project_memory's {name}", names="B, H, S, Dh")
 
-    with check("forward(query, memory, allowed) returns out (B, T, D) and weights (B, H, T, S), padding masked"):
-        with torch.no_grad():
-            out, weights = _pair(expect_inputs_unchanged(xattn, query, memory, allowed=allowed), "forward(...)")
-        expect_shape(out, (B, T, D), "out", names="B, T, D")
-        expect_shape(weights, (B, H, T, S), "weights", names="B, H, T, S")
-        expect_dtype(out, "float", "out")
-        expect_rows_sum_to_one(weights, allowed)
+def _xattn_row(rng, situation: str, B: int, T: int, S: int, H: int, Dh: int, mask: str | None, kv: bool = False,
+               **more) -> Build:
+    """One situation: the memory, or (``kv``) keys and values per head that come from no memory at all; ``more``:
+    Build's (a method, a refused call, a probe, a gradient)."""
+    D = H * Dh
+    allowed = mha.mha_mask(rng, mask, B, T, S, H)
+    query, memory = (rng.normal(size=(B, n, D)).astype(np.float32) for n in (T, S))
+    given = {"memory_kv": tuple(_heads(rng.normal(size=(B, S, D)).astype(np.float32), H) for _ in "kv")}
+    inputs = {"query": query} | ({"memory_kv": Keyword(given["memory_kv"])} if kv else {"memory": memory})
+    inputs |= {} if allowed is None else {"allowed": Keyword(allowed)}
+    if more.pop("probe", False):  # the padded memory positions replaced by huge ones: no output may move
+        is_real = np.broadcast_to(allowed, (B, 1, T, S))[:, 0, 0]  # (B, S)
+        memory2 = memory.copy()
+        memory2[~is_real] = 100.0 * rng.normal(size=memory2[~is_real].shape)
+        more["perturbed"] = Perturbed(inputs | {"memory": memory2}, lambda out: out,
+                                      "the output changed when only padded memory positions changed: memory padding "
+                                      "leaks into the output. Is `allowed` passed on to attention?")
+    if more.get("method"):
+        inputs = {"memory": memory}
+    elif more.get("refuses"):
+        inputs = {"query": query} | ({"memory": memory, "memory_kv": Keyword(given["memory_kv"])}
+                                     if "both" in situation else {})
+    return Build(situation.format(B=B, T=T, S=S, H=H, Dh=Dh), {"d_model": D, "n_heads": H}, inputs,
+                 state=mha.random_mha_state(rng, D), **more)
 
-    with check("forward(query, memory_kv=project_memory(memory)) equals forward(query, memory) and projects nothing"):
-        calls = []
-        hooks = [getattr(xattn, name).register_forward_hook(lambda *_, n=name: calls.append(n))
-                 for name in ("k_proj", "v_proj")]
-        try:
-            with torch.no_grad():
-                reused, reused_w = _pair(xattn(query, memory_kv=kv, allowed=allowed), "forward(memory_kv=...)")
-        except (CheckFailed, NotImplementedError):
-            raise
-        except Exception as exc:
-            raise CheckFailed(f"forward(query, memory_kv=kv) crashed ({type(exc).__name__}: {exc}). With memory_kv "
-                              "given, memory is None: take the keys and values from memory_kv instead of "
-                              "projecting the memory") from None
-        finally:
-            for hook in hooks:
-                hook.remove()
-        if calls:
-            raise CheckFailed(f"with memory_kv given, forward still ran {sorted(set(calls))}: the whole point is to "
-                              "project the memory once and reuse the keys and values")
-        expect_close(reused, out, "the output with memory_kv", atol=1e-5,
-                     hint="memory_kv holds exactly the keys and values forward(query, memory) would compute")
-        expect_close(reused_w, weights, "the weights with memory_kv", atol=1e-5)
 
-    with check("the output follows the memory_kv it is given, not some other memory"):
-        with torch.no_grad():
-            other, _ = xattn(query, memory2, allowed=allowed)
-            got, _ = xattn(query, memory_kv=xattn.project_memory(memory2), allowed=allowed)
-        expect_close(got, other, "forward(query, memory_kv=project_memory(memory2))", atol=1e-5,
-                     hint="the keys and values must come from memory_kv when it is given")
+def _xattn_rows(rng: np.random.Generator) -> list[Build]:
+    return [
+        _xattn_row(rng, "forward(query, memory, allowed), B={B}, T={T}, S={S}, H={H}, Dh={Dh}, memory padding, one "
+                   "query with no key and one sequence whose memory is all padding, with a backward pass", 3, 4, 6,
+                   2, 3, "empty rows", grad=True),
+        _xattn_row(rng, "forward(query, memory_kv=(k, v), allowed) without a memory, B={B}, T={T}, S={S}, H={H}, "
+                   "Dh={Dh}", 2, 5, 7, 3, 2, "key padding", kv=True),
+        _xattn_row(rng, "one decoding step, forward(query, memory_kv=(k, v), allowed) with T={T}, B={B}, S={S}, "
+                   "H={H}, Dh={Dh}", 2, 1, 5, 2, 4, "key padding", kv=True),
+        _xattn_row(rng, "B={B}, H={H}, T={T}, S={S}, Dh={Dh}, no mask", 1, 3, 5, 1, 6, None),
+        _xattn_row(rng, "memory padding, B={B}, T={T}, S={S}, H={H}, Dh={Dh}, the padded memory changed", 3, 2, 6, 4,
+                   2, "key padding", probe=True),
+        _xattn_row(rng, "project_memory(memory), B={B}, S={S}, H={H}, Dh={Dh}", 2, 3, 5, 2, 4, None,
+                   method="project_memory"),
+        _xattn_row(rng, "forward given both memory and memory_kv", 2, 3, 4, 2, 3, None,
+                   refuses="forward was given both memory and memory_kv, which could disagree: it needs exactly one"),
+        _xattn_row(rng, "forward given neither memory nor memory_kv", 2, 3, 4, 2, 3, None,
+                   refuses="forward was given neither memory nor memory_kv: there is nothing to attend to"),
+    ]
 
-    with check("one decoding step at a time (T=1, the same memory_kv) equals the full pass"):
-        with torch.no_grad():
-            for t in range(T):
-                step, _ = xattn(query[:, t:t + 1], memory_kv=kv, allowed=allowed[:, :, t:t + 1])
-                expect_shape(step, (B, 1, D), f"the output of step {t}", names="B, T, D")
-                expect_close(step[:, 0], out[:, t], f"step {t}'s output", atol=1e-5,
-                             hint="each query's output depends only on that query and the memory")
 
-    with check("given both memory and memory_kv, or neither, forward refuses with a ValueError"):
-        for call, what in [(lambda: xattn(query, memory, memory_kv=kv), "both memory and memory_kv"),
-                           (lambda: xattn(query), "neither memory nor memory_kv")]:
-            expect_value_error(call, "forward needs exactly one of memory and memory_kv (two could disagree; none "
-                                     f"leaves nothing to attend to) and was given {what}")
+def _as_mha(state: dict, inputs: dict) -> tuple[dict, dict]:
+    """CrossAttention's call as MultiHeadAttention's: the memory as key and value, or memory_kv's heads merged back
+    side by side (B, H, S, Dh) -> (B, S, D) behind identity k_proj and v_proj."""
+    mask = {"allowed": inputs["allowed"]} if "allowed" in inputs else {}
+    if "memory_kv" not in inputs:
+        return state, {"query": inputs["query"], "key": inputs["memory"], "value": inputs["memory"]} | mask
+    k, v = (torch.as_tensor(x) for x in inputs["memory_kv"])  # (B, H, S, Dh) each
+    B, H, S, Dh = k.shape
+    k, v = (x.transpose(1, 2).reshape(B, S, H * Dh) for x in (k, v))  # (B, S, D)
+    same = {"weight": torch.eye(H * Dh), "bias": torch.zeros(H * Dh)}
+    return (state | {f"{p}.{w}": same[w] for p in ("k_proj", "v_proj") for w in same},
+            {"query": inputs["query"], "key": k, "value": v} | mask)
 
-    with check("memory padding does not leak, and a sequence with no real memory token gives out_proj.bias"):
-        padding_leakage_probe(lambda m: xattn(query, m, allowed=allowed), memory, is_real, key_axis=1, atol=1e-5,
-                              what="CrossAttention's output")
-        empty = torch.tensor([[True] * S, [False] * S])[:, None, None, :]  # sequence 1: all padding
-        with torch.no_grad():
-            out_empty, weights_empty = xattn(query, memory, allowed=empty)
-        expect_finite(out_empty, "out")
-        expect_rows_sum_to_one(weights_empty, empty)
-        expect_close(out_empty[1], xattn.out_proj.bias.expand(T, D), "the rows of the sequence with no memory",
-                     hint="a query with no allowed key attends to nothing, so its output row is out_proj.bias")
 
-    with check("equals nn.MultiheadAttention with the same weights (key_padding_mask = ~memory_is_real)"):
-        theirs = twins.torch_twin(xattn.state_dict(), "attention", H)  # nn.MultiheadAttention, the same weights
-        with torch.no_grad():
-            # PyTorch's boundary: key_padding_mask is True at padding, the opposite of is_real
-            want, want_w = theirs(query, memory, memory, key_padding_mask=~is_real, average_attn_weights=False)
-        expect_close(weights, want_w, "the weights vs nn.MultiheadAttention's", atol=1e-5, rtol=1e-4)
-        expect_close(out, want, "the output vs nn.MultiheadAttention's", atol=1e-5, rtol=1e-4)
+def _xattn_twin(init: dict, state: dict, inputs: dict, train: bool) -> tuple:
+    return mha.mha_twin(init, *_as_mha(state, inputs), train)
+
+
+def _xattn_variants(init: dict, state: dict, inputs: dict, train: bool) -> dict:
+    return mha.mha_variants(init, *_as_mha(state, inputs), train)
+
+
+def _memory_kv_twin(init: dict, state: dict, inputs: dict, train: bool) -> tuple:
+    """The memory through k_proj and v_proj (PyTorch's F.linear), split into heads."""
+    return tuple(_heads(F.linear(inputs["memory"], state[f"{p}.weight"], state[f"{p}.bias"]), init["n_heads"])
+                 for p in ("k_proj", "v_proj"))
+
+
+def _S(a: dict) -> int:
+    return a["memory"].shape[1] if "memory" in a else a["memory_kv"][0].shape[2]
+
+
+def _kv_shape(a: dict) -> tuple:
+    (B, S, D), H = a["memory"].shape, a["n_heads"]
+    return (B, H, S, D // H), (B, H, S, D // H)
+
+
+def _kv_shape_hint(a: dict, shape: tuple) -> str:
+    (B, S, D), H = a["memory"].shape, a["n_heads"]
+    return "Split the heads and put them before S." if shape in ((B, S, D), (B, S, H, D // H)) else ""
+
+
+def _xattn_error(args: dict, error: str) -> str:
+    if "memory_kv" in args and "memory" not in args:
+        return ("When memory_kv is given, memory is None: take the keys and values from memory_kv (do not project "
+                "the memory again).")
+    return mha.mha_error(args, error)
+
+
+_PROJECT_MEMORY = ModuleSpec(
+    "CrossAttention.project_memory", None, _memory_kv_twin, names=mha.MHA_NAMES, dtype=lambda a: a["memory"].dtype,
+    shape=_kv_shape, outputs=("k", "v"), axes=("B, H, S, Dh", "B, H, S, Dh"), shape_hint=(_kv_shape_hint,) * 2,
+    hint={"k": "k is the memory through k_proj, split into heads (B, H, S, Dh).",
+          "v": "v is the memory through v_proj, split into heads (B, H, S, Dh)."})
+
+SPECS["CrossAttention"] = ModuleSpec(
+    "CrossAttention", _xattn_rows, _xattn_twin, names=mha.MHA_NAMES, dtype=lambda a: a["query"].dtype,
+    shape=lambda a: ((*a["query"].shape,), (a["query"].shape[0], a["n_heads"], a["query"].shape[1], _S(a))),
+    outputs=("out", "weights"), order=("weights", "out"), axes=("B, T, D", "B, H, T, S"),
+    properties=mha.mha_properties, variants=_xattn_variants, on_error=_xattn_error,
+    forbidden=("nn.MultiheadAttention", "F.scaled_dot_product_attention", "F.multi_head_attention_forward"),
+    methods={"project_memory": _PROJECT_MEMORY},
+    hint={"weights": "The weights are softmax(q·k / √Dh) per head, Dh = D // H, q from the query through q_proj and "
+                     "k from the memory through k_proj (or memory_kv's k exactly as given: already projected and "
+                     "split into heads), split into heads before the product.",
+          "out": "The weights are right, so look after them: the values (the memory through v_proj, or memory_kv's v "
+                 "as given), merging the heads back side by side (B, H, T, Dh) -> (B, T, D), then out_proj."})
+
+
+def check_cross_attention(CrossAttention) -> None:  # noqa: N803 - the class under test
+    """The spec's rows: nn.MultiheadAttention with the same weights, given the memory or keys and values per head
+    (memory_kv), one decoding step, the padded memory not leaking, project_memory's keys and values, and forward
+    refusing both memory and memory_kv, or neither."""
+    run_module(SPECS["CrossAttention"], CrossAttention)
 
 
 class _TorchCrossAttention(nn.Module):
