@@ -3,10 +3,12 @@
 =================  ====================================================
 ``03-multi-head``  the id: ``solutions/03-multi-head.py``, ``lessons/03-multi-head/``
 ``multi_head``     its slug: the id without its number, as a Python name
-reference          ``autograder.reference.multi_head`` (the code the student writes, and the given code)
-checks             ``autograder.checks.l03_multi_head`` (hidden checks, registered with ``@exercise``)
-visible            ``decoder_course.visible.l03_multi_head`` (the checks under each exercise, public)
-mutants            ``autograder.mutants.m03_multi_head`` (realistic wrong answers)
+reference          ``autograder.reference.multi_head`` (the code the student writes, the given code, and the
+                   known mistakes: ``MISTAKES``, patches of that code)
+visible            ``decoder_course.visible.l03_multi_head`` (the checks under each exercise, public: its
+                   ``SPECS`` are the hidden checks too)
+checks             ``autograder.checks.l03_multi_head`` (optional: hidden checks written as ``Exercise`` classes)
+mutants            ``autograder.mutants.m03_multi_head`` (optional: wrong answers of another structure than a patch)
 =================  ====================================================
 
 A lesson exists when its percent source ``solutions/<id>.py`` does. Its exercises are the definitions of its
@@ -60,6 +62,16 @@ def module(lesson: str, kind: str) -> ModuleType:
 def path(lesson: str, kind: str) -> Path:
     """The file of one of the lesson's modules."""
     return ROOT.joinpath(*module_name(lesson, kind).split(".")).with_suffix(".py")
+
+
+OPTIONAL = ("checks", "mutants")  # a lesson whose exercises are all specs, and whose mistakes are all patches, has none
+
+
+def optional_module(lesson: str, kind: str) -> ModuleType | None:
+    """One of the lesson's optional modules (``OPTIONAL``), imported, or None where the lesson has none."""
+    if kind not in OPTIONAL:
+        raise ValueError(f"only {' and '.join(OPTIONAL)} modules are optional, not {kind!r}")
+    return module(lesson, kind) if path(lesson, kind).is_file() else None
 
 
 @functools.cache

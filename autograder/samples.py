@@ -24,7 +24,10 @@ _NOQA = re.compile(r"\s*# noqa[^\n]*")
 
 
 def mutants_of(lesson: str) -> list:
-    return lessons.module(lesson, "mutants").MUTANTS
+    """The lesson's known wrong answers (:func:`autograder.mutants.of`)."""
+    from autograder import mutants
+
+    return list(mutants.of(lesson))
 
 
 def mutant_source(obj) -> str:

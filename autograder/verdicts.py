@@ -43,9 +43,14 @@ FAILED_NAME = "HiddenCheckFailed"  # a failed item's verdict: the cell's only er
 
 
 def exercises_for(lesson: str) -> dict[str, type[Exercise]]:
-    """The registered exercises of ``lesson`` (importing its check module on first use)."""
-    lessons.module(lesson, "checks")
-    return REGISTRY.get(lesson, {})
+    """The hidden checks of ``lesson``'s exercises, in the lesson's order: the specs of its visible module
+    (``SPECS``) and the ``Exercise`` classes of its checks module, if it has one (imported on first use)."""
+    from autograder.checks import spec
+
+    lessons.optional_module(lesson, "checks")
+    spec.register(lesson, getattr(lessons.module(lesson, "visible"), "SPECS", {}), lessons.module(lesson, "reference"))
+    registered = REGISTRY.get(lesson, {})
+    return {name: registered[name] for name in lessons.exercises(lesson) if name in registered}
 
 
 def derive_seed(secret: bytes, lesson: str, student: str, item: str, submission: str = "") -> int:

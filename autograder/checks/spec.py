@@ -19,9 +19,8 @@ from types import ModuleType
 
 import numpy as np
 
-from autograder import lessons
 from autograder.checks import judges
-from autograder.checks.framework import Case, Exercise, Fail, Raised, Result, exercise, expect_close
+from autograder.checks.framework import REGISTRY, Case, Exercise, Fail, Raised, Result, exercise, expect_close
 from decoder_course.checks import CheckFailed, _is_tensor
 from decoder_course.spec import (
     Built,
@@ -117,7 +116,7 @@ def _mistakes(lesson: str, item: str) -> tuple[tuple[str, Callable], ...]:
     from autograder import samples
 
     return tuple((description, samples.notebook_namespace(lesson, replacement)[item])
-                 for name, description, replacement in lessons.module(lesson, "mutants").MUTANTS if name == item)
+                 for name, description, replacement in samples.mutants_of(lesson) if name == item)
 
 
 def known_mistake(lesson: str, item: str, got: np.ndarray | list, produce: Callable, rtol: float,
@@ -392,6 +391,8 @@ def register(lesson: str, specs: dict[str, Spec | ModuleSpec], ref: ModuleType) 
     """Register each spec of ``lesson`` as a hidden exercise (a function's judged against the reference module
     ``ref``, a module's against its PyTorch twin)."""
     for name, spec in specs.items():
+        if name in REGISTRY.get(lesson, {}):  # registered already (by the lesson's checks module, or before)
+            continue
         base = ModuleSpecExercise if isinstance(spec, ModuleSpec) else SpecExercise
         cls = type(f"{name}_spec", (base,), {"spec": spec, "ref": ref, "reference": ref, "uses": spec.uses,
                                              "forbidden": spec.forbidden})

@@ -1,15 +1,19 @@
 """Realistic wrong answers, per lesson: each must lose its own exercise's points and no others.
 
-The tests prove every hidden check catches them (tests/test_hidden_checks.py); the demo's "typical mistakes"
-student is built from them (autograder/samples.py). Instructors can read them as a list of common errors.
+The tests prove every hidden check catches them, and that the visible checks catch them too
+(tests/test_hidden_checks.py, tests/test_visible_catch_rate.py); the hidden checks name the one a student's values
+match; the demo's "typical mistakes" student is built from them (autograder/samples.py). Instructors can read them
+as a list of common errors.
 
-A mutant module defines ``MUTANTS``: a list of ``(item, description, replacement)`` where ``replacement`` is a dict
-of names to bind in the lesson's namespace (usually the one wrong function or class, or its source). Build them with
-:func:`patched` (the reference's own code with a few lines changed: the usual form, since a realistic mistake is
-one line), :func:`mutant` (a whole wrong function or class, where the mistake is a different structure), and
-:func:`shown_bug` for the buggy version a find-the-bug exercise's release shows.
+A lesson's wrong answers (:func:`of`) are ``(item, description, replacement)``, ``replacement`` a dict of names to
+bind in the lesson's namespace (the one wrong function or class, or its source). Most are a line or two of the
+reference changed: its module's ``MISTAKES`` table, beside the code it patches, ``(item, description, (old, new),
+...)`` applied by :func:`patched`; ``(item, description)`` alone is the bug a find-the-bug exercise's release shows
+(:func:`shown_bug`). A mistake of another structure altogether is written whole, as a student would type it, in
+the lesson's optional mutants module (``mNN_<slug>.py``, its ``MUTANTS`` built with :func:`mutant`).
 """
 
+import functools
 from collections.abc import Callable
 
 Mutant = tuple[str, str, dict]
@@ -55,3 +59,24 @@ def patched(registry: list, lesson: str, item: str, description: str, *edits: tu
     if source == notebooks.reference_source(lesson, name or item, keep_markers=False):
         raise ValueError(f"mutant {item!r} ({description}) changes nothing")
     registry.append((item, description, {name or item: source}))
+
+
+@functools.cache
+def of(lesson: str) -> tuple[Mutant, ...]:
+    """Every known wrong answer of ``lesson``, in the order of its exercises: for each, the reference's ``MISTAKES``
+    (patches of its code, in the table's order), then the whole wrong answers of the mutants module, if any."""
+    from autograder import lessons
+
+    found: list = []
+    for item, description, *edits in getattr(lessons.module(lesson, "reference"), "MISTAKES", ()):
+        if edits:
+            patched(found, lesson, item, description, *edits)
+        else:
+            shown_bug(found, lesson, item, description)
+    extra = lessons.optional_module(lesson, "mutants")
+    found += extra.MUTANTS if extra is not None else []
+    order = {name: i for i, name in enumerate(lessons.exercises(lesson))}
+    unknown = [item for item, _, _ in found if item not in order]
+    if unknown:
+        raise ValueError(f"{lesson}: wrong answers to {sorted(set(unknown))}, which are not exercises of the lesson")
+    return tuple(sorted(found, key=lambda m: order[m[0]]))  # stable: each item's mistakes keep their order
