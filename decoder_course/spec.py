@@ -85,6 +85,10 @@ class Spec:
     # the items are compared in
     outputs: tuple[str, ...] = ()
     order: tuple[str, ...] = ()
+    # a public computation of the right result from the plain arguments (PyTorch's own function, as a module
+    # spec's twin): the visible check compares the values with it, the hidden one with the reference's
+    twin: Callable[[dict], Any] | None = None
+    grad: bool = False  # a backward pass from the result: every float argument gets a finite gradient
 
 
 def unwrap(value: Any) -> Any:
@@ -207,9 +211,14 @@ def run(spec: Spec, fn: Callable[..., Any], seed: int = 0) -> None:
                 contract(spec, args, got, f"{spec.name}(...) ({desc})", tensor=returns_tensor(spec, args))
                 if spec.fresh:
                     expect_fresh(tuple(got.shape), got.stride(), f"{spec.name}(...)")
+                value = float(got) if spec.scalar else as_numpy(got) if _is_tensor(got) else to_numpy(got)
                 if spec.properties is not None:
-                    value = float(got) if spec.scalar else as_numpy(got) if _is_tensor(got) else to_numpy(got)
                     spec.properties(plain(args), value, desc)
+                if spec.twin is not None:
+                    expect_close(value, spec.twin(plain(args)), f"{spec.name}(...) (vs PyTorch's own)",
+                                 rtol=spec.rtol, atol=spec.atol, hint=spec.hint or None)
+                if spec.grad:
+                    expect_gradients(spec, _explained(spec, lambda a=args: _function_gradients(fn, a), args), desc)
             except CheckFailed as failed:  # the check's title names the situation already
                 raise CheckFailed(str(failed).replace(f" ({desc})", "")) from None
     for desc, args, why in spec.refused:
@@ -456,10 +465,11 @@ def expect_gradients(spec: ModuleSpec, grads: dict, situation: str) -> None:
     """Every float input got a gradient (None: none reached it), and a finite one."""
     for name, grad in grads.items():
         if grad is None:
-            raise CheckFailed(f"no gradient reached the {name} ({situation}): does forward detach, or go through "
-                              "NumPy? Gradients must flow through the module for training")
+            raise CheckFailed(f"no gradient reached the {name} ({situation}): does the code detach (.item(), "
+                              ".detach()), or go through NumPy? Gradients must flow through it for training")
         if not np.isfinite(grad).all():
-            raise CheckFailed(f"the gradient of the {name} holds NaN or inf ({situation}). {spec.grad_hint}".strip())
+            raise CheckFailed(f"the gradient of the {name} holds NaN or inf ({situation}). "
+                              f"{getattr(spec, 'grad_hint', '')}".strip())
 
 
 def grad_inputs(row: Build) -> list[str]:
@@ -523,3 +533,21 @@ def run_module(spec: ModuleSpec, cls: Any, seed: int = 0) -> None:
         with check(f"{spec.name} refuses to be built with {desc}"):
             positional, by_name = call_args(spec, init)
             expect_value_error(lambda: cls(*positional, **by_name), why)  # noqa: B023 - called at once
+
+
+def _function_gradients(fn: Callable[..., Any], args: dict) -> dict:
+    """The gradients of a function spec's float arguments (as fresh tensors) after a backward pass from its
+    result (all ones): None where none reached one."""
+    torch, given = _torch(), {}
+    for n, v in args.items():
+        x = unwrap(v)
+        x = x.clone() if _is_tensor(x) else torch.from_numpy(x.copy()) if isinstance(x, np.ndarray) else x
+        if _is_tensor(x) and x.is_floating_point():
+            x.requires_grad_(True)
+        given[n] = Keyword(x) if isinstance(v, Keyword) else x
+    out = fn(*(v for v in given.values() if not isinstance(v, Keyword)),
+             **{n: v.value for n, v in given.items() if isinstance(v, Keyword)})
+    floats = {n: unwrap(v) for n, v in given.items() if _is_tensor(unwrap(v)) and unwrap(v).requires_grad}
+    if getattr(out, "requires_grad", False):
+        out.backward(torch.ones_like(out))
+    return {n: None if x.grad is None else x.grad.numpy() for n, x in floats.items()}

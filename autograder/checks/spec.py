@@ -24,6 +24,7 @@ from autograder.checks import judges
 from autograder.checks.framework import Case, Exercise, Fail, Raised, Result, exercise, expect_close
 from decoder_course.checks import CheckFailed, _is_tensor
 from decoder_course.spec import (
+    Build,
     Keyword,
     ModuleSpec,
     Spec,
@@ -162,7 +163,11 @@ class SpecExercise(Exercise):
         for i, (desc, args, *probe) in enumerate(self.spec.rows(rng)):
             case = Case(f"c{i}", desc, data={"args": args, "probe": probe[0] if probe else None})
             _call(case, self.name, args, self.spec.tensors, self.spec.keeps_inputs, record="out",
-                  let="_result" if self.spec.fresh else None)
+                  let="_result" if self.spec.fresh or self.spec.grad else None, grad=self.spec.grad)
+            if self.spec.grad:  # backward from the result, then each float argument's gradient
+                case.backward("_result", np.ones(self.spec.shape(plain(args)), dtype=np.float32))
+                for name in grad_inputs(Build("", {}, args)):
+                    case.record(f"grad_{name}", {"grad": name})
             if self.spec.fresh:  # 0 in a stride: an expand view, not a new tensor
                 case.call({"attr": ["_result", "stride"]}, record="strides")
             if probe:  # a second call that changes only what must not matter
@@ -195,6 +200,9 @@ class SpecExercise(Exercise):
                     strides = [int(result.get(case.id, f"strides/{i}", what="the result's strides", kind="any"))
                                for i in range(got.ndim)]
                     expect_fresh(got.shape, strides, f"{what} ({case.desc})")
+            if spec.grad:
+                with shared():
+                    expect_gradients(spec, _grads(result, case, Build("", {}, args)), case.desc)
             if spec.compare:
                 positional, by_name = call_args(spec, args)
                 want = as_numpy(getattr(self.ref, self.name)(*positional, **by_name))
@@ -241,6 +249,13 @@ class SpecExercise(Exercise):
         if spec.keeps_inputs:
             judges.unchanged(result, case.id, {n: v for n, v in plain(args).items() if isinstance(v, np.ndarray)},
                              self.name)
+
+
+def _grads(result: Result, case: Case, row: Build) -> dict:
+    """The recorded gradient of each float input of ``row`` (None where none reached it)."""
+    return {name: result.get(case.id, f"grad_{name}", what=f"the gradient of the {name}", kind="tensor", finite=False)
+            if result.meta(case.id, f"grad_{name}").get("type") == "torch.Tensor" else None
+            for name in grad_inputs(row)}
 
 
 def _recorded_items(result: Result, case: Case, spec, name: str, record: str, kind: str) -> list[np.ndarray]:
@@ -337,12 +352,8 @@ class ModuleSpecExercise(Exercise):
                 _compare(self.lesson, self.name, got[i], want[i], f"{what_of(spec, i)} (vs PyTorch's own modules)",
                          case, hint_for(spec, i), tol, None, known=known)
             if row.grad:
-                grads = {name: result.get(case.id, f"grad_{name}", what=f"the gradient of the {name}", kind="tensor",
-                                          finite=False)
-                         if result.meta(case.id, f"grad_{name}").get("type") == "torch.Tensor" else None
-                         for name in grad_inputs(row)}
                 with shared():
-                    expect_gradients(spec, grads, case.desc)
+                    expect_gradients(spec, _grads(result, case, row), case.desc)
             if spec.keeps_inputs and not row.grad:
                 judges.unchanged(result, case.id, {n: v for n, v in plain(row.inputs).items()
                                                    if isinstance(v, np.ndarray)}, self.name)
@@ -364,3 +375,4 @@ def register(lesson: str, specs: dict[str, Spec | ModuleSpec], ref: ModuleType) 
         cls = type(f"{name}_spec", (base,), {"spec": spec, "ref": ref, "reference": ref, "uses": spec.uses,
                                              "forbidden": spec.forbidden})
         exercise(lesson, name)(cls)
+
