@@ -170,6 +170,8 @@ def call_args(spec: Spec | ModuleSpec, args: dict) -> tuple[list, dict]:
     tensors = getattr(spec, "tensors", True)
 
     def value(v):
+        if isinstance(v, Seeded):
+            return _torch().Generator().manual_seed(v.seed)
         if _is_tensor(v):
             return v.clone()
         return _torch().from_numpy(v.copy()) if tensors and isinstance(v, np.ndarray) else v
@@ -551,3 +553,11 @@ def _function_gradients(fn: Callable[..., Any], args: dict) -> dict:
     if getattr(out, "requires_grad", False):
         out.backward(torch.ones_like(out))
     return {n: None if x.grad is None else x.grad.numpy() for n, x in floats.items()}
+
+
+@dataclass(frozen=True)
+class Seeded:
+    """A row's argument that is a fresh ``torch.Generator`` seeded with ``seed`` at every call (``lm_batches``'s
+    draws): the kernel's, the reference's and a known mistake's draw the same numbers."""
+
+    seed: int

@@ -10,8 +10,7 @@
   itself proven equal to ``nn.TransformerEncoderLayer(norm_first=True)`` with a causal mask: B >= 2, T != max_len,
   biases far from 0; the output projection must *be* the embedding (same storage); the cached path (prefill, then
   one token at a time) must give the full forward's logits; embeddings start small; more than max_len raises;
-- ``lm_batches`` on a stream of distinct ids, so every window's offset is read back: shifted targets, contiguous
-  windows, every offset reachable and none outside, the generator decides the draws;
+- ``lm_batches`` is a spec (``decoder_course/visible/l11_gpt.py``);
 - ``generate`` on ``decoder_course.testing.HashedLM``, a stand-in whose logits are fixed by the prefix and whose
   past lives only in the cache it is handed: greedy tokens exactly, positions run (the cache used, each token
   fed once), reproducible draws, nothing outside top-k, first-token frequencies = softmax(logits / T).
@@ -25,11 +24,13 @@ from __future__ import annotations
 import numpy as np
 import torch
 
+from autograder.checks import spec
 from autograder.checks.framework import Case, Exercise, Fail, Result, exercise, expect_close
 from autograder.checks.judges import diagnose, record_after, unchanged, value_error
 from autograder.reference import generation as ref_gen
 from autograder.reference import gpt as ref
 from decoder_course.testing import HashedLM
+from decoder_course.visible import l11_gpt as visible
 
 LESSON = "11-gpt"
 CODES = "decoder_course.testing:text_codes"
@@ -358,84 +359,8 @@ class GPTCheck(Exercise):
                                         "is no learned position embedding past max_len - 1")
 
 
-# -- lm_batches --------------------------------------------------------------------------------------------------------
-def _offsets(ids: np.ndarray, inputs: np.ndarray) -> np.ndarray:
-    """Each row's start in a stream of distinct ids (-1 where the row's first id is not in it)."""
-    where = {int(v): i for i, v in enumerate(ids.tolist())}
-    return np.array([where.get(int(row[0]), -1) for row in inputs])
-
-
-@exercise(LESSON, "lm_batches")
-class LMBatches(Exercise):
-    """Shifted targets, contiguous windows of the stream, (batch, block) int64; every offset 0 .. N - block - 1
-    reachable, none beyond; the generator decides (torch.randint(0, N - block, (batch,)) draws); ids unchanged;
-    a stream of N <= block raises."""
-
-    def cases(self, rng):
-        cases = []
-        N, block, batch = int(rng.integers(40, 60)), int(rng.integers(5, 9)), 6
-        ids = rng.permutation(1000)[:N].astype(np.int64) + 3  # distinct ids: each window's offset can be read back
-        seed = int(rng.integers(2**31))
-        want = [t.numpy() for t in ref.lm_batches(torch.from_numpy(ids), block, batch,
-                                                  torch.Generator().manual_seed(seed))]
-        case = Case("draws", f"a stream of N={N} distinct ids, block={block}, batch={batch}, a seeded generator",
-                    data={"ids": ids, "block": block, "batch": batch, "want": want})
-        case.let("ids", case.tensor(ids))
-        for name, global_seed in (("a", 1), ("b", 2)):
-            case.seed(int(rng.integers(2**31)) + global_seed)
-            case.call("lm_batches", {"ref": "ids"}, block, batch, {"generator": seed}, record=name)
-        record_after(case, ["ids"])
-        cases.append(case)
-        # a short stream, many rows: every offset must come up, none beyond
-        block = 5
-        ids = rng.permutation(500)[: block + 3].astype(np.int64)
-        case = Case("range", f"a stream of N={block + 3} ids, block={block}, batch=300 (3 possible offsets)",
-                    data={"ids": ids, "block": block, "batch": 300})
-        case.call("lm_batches", case.tensor(ids), block, 300, {"generator": int(rng.integers(2**31))}, record="a")
-        cases.append(case)
-        case = Case("short", "a stream of N=block tokens")
-        case.call("lm_batches", case.tensor(np.arange(6)), 6, 2, {"generator": 0}, record="a")
-        cases.append(case)
-        return cases
-
-    def judge(self, result: Result):
-        for case_id in ("range", "draws"):
-            case = result.cases[case_id]
-            d = case.data
-            ids, block, batch = d["ids"], d["block"], d["batch"]
-            meta = result.meta(case.id, "a")
-            if meta.get("type") not in ("tuple", "list") or meta.get("len") != 2:
-                raise Fail(f"lm_batches should return a pair (inputs, targets), got {meta.get('type')} "
-                           f"({case.desc}).")
-            x, y = (result.get(case.id, f"a/{i}", what=what, kind="tensor", dtype="torch.int64", shape=(batch, block))
-                    for i, what in enumerate(("inputs", "targets")))
-            if not np.array_equal(x[:, 1:], y[:, :-1]):
-                raise Fail(f"targets are not the inputs shifted by one ({case.desc}): targets[:, t] is the token that "
-                           "follows inputs[:, t], i.e. ids[o + 1 : o + block + 1].")
-            starts = _offsets(ids, x)
-            for r, o in enumerate(starts.tolist()):
-                if o < 0 or o + block + 1 > len(ids) or not np.array_equal(x[r], ids[o:o + block]) \
-                        or not np.array_equal(y[r], ids[o + 1:o + block + 1]):
-                    raise Fail(f"row {r} is not a window ids[o : o + block] with its targets ids[o + 1 : o + block + "
-                               f"1] ({case.desc}).")
-            if case_id == "range":
-                seen = set(starts.tolist())
-                if seen != set(range(len(ids) - block)):
-                    raise Fail(f"the offsets drawn were {sorted(seen)}, but every start 0 .. N - block - 1 = "
-                               f"{len(ids) - block - 1} must be possible ({case.desc}): "
-                               "torch.randint(0, N - block, (batch,)) (its high end is exclusive).")
-        case = result.cases["draws"]
-        a, b = ([result.get(case.id, f"{n}/{i}", what="inputs/targets", kind="tensor") for i in range(2)] for n in "ab")
-        if not all(np.array_equal(p, q) for p, q in zip(a, b, strict=True)):
-            raise Fail(f"two calls with generators of the same seed gave different batches ({case.desc}): draw the "
-                       "offsets with the generator argument (torch.randint(..., generator=generator)), never from "
-                       "the global random state.")
-        if not all(np.array_equal(p, q) for p, q in zip(a, case.data["want"], strict=True)):
-            raise Fail(f"the windows are valid but not the ones the generator's draws select ({case.desc}): draw "
-                       "exactly torch.randint(0, N - block, (batch,), generator=generator), once, as the offsets.")
-        unchanged(result, case.id, {"ids": case.data["ids"]}, "lm_batches")
-        value_error(result, "short", "lm_batches was handed a stream of N = block tokens, and there is no window with "
-                                     "a target")
+# -- lm_batches: a spec (decoder_course/visible/l11_gpt.py) ---------------------------------------------------------
+spec.register(LESSON, visible.SPECS, ref)
 
 
 # -- generate ----------------------------------------------------------------------------------------------------------

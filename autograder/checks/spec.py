@@ -27,6 +27,7 @@ from decoder_course.spec import (
     Build,
     Keyword,
     ModuleSpec,
+    Seeded,
     Spec,
     agrees,
     all_agree,
@@ -74,6 +75,8 @@ def _value(case: Case, value, tensors: bool, grad: bool = False):
         if tensors:
             return case.tensor(value, requires_grad=grad and np.issubdtype(value.dtype, np.floating))
         return case.array(value)
+    if isinstance(value, Seeded):
+        return {"generator": value.seed}
     if isinstance(value, (type, np.dtype)):
         return {"np_dtype": np.dtype(value).name}
     return value
