@@ -89,6 +89,9 @@ class Spec:
     # spec's twin): the visible check compares the values with it, the hidden one with the reference's
     twin: Callable[[dict], Any] | None = None
     grad: bool = False  # a backward pass from the result: every float argument gets a finite gradient
+    # the result is a Python list of ints or of pairs of ints (train_bpe's merges): no dtype, no shape; the
+    # properties see it as a list of tuples, the hidden side compares it exactly
+    listed: bool = False
 
 
 def unwrap(value: Any) -> Any:
@@ -127,6 +130,9 @@ def contract(spec: Spec | ModuleSpec, args: dict, got: Any, what: str, tensor: b
     """The result's type (a tensor: ``tensor=True``, an array: ``False``, unless the caller checked it: ``None``),
     dtype (``spec.dtype`` of the arguments as passed, tensors included; against ``declared`` where the grader read
     the result) and shape (``spec.shape`` of the plain arguments)."""
+    if getattr(spec, "listed", False):
+        expect_type(got, (list, tuple), what)
+        return
     if getattr(spec, "scalar", False):
         if declared not in (None, "float") or (declared is None and not isinstance(got, float)):
             kind = declared or type(got).__name__
@@ -213,7 +219,8 @@ def run(spec: Spec, fn: Callable[..., Any], seed: int = 0) -> None:
                 contract(spec, args, got, f"{spec.name}(...) ({desc})", tensor=returns_tensor(spec, args))
                 if spec.fresh:
                     expect_fresh(tuple(got.shape), got.stride(), f"{spec.name}(...)")
-                value = float(got) if spec.scalar else as_numpy(got) if _is_tensor(got) else to_numpy(got)
+                value = (listed(got) if spec.listed else float(got) if spec.scalar else as_numpy(got)
+                         if _is_tensor(got) else to_numpy(got))
                 if spec.properties is not None:
                     spec.properties(plain(args), value, desc)
                 if spec.twin is not None:
@@ -561,3 +568,8 @@ class Seeded:
     draws): the kernel's, the reference's and a known mistake's draw the same numbers."""
 
     seed: int
+
+
+def listed(got: list) -> list:
+    """A list result as the properties see it: its items as ints, or as tuples of ints (a pair: a merge)."""
+    return [tuple(int(i) for i in item) if isinstance(item, (tuple, list)) else int(item) for item in got]

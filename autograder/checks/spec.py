@@ -192,8 +192,9 @@ class SpecExercise(Exercise):
                 self._judge_items(result, case)
                 continue
             kind = "any" if spec.scalar else "tensor" if returns_tensor(spec, args) else "ndarray"
-            got = result.get(case.id, "out", what=what, kind=kind, finite=False)
             meta = result.meta(case.id, "out")
+            got = (_read_list(result, case, "out", what) if spec.listed
+                   else result.get(case.id, "out", what=what, kind=kind, finite=False))
             with shared():
                 contract(spec, args, got, f"{what} ({case.desc})",
                          declared=meta.get("type") if spec.scalar else meta.get("dtype"))
@@ -217,8 +218,8 @@ class SpecExercise(Exercise):
                     positional, by_name = call_args(spec, copy.deepcopy(args))  # a mistake may write into them
                     return wrong(*positional, **by_name)
 
-                _compare(self.lesson, self.name, got, np.asarray(want), what, case, spec.hint, tolerance(spec, args),
-                         produce, scalar=spec.scalar)
+                _compare(self.lesson, self.name, np.asarray(got), np.asarray(want), what, case, spec.hint,
+                         tolerance(spec, args), produce, scalar=spec.scalar)
             if spec.keeps_inputs:
                 judges.unchanged(result, case.id, {n: v for n, v in given.items() if isinstance(v, np.ndarray)},
                                  self.name)
@@ -379,3 +380,26 @@ def register(lesson: str, specs: dict[str, Spec | ModuleSpec], ref: ModuleType) 
                                              "forbidden": spec.forbidden})
         exercise(lesson, name)(cls)
 
+
+
+def _read_list(result: Result, case: Case, name: str, what: str) -> list:
+    """A recorded list of ints or of pairs of ints (a ``listed`` spec's result), each a Python int."""
+    meta = result.meta(case.id, name)
+    if meta.get("type") not in ("list", "tuple"):
+        raise Fail(f"{what} should return a list, got `{meta.get('type')}` ({case.desc}).")
+    items = []
+    for i in range(int(meta.get("len", 0))):
+        item = result.meta(case.id, f"{name}/{i}")
+        if item.get("type") in ("tuple", "list"):
+            items.append(tuple(int_at(result, case, f"{name}/{i}/{j}", f"item {i} of {what}")
+                               for j in range(int(item.get("len", 0)))))
+        else:
+            items.append(int_at(result, case, f"{name}/{i}", f"item {i} of {what}"))
+    return items
+
+
+def int_at(result: Result, case: Case, key: str, what: str) -> int:
+    if result.meta(case.id, key).get("type") != "int":
+        raise Fail(f"{what} should be a Python int, got `{result.meta(case.id, key).get('type')}` ({case.desc}): "
+                   "convert with int(...).")
+    return int(result.leaves[f"{case.id}/{key}"])
