@@ -227,7 +227,8 @@ def run(spec: Spec, fn: Callable[..., Any], seed: int = 0) -> None:
                     expect_close(value, spec.twin(plain(args)), f"{spec.name}(...) (vs PyTorch's own)",
                                  rtol=spec.rtol, atol=spec.atol, hint=spec.hint or None)
                 if spec.grad:
-                    expect_gradients(spec, _explained(spec, lambda a=args: _function_gradients(fn, a), args), desc)
+                    grads = _explained(spec, lambda a=args: _function_gradients(spec, fn, a), args)
+                    expect_gradients(spec, grads, desc)
             except CheckFailed as failed:  # the check's title names the situation already
                 raise CheckFailed(str(failed).replace(f" ({desc})", "")) from None
     for desc, args, why in spec.refused:
@@ -544,21 +545,15 @@ def run_module(spec: ModuleSpec, cls: Any, seed: int = 0) -> None:
             expect_value_error(lambda: cls(*positional, **by_name), why)  # noqa: B023 - called at once
 
 
-def _function_gradients(fn: Callable[..., Any], args: dict) -> dict:
-    """The gradients of a function spec's float arguments (as fresh tensors) after a backward pass from its
-    result (all ones): None where none reached one."""
-    torch, given = _torch(), {}
-    for n, v in args.items():
-        x = unwrap(v)
-        x = x.clone() if _is_tensor(x) else torch.from_numpy(x.copy()) if isinstance(x, np.ndarray) else x
-        if _is_tensor(x) and x.is_floating_point():
-            x.requires_grad_(True)
-        given[n] = Keyword(x) if isinstance(v, Keyword) else x
-    out = fn(*(v for v in given.values() if not isinstance(v, Keyword)),
-             **{n: v.value for n, v in given.items() if isinstance(v, Keyword)})
-    floats = {n: unwrap(v) for n, v in given.items() if _is_tensor(unwrap(v)) and unwrap(v).requires_grad}
+def _function_gradients(spec: Spec, fn: Callable[..., Any], args: dict) -> dict:
+    """The gradients of a function spec's float arguments (fresh tensors) after a backward pass from its result
+    (all ones): None where none reached one."""
+    positional, by_name = call_args(spec, args)
+    given = dict(zip([n for n, v in args.items() if not isinstance(v, Keyword)], positional)) | by_name
+    floats = {n: x.requires_grad_(True) for n, x in given.items() if _is_tensor(x) and x.is_floating_point()}
+    out = fn(*positional, **by_name)
     if getattr(out, "requires_grad", False):
-        out.backward(torch.ones_like(out))
+        out.backward(_torch().ones_like(out))
     return {n: None if x.grad is None else x.grad.numpy() for n, x in floats.items()}
 
 

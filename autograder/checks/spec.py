@@ -381,7 +381,6 @@ def register(lesson: str, specs: dict[str, Spec | ModuleSpec], ref: ModuleType) 
         exercise(lesson, name)(cls)
 
 
-
 def _read_list(result: Result, case: Case, name: str, what: str) -> list:
     """A recorded list of ints or of pairs of ints (a ``listed`` spec's result), each a Python int."""
     meta = result.meta(case.id, name)
@@ -399,6 +398,7 @@ def _read_list(result: Result, case: Case, name: str, what: str) -> list:
 
 
 def int_at(result: Result, case: Case, key: str, what: str) -> int:
+    """The recorded Python int at ``key`` (another type is refused: int(...) converts it)."""
     if result.meta(case.id, key).get("type") != "int":
         raise Fail(f"{what} should be a Python int, got `{result.meta(case.id, key).get('type')}` ({case.desc}): "
                    "convert with int(...).")
