@@ -87,6 +87,13 @@ class Spec:
     # the items are compared in
     outputs: tuple[str, ...] = ()
     order: tuple[str, ...] = ()
+    # a public computation of the right result from the plain arguments (PyTorch's own function, as a module
+    # spec's twin): the visible check compares the values with it, the hidden one with the reference's
+    twin: Callable[[dict], Any] | None = None
+    grad: bool = False  # a backward pass from the result: every float argument gets a finite gradient
+    # the result is a Python list of ints or of pairs of ints (train_bpe's merges): no dtype, no shape; the
+    # properties see it as a list of tuples, the hidden side compares it exactly
+    listed: bool = False
 
 
 def unwrap(value: Any) -> Any:
@@ -125,6 +132,9 @@ def contract(spec: Spec | ModuleSpec, args: dict, got: Any, what: str, tensor: b
     """The result's type (a tensor: ``tensor=True``, an array: ``False``, unless the caller checked it: ``None``),
     dtype (``spec.dtype`` of the arguments as passed, tensors included; against ``declared`` where the grader read
     the result) and shape (``spec.shape`` of the plain arguments)."""
+    if getattr(spec, "listed", False):
+        expect_type(got, (list, tuple), what)
+        return
     if getattr(spec, "scalar", False):
         if declared not in (None, "float") or (declared is None and not isinstance(got, float)):
             kind = declared or type(got).__name__
@@ -175,6 +185,8 @@ def call_args(spec: Spec | ModuleSpec, args: dict, modules: dict | None = None) 
             return module.eval()
         if isinstance(v, tuple):  # a tuple of arrays (memory_kv), each passed as the others are
             return tuple(value(x) for x in v)
+        if isinstance(v, Seeded):
+            return _torch().Generator().manual_seed(v.seed)
         if _is_tensor(v):
             return v.clone()
         return _torch().from_numpy(v.copy()) if tensors and isinstance(v, np.ndarray) else v
@@ -216,9 +228,16 @@ def run(spec: Spec, fn: Callable[..., Any], seed: int = 0, modules: dict | None 
                 contract(spec, args, got, f"{spec.name}(...) ({desc})", tensor=returns_tensor(spec, args))
                 if spec.fresh:
                     expect_fresh(tuple(got.shape), got.stride(), f"{spec.name}(...)")
+                value = (listed(got) if spec.listed else float(got) if spec.scalar else as_numpy(got)
+                         if _is_tensor(got) else to_numpy(got))
                 if spec.properties is not None:
-                    value = float(got) if spec.scalar else as_numpy(got) if _is_tensor(got) else to_numpy(got)
                     spec.properties(plain(args), value, desc)
+                if spec.twin is not None:
+                    expect_close(value, spec.twin(plain(args)), f"{spec.name}(...) (vs PyTorch's own)",
+                                 rtol=spec.rtol, atol=spec.atol, hint=spec.hint or None)
+                if spec.grad:
+                    grads = _explained(spec, lambda a=args: _function_gradients(spec, fn, a), args)
+                    expect_gradients(spec, grads, desc)
             except CheckFailed as failed:  # the check's title names the situation already
                 raise CheckFailed(str(failed).replace(f" ({desc})", "")) from None
     for desc, args, why in spec.refused:
@@ -490,10 +509,11 @@ def expect_gradients(spec: ModuleSpec, grads: dict, situation: str) -> None:
     """Every float input got a gradient (None: none reached it), and a finite one."""
     for name, grad in grads.items():
         if grad is None:
-            raise CheckFailed(f"no gradient reached the {name} ({situation}): does forward detach, or go through "
-                              "NumPy? Gradients must flow through the module for training")
+            raise CheckFailed(f"no gradient reached the {name} ({situation}): does the code detach (.item(), "
+                              ".detach()), or go through NumPy? Gradients must flow through it for training")
         if not np.isfinite(grad).all():
-            raise CheckFailed(f"the gradient of the {name} holds NaN or inf ({situation}). {spec.grad_hint}".strip())
+            raise CheckFailed(f"the gradient of the {name} holds NaN or inf ({situation}). "
+                              f"{getattr(spec, 'grad_hint', '')}".strip())
 
 
 def grad_inputs(row: Build) -> list[str]:
@@ -613,3 +633,26 @@ def expect_cached(spec: ModuleSpec, row: Build, first: np.ndarray, parts: list, 
     if want is not None and keys != want:
         raise CheckFailed(f"the cache holds keys of shape {keys}, should be {want} ({situation}). "
                           f"{spec.cache.keys_hint}".strip())
+def _function_gradients(spec: Spec, fn: Callable[..., Any], args: dict) -> dict:
+    """The gradients of a function spec's float arguments (fresh tensors) after a backward pass from its result
+    (all ones): None where none reached one."""
+    positional, by_name = call_args(spec, args)
+    given = dict(zip([n for n, v in args.items() if not isinstance(v, Keyword)], positional)) | by_name
+    floats = {n: x.requires_grad_(True) for n, x in given.items() if _is_tensor(x) and x.is_floating_point()}
+    out = fn(*positional, **by_name)
+    if getattr(out, "requires_grad", False):
+        out.backward(_torch().ones_like(out))
+    return {n: None if x.grad is None else x.grad.numpy() for n, x in floats.items()}
+
+
+@dataclass(frozen=True)
+class Seeded:
+    """A row's argument that is a fresh ``torch.Generator`` seeded with ``seed`` at every call (``lm_batches``'s
+    draws): the kernel's, the reference's and a known mistake's draw the same numbers."""
+
+    seed: int
+
+
+def listed(got: list) -> list:
+    """A list result as the properties see it: its items as ints, or as tuples of ints (a pair: a merge)."""
+    return [tuple(int(i) for i in item) if isinstance(item, (tuple, list)) else int(item) for item in got]

@@ -1,8 +1,7 @@
-"""Hidden checks of lesson 07-training (PyTorch): teacher forcing, the padding-aware loss, exact match.
+"""Hidden checks of lesson 07-training (PyTorch): teacher forcing, the padding-aware loss, exact match, a step.
 
-None of them trains a model: each exercise is a small function judged on seeded random inputs. The loss is
-compared with PyTorch's own ``F.cross_entropy`` (value and gradient); exact match with a plain Python loop written
-here from the definition; ``shift_right`` with its definition.
+``shift_right``, ``sequence_loss`` and ``exact_match`` are specs (``decoder_course/visible/l07_training.py``);
+``train_step`` and ``validation_loss`` run a small model against the reference step and PyTorch's own loss.
 """
 
 from __future__ import annotations
@@ -12,11 +11,10 @@ import torch
 import torch.nn.functional as F
 
 from autograder.checks import judges, spec
-from autograder.checks.framework import Case, Exercise, Fail, Result, exercise, expect_close
+from autograder.checks.framework import Case, Exercise, Fail, Result, exercise
 from autograder.reference import training as ref_training
 from decoder_course.conventions import BOS, EOS, PAD
 from decoder_course.visible import l07_training as visible
-from decoder_course.visible.l07_training import SHIFT_RIGHT
 
 LESSON = "07-training"
 
@@ -43,131 +41,7 @@ def _raised(result: Result, case: Case, what: str, built_on: str = "") -> None:
         raise Fail(f"{what} raised an exception on a case with {case.desc}:\n    {error.splitlines()[-1]}{built_on}")
 
 
-# -- shift_right: a spec (decoder_course.visible.l07_training.SHIFT_RIGHT) ----------------------------------------
-spec.register(LESSON, {"shift_right": SHIFT_RIGHT}, ref_training)
-
-
-# -- sequence_loss ---------------------------------------------------------------------------------------------
-def _loss_inputs(rng: np.random.Generator, B: int, T: int, V: int, pad_id: int, scales: list[float],
-                 dtype=np.float32) -> tuple[np.ndarray, np.ndarray]:
-    """Logits (B, T, V), each batch row on its own scale, and targets avoiding pad_id, padded per row (the last
-    row always, also when B = 1)."""
-    logits = rng.standard_normal((B, T, V)) * np.asarray(scales, dtype=np.float64)[:, None, None]
-    targets = rng.integers(0, V, size=(B, T))
-    targets[targets == pad_id] = (pad_id + 1) % V
-    lengths = rng.integers(1, T + 1, size=B)
-    lengths[0], lengths[-1] = T, max(1, T - 3)  # one row without padding, one with real padding
-    return logits.astype(dtype), np.where(np.arange(T)[None, :] < lengths[:, None], targets, pad_id)
-
-
-def _torch_loss(logits: np.ndarray, targets: np.ndarray, pad_id: int, eps: float,
-                grad: bool = False) -> tuple[float, np.ndarray | None]:
-    """PyTorch's own F.cross_entropy in float64: the value, and optionally d loss / d logits."""
-    x = torch.from_numpy(logits.astype(np.float64)).requires_grad_(grad)
-    y = torch.from_numpy(targets).long()
-    loss = F.cross_entropy(x.reshape(-1, x.shape[-1]), y.reshape(-1), ignore_index=pad_id, label_smoothing=eps)
-    if not grad:
-        return loss.item(), None
-    loss.backward()
-    return loss.item(), x.grad.numpy()
-
-
-def _loss_mistakes(logits: np.ndarray, targets: np.ndarray, pad_id: int, eps: float) -> dict[str, float]:
-    """The values of known wrong losses on these inputs, to name a mistake (never shown as numbers)."""
-    x, y = torch.from_numpy(logits.astype(np.float64)), torch.from_numpy(targets).long()
-    V = x.shape[-1]
-    log_p = x.log_softmax(-1)
-    is_real = y != pad_id
-    nll = -log_p.gather(-1, y.clamp(0, V - 1)[..., None]).squeeze(-1)
-    per_token = (1 - eps) * nll + eps * -log_p.mean(-1)
-    other = -(log_p.sum(-1) + nll) / (V - 1)  # eps / (V - 1) on each wrong token, 1 - eps on the right one
-    mistakes = {
-        "the mean over all B × T positions: padded positions count as zeros and dilute the loss; divide by the "
-        "number of real tokens": float((per_token * is_real).sum() / is_real.numel()),
-        "a loss that counts padded positions as targets: ignore every position whose target is pad_id":
-            float(per_token.mean()),
-    }
-    if eps > 0:
-        mistakes["label smoothing spread over the V - 1 wrong tokens; PyTorch (and this course) spread eps over "
-                 "all V tokens, the right one included"] = float(((1 - eps) * nll + eps * other)[is_real].mean())
-        mistakes["the loss without label smoothing: use the label_smoothing argument"] = float(nll[is_real].mean())
-    return mistakes
-
-
-@exercise(LESSON, "sequence_loss")
-class SequenceLoss(Exercise):
-    """Against F.cross_entropy(..., ignore_index=pad_id, label_smoothing=eps) in value and gradient, pad_id != 0,
-    rows of very different scale, huge logits finite, an all-padding batch gives 0, inputs unchanged."""
-
-    # the exercise is to write the loss from log_softmax; PyTorch's is what it is compared with
-    forbidden = ("F.cross_entropy", "nn.CrossEntropyLoss", "F.nll_loss", "nn.NLLLoss")
-    GRAD = "c1"  # the case whose gradient is compared too
-
-    def cases(self, rng):
-        V = int(rng.integers(9, 14))
-        rows = [  # (id, B, T, V, pad_id, label_smoothing, each batch row's logit scale, situation)
-            ("c0", 3, 6, V, int(rng.integers(3, 6)), 0.0, [0.3, 3.0, 10.0], ""),
-            ("c1", 4, 5, V, int(rng.integers(3, 6)), 0.1, [1.0, 0.1, 5.0, 2.0], ""),
-            ("c2", 2, 7, 7, 4, round(float(rng.uniform(0.2, 0.4)), 3), [2.0, 0.5], ""),
-            ("huge", 2, 4, V, 3, 0.0, [1e4, 3.0], ", logits of size up to 1e4"),
-            ("b1", 1, 3, 5, 1, 0.1, [2.0], ""),
-        ]
-        cases = []
-        for case_id, B, T, V_, pad_id, eps, scales, what in rows:
-            logits, targets = _loss_inputs(rng, B, T, V_, pad_id, scales)
-            case = Case(case_id, f"B={B}, T={T}, V={V_}, pad_id={pad_id}, label_smoothing={eps}{what}",
-                        data={"logits": logits, "targets": targets, "pad_id": pad_id, "eps": eps})
-            case.let("logits", case.tensor(logits, requires_grad=case_id == self.GRAD))
-            case.let("targets", case.tensor(targets))
-            case.call("sequence_loss", {"ref": "logits"}, {"ref": "targets"}, pad_id, label_smoothing=eps,
-                      let="loss", record="out")
-            if case_id == self.GRAD:
-                case.backward("loss", np.array(1.0, dtype=np.float32))
-                case.record("grad", {"grad": "logits"})
-            judges.record_after(case, ["logits", "targets"])
-            cases.append(case)
-        # nothing but padding: 0, not the NaN of 0 / 0
-        case = Case("empty", "B=2, T=3, V=6, pad_id=5, every target is padding", data={})
-        case.call("sequence_loss", case.tensor(rng.standard_normal((2, 3, 6)).astype(np.float32)),
-                  case.tensor(np.full((2, 3), 5)), 5, record="out")
-        return [*cases, case]
-
-    def judge(self, result: Result):
-        what = "sequence_loss(...)"
-        for case_id, case in result.cases.items():
-            if case_id == "empty":
-                continue
-            d = case.data
-            got = result.get(case_id, "out", what=what, kind="tensor", dtype="float", shape=(), finite=False)
-            if not np.isfinite(got).all():
-                raise Fail(f"sequence_loss is not finite on a case with {case.desc}: log(softmax(x)) is log(0) = "
-                           "-inf when softmax underflows; compute x.log_softmax(-1) directly.")
-            want, _ = _torch_loss(d["logits"], d["targets"], d["pad_id"], d["eps"])
-            mistakes = {mistake: value for mistake, value in
-                        _loss_mistakes(d["logits"], d["targets"], d["pad_id"], d["eps"]).items()
-                        if abs(value - want) > 1e-3}  # only those that differ from the right loss here
-            hint = judges.diagnose(got, mistakes, rtol=1e-4, atol=1e-4) or (
-                "Expected the mean over real tokens of (1 - eps) * (-log p[target]) + eps * mean over all V tokens "
-                "of (-log p).")
-            judges.scalar(got, want, f"{what} (vs F.cross_entropy)", case.desc, hint, rtol=1e-4, atol=1e-5)
-            judges.unchanged(result, case_id, {"logits": d["logits"], "targets": d["targets"]}, "sequence_loss")
-        case, d = result.cases[self.GRAD], result.cases[self.GRAD].data
-        _, want_grad = _torch_loss(d["logits"], d["targets"], d["pad_id"], d["eps"], grad=True)
-        if result.meta(case.id, "grad").get("type") == "None":
-            raise Fail("no gradient reached the logits: compute the loss with torch operations only (no .item(), "
-                       ".detach(), .numpy() or torch.tensor(...) of a value).")
-        got_grad = result.get(case.id, "grad", what="the gradient of sequence_loss", kind="tensor",
-                              shape=d["logits"].shape)
-        expect_close(got_grad, want_grad, "d sequence_loss / d logits (vs F.cross_entropy's)", case.desc,
-                     hint="the value is right; the gradient is not: is something detached?", rtol=1e-4, atol=1e-6)
-        got = result.get("empty", "out", what=what, kind="tensor", dtype="float", shape=(), finite=False)
-        if not np.isfinite(got).all() or abs(float(got)) > 1e-12:
-            raise Fail(f"on a batch with no real token ({result.cases['empty'].desc}) sequence_loss should be 0, "
-                       f"not {'NaN' if np.isnan(got).any() else 'non-zero'}: divide by max(number of real tokens, "
-                       "1).")
-
-
-# -- exact_match: a spec (decoder_course/visible/l07_training.py) ---------------------------------------------
+# -- shift_right, sequence_loss and exact_match: specs (decoder_course/visible/l07_training.py) ---------------
 spec.register(LESSON, visible.SPECS, ref_training)
 
 

@@ -1,8 +1,6 @@
 """Hidden checks of lesson 11-gpt (PyTorch): the BPE tokenizer, the GPT model, next-token batches, generation.
 
-- ``train_bpe`` against the reference merges on random texts built to hold ties (the first-occurring pair must
-  win, not the smallest or the largest), Unicode, runs of one byte (overlapping pairs), a text that runs out of
-  pairs, ``vocab_size <= 256`` and the empty text;
+- ``train_bpe`` and ``lm_batches`` are specs (``decoder_course/visible/l11_gpt.py``);
 - ``BPETokenizer`` is built from merges computed *here* (never from the student's ``train_bpe``): encoding the
   training text must give training's own sequence, any text must round-trip (Unicode, emoji the merges never
   saw, the empty string), decoding cut multi-byte characters gives U+FFFD, a bad id raises;
@@ -10,8 +8,6 @@
   itself proven equal to ``nn.TransformerEncoderLayer(norm_first=True)`` with a causal mask: B >= 2, T != max_len,
   biases far from 0; the output projection must *be* the embedding (same storage); the cached path (prefill, then
   one token at a time) must give the full forward's logits; embeddings start small; more than max_len raises;
-- ``lm_batches`` on a stream of distinct ids, so every window's offset is read back: shifted targets, contiguous
-  windows, every offset reachable and none outside, the generator decides the draws;
 - ``generate`` on ``decoder_course.testing.HashedLM``, a stand-in whose logits are fixed by the prefix and whose
   past lives only in the cache it is handed: greedy tokens exactly, positions run (the cache used, each token
   fed once), reproducible draws, nothing outside top-k, first-token frequencies = softmax(logits / T).
@@ -25,11 +21,13 @@ from __future__ import annotations
 import numpy as np
 import torch
 
+from autograder.checks import spec
 from autograder.checks.framework import Case, Exercise, Fail, Result, exercise, expect_close
 from autograder.checks.judges import diagnose, record_after, unchanged, value_error
 from autograder.reference import generation as ref_gen
 from autograder.reference import gpt as ref
 from decoder_course.testing import HashedLM
+from decoder_course.visible import l11_gpt as visible
 
 LESSON = "11-gpt"
 CODES = "decoder_course.testing:text_codes"
@@ -37,100 +35,15 @@ HASHED_LM = "decoder_course.testing:HashedLM"
 UNICODE = "aé λ→😀漢字\n\t ß"  # 1- to 4-byte characters
 
 
-# -- train_bpe ---------------------------------------------------------------------------------------------------------
-def _tie_text(rng: np.random.Generator, smaller_first: bool) -> str:
-    """Two pairs with the same count; which occurs first (and which is smaller) is chosen."""
-    a, b, c, d = rng.choice(list("klmnpqrstvwxz"), size=4, replace=False)
-    low, high = sorted([a + b, c + d])
-    first, second = (low, high) if smaller_first else (high, low)
-    n = int(rng.integers(3, 6))
-    return f"{first * 1} {second * 1} " + " ".join([first] * n + [second] * n)
-
-
-def _int_at(result: Result, case: Case, key: str, what: str) -> int:
-    leaf = result.meta(case.id, key)
-    if leaf.get("type") != "int":
-        raise Fail(f"{what} should hold Python ints, got `{leaf.get('type')}` ({case.desc}): convert with int(...).")
-    return int(result.leaves[f"{case.id}/{key}"])
+# -- train_bpe and lm_batches: specs (decoder_course/visible/l11_gpt.py) --------------------------------------------
+spec.register(LESSON, visible.SPECS, ref)
 
 
 def _read_ints(result: Result, case: Case, name: str, what: str) -> list[int]:
     meta = result.meta(case.id, name)
     if meta.get("type") != "list":
         raise Fail(f"{what} should return a list of ints, got `{meta.get('type')}` ({case.desc}).")
-    return [_int_at(result, case, f"{name}/{i}", what) for i in range(int(meta.get("len", 0)))]
-
-
-def _read_merges(result: Result, case: Case, name: str, what: str) -> list[tuple[int, int]]:
-    meta = result.meta(case.id, name)
-    if meta.get("type") not in ("list", "tuple"):
-        raise Fail(f"{what} should return a list of pairs, got `{meta.get('type')}` ({case.desc}).")
-    merges = []
-    for i in range(int(meta.get("len", 0))):
-        item = result.meta(case.id, f"{name}/{i}")
-        if item.get("type") not in ("tuple", "list") or item.get("len") != 2:
-            raise Fail(f"merge {i} of {what} should be a pair (a, b) of token ids, got `{item.get('type')}` "
-                       f"({case.desc}).")
-        merges.append(tuple(_int_at(result, case, f"{name}/{i}/{j}", f"merge {i} of {what}") for j in range(2)))
-    return merges
-
-
-@exercise(LESSON, "train_bpe")
-class TrainBPE(Exercise):
-    """Merges against the reference: ties (first occurrence wins), Unicode, overlapping runs, running out of
-    pairs, vocab_size <= 256, the empty text; the new ids are 256, 257, ... in order."""
-
-    def cases(self, rng):
-        specs = [
-            ("tie_small_first", _tie_text(rng, True), 256 + 3, "a tie between two pairs, the smaller one first"),
-            ("tie_large_first", _tie_text(rng, False), 256 + 3, "a tie between two pairs, the larger one first"),
-            ("random", "".join(rng.choice(list("ab c\n"), size=400)), 256 + int(rng.integers(20, 30)),
-             "400 random characters over 'ab c\\n'"),
-            ("unicode", "".join(rng.choice(list(UNICODE), size=200)), 256 + 25, "200 characters of 1 to 4 bytes"),
-            ("runs", "x" * int(rng.integers(7, 12)) + " yy " + "x" * 5, 256 + 6,
-             "long runs of one byte (overlapping pairs)"),
-            ("exhaust", "abab", 256 + 10, "'abab' with room for 10 merges (it runs out of pairs)"),
-            ("small", "hello hello", 200, "vocab_size=200 (no merge)"),
-            ("empty", "", 300, "the empty text"),
-        ]
-        cases = []
-        for name, text, vocab_size, desc in specs:
-            case = Case(name, desc, data={"want": ref.train_bpe(text, vocab_size), "text": text})
-            case.call("train_bpe", text, vocab_size, record="out")
-            cases.append(case)
-        return cases
-
-    def judge(self, result: Result):
-        for case in result.cases.values():
-            got = _read_merges(result, case, "out", "train_bpe")
-            want, text = case.data["want"], case.data["text"]
-            if got == want:
-                continue
-            if len(got) != len(want) and got == want[: len(got)]:
-                raise Fail(f"train_bpe stopped after {len(got)} merges, {len(want)} were due ({case.desc}): merge "
-                           "vocab_size - 256 times, stopping early only when fewer than two tokens are left.")
-            if len(got) > len(want) and got[: len(want)] == want:
-                raise Fail(f"train_bpe learned {len(got)} merges, only {len(want)} were due ({case.desc}): at most "
-                           "vocab_size - 256 merges, and none once fewer than two tokens are left.")
-            k = next(i for i, (g, w) in enumerate(zip(got, want, strict=False)) if g != w)
-            ids = list(text.encode("utf-8"))
-            for i, pair in enumerate(want[:k]):
-                ids = ref.merge_pair(ids, pair, 256 + i)
-            counts = ref.pair_counts(ids)
-            mine = counts.get(got[k], 0)
-            if mine == counts[want[k]]:
-                idea = ("Your pair is as frequent as the right one: on a tie take the pair that occurs first in the "
-                        "current sequence (max(counts, key=counts.get) over pair_counts, whose keys are in order of "
-                        "first occurrence), not the smallest or the largest pair.")
-            elif mine == 0 and any(t >= 256 + k for t in got[k]):
-                idea = "Your pair uses an id that does not exist yet: merge k makes token 256 + k."
-            elif mine == 0:
-                idea = ("Your pair does not occur in the sequence at this point: after each merge, replace the pair "
-                        "everywhere (merge_pair) and count again on the new sequence.")
-            else:
-                idea = ("Your pair is less frequent than another: count every adjacent pair (overlapping, "
-                        "pair_counts) and take the most frequent.")
-            raise Fail(f"merge {k} of train_bpe is wrong ({case.desc}). {idea}")
+    return [spec.int_at(result, case, f"{name}/{i}", what) for i in range(int(meta.get("len", 0)))]
 
 
 # -- BPETokenizer ------------------------------------------------------------------------------------------------------
@@ -356,86 +269,6 @@ class GPTCheck(Exercise):
                            "gives huge initial logits.")
         value_error(result, "too_long", f"GPT was handed {MAX_LEN + 1} positions with max_len={MAX_LEN}, and there "
                                         "is no learned position embedding past max_len - 1")
-
-
-# -- lm_batches --------------------------------------------------------------------------------------------------------
-def _offsets(ids: np.ndarray, inputs: np.ndarray) -> np.ndarray:
-    """Each row's start in a stream of distinct ids (-1 where the row's first id is not in it)."""
-    where = {int(v): i for i, v in enumerate(ids.tolist())}
-    return np.array([where.get(int(row[0]), -1) for row in inputs])
-
-
-@exercise(LESSON, "lm_batches")
-class LMBatches(Exercise):
-    """Shifted targets, contiguous windows of the stream, (batch, block) int64; every offset 0 .. N - block - 1
-    reachable, none beyond; the generator decides (torch.randint(0, N - block, (batch,)) draws); ids unchanged;
-    a stream of N <= block raises."""
-
-    def cases(self, rng):
-        cases = []
-        N, block, batch = int(rng.integers(40, 60)), int(rng.integers(5, 9)), 6
-        ids = rng.permutation(1000)[:N].astype(np.int64) + 3  # distinct ids: each window's offset can be read back
-        seed = int(rng.integers(2**31))
-        want = [t.numpy() for t in ref.lm_batches(torch.from_numpy(ids), block, batch,
-                                                  torch.Generator().manual_seed(seed))]
-        case = Case("draws", f"a stream of N={N} distinct ids, block={block}, batch={batch}, a seeded generator",
-                    data={"ids": ids, "block": block, "batch": batch, "want": want})
-        case.let("ids", case.tensor(ids))
-        for name, global_seed in (("a", 1), ("b", 2)):
-            case.seed(int(rng.integers(2**31)) + global_seed)
-            case.call("lm_batches", {"ref": "ids"}, block, batch, {"generator": seed}, record=name)
-        record_after(case, ["ids"])
-        cases.append(case)
-        # a short stream, many rows: every offset must come up, none beyond
-        block = 5
-        ids = rng.permutation(500)[: block + 3].astype(np.int64)
-        case = Case("range", f"a stream of N={block + 3} ids, block={block}, batch=300 (3 possible offsets)",
-                    data={"ids": ids, "block": block, "batch": 300})
-        case.call("lm_batches", case.tensor(ids), block, 300, {"generator": int(rng.integers(2**31))}, record="a")
-        cases.append(case)
-        case = Case("short", "a stream of N=block tokens")
-        case.call("lm_batches", case.tensor(np.arange(6)), 6, 2, {"generator": 0}, record="a")
-        cases.append(case)
-        return cases
-
-    def judge(self, result: Result):
-        for case_id in ("range", "draws"):
-            case = result.cases[case_id]
-            d = case.data
-            ids, block, batch = d["ids"], d["block"], d["batch"]
-            meta = result.meta(case.id, "a")
-            if meta.get("type") not in ("tuple", "list") or meta.get("len") != 2:
-                raise Fail(f"lm_batches should return a pair (inputs, targets), got {meta.get('type')} "
-                           f"({case.desc}).")
-            x, y = (result.get(case.id, f"a/{i}", what=what, kind="tensor", dtype="torch.int64", shape=(batch, block))
-                    for i, what in enumerate(("inputs", "targets")))
-            if not np.array_equal(x[:, 1:], y[:, :-1]):
-                raise Fail(f"targets are not the inputs shifted by one ({case.desc}): targets[:, t] is the token that "
-                           "follows inputs[:, t], i.e. ids[o + 1 : o + block + 1].")
-            starts = _offsets(ids, x)
-            for r, o in enumerate(starts.tolist()):
-                if o < 0 or o + block + 1 > len(ids) or not np.array_equal(x[r], ids[o:o + block]) \
-                        or not np.array_equal(y[r], ids[o + 1:o + block + 1]):
-                    raise Fail(f"row {r} is not a window ids[o : o + block] with its targets ids[o + 1 : o + block + "
-                               f"1] ({case.desc}).")
-            if case_id == "range":
-                seen = set(starts.tolist())
-                if seen != set(range(len(ids) - block)):
-                    raise Fail(f"the offsets drawn were {sorted(seen)}, but every start 0 .. N - block - 1 = "
-                               f"{len(ids) - block - 1} must be possible ({case.desc}): "
-                               "torch.randint(0, N - block, (batch,)) (its high end is exclusive).")
-        case = result.cases["draws"]
-        a, b = ([result.get(case.id, f"{n}/{i}", what="inputs/targets", kind="tensor") for i in range(2)] for n in "ab")
-        if not all(np.array_equal(p, q) for p, q in zip(a, b, strict=True)):
-            raise Fail(f"two calls with generators of the same seed gave different batches ({case.desc}): draw the "
-                       "offsets with the generator argument (torch.randint(..., generator=generator)), never from "
-                       "the global random state.")
-        if not all(np.array_equal(p, q) for p, q in zip(a, case.data["want"], strict=True)):
-            raise Fail(f"the windows are valid but not the ones the generator's draws select ({case.desc}): draw "
-                       "exactly torch.randint(0, N - block, (batch,), generator=generator), once, as the offsets.")
-        unchanged(result, case.id, {"ids": case.data["ids"]}, "lm_batches")
-        value_error(result, "short", "lm_batches was handed a stream of N = block tokens, and there is no window with "
-                                     "a target")
 
 
 # -- generate ----------------------------------------------------------------------------------------------------------

@@ -23,9 +23,11 @@ from autograder.checks import judges
 from autograder.checks.framework import REGISTRY, Case, Exercise, Fail, Raised, Result, exercise, expect_close
 from decoder_course.checks import CheckFailed, _is_tensor
 from decoder_course.spec import (
+    Build,
     Built,
     Keyword,
     ModuleSpec,
+    Seeded,
     Spec,
     agrees,
     all_agree,
@@ -81,6 +83,8 @@ def _value(case: Case, value, tensors: bool, grad: bool = False):
         if tensors:
             return case.tensor(value, requires_grad=grad and np.issubdtype(value.dtype, np.floating))
         return case.array(value)
+    if isinstance(value, Seeded):
+        return {"generator": value.seed}
     if isinstance(value, (type, np.dtype)):
         return {"np_dtype": np.dtype(value).name}
     return value
@@ -178,7 +182,11 @@ class SpecExercise(Exercise):
         for i, (desc, args, *probe) in enumerate(self.spec.rows(rng)):
             case = Case(f"c{i}", desc, data={"args": args, "probe": probe[0] if probe else None})
             _call(case, self.name, args, self.spec.tensors, self.spec.keeps_inputs, record="out",
-                  let="_result" if self.spec.fresh else None)
+                  let="_result" if self.spec.fresh or self.spec.grad else None, grad=self.spec.grad)
+            if self.spec.grad:  # backward from the result, then each float argument's gradient
+                case.backward("_result", np.ones(self.spec.shape(plain(args)), dtype=np.float32))
+                for name in grad_inputs(Build("", {}, args)):
+                    case.record(f"grad_{name}", {"grad": name})
             if self.spec.fresh:  # 0 in a stride: an expand view, not a new tensor
                 case.call({"attr": ["_result", "stride"]}, record="strides")
             if probe:  # a second call that changes only what must not matter
@@ -200,8 +208,9 @@ class SpecExercise(Exercise):
                 self._judge_items(result, case)
                 continue
             kind = "any" if spec.scalar else "tensor" if returns_tensor(spec, args) else "ndarray"
-            got = result.get(case.id, "out", what=what, kind=kind, finite=False)
             meta = result.meta(case.id, "out")
+            got = (_read_list(result, case, "out", what) if spec.listed
+                   else result.get(case.id, "out", what=what, kind=kind, finite=False))
             with shared():
                 contract(spec, args, got, f"{what} ({case.desc})",
                          declared=meta.get("type") if spec.scalar else meta.get("dtype"))
@@ -211,6 +220,9 @@ class SpecExercise(Exercise):
                     strides = [int(result.get(case.id, f"strides/{i}", what="the result's strides", kind="any"))
                                for i in range(got.ndim)]
                     expect_fresh(got.shape, strides, f"{what} ({case.desc})")
+            if spec.grad:
+                with shared():
+                    expect_gradients(spec, _grads(result, case, Build("", {}, args)), case.desc)
             if spec.compare:
                 positional, by_name = call_args(spec, args, vars(self.ref))
                 want = as_numpy(getattr(self.ref, self.name)(*positional, **by_name))
@@ -222,8 +234,8 @@ class SpecExercise(Exercise):
                     positional, by_name = call_args(spec, copy.deepcopy(args), vars(self.ref))  # mistakes may write
                     return wrong(*positional, **by_name)
 
-                _compare(self.lesson, self.name, got, np.asarray(want), what, case, spec.hint, tolerance(spec, args),
-                         produce, scalar=spec.scalar)
+                _compare(self.lesson, self.name, np.asarray(got), np.asarray(want), what, case, spec.hint,
+                         tolerance(spec, args), produce, scalar=spec.scalar)
             if spec.keeps_inputs:
                 judges.unchanged(result, case.id, {n: v for n, v in given.items() if isinstance(v, np.ndarray)},
                                  self.name)
@@ -257,6 +269,13 @@ class SpecExercise(Exercise):
         if spec.keeps_inputs:
             judges.unchanged(result, case.id, {n: v for n, v in plain(args).items() if isinstance(v, np.ndarray)},
                              self.name)
+
+
+def _grads(result: Result, case: Case, row: Build) -> dict:
+    """The recorded gradient of each float input of ``row`` (None where none reached it)."""
+    return {name: result.get(case.id, f"grad_{name}", what=f"the gradient of the {name}", kind="tensor", finite=False)
+            if result.meta(case.id, f"grad_{name}").get("type") == "torch.Tensor" else None
+            for name in grad_inputs(row)}
 
 
 def _recorded_items(result: Result, case: Case, spec, name: str, record: str, kind: str) -> list[np.ndarray]:
@@ -368,12 +387,8 @@ class ModuleSpecExercise(Exercise):
                 _compare(self.lesson, self.name, got[i], want[i], f"{what_of(spec, i)} (vs PyTorch's own modules)",
                          case, hint_for(spec, i), tol, None, known=known)
             if row.grad:
-                grads = {name: result.get(case.id, f"grad_{name}", what=f"the gradient of the {name}", kind="tensor",
-                                          finite=False)
-                         if result.meta(case.id, f"grad_{name}").get("type") == "torch.Tensor" else None
-                         for name in grad_inputs(row)}
                 with shared():
-                    expect_gradients(spec, grads, case.desc)
+                    expect_gradients(spec, _grads(result, case, row), case.desc)
             if spec.keeps_inputs and not row.grad:
                 judges.unchanged(result, case.id, {n: v for n, v in (plain(row.inputs) | _parts(row.inputs)).items()
                                                    if isinstance(v, np.ndarray)}, self.name)
@@ -397,3 +412,27 @@ def register(lesson: str, specs: dict[str, Spec | ModuleSpec], ref: ModuleType) 
         cls = type(f"{name}_spec", (base,), {"spec": spec, "ref": ref, "reference": ref, "uses": spec.uses,
                                              "forbidden": spec.forbidden})
         exercise(lesson, name)(cls)
+
+
+def _read_list(result: Result, case: Case, name: str, what: str) -> list:
+    """A recorded list of ints or of pairs of ints (a ``listed`` spec's result), each a Python int."""
+    meta = result.meta(case.id, name)
+    if meta.get("type") not in ("list", "tuple"):
+        raise Fail(f"{what} should return a list, got `{meta.get('type')}` ({case.desc}).")
+    items = []
+    for i in range(int(meta.get("len", 0))):
+        item = result.meta(case.id, f"{name}/{i}")
+        if item.get("type") in ("tuple", "list"):
+            items.append(tuple(int_at(result, case, f"{name}/{i}/{j}", f"item {i} of {what}")
+                               for j in range(int(item.get("len", 0)))))
+        else:
+            items.append(int_at(result, case, f"{name}/{i}", f"item {i} of {what}"))
+    return items
+
+
+def int_at(result: Result, case: Case, key: str, what: str) -> int:
+    """The recorded Python int at ``key`` (another type is refused: int(...) converts it)."""
+    if result.meta(case.id, key).get("type") != "int":
+        raise Fail(f"{what} should be a Python int, got `{result.meta(case.id, key).get('type')}` ({case.desc}): "
+                   "convert with int(...).")
+    return int(result.leaves[f"{case.id}/{key}"])

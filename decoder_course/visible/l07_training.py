@@ -18,7 +18,6 @@ from decoder_course.checks import (
     check,
     expect_close,
     expect_dtype,
-    expect_finite,
     expect_inputs_unchanged,
     expect_shape,
     expect_type,
@@ -26,7 +25,7 @@ from decoder_course.checks import (
     snapshot,
 )
 from decoder_course.conventions import BOS, EOS, PAD
-from decoder_course.spec import Spec, run
+from decoder_course.spec import Keyword, Spec, run
 
 
 # -- shift_right ---------------------------------------------------------------------------------------------
@@ -77,58 +76,71 @@ def check_shift_right(shift_right) -> None:
 
 
 # -- sequence_loss -------------------------------------------------------------------------------------------
-def _batch(seed: int, B: int = 3, T: int = 6, V: int = 11, pad_id: int = 3, scale: float = 3.0):
-    """Random logits (B, T, V) and targets (B, T) avoiding pad_id, then padded by different amounts per row."""
-    g = torch.Generator().manual_seed(seed)
-    logits = torch.randn(B, T, V, generator=g, dtype=torch.float64) * scale
-    targets = torch.randint(0, V, (B, T), generator=g)
-    targets[targets == pad_id] = (pad_id + 1) % V
-    targets[0, 4:] = pad_id  # two pads
-    targets[1, 1:] = pad_id  # one real token
-    return logits, targets
+def _loss_rows(rng: np.random.Generator) -> list:
+    """Logits (B, T, V), each batch row on its own scale, targets avoiding pad_id, padded per row (the last row
+    always, also for B = 1); pad_id != 0, label smoothing 0 (the default), 0.1 or more, logits up to 1e4, and a
+    batch of nothing but padding."""
+    V = int(rng.integers(9, 14))
+    rows = []
+    for B, T, V_, pad_id, eps, scales, what in [
+            (3, 6, V, int(rng.integers(3, 6)), None, [0.3, 3.0, 10.0], ""),
+            (4, 5, V, int(rng.integers(3, 6)), 0.1, [1.0, 0.1, 5.0, 2.0], ""),
+            (2, 7, 7, 4, round(float(rng.uniform(0.2, 0.4)), 3), [2.0, 0.5], ""),
+            (2, 4, V, 3, 0.0, [1e4, 3.0], ", logits of size up to 1e4"),
+            (1, 3, 5, 1, 0.1, [2.0], ""),
+            (2, 3, 6, 5, None, [1.0, 1.0], ", every target is padding")]:
+        logits = rng.standard_normal((B, T, V_)) * np.asarray(scales)[:, None, None]
+        targets = rng.integers(0, V_, size=(B, T))
+        targets[targets == pad_id] = (pad_id + 1) % V_
+        lengths = rng.integers(1, T + 1, size=B)
+        lengths[0], lengths[-1] = T, max(1, T - 3)  # one row without padding, one with real padding
+        if what.endswith("padding"):
+            lengths[:] = 0
+        args = {"logits": logits.astype(np.float32), "targets": np.where(np.arange(T) < lengths[:, None], targets,
+                                                                          pad_id), "pad_id": pad_id}
+        if eps is not None:
+            args["label_smoothing"] = Keyword(eps)
+        rows.append((f"B={B}, T={T}, V={V_}, pad_id={pad_id}, label_smoothing={eps or 0.0}{what}", args))
+    return rows
 
 
-def _cross_entropy(logits, targets, pad_id=PAD, eps=0.0, reduction="mean"):
-    """PyTorch's own loss: the mean (or sum) over non-pad tokens, with label smoothing eps."""
-    return F.cross_entropy(logits.flatten(0, 1), targets.reshape(-1), ignore_index=pad_id, label_smoothing=eps,
-                           reduction=reduction)  # (B * T, V) logits against (B * T,) targets
+def _torch_loss(a: dict) -> float:
+    """PyTorch's own loss on a row's arguments, in float64: the mean over real tokens (0 where there are none)."""
+    logits, targets = torch.from_numpy(a["logits"]).double(), torch.from_numpy(a["targets"])
+    if not (targets != a["pad_id"]).any():
+        return 0.0
+    return F.cross_entropy(logits.flatten(0, 1), targets.reshape(-1), ignore_index=a["pad_id"],
+                           label_smoothing=a.get("label_smoothing", 0.0)).item()  # (B * T, V) against (B * T,)
+
+
+def _finite_and_zero_without_tokens(args: dict, got: np.ndarray, desc: str) -> None:
+    if not (args["targets"] != args["pad_id"]).any():
+        if not np.isfinite(got) or got != 0:
+            raise CheckFailed(f"on a batch with no real token ({desc}) sequence_loss should be 0, not "
+                              f"{'NaN' if np.isnan(got) else 'non-zero'}: divide by max(number of real tokens, 1)")
+    elif not np.isfinite(got).all():
+        raise CheckFailed(f"sequence_loss is not finite ({desc}): log(softmax(x)) is log(0) = -inf when softmax "
+                          "underflows; compute x.log_softmax(-1) directly")
+
+
+def _no_gradient(args: dict, error: str) -> str:
+    return ("No gradient reaches the logits: compute the loss with torch operations only (no .item(), .detach(), "
+            ".numpy() or torch.tensor(...) of a value)" if "does not require grad" in error else "")
+
+
+SEQUENCE_LOSS = Spec(
+    "sequence_loss", _loss_rows, dtype=lambda a: "float", shape=lambda a: (), tensors=True, grad=True,
+    properties=_finite_and_zero_without_tokens, twin=_torch_loss, on_error=_no_gradient, rtol=1e-4, atol=1e-5,
+    # the exercise is to write the loss from log_softmax; PyTorch's is what it is compared with
+    forbidden=("F.cross_entropy", "nn.CrossEntropyLoss", "F.nll_loss", "nn.NLLLoss"),
+    hint="The mean over real tokens (target != pad_id) of (1 - eps) * (-log p[target]) + eps * the mean over all V "
+         "tokens of (-log p), as F.cross_entropy(..., ignore_index=pad_id, label_smoothing=eps) computes it.")
 
 
 def check_sequence_loss(sequence_loss) -> None:
-    """Equals F.cross_entropy (pad_id 3, with and without label smoothing), with its gradient; padding ignored;
-    huge logits finite; a batch of padding gives 0."""
-    for eps in (0.0, 0.1):
-        with check(f"sequence_loss equals F.cross_entropy(..., ignore_index=pad_id, label_smoothing={eps})"):
-            logits, targets = _batch(0)
-            logits.requires_grad_(True)
-            got = expect_inputs_unchanged(sequence_loss, logits, targets, 3, label_smoothing=eps)
-            expect_type(got, torch.Tensor, "sequence_loss(...)")
-            expect_shape(got, (), "sequence_loss(...)")
-            want = _cross_entropy(logits, targets, 3, eps)
-            expect_close(got, want, "sequence_loss(...)", rtol=1e-6, atol=1e-8,
-                         hint="the mean over real tokens of -log_softmax(logits)[target]; with label smoothing eps, "
-                              "(1 - eps) times that plus eps times the mean over all V tokens of -log_softmax")
-            (grad,), (want_grad,) = torch.autograd.grad(got, logits), torch.autograd.grad(want, logits)
-            expect_close(grad, want_grad, "the gradient of sequence_loss", rtol=1e-6, atol=1e-8,
-                         hint="the value is right but the gradient is not: avoid .item(), .detach() or NumPy")
-    with check("padded positions change nothing, and pad_id is the argument (not 0)"):
-        logits, targets = _batch(1)
-        noisy = logits.clone()
-        noisy[targets == 3] = torch.randn(int((targets == 3).sum()), logits.shape[-1], dtype=torch.float64) * 50
-        expect_close(sequence_loss(noisy, targets, 3), sequence_loss(logits, targets, 3),
-                     "the loss after changing the logits at padded positions", atol=1e-10,
-                     hint="positions whose target is pad_id must not count at all, in the sum or in the count")
-    with check("huge logits give a finite loss (log_softmax, not log(softmax))"):
-        logits, targets = _batch(2, scale=1e4)
-        got = sequence_loss(logits.float(), targets, 3)
-        expect_finite(got, "sequence_loss on logits of size 1e4",
-                      hint="log(softmax(x)) is log(0) = -inf when softmax underflows: use x.log_softmax(-1)")
-        expect_close(got, _cross_entropy(logits.float().double(), targets, 3), "sequence_loss on huge logits",
-                     rtol=1e-4)
-    with check("a batch with no real token gives 0, not NaN"):
-        got = sequence_loss(torch.randn(2, 3, 5), torch.full((2, 3), 4), 4)
-        expect_finite(got, "sequence_loss of an all-padding batch", hint="0 real tokens: divide by max(count, 1)")
-        expect_close(got, torch.tensor(0.0), "sequence_loss of an all-padding batch")
+    """Equals F.cross_entropy (pad_id != 0, with and without label smoothing), gradients reach the logits, huge
+    logits finite, a batch of padding gives 0."""
+    run(SEQUENCE_LOSS, sequence_loss)
 
 
 # -- exact_match ---------------------------------------------------------------------------------------------
@@ -169,6 +181,8 @@ def _a_fraction_of_rows(args: dict, got: float, desc: str) -> None:
 
 
 SPECS = {
+    "shift_right": SHIFT_RIGHT,
+    "sequence_loss": SEQUENCE_LOSS,
     "exact_match": Spec(
         "exact_match", _match_rows, dtype=lambda a: float, shape=lambda a: (), scalar=True, tensors=True,
         properties=_a_fraction_of_rows, rtol=0.0, atol=1e-6,
@@ -236,7 +250,8 @@ def _model_loss(model, batch, reduction="mean"):
     tgt = batch["tgt_ids"]
     decoder_in = torch.cat([torch.full((tgt.shape[0], 1), BOS), tgt[:, :-1]], dim=1)  # (B, T)
     logits = model(batch["src_ids"], decoder_in, src_is_real=batch["src_is_real"])  # (B, T, V)
-    return _cross_entropy(logits, tgt, reduction=reduction)
+    return F.cross_entropy(logits.flatten(0, 1), tgt.reshape(-1), ignore_index=PAD,
+                           reduction=reduction)  # (B * T, V) logits against (B * T,) targets
 
 
 def _expect_contract(before, batch, model, who):

@@ -15,6 +15,7 @@ import inspect
 from collections import Counter
 from unittest import mock
 
+import numpy as np
 import torch
 from torch import nn
 
@@ -23,13 +24,13 @@ from decoder_course.checks import (
     causal_leakage_probe,
     check,
     expect_close,
-    expect_dtype,
     expect_inputs_unchanged,
     expect_shape,
     expect_type,
     expect_value_error,
     randomised,
 )
+from decoder_course.spec import Perturbed, Seeded, Spec, run
 from decoder_course.testing import HashedLM
 from decoder_course.twins import torch_twin
 
@@ -67,29 +68,62 @@ WORKED_MERGES = (  # (title, text, vocab_size, the merges, hint)
 )
 
 
+def _tie_text(rng: np.random.Generator, smaller_first: bool) -> str:
+    """Two pairs with the same count; which occurs first (and which is smaller) is chosen."""
+    a, b, c, d = rng.choice(list("klmnpqrstvwxz"), size=4, replace=False)
+    low, high = sorted([a + b, c + d])
+    first, second = (low, high) if smaller_first else (high, low)
+    n = int(rng.integers(3, 6))
+    return f"{first} {second} " + " ".join([first] * n + [second] * n)
+
+
+def _bpe_rows(rng: np.random.Generator) -> list:
+    """Ties (the smaller or the larger pair first), random and Unicode texts, runs of one byte (overlapping pairs),
+    a text that runs out of pairs, vocab_size <= 256, the empty text."""
+    return [(desc, {"text": text, "vocab_size": vocab_size}) for text, vocab_size, desc in [
+        (_tie_text(rng, True), 256 + 3, "a tie between two pairs, the smaller one first"),
+        (_tie_text(rng, False), 256 + 3, "a tie between two pairs, the larger one first"),
+        ("".join(rng.choice(list("ab c\n"), size=400)), 256 + int(rng.integers(20, 30)),
+         "400 random characters over 'ab c\\n'"),
+        ("".join(rng.choice(list(UNICODE_SAMPLE), size=200)), 256 + 25, "200 characters of 1 to 4 bytes"),
+        ("x" * int(rng.integers(7, 12)) + " yy " + "x" * 5, 256 + 6, "long runs of one byte (overlapping pairs)"),
+        ("abab", 256 + 10, "'abab' with room for 10 merges (it runs out of pairs)"),
+        ("hello hello", 200, "vocab_size=200 (no merge)"),
+        ("", 300, "the empty text")]]
+
+
+def _most_frequent_each_step(args: dict, got: list, desc: str) -> None:
+    """Replaying the merges: each is a pair of the sequence at its step, as frequent as any; no more than
+    vocab_size - 256 of them, and fewer only when the sequence has no pair left."""
+    ids, due = list(args["text"].encode("utf-8")), max(args["vocab_size"] - 256, 0)
+    if len(got) > due:
+        raise CheckFailed(f"train_bpe learned {len(got)} merges, at most vocab_size - 256 = {due} are due ({desc})")
+    for k, pair in enumerate(got):
+        counts = Counter(zip(ids, ids[1:]))
+        n = counts.get(pair, 0)
+        if not counts or n != max(counts.values()):
+            if any(t >= 256 + k for t in pair):
+                idea = "it uses an id that does not exist yet: merge k makes token 256 + k"
+            elif n == 0:
+                idea = ("it does not occur in the sequence at that step: after each merge, replace the pair "
+                        "everywhere (merge_pair) and count again on the new sequence")
+            else:
+                idea = (f"another pair occurs {max(counts.values())} times: count every adjacent pair (overlapping, "
+                        "pair_counts) and take the most frequent")
+            raise CheckFailed(f"merge {k}, {pair}, occurs {n} times at its step ({desc}): {idea}")
+        ids = _merged(ids, pair, 256 + k)
+    if len(got) < due and len(ids) >= 2:
+        raise CheckFailed(f"train_bpe stopped after {len(got)} merges, {due} were due ({desc}): merge vocab_size - "
+                          "256 times, stopping early only when fewer than two tokens are left")
+
+
 def check_train_bpe(train_bpe) -> None:
-    """The lesson's worked examples, a tie, runs of one byte, the number of merges, and the merge-order property."""
+    """The lesson's worked examples (a tie, runs of one byte), then the rows: each merge the most frequent pair of
+    its step, vocab_size - 256 of them unless the pairs run out."""
     for title, text, vocab_size, want, hint in WORKED_MERGES:
         with check(title):
             _expect_merges(train_bpe(text, vocab_size), want, f"train_bpe({text!r}, {vocab_size})", hint)
-    with check("vocab_size - 256 merges on a long text; none for vocab_size <= 256 or the empty text"):
-        text = "the quick brown fox jumps over the lazy dog. " * 4
-        merges = train_bpe(text, 256 + 12)
-        if len(merges) != 12:
-            raise CheckFailed(f"train_bpe(text, 268) learned {len(merges)} merges, should be 268 - 256 = 12")
-        if list(train_bpe(text, 250)) or list(train_bpe("", 300)):
-            raise CheckFailed("train_bpe should learn no merge for vocab_size <= 256 or an empty text")
-    with check("every merge is the most frequent pair of the sequence at its step (random Unicode text)"):
-        chars = list("ab é😀\n")
-        draw = torch.randint(0, len(chars), (300,), generator=torch.Generator().manual_seed(0)).tolist()
-        text = "".join(chars[i] for i in draw)
-        ids = list(text.encode("utf-8"))
-        for k, pair in enumerate(train_bpe(text, 256 + 15)):
-            counts = Counter(zip(ids, ids[1:]))
-            if counts.get(tuple(pair), 0) != max(counts.values()):
-                raise CheckFailed(f"merge {k}, {tuple(pair)}, occurs {counts.get(tuple(pair), 0)} times, but a pair "
-                                  f"occurs {max(counts.values())} times at that step: take the most frequent pair")
-            ids = _merged(ids, tuple(pair), 256 + k)
+    run(SPECS["train_bpe"], train_bpe)
 
 
 def check_bpe_tokenizer(BPETokenizer) -> None:  # noqa: N803 - the class under test
@@ -211,35 +245,62 @@ def check_gpt(GPT, KVCache) -> None:  # noqa: N803 - the classes under test
                            f"GPT was given {M + 1} positions with max_len={M}")
 
 
-def check_lm_batches(lm_batches) -> None:
-    """Shapes, shifted targets, windows of the stream, every offset reachable, the generator decides."""
-    ids = torch.randperm(100, generator=torch.Generator().manual_seed(0))[:60] + 5  # distinct: starts read back
+def _batch_rows(rng: np.random.Generator) -> list:
+    """Streams of distinct ids (each window's offset is read back), a seeded generator; a short stream drawn 300
+    times (every start must come up), int32 ids. The first row is called twice with the same seed: the second
+    call must draw the same windows, whatever the global random state has become."""
+    N, block = int(rng.integers(40, 60)), int(rng.integers(5, 9))
+    draws = {"ids": rng.permutation(1000)[:N].astype(np.int64) + 3, "block": block, "batch": 6,
+             "generator": Seeded(int(rng.integers(2**31)))}
+    short = {"ids": rng.permutation(500)[:8].astype(np.int32), "block": 5, "batch": 300,
+             "generator": Seeded(int(rng.integers(2**31)))}
+    return [(f"a stream of N={N} distinct ids, block={block}, batch=6, a seeded generator", draws,
+             Perturbed(draws, lambda x: x, "two calls with generators of the same seed gave different batches: draw "
+                                           "the offsets with torch.randint(..., generator=generator), never from the "
+                                           "global random state")),
+            ("a stream of N=8 int32 ids, block=5, batch=300 (3 possible starts)", short)]
+
+
+def _windows(args: dict, got: list, desc: str) -> None:
+    """Targets are the inputs shifted by one; each row is a window of the stream; a long batch draws every start."""
+    (x, y), ids, block = got, args["ids"], args["block"]
+    if not np.array_equal(x[:, 1:], y[:, :-1]):
+        raise CheckFailed(f"targets are not the inputs shifted by one ({desc}): targets[:, t] is the token that "
+                          "follows inputs[:, t], i.e. ids[o + 1 : o + block + 1]")
     where = {int(v): i for i, v in enumerate(ids.tolist())}
-    with check("inputs and targets (batch, block) int64; targets are the inputs shifted by one; ids unchanged"):
-        x, y = expect_inputs_unchanged(lm_batches, ids, 8, 5, torch.Generator().manual_seed(0))
-        for name, t in (("inputs", x), ("targets", y)):
-            expect_type(t, torch.Tensor, name)
-            expect_shape(t, (5, 8), name)
-            expect_dtype(t, torch.int64, name)
-        if not torch.equal(x[:, 1:], y[:, :-1]):
-            raise CheckFailed("targets[:, :-1] should equal inputs[:, 1:]: the target of position t is token t + 1")
-        for r in range(5):
-            o = where[int(x[r, 0])]
-            if not torch.equal(x[r], ids[o:o + 8]) or not torch.equal(y[r], ids[o + 1:o + 9]):
-                raise CheckFailed(f"row {r} is not ids[o : o + block] with targets ids[o + 1 : o + block + 1]")
-    with check("the same generator seed gives the same batch, whatever the global random state"):
-        _expect_seeded(lambda g: torch.cat(lm_batches(ids, 8, 5, g)), "lm_batches",  # inputs, then targets
-                       "draw the offsets with torch.randint(..., generator=generator)")
-    with check("every start 0 .. N - block - 1 can be drawn, and no other"):
-        short = torch.arange(10, 18)  # N = 8, block = 5: starts 0, 1, 2
-        x, _ = lm_batches(short, 5, 200, torch.Generator().manual_seed(0))
-        starts = set((x[:, 0] - 10).tolist())
-        if starts != {0, 1, 2}:
-            raise CheckFailed(f"the starts drawn were {sorted(starts)}, should be all of 0, 1, 2 for N=8, block=5: "
-                              "torch.randint(0, N - block, (batch,)) (the high end is exclusive)")
-    with check("a stream of N <= block tokens raises ValueError"):
-        expect_value_error(lambda: lm_batches(torch.arange(6), 6, 2, torch.Generator().manual_seed(0)),
-                           "lm_batches was given a stream of 6 tokens with block=6: no window has a target")
+    starts = [where.get(int(row[0]), -1) for row in x]
+    for r, o in enumerate(starts):
+        if o < 0 or o + block + 1 > len(ids) or not np.array_equal(x[r], ids[o:o + block]) \
+                or not np.array_equal(y[r], ids[o + 1:o + block + 1]):
+            raise CheckFailed(f"row {r} is not a window ids[o : o + block] with its targets ids[o + 1 : o + block + "
+                              f"1] ({desc})")
+    if len(x) >= 100 * (len(ids) - block) and set(starts) != set(range(len(ids) - block)):
+        raise CheckFailed(f"the starts drawn were {sorted(set(starts))}, but every start 0 .. N - block - 1 = "
+                          f"{len(ids) - block - 1} must be possible ({desc}): torch.randint(0, N - block, (batch,)) "
+                          "(its high end is exclusive)")
+
+
+SPECS = {
+    "train_bpe": Spec(
+        "train_bpe", _bpe_rows, dtype=lambda a: None, shape=lambda a: (), listed=True,
+        properties=_most_frequent_each_step,
+        hint="On a tie take the pair that occurs first in the current sequence (max(counts, key=counts.get) over "
+             "pair_counts, whose keys are in order of first occurrence), not the smallest or the largest pair."),
+    "lm_batches": Spec(
+        "lm_batches", _batch_rows, dtype=lambda a: np.int64, shape=lambda a: ((a["batch"], a["block"]),) * 2,
+        outputs=("inputs", "targets"), axes=("batch, block",) * 2, properties=_windows, tensors=True,
+        refused=(("a stream of N = block tokens", {"ids": np.arange(6), "block": 6, "batch": 2,
+                                                    "generator": Seeded(0)},
+                  "lm_batches was handed a stream of N = block tokens, and there is no window with a target"),),
+        hint="The windows are valid but not the ones the generator's draws select: draw exactly torch.randint(0, "
+             "N - block, (batch,), generator=generator), once, as the offsets."),
+}
+
+
+def check_lm_batches(lm_batches) -> None:
+    """(batch, block) int64 pairs, shifted targets, windows of the stream, every start reachable, the generator
+    decides, a stream of N <= block refused."""
+    run(SPECS["lm_batches"], lm_batches)
 
 
 def check_generate(generate) -> None:
