@@ -85,10 +85,10 @@ def fingerprint(lessons) -> str:
     # the shared check code: every module of autograder/checks that is not one lesson's, and what decides with it
     shared = [p for p in sorted((root / "autograder" / "checks").glob("*.py")) if not p.name[:1] == "l"]
     paths = [*shared, root / "autograder" / "verdicts.py", root / "autograder" / "policy.py",
-             root / "decoder_course" / "harvest.py", root / "decoder_course" / "__init__.py"]
+             root / "autograder" / "mutants" / "__init__.py", *sorted((root / "decoder_course").glob("*.py"))]
     for lesson in sorted(set(lessons)):
         paths.append(notebooks.solution_path(lesson))
-        paths += [lessons_registry.path(lesson, kind) for kind in ("reference", "checks", "visible")]
+        paths += [lessons_registry.path(lesson, kind) for kind in ("reference", "checks", "visible", "mutants")]
     for path in paths:
         digest.update(str(path.relative_to(root)).encode() + b"\0")
         digest.update(path.read_bytes() if path.exists() else b"(missing)")

@@ -557,7 +557,7 @@ def _solution_lines(lesson: str) -> set[str]:
 
 def _hidden_test_lines() -> set[str]:
     """Code of the lesson's hidden checks (not their teaching messages, which feedback shows on purpose)."""
-    source = "".join((ROOT / "autograder" / "checks" / name).read_text() for name in ("l01_masks.py", "spec.py"))
+    source = "".join((ROOT / "autograder" / "checks" / name).read_text() for name in ("spec.py", "judges.py"))
     return {line.strip() for line in source.splitlines()
             if len(line.strip()) > 25 and not re.search(r"[\"'#]", line)}
 

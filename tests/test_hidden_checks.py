@@ -12,6 +12,7 @@ import re
 import pytest
 
 from autograder import lessons, notebooks, samples, verdicts
+from autograder.checks.framework import Exercise
 
 LESSONS = lessons.ids()
 
@@ -157,13 +158,28 @@ def test_wrong_answer_on_a_wrong_building_block_is_still_caught(lesson, item, be
         f"'{wrong[1]}' passed {item} when {below[0]} was also wrong ('{below[1]}')")
 
 
-def test_every_lesson_has_its_four_modules_and_nothing_is_stray():
-    """autograder.lessons: a lesson's modules are named after its id; none is missing, none belongs to no lesson."""
+def test_every_lesson_has_its_modules_and_nothing_is_stray():
+    """autograder.lessons: a lesson's modules are named after its id; none is missing, none belongs to no lesson;
+    a checks module only where an exercise is still an Exercise class, a mutants module only where a wrong answer is
+    not a patch of the reference."""
     ids = lessons.ids()
     assert ids[0] == "00-setup" and len(ids) >= 13
     for lesson in ids:
-        for kind in ("reference", "checks", "visible", "mutants"):
+        for kind in ("reference", "visible"):
             assert lessons.path(lesson, kind).is_file(), f"{lesson} has no {kind} module"
+        checks = lessons.optional_module(lesson, "checks")
+        specs = getattr(lessons.module(lesson, "visible"), "SPECS", {})
+        if checks is not None:
+            classes = [name for name, cls in vars(checks).items()
+                       if isinstance(cls, type) and issubclass(cls, Exercise) and cls.__module__ == checks.__name__]
+            assert classes, f"{lessons.path(lesson, 'checks').name} registers no Exercise class: drop it"
+        for item in lessons.exercises(lesson):
+            assert item in verdicts.exercises_for(lesson), f"{lesson} {item}: neither a spec nor an Exercise class"
+        assert set(specs) <= set(lessons.exercises(lesson)) | set(lessons.given(lesson)), (
+            f"{lesson}: specs of no exercise: {sorted(set(specs) - set(lessons.exercises(lesson)))}")
+        mutants = lessons.optional_module(lesson, "mutants")
+        if mutants is not None:
+            assert mutants.MUTANTS, f"{lessons.path(lesson, 'mutants').name} holds no whole wrong answer"
     known = {lessons.path(lesson, kind).name for lesson in ids for kind in ("checks", "visible", "mutants")}
     for folder, prefix in (("autograder/checks", "l"), ("decoder_course/visible", "l"), ("autograder/mutants", "m")):
         stray = [p.name for p in (notebooks.ROOT / folder).glob(f"{prefix}[0-9][0-9]_*.py") if p.name not in known]
