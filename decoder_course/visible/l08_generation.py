@@ -104,9 +104,10 @@ def trap_tree(rng: np.random.Generator, V: int) -> dict:
 
 # -- what any generated batch satisfies ------------------------------------------------------------------------------
 def expect_generated(ids, B: int, max_len: int, pad_id: int = 0, what: str = "the output", desc: str = "",
-                     eos_id: int = EOS) -> list[int]:
+                     eos_id: int = EOS, special: bool = True) -> list[int]:
     """Generated ids: (B, L) integers, L <= max_len, without BOS; each row stops at its first EOS (or runs to
-    max_len) and holds only pad_id after it; L is the longest row. Returns the rows' lengths."""
+    max_len) and holds only pad_id after it; L is the longest row. Where the model never generates pad_id nor BOS
+    (``special``), neither may come before a row's end. Returns the rows' lengths."""
     at = f" ({desc})" if desc else ""
     if not isinstance(ids, np.ndarray):
         expect_type(ids, torch.Tensor, what)
@@ -119,7 +120,7 @@ def expect_generated(ids, B: int, max_len: int, pad_id: int = 0, what: str = "th
                           "counts the generated tokens, EOS included; BOS is not part of the output")
     lengths = []
     for b, row in enumerate(ids.tolist()):
-        if row and row[0] == BOS and BOS not in (eos_id, pad_id):
+        if special and row and row[0] == BOS and BOS not in (eos_id, pad_id):
             raise CheckFailed(f"row {b} of {what} starts with BOS{at}: return the generated tokens only, without the "
                               "BOS every row started from")
         end = row.index(eos_id) + 1 if eos_id in row else len(row)
@@ -131,7 +132,7 @@ def expect_generated(ids, B: int, max_len: int, pad_id: int = 0, what: str = "th
                               "and every later position must be pad_id. Keep a `finished` flag per row")
         if eos_id not in row and len(row) < max_len:
             raise CheckFailed(f"row {b} of {what} stopped before max_len = {max_len} without an EOS{at}")
-        if pad_id in row[:end] and pad_id != eos_id:
+        if special and pad_id in row[:end] and pad_id != eos_id:
             raise CheckFailed(f"row {b} of {what} holds pad_id before its end{at}: only finished rows are padded "
                               f"(pad_id = {pad_id} here, not necessarily 0)")
         lengths.append(end)
