@@ -25,6 +25,7 @@ from autograder.reference import generation as ref_gen
 from autograder.reference import kv_cache as ref
 from autograder.reference.model import Seq2SeqTransformer
 from decoder_course.conventions import BOS
+from decoder_course.visible.l08_generation import expect_generated
 from decoder_course.visible.l09_kv_cache import CACHED_CAUSAL_MASK
 
 LESSON = "09-kv-cache"
@@ -301,7 +302,7 @@ def _decoding_case(case_id: str, desc: str, fn: str, state: dict, norm_first: bo
     """``fn(m, src_ids, max_len, BOS, eos_id, src_is_real=mask, **kwargs)`` on the notebook's model, recorded as
     ``out``, with a CallCounter on each layer's ``cross_attn.k_proj`` (``calls{i}``) and ``src_ids`` recorded again
     after the call."""
-    case = Case(case_id, desc, data={"want": want, "src": src, "B": len(src), "eos_id": eos_id,
+    case = Case(case_id, desc, data={"want": want, "src": src, "B": len(src), "eos_id": eos_id, "max_len": max_len,
                                      "pad_id": kwargs.get("pad_id", 0)})
     _build(case, state, norm_first)
     case.let("layers", {"attr": ["m", "decoder", "layers"]})
@@ -320,26 +321,20 @@ def _decoding_case(case_id: str, desc: str, fn: str, state: dict, norm_first: bo
 
 def _judge_decoding(result: Result, uses: tuple[str, ...], fn: str, like: str, outputs: str, hint, run: str,
                     memory: str) -> None:
-    """Each :func:`_decoding_case`: (B, L) ids, pad_id after each row's EOS, then the ``outputs`` of ``like``
-    (``hint(got, want)`` says what to look at), the memory projected once per layer in one ``run``, ``src_ids``
-    unchanged."""
+    """Each :func:`_decoding_case`: the ids of a generated batch (the public property), then the ``outputs`` of
+    ``like`` (``hint(got, want)`` says what to look at), the memory projected once per layer in one ``run``,
+    ``src_ids`` unchanged."""
     for case in result.cases.values():
         _raise_with_dependencies(result, case, uses)
         d = case.data
-        want = d["want"]
         got = result.get(case.id, "out", what=f"{fn}(...)", kind="tensor", dtype="int")
-        if got.ndim != 2 or got.shape[0] != d["B"]:
-            raise Fail(f"{fn} should return (B, L) ids with B = {d['B']}, got shape {tuple(got.shape)} "
-                       f"({case.desc}).")
-        for b, row in enumerate(got.tolist()):
-            if d["eos_id"] in row and any(t != d["pad_id"] for t in row[row.index(d["eos_id"]) + 1:]):
-                raise Fail(f"row {b} of {fn}'s output goes on after its EOS ({case.desc}): a finished row gets "
-                           f"pad_id at every later step, as in {like}.")
-        if got.shape != want.shape or not np.array_equal(got, want):
-            starts_with_bos = got.shape[1] == want.shape[1] + 1 and got.shape[1] > 0 and (got[:, 0] == BOS).all()
-            raise Fail(f"{fn} does not give {like}'s {outputs} ({case.desc}). "
-                       + ("Your output starts with BOS: return the generated tokens only." if starts_with_bos else
-                          hint(got, want)))
+        with spec.shared():
+            expect_generated(got, d["B"], d["max_len"], d["pad_id"], f"{fn}'s output", case.desc, d["eos_id"],
+                             special=False)  # pad_id may be a token the model generates
+        if got.shape != d["want"].shape or not np.array_equal(got, d["want"]):
+            with_bos = got.shape[1] == d["want"].shape[1] + 1 and got.shape[1] > 0 and (got[:, 0] == BOS).all()
+            raise Fail(f"{fn} does not give {like}'s {outputs} ({case.desc}). " + (
+                "Your output starts with BOS: return the generated tokens only." if with_bos else hint(got, d["want"])))
         for i in range(LAYERS):
             calls = int(result.get(case.id, f"calls{i}", what="the number of memory projections", kind="any"))
             if calls > 1:

@@ -69,13 +69,16 @@ def shared():
 
 def _value(case: Case, value, tensors: bool, grad: bool = False):
     """An argument as the kernel's harvest takes it: arrays sent aside (NumPy ones as tensors: ``tensors``; a
-    bfloat16 tensor widened, with its dtype named), dtypes by name, the rest as JSON."""
+    bfloat16 tensor widened, with its dtype named), dtypes by name, an object that says how to build it (a
+    ``spec`` attribute: a stand-in model) as that, the rest as JSON."""
     if isinstance(value, Built):  # one of the notebook's modules, built, loaded and in eval mode in the kernel
         name = f"_built{len(case.steps)}"
         _build(case, value.cls, value.init, let=name)
         case.load_state(name, value.state)
         case.eval(name)
         return {"ref": name}
+    if isinstance(getattr(value, "spec", None), dict):
+        return value.spec
     if _is_tensor(value):
         bf16 = str(value.dtype) == "torch.bfloat16"
         return case.tensor(value.float() if bf16 else value, dtype="bfloat16" if bf16 else None)

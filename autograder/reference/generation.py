@@ -29,8 +29,8 @@ def greedy_decode(
 ) -> torch.Tensor:
     """Generate by always taking the most likely next token, for a batch, each row stopping at its EOS.
 
-    Each row is decoded as if alone: ``src_is_real`` reaches ``encode`` and ``decode``. The caller's ``src_ids`` are
-    unchanged.
+    Each row is decoded as if alone: ``src_is_real`` reaches ``encode`` and ``decode``. The caller's ``src_ids`` and
+    ``src_is_real`` are unchanged.
 
     Shape:
         src_ids (B, S), src_is_real (B, S) bool or None -> ids (B, L), L <= max_len, without BOS,

@@ -23,9 +23,10 @@ from decoder_course.checks import (
     expect_inputs_unchanged,
     expect_shape,
     expect_type,
+    to_numpy,
 )
 from decoder_course.conventions import BOS, EOS
-from decoder_course.spec import Spec, run
+from decoder_course.spec import Keyword, Spec, run
 from decoder_course.testing import HashedLogitsModel, ScriptedModel, sequence_log_prob
 
 # Greedy takes 3 (0.5) then 5 (0.4): 0.20. The most likely sequence is 4 (0.4) then 5 (0.9): 0.36.
@@ -45,61 +46,6 @@ def _padded_source(lengths, S=6, V=12, seed=0, pad_id=0):
     return src.masked_fill(~is_real, pad_id), is_real
 
 
-def _expect_ids(out, B: int, max_len: int, what: str) -> None:
-    expect_type(out, torch.Tensor, what)
-    expect_dtype(out, "integer", what)
-    if out.dim() != 2 or out.shape[0] != B:
-        raise CheckFailed(f"{what} should have shape (B, L) = ({B}, L), got {tuple(out.shape)}")
-    if out.shape[1] > max_len:
-        raise CheckFailed(f"{what} has {out.shape[1]} tokens per row, more than max_len = {max_len}: max_len "
-                          "counts generated tokens, EOS included, and BOS is not part of the output")
-
-
-def _expect_eos_padding(out, eos_id: int, pad_id: int, max_len: int, what: str) -> list[int]:
-    """Each row: no padding before its first EOS, only pad_id after it; L is the longest row. Returns lengths."""
-    lengths = []
-    for b, row in enumerate(out.tolist()):
-        if row and row[0] == BOS and BOS not in (eos_id, pad_id):
-            raise CheckFailed(f"row {b} of {what} starts with BOS ({BOS}): return the generated tokens only, "
-                              "without the BOS you started from")
-        end = row.index(eos_id) + 1 if eos_id in row else len(row)
-        if eos_id not in row and len(row) < max_len:
-            raise CheckFailed(f"row {b} of {what} has no EOS but stops after {len(row)} < max_len = {max_len} "
-                              f"tokens: {row}")
-        after = row[end:]
-        if any(t != pad_id for t in after):
-            raise CheckFailed(f"row {b} of {what} goes on after its EOS: {row}. Once a row has emitted EOS it is "
-                              f"finished: every later position must be pad_id = {pad_id}")
-        if pad_id in row[:end] and pad_id != eos_id:
-            raise CheckFailed(f"row {b} of {what} holds pad_id = {pad_id} before its end: {row}")
-        lengths.append(end)
-    if lengths and max(lengths) != out.shape[1]:
-        raise CheckFailed(f"{what} has L = {out.shape[1]} columns but its longest row ends after {max(lengths)} "
-                          "tokens: stop the loop as soon as every row has finished (L is the longest row)")
-    return lengths
-
-
-ROWS_MIX = "rows must not mix (one finished mask entry per row), and src_is_real must reach encode and decode"
-
-
-def _expect_padded_batch(decode, model, src, is_real, max_len: int, pad_id: int, hint: str = ROWS_MIX,
-                         **options) -> list[int]:
-    """``decode`` on a padded batch: ids (B, L), the caller's tensors untouched, each row stopping at its own EOS and
-    padded after it, and each row what the same decode gives on that row alone, without its padding. Returns the
-    rows' lengths."""
-    what = f"{getattr(decode, '__name__', 'decode')}(...)"
-    out = expect_inputs_unchanged(decode, model, src, max_len, BOS, EOS, src_is_real=is_real, pad_id=pad_id,
-                                  **options)
-    _expect_ids(out, len(src), max_len, what)
-    lengths = _expect_eos_padding(out, EOS, pad_id, max_len, what)
-    for b in range(len(src)):
-        alone = decode(model, src[b : b + 1, : int(is_real[b].sum())], max_len, BOS, EOS, pad_id=pad_id, **options)
-        if out[b, : alone.shape[1]].tolist() != alone[0].tolist():
-            raise CheckFailed(f"row {b} of the batch gives {out[b].tolist()}, the same source decoded alone gives "
-                              f"{alone[0].tolist()}: {hint}")
-    return lengths
-
-
 def _expect_seeded(run, what: str, hint: str, other: str | None = None, judge=None):
     """``run(generator)`` gives the same result twice with generator seed 5 under two different global random states
     (the generator alone decides), and, where ``other`` says why it must, another result with seed 6. ``judge``
@@ -116,27 +62,245 @@ def _expect_seeded(run, what: str, hint: str, other: str | None = None, judge=No
     return first
 
 
+# -- stand-in models that a grader's kernel can build again from plain data ------------------------------------------
+def hashed_model(V: int, seed: int, **kwargs) -> HashedLogitsModel:
+    """A HashedLogitsModel whose ``spec`` is the plain data that builds the same model elsewhere."""
+    model = HashedLogitsModel(V, seed, **kwargs)
+    model.spec = {"new": "decoder_course.testing:HashedLogitsModel", "args": [V, seed], "kwargs": kwargs}
+    return model
+
+
+def _tree_data(tree: dict) -> list:
+    """A probability tree {token: (p, child)} as JSON-friendly nested lists [[token, p, child], ...]."""
+    return [[int(token), float(p), None if child is None else _tree_data(child)] for token, (p, child) in
+            tree.items()]
+
+
+def scripted_model(V: int, tree: dict | None = None, **kwargs) -> ScriptedModel:
+    """A ScriptedModel (from a tree, or a ``table=``) whose ``spec`` builds the same model elsewhere."""
+    model = ScriptedModel(V, tree=tree, **kwargs)
+    model.spec = {"new": "decoder_course.testing:ScriptedModel", "args": [V],
+                  "kwargs": {"tree": _tree_data(tree), **kwargs} if tree else kwargs}
+    return model
+
+
+def padded_source(rng: np.random.Generator, lengths, S: int, V: int, pad_id: int = 0) -> tuple[np.ndarray, np.ndarray]:
+    """Source ids (B, S) with real tokens in 3..V-1 (never pad_id) and pad_id after each row's length; is_real."""
+    is_real = np.arange(S)[None, :] < np.asarray(lengths)[:, None]  # (B, S)
+    src = rng.integers(3, V, size=(len(lengths), S))
+    src[src == pad_id] = 3 if pad_id != 3 else 4  # a real token never reads as padding
+    return np.where(is_real, src, pad_id), is_real
+
+
+def trap_tree(rng: np.random.Generator, V: int) -> dict:
+    """A probability tree where the greedy path (the most likely first token) is less likely than another."""
+    a, b, *kids = (int(t) for t in rng.choice(np.arange(3, V), size=6, replace=False))
+    p_a = float(rng.uniform(0.48, 0.55))  # EOS takes 0.1; a is the most likely first token
+    split = rng.permutation([0.42, 0.33, 0.25])  # a's children: at most 0.55 * 0.42 = 0.23 in all
+    p_c = float(rng.uniform(0.85, 0.95))  # b's best child: at least 0.35 * 0.85 = 0.30 in all
+    return {a: (p_a, {kids[i]: (float(split[i]), None) for i in range(3)}),
+            b: (0.9 - p_a, {kids[3]: (p_c, None), kids[0]: (1.0 - p_c, None)}), EOS: (0.1, None)}
+
+
+# -- what any generated batch satisfies ------------------------------------------------------------------------------
+def expect_generated(ids, B: int, max_len: int, pad_id: int = 0, what: str = "the output", desc: str = "",
+                     eos_id: int = EOS, special: bool = True) -> list[int]:
+    """Generated ids: (B, L) integers, L <= max_len, without BOS; each row stops at its first EOS (or runs to
+    max_len) and holds only pad_id after it; L is the longest row. Where the model never generates pad_id nor BOS
+    (``special``), neither may come before a row's end. Returns the rows' lengths."""
+    at = f" ({desc})" if desc else ""
+    if not isinstance(ids, np.ndarray):
+        expect_type(ids, torch.Tensor, what)
+        expect_dtype(ids, "integer", what)
+    ids = to_numpy(ids)
+    if ids.ndim != 2 or ids.shape[0] != B:
+        raise CheckFailed(f"{what} should have shape (B, L) with B = {B}, got {tuple(ids.shape)}{at}")
+    if ids.shape[1] > max_len:
+        raise CheckFailed(f"{what} has {ids.shape[1]} tokens per row, more than max_len = {max_len}{at}: max_len "
+                          "counts the generated tokens, EOS included; BOS is not part of the output")
+    lengths = []
+    for b, row in enumerate(ids.tolist()):
+        if special and row and row[0] == BOS and BOS not in (eos_id, pad_id):
+            raise CheckFailed(f"row {b} of {what} starts with BOS{at}: return the generated tokens only, without the "
+                              "BOS every row started from")
+        end = row.index(eos_id) + 1 if eos_id in row else len(row)
+        if pad_id != 0 and row[end:] and all(t == 0 for t in row[end:]):
+            raise CheckFailed(f"row {b} of {what} is padded with 0 after its EOS, but pad_id is {pad_id} here{at}: "
+                              "pad with the pad_id argument")
+        if any(t != pad_id for t in row[end:]):
+            raise CheckFailed(f"row {b} of {what} goes on after its EOS{at}: a row that has emitted EOS is finished, "
+                              "and every later position must be pad_id. Keep a `finished` flag per row")
+        if eos_id not in row and len(row) < max_len:
+            raise CheckFailed(f"row {b} of {what} stopped before max_len = {max_len} without an EOS{at}")
+        if special and pad_id in row[:end] and pad_id != eos_id:
+            raise CheckFailed(f"row {b} of {what} holds pad_id before its end{at}: only finished rows are padded "
+                              f"(pad_id = {pad_id} here, not necessarily 0)")
+        lengths.append(end)
+    if lengths and max(lengths) < ids.shape[1]:
+        raise CheckFailed(f"{what} has L = {ids.shape[1]} columns but its longest row ends after {max(lengths)} "
+                          f"tokens{at}: stop as soon as every row has finished; L is the length of the longest row")
+    return lengths
+
+
+# -- greedy_decode and beam_search, as specs on the stand-in models --------------------------------------------------
+def _decoding(model, src: np.ndarray, max_len: int, is_real: np.ndarray | None = None, pad_id: int = 0,
+              **options) -> dict:
+    """A decoder's arguments by name: (model, src_ids, max_len, BOS, EOS, [beam_size=, length_penalty=,]
+    src_is_real=, pad_id=), the last two only where given."""
+    args = {"model": model, "src_ids": src, "max_len": max_len, "bos_id": BOS, "eos_id": EOS}
+    args |= {name: Keyword(value) for name, value in options.items()}
+    if is_real is not None:
+        args["src_is_real"] = Keyword(is_real)
+    return args | ({"pad_id": Keyword(pad_id)} if pad_id else {})
+
+
+def _sources(args: dict) -> list[np.ndarray]:
+    """Each row's real source tokens: what the row reads when decoded alone."""
+    real = args.get("src_is_real")
+    return [row if real is None else row[real[b]] for b, row in enumerate(args["src_ids"])]
+
+
+def _log_probs(model, source: np.ndarray, prefix: list[int]) -> np.ndarray:
+    """log softmax (float64) of the model's logits for the token after BOS + ``prefix``, reading ``source`` alone."""
+    with torch.no_grad():
+        logits = model(torch.from_numpy(np.asarray(source)[None]), torch.tensor([[BOS, *prefix]]))[0, -1]
+    return logits.double().log_softmax(-1).numpy()
+
+
+def _expect_argmax(args: dict, got: np.ndarray, lengths: list[int], what: str, desc: str) -> None:
+    """Every generated token is the most likely one after its row's prefix, the row reading its own source."""
+    model = args["model"]
+    for b, source in enumerate(_sources(args)):
+        for t, token in enumerate(got[b, : lengths[b]].tolist()):
+            log_p = _log_probs(model, source, got[b, :t].tolist())
+            if log_p[token] < log_p.max():
+                padded = args.get("src_is_real") is not None and token == _log_probs(
+                    model, args["src_ids"][b], got[b, :t].tolist()).argmax()
+                raise CheckFailed(f"token {t} of row {b} of {what} is not the most likely one after its prefix "
+                                  f"({desc}): " + ("it is the most likely when the source padding counts: pass "
+                                                   "src_is_real to encode and decode" if padded else
+                                                   "at each step take the argmax of the last position's logits "
+                                                   "(logits[:, -1]), every row reading its own source"))
+
+
+def _greedy_properties(args: dict, got: np.ndarray, desc: str) -> None:
+    lengths = expect_generated(got, len(args["src_ids"]), args["max_len"], args.get("pad_id", 0),
+                               "greedy_decode's output", desc)
+    _expect_argmax(args, got, lengths, "greedy_decode's output", desc)
+
+
+def _greedy_rows(rng: np.random.Generator) -> list:
+    V, pad_id, max_len = int(rng.integers(10, 14)), int(rng.integers(5, 9)), int(rng.integers(3, 7))
+    src, is_real = padded_source(rng, [7, *rng.integers(1, 8, size=5)], 7, 14, pad_id)
+    short, short_real = padded_source(rng, [4, 2], 4, 12)
+    seeds = [int(s) for s in rng.integers(2**31, size=3)]
+    never = hashed_model(12, seeds[1], eos_bias=-50.0)  # EOS never wins
+    return [(f"a scripted tree, B=3, V={V}", _decoding(scripted_model(V, trap_tree(rng, V)),
+                                                       np.zeros((3, 4), np.int64), 8)),
+            (f"B=6, S=7, V=14, pad_id={pad_id}, padded sources with src_is_real",
+             _decoding(hashed_model(14, seeds[0], eos_bias=0.8, pad_id=pad_id), src, 9, is_real, pad_id)),
+            (f"B=2, a model that never emits EOS, max_len={max_len}", _decoding(never, short, max_len, short_real)),
+            ("B=2, max_len=0", _decoding(never, short, 0, short_real)),
+            ("B=1, S=5, src_is_real=None", _decoding(hashed_model(12, seeds[2], eos_bias=0.2),
+                                                     rng.integers(3, 12, size=(1, 5)), 12))]
+
+
+def _complete(model, source: np.ndarray, max_len: int, most: int) -> list[tuple[list[int], float]] | None:
+    """Every complete sequence after ``source`` (ended by EOS, or max_len long) with its float64 log-probability;
+    None when there are more than ``most`` (each open prefix ends in at least one)."""
+    done, open_ = [], [([], 0.0)]
+    while open_:
+        prefix, score = open_.pop()
+        if prefix and (prefix[-1] == EOS or len(prefix) == max_len):
+            done.append((prefix, score))
+            continue
+        log_p = _log_probs(model, source, prefix)
+        open_ += [(prefix + [int(t)], score + log_p[t]) for t in np.flatnonzero(np.isfinite(log_p))]
+        if len(done) + len(open_) > most:
+            return None
+    return done
+
+
+def _gnmt(item: tuple[list[int], float], alpha: float) -> float:
+    """A complete sequence's length-normalised score, GNMT's log_prob / ((5 + len) / 6) ** alpha."""
+    return item[1] / ((5 + len(item[0])) / 6) ** alpha
+
+
+def _beam_properties(args: dict, got: np.ndarray, desc: str) -> None:
+    """Per row: EOS and padding; with beam_size 1, greedy; with a beam wide enough to keep every candidate, the
+    best complete sequence by the length-normalised score (an exhaustive search)."""
+    what, K, alpha = "beam_search's output", args.get("beam_size", 4), args.get("length_penalty", 1.0)
+    lengths = expect_generated(got, len(args["src_ids"]), args["max_len"], args.get("pad_id", 0), what, desc)
+    if K == 1:
+        _expect_argmax(args, got, lengths, what + " (beam_size=1 is greedy decoding)", desc)
+    for b, source in enumerate(_sources(args)):
+        every = _complete(args["model"], source, args["max_len"], K)
+        best = every and max(every, key=lambda item: _gnmt(item, alpha))[0]
+        if every and got[b, : lengths[b]].tolist() != best:
+            raw = got[b, : lengths[b]].tolist() == max(every, key=lambda item: item[1])[0]
+            raise CheckFailed(
+                f"row {b} of {what} is not the best sequence ({desc}), though the beam is wide enough to keep every "
+                "candidate. " + ("Yours is the best by raw log-probability: pick each row's winner by log_prob / "
+                                 "((5 + len) / 6) ** length_penalty, len counting tokens up to and including EOS" if raw
+                                 else "Each row's beams read that row's source (row b * K + j is beam j of sequence b: "
+                                 "repeat_interleave); keep finished beams with their score, extended only by pad_id at "
+                                 "log-probability 0; rank by total log-probability, normalise once at the end"))
+
+
+def _beam_rows(rng: np.random.Generator) -> list:
+    V, pad_id, alpha = int(rng.integers(10, 14)), int(rng.integers(5, 9)), float(rng.choice([1.0, 2.5]))
+    tree = scripted_model(V, trap_tree(rng, V))
+    rows = [(f"a scripted tree where the most likely sequence does not start with the most likely token, B=2, V={V}, "
+             "beam_size=2, length_penalty=0", _decoding(tree, np.zeros((2, 3), np.int64), 6, beam_size=2,
+                                                        length_penalty=0.0))]
+    for _ in range(200):  # 128 beams keep every candidate of V=6 (PAD and BOS impossible) up to max_len 4
+        model = hashed_model(6, int(rng.integers(2**31)), eos_bias=0.5, scale=1.5, special_logit=-math.inf)
+        src, is_real = padded_source(rng, [3, 5], 5, 6)
+        ranked = [sorted(_complete(model, s, 4, 128), key=lambda item: -_gnmt(item, alpha))
+                  for s in _sources({"src_ids": src, "src_is_real": is_real})]
+        if all(_gnmt(r[0], alpha) - _gnmt(r[1], alpha) > 1e-3 and r[0][0][-1] == EOS for r in ranked) and any(
+                r[0][0] != max(r, key=lambda item: item[1])[0] for r in ranked):
+            break  # clear winners, and the length penalty changes one
+    rows.append((f"B=2, V=6, beam_size=128 (wide enough to keep every candidate), max_len=4, length_penalty={alpha}",
+                 _decoding(model, src, 4, is_real, beam_size=128, length_penalty=alpha)))
+    src, is_real = padded_source(rng, rng.integers(1, 7, size=6), 6, 12, pad_id)
+    rows.append((f"B=6 padded sources, V=12, pad_id={pad_id}, beam_size=3, length_penalty=0.6",
+                 _decoding(hashed_model(12, int(rng.integers(2**31)), eos_bias=0.7, pad_id=pad_id), src, 10, is_real,
+                           pad_id, beam_size=3, length_penalty=0.6)))
+    src, is_real = padded_source(rng, [5, 2, 4], 5, 12)
+    rows.append(("B=3 padded sources, beam_size=1", _decoding(hashed_model(12, int(rng.integers(2**31)), eos_bias=0.5),
+                                                              src, 9, is_real, beam_size=1)))
+    alone = hashed_model(12, int(rng.integers(2**31)), eos_bias=0.3)
+    return rows + [("B=1, beam_size=4, length_penalty=1.0, src_is_real=None",
+                    _decoding(alone, rng.integers(3, 12, size=(1, 4)), 8, beam_size=4, length_penalty=1.0))]
+
+
+def _ids_contract(**kwargs) -> dict:
+    """The decoders' shared contract: integer ids (B, L), L found by the properties."""
+    return dict(dtype=lambda a: "integer", shape=lambda a: (len(a["src_ids"]), None), axes="B, L", tensors=True,
+                rtol=0.0, atol=0.0, **kwargs)
+
+
+DECODERS = {
+    "greedy_decode": Spec("greedy_decode", _greedy_rows, properties=_greedy_properties, **_ids_contract(
+        hint="At each step take the argmax of the last position's logits (logits[:, -1]) for every row.")),
+    "beam_search": Spec("beam_search", _beam_rows, properties=_beam_properties, **_ids_contract(
+        hint="Lay out beams as B·K rows (row b·K + j is beam j of sequence b), repeat the memory and src_is_real with "
+             "repeat_interleave, start with only beam 0 alive, reorder the histories after each topk, keep finished "
+             "beams, and pick the winner by the length-normalised score.")),
+}
+
+
 def check_greedy_decode(greedy_decode) -> None:
-    """The tree's greedy path, a padded batch row by row, EOS and padding, max_len, a pad id that is not 0."""
-    tree = ScriptedModel.from_tree(TREE, vocab_size=10)
+    """The lesson's tree, then the rows: EOS and padding per row, each token the argmax after its own prefix."""
     with check("greedy_decode on the lesson's tree gives 3, 5, EOS for every row"):
-        src = torch.zeros(3, 4, dtype=torch.long)
-        out = expect_inputs_unchanged(greedy_decode, tree, src, 10, BOS, EOS)
-        _expect_ids(out, 3, 10, "greedy_decode(tree_model, ...)")
+        out = greedy_decode(ScriptedModel.from_tree(TREE, vocab_size=10), torch.zeros(3, 4, dtype=torch.long), 10,
+                            BOS, EOS)
+        expect_generated(out, 3, 10, what="greedy_decode(tree_model, ...)")
         expect_close(out, torch.tensor([[3, 5, EOS]] * 3), "greedy_decode(tree_model, ...)",
                      hint="at each step take the argmax of the LAST position's logits, append it, and stop once "
                           "every row has emitted EOS")
-    with check("a padded batch: each row as if alone, stopping at its own EOS, pad_id = 7 after it"):
-        model = HashedLogitsModel(12, seed=3, eos_bias=0.6, pad_id=7)
-        lengths = _expect_padded_batch(greedy_decode, model, *_padded_source([2, 6, 4, 5, 3], seed=1, pad_id=7), 9, 7)
-        if len(set(lengths)) < 2:
-            raise CheckFailed(f"every row stopped after {lengths[0]} tokens; on this batch they should not")
-    with check("max_len is respected when no row ever emits EOS, and max_len = 0 gives (B, 0)"):
-        model = HashedLogitsModel(12, seed=0, eos_bias=-50.0)  # EOS never wins
-        src, is_real = _padded_source([3, 5])
-        expect_shape(greedy_decode(model, src, 4, BOS, EOS, src_is_real=is_real), (2, 4), "greedy_decode(...)")
-        expect_shape(greedy_decode(model, src, 0, BOS, EOS, src_is_real=is_real), (2, 0),
-                     "greedy_decode(..., max_len=0)")
+    run(SPECS["greedy_decode"], greedy_decode)
 
 
 # -- the filters, as specs ---------------------------------------------------------------------------------------------
@@ -267,6 +431,7 @@ def _k_beyond_v(args: dict, error: str) -> str:
 
 
 SPECS = {
+    **DECODERS,
     "top_k_filter": Spec(
         "top_k_filter", _top_k_rows, dtype=lambda a: a["logits"].dtype, shape=lambda a: a["logits"].shape,
         properties=_top_k_properties, on_error=_k_beyond_v,
@@ -390,8 +555,7 @@ def check_sample(sample) -> None:
         src, is_real = _padded_source([3, 6, 2, 5] * 4, seed=4)
 
         def valid(out):
-            _expect_ids(out, 16, 10, "sample(...)")
-            _expect_eos_padding(out, EOS, 0, 10, "sample(...)")
+            expect_generated(out, 16, 10, what="sample(...)")
 
         _expect_seeded(lambda g: sample(model, src, 10, BOS, EOS, generator=g, src_is_real=is_real), "sample",
                        "pass the generator to torch.multinomial (generator=generator) instead of using the global "
@@ -437,44 +601,21 @@ def check_sample(sample) -> None:
 
 
 def check_beam_search(beam_search) -> None:
-    """The tree (beam finds 0.36 where greedy finds 0.20), beam 1 is greedy, a padded batch row by row."""
+    """The lesson's tree (beam finds 0.36 where greedy finds 0.20), then the rows: EOS and padding per row, greedy
+    with one beam, the exhaustive search's best with a beam that keeps every candidate."""
     tree = ScriptedModel.from_tree(TREE, vocab_size=10)
     with check("beam_size=2 on the lesson's tree finds 4, 5, EOS (0.36), which greedy misses"):
         src = torch.zeros(2, 3, dtype=torch.long)
-        out = expect_inputs_unchanged(beam_search, tree, src, 6, BOS, EOS, beam_size=2, length_penalty=0.0)
-        _expect_ids(out, 2, 6, "beam_search(tree_model, ...)")
+        out = beam_search(tree, src, 6, BOS, EOS, beam_size=2, length_penalty=0.0)
+        expect_generated(out, 2, 6, what="beam_search(tree_model, ...)")
         if out.tolist() == [[3, 5, EOS]] * 2:
             raise CheckFailed("beam search returned the greedy answer 3, 5, EOS (0.20). Keep the 2 best "
                               "*sequences* by total log-probability, and start with only beam 0 alive (the "
                               "others at -inf), or both beams hold the same sequence")
         expect_close(out, torch.tensor([[4, 5, EOS]] * 2), "beam_search(tree_model, ..., beam_size=2)")
-        p = sequence_log_prob(tree, src, out).exp()
-        expect_close(p, torch.full((2,), 0.36), "the probability of the beam's answer", atol=1e-3)
-    with check("beam_size=1 follows the greedy path"):
-        out = beam_search(tree, torch.zeros(1, 3, dtype=torch.long), 6, BOS, EOS, beam_size=1)
-        expect_close(out, torch.tensor([[3, 5, EOS]]), "beam_search(..., beam_size=1)")
-    with check("a padded batch (pad_id = 7): each row as if alone, stopping at its EOS, padded after it"):
-        model = HashedLogitsModel(12, seed=8, eos_bias=0.7, pad_id=7)
-        _expect_padded_batch(beam_search, model, *_padded_source([2, 6, 4, 5, 3], seed=7, pad_id=7), 10, 7,
-                             beam_size=3, length_penalty=0.6)
-    with check("each beam reads its own sequence's source: B = 3, beam_size = 3, each row as if alone"):
-        _expect_padded_batch(beam_search, HashedLogitsModel(12, seed=1, eos_bias=0.0),
-                             *_padded_source([4, 6, 3], seed=1), 6, 0, beam_size=3,
-                             hint="its beams read other sequences' sources. Row b * K + j is beam j of sequence b, "
-                                  "so copy memory and src_is_real with repeat_interleave(K, dim=0) (a a a b b b ...); "
-                                  ".repeat(K, 1, 1) tiles the whole batch (a b c a b c ...)")
-    with check("the length penalty matters: length_penalty=2 returns longer outputs than 0 here"):
-        model = HashedLogitsModel(10, seed=11, eos_bias=1.0)
-        src, is_real = _padded_source([3, 5, 4, 6, 2, 5], V=10, seed=9)
-        short = beam_search(model, src, 8, BOS, EOS, beam_size=4, length_penalty=0.0, src_is_real=is_real)
-        long = beam_search(model, src, 8, BOS, EOS, beam_size=4, length_penalty=2.0, src_is_real=is_real)
-        n_short = _expect_eos_padding(short, EOS, 0, 8, "beam_search(..., length_penalty=0)")
-        n_long = _expect_eos_padding(long, EOS, 0, 8, "beam_search(..., length_penalty=2)")
-        if sum(n_long) <= sum(n_short):
-            raise CheckFailed(f"lengths with length_penalty=0: {n_short}, with 2: {n_long}; on this batch the "
-                              "penalty should lengthen some row. Pick each row's winner by "
-                              "log_prob / ((5 + len) / 6) ** length_penalty, which favours longer sequences as the "
-                              "penalty grows")
+        expect_close(sequence_log_prob(tree, src, out).exp(), torch.full((2,), 0.36),
+                     "the probability of the beam's answer", atol=1e-3)
+    run(SPECS["beam_search"], beam_search)
 
 
 # -- sample_n (find the bug) -----------------------------------------------------------------------------------------
@@ -497,7 +638,7 @@ def check_sample_n(sample_n) -> None:
         if out.dim() != 3 or tuple(out.shape[:2]) != (3, 2):
             raise CheckFailed(f"sample_n(..., n=2) on 3 sources should have shape (B, n, L) = (3, 2, L), got "
                               f"{tuple(out.shape)}")
-        _expect_eos_padding(out.reshape(6, -1), EOS, 0, 8, "sample_n(...) (its samples as rows)")
+        expect_generated(out.reshape(6, -1), 6, 8, what="sample_n(...) (its samples as rows)")
         alone = [_trimmed(sample_n(model, src[b:b + 1], 1, 8, BOS, EOS, temperature=0,
                                    src_is_real=is_real[b:b + 1])[0, 0]) for b in range(3)]
         got = [[_trimmed(out[b, j]) for j in range(2)] for b in range(3)]
