@@ -85,6 +85,7 @@ class Spec:
     # the items are compared in
     outputs: tuple[str, ...] = ()
     order: tuple[str, ...] = ()
+    grad_hint: str = ""  # what a NaN gradient on a row whose Under has ``grad`` most likely means
 
 
 def unwrap(value: Any) -> Any:
@@ -170,7 +171,7 @@ def call_args(spec: Spec | ModuleSpec, args: dict) -> tuple[list, dict]:
             return v.clone()
         return _torch().from_numpy(v.copy()) if tensors and isinstance(v, np.ndarray) else v
 
-    positional = [value(v) for v in args.values() if not isinstance(v, Keyword)]
+    positional = [value(v) for v in args.values() if not isinstance(v, (Keyword, Under))]
     return positional, {name: value(v.value) for name, v in args.items() if isinstance(v, Keyword)}
 
 
@@ -189,9 +190,10 @@ def _explained(spec: Spec | ModuleSpec, call: Callable[[], Any], args: dict) -> 
 
 def _called(spec: Spec, fn: Callable[..., Any], args: dict) -> Any:
     positional, by_name = call_args(spec, args)
-    if spec.keeps_inputs:
-        return _explained(spec, lambda: expect_inputs_unchanged(fn, *positional, **by_name), args)
-    return _explained(spec, lambda: fn(*positional, **by_name), args)
+    with autocast(options(args)):
+        if spec.keeps_inputs:
+            return _explained(spec, lambda: expect_inputs_unchanged(fn, *positional, **by_name), args)
+        return _explained(spec, lambda: fn(*positional, **by_name), args)
 
 
 def run(spec: Spec, fn: Callable[..., Any], seed: int = 0) -> None:
@@ -237,6 +239,8 @@ def _run_items(spec: Spec, fn: Callable[..., Any], args: dict, desc: str, probe:
     for i, value in enumerate(got):
         expect_type(value, _torch().Tensor if returns_tensor(spec, args) else np.ndarray, what_of(spec, i))
     judge_parts(spec, args, got, desc)
+    if options(args).grad:
+        expect_gradients(spec, _function_gradients(spec, fn, args), desc)
     if probe is not None:
         moved = items(spec, _called(spec, fn, probe.inputs), f"{spec.name}(...)")[0]
         expect_unmoved(probe, _numpy(got[0]), _numpy(moved), what_of(spec, 0), desc)
@@ -523,3 +527,46 @@ def run_module(spec: ModuleSpec, cls: Any, seed: int = 0) -> None:
         with check(f"{spec.name} refuses to be built with {desc}"):
             positional, by_name = call_args(spec, init)
             expect_value_error(lambda: cls(*positional, **by_name), why)  # noqa: B023 - called at once
+
+
+# -- a row's call options -------------------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class Under:
+    """Not an argument: how a function spec's row makes its call, as a value among the row's arguments (any name):
+    inside ``torch.autocast("cpu", dtype=...)`` (``autocast``: a dtype's name), or followed by a backward pass
+    from the first result item (``grad``: every float tensor argument then gets a finite gradient)."""
+
+    autocast: str = ""
+    grad: bool = False
+
+    @property
+    def dtype(self) -> str:  # the precision the call computes in: tolerance() widens for it
+        return self.autocast
+
+
+def options(args: dict) -> Under:
+    """The row's :class:`Under` (none: a plain call)."""
+    return next((v for v in args.values() if isinstance(v, Under)), Under())
+
+
+def autocast(under: Under) -> Any:
+    """The context the row's call runs in: ``torch.autocast`` on the CPU, or none."""
+    torch = _torch()
+    return torch.autocast("cpu", dtype=getattr(torch, under.autocast)) if under.autocast else contextlib.nullcontext()
+
+
+def float_inputs(args: dict) -> list[str]:
+    """The arguments a ``grad`` row differentiates: its float arrays and tensors."""
+    return [n for n, v in args.items() if (_is_tensor(unwrap(v)) and unwrap(v).is_floating_point())
+            or (isinstance(unwrap(v), np.ndarray) and np.issubdtype(unwrap(v).dtype, np.floating))]
+
+
+def _function_gradients(spec: Spec, fn: Callable[..., Any], args: dict) -> dict:
+    """The gradients of the float arguments after a backward pass (all ones) from the first result item."""
+    positional, by_name = call_args(spec, args)
+    names = [n for n, v in args.items() if not isinstance(v, (Keyword, Under))]
+    given = {n: x.requires_grad_() for n, x in zip(names, positional) if n in float_inputs(args)}
+    with autocast(options(args)):
+        first = items(spec, fn(*positional, **by_name), spec.name)[0]
+    first.backward(_torch().ones_like(first))
+    return {n: None if x.grad is None else as_numpy(x.grad) for n, x in given.items()}

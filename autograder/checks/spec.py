@@ -27,9 +27,11 @@ from decoder_course.spec import (
     Keyword,
     ModuleSpec,
     Spec,
+    Under,
     agrees,
     all_agree,
     as_numpy,
+    autocast,
     built,
     call_args,
     compared,
@@ -38,6 +40,7 @@ from decoder_course.spec import (
     expect_gradients,
     expect_unmoved,
     expected,
+    float_inputs,
     forward,
     grad_inputs,
     hint_for,
@@ -45,6 +48,7 @@ from decoder_course.spec import (
     judge_items,
     judge_parts,
     names_for,
+    options,
     plain,
     returns_tensor,
     tolerance,
@@ -65,16 +69,19 @@ def shared():
 
 def _value(case: Case, value, tensors: bool, grad: bool = False):
     """An argument as the kernel's harvest takes it: arrays sent aside (NumPy ones as tensors: ``tensors``; a
-    bfloat16 tensor widened, with its dtype named), dtypes by name, the rest as JSON."""
+    bfloat16 tensor widened, with its dtype named), dtypes (NumPy's, torch's) by name, the rest as JSON."""
     if _is_tensor(value):
         bf16 = str(value.dtype) == "torch.bfloat16"
-        return case.tensor(value.float() if bf16 else value, dtype="bfloat16" if bf16 else None)
+        return case.tensor(value.float() if bf16 else value, dtype="bfloat16" if bf16 else None,
+                           requires_grad=grad and value.is_floating_point())
     if isinstance(value, np.ndarray):
         if tensors:
             return case.tensor(value, requires_grad=grad and np.issubdtype(value.dtype, np.floating))
         return case.array(value)
     if isinstance(value, (type, np.dtype)):
         return {"np_dtype": np.dtype(value).name}
+    if type(value).__module__ == "torch" and type(value).__name__ == "dtype":
+        return {"torch_dtype": str(value).removeprefix("torch.")}
     return value
 
 
@@ -84,13 +91,16 @@ def _is_array(value) -> bool:
 
 def _call(case: Case, fn, args: dict, tensors: bool, keeps_inputs: bool, grad: bool = False, **step) -> None:
     """``fn(*args)`` in the kernel, its arrays bound first so that they can be recorded again after the call (float
-    arrays that require a gradient: ``grad``)."""
+    arrays that require a gradient: ``grad``); a row's :class:`Under` is no argument (its ``autocast``: the call's)."""
+    under, args = options(args), {n: v for n, v in args.items() if not isinstance(v, Under)}
     arrays = [name for name, value in args.items() if _is_array(unwrap(value))]
     for name in arrays:
         case.let(name, _value(case, unwrap(args[name]), tensors, grad))
     given = {n: {"ref": n} if n in arrays else _value(case, unwrap(v), False) for n, v in args.items()}
     case.call(fn, *(given[n] for n, v in args.items() if not isinstance(v, Keyword)),
               **{n: given[n] for n, v in args.items() if isinstance(v, Keyword)}, **step)
+    if under.autocast:
+        case.steps[-1]["autocast"] = under.autocast  # the call runs inside torch.autocast("cpu", dtype=...)
     judges.record_after(case, arrays if keeps_inputs else [])
 
 
@@ -161,8 +171,15 @@ class SpecExercise(Exercise):
         cases = []
         for i, (desc, args, *probe) in enumerate(self.spec.rows(rng)):
             case = Case(f"c{i}", desc, data={"args": args, "probe": probe[0] if probe else None})
-            _call(case, self.name, args, self.spec.tensors, self.spec.keeps_inputs, record="out",
-                  let="_result" if self.spec.fresh else None)
+            under = options(args)
+            _call(case, self.name, args, self.spec.tensors, self.spec.keeps_inputs and not under.grad, record="out",
+                  let="_result" if self.spec.fresh or under.grad else None, grad=under.grad)
+            if under.grad:  # backward from the first item, then each float argument's gradient
+                first = self.spec.shape(plain(args))
+                case.let("_first", {"index": ["_result", 0]} if self.spec.outputs else {"ref": "_result"})
+                case.backward("_first", np.ones(first[0] if self.spec.outputs else first, np.float32))
+                for name in float_inputs(args):
+                    case.record(f"grad_{name}", {"grad": name})
             if self.spec.fresh:  # 0 in a stride: an expand view, not a new tensor
                 case.call({"attr": ["_result", "stride"]}, record="strides")
             if probe:  # a second call that changes only what must not matter
@@ -227,17 +244,26 @@ class SpecExercise(Exercise):
                 moved = _recorded_items(result, case, spec, self.name, "moved", kind="any")[0]
                 expect_unmoved(probe, got[0], np.asarray(moved), what_of(spec, 0), case.desc)
         positional, by_name = call_args(spec, args)
-        want = [np.asarray(as_numpy(w)) for w in getattr(self.ref, self.name)(*positional, **by_name)]
+        with autocast(options(args)):
+            want = [np.asarray(as_numpy(w)) for w in getattr(self.ref, self.name)(*positional, **by_name)]
         tol = tolerance(spec, args)
 
         def produce(wrong, args=args):
             positional, by_name = call_args(spec, copy.deepcopy(args))  # a mistake may write into them
-            return list(wrong(*positional, **by_name))
+            with autocast(options(args)):
+                return list(wrong(*positional, **by_name))
 
         known = "" if all_agree(got, want, *tol) else known_mistake(self.lesson, self.name, got, produce, *tol)
         for i in compared(spec):
             _compare(self.lesson, self.name, got[i], want[i], what_of(spec, i), case, hint_for(spec, i), tol, None,
                      known=known)
+        if options(args).grad:
+            with shared():
+                expect_gradients(spec, {n: result.get(case.id, f"grad_{n}", what=f"the gradient of {n}", kind="tensor",
+                                                      finite=False)
+                                        if result.meta(case.id, f"grad_{n}").get("type") == "torch.Tensor" else None
+                                        for n in float_inputs(args)}, case.desc)
+            return
         if spec.keeps_inputs:
             judges.unchanged(result, case.id, {n: v for n, v in plain(args).items() if isinstance(v, np.ndarray)},
                              self.name)
