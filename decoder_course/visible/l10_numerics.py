@@ -92,8 +92,17 @@ def _robust_rows(rng: np.random.Generator) -> list:
     return rows
 
 
+def _weights(got: np.ndarray, allowed: np.ndarray | None, what: str, desc: str) -> None:
+    """Lesson 02's weights (finite, rows sum to one within half precision's rounding), and blocked keys weigh
+    exactly 0 here: a finite fill's exp underflows to 0, and the zeroing step writes 0."""
+    check_weights(got, allowed, what, desc, sum_atol=3e-2)
+    if allowed is not None and (got[~np.broadcast_to(allowed, got.shape)] != 0).any():
+        raise CheckFailed(f"{what}: a blocked key got a nonzero weight ({desc}). Apply the mask with True = \"this "
+                          "query may attend to this key\", and make the blocked weights exactly 0")
+
+
 def _robust_weights(args: dict, got: np.ndarray, desc: str) -> None:
-    check_weights(got, args["allowed"], "robust_masked_softmax(scores, allowed)", desc, sum_atol=3e-2)
+    _weights(got, args["allowed"], "robust_masked_softmax(scores, allowed)", desc)
 
 
 def _overflow(args: dict, error: str) -> str:
@@ -203,7 +212,7 @@ def _attention(args: dict, got: list, desc: str) -> None:
                 "q @ kᵀ overflows float16 (65504) before the division by √Dh: scale q first; and a fully blocked "
                 "row filled with -inf gives NaN: use robust_masked_softmax")
         raise CheckFailed(f"robust_attention returned NaN or inf ({desc}): {hint}")
-    check_weights(weights, args["allowed"], "robust_attention's weights", desc, sum_atol=3e-2)
+    _weights(weights, args["allowed"], "robust_attention's weights", desc)
     dead = ~np.broadcast_to(True if args["allowed"] is None else args["allowed"], weights.shape).any(-1)  # (..., T)
     if dead.any() and np.abs(out[dead]).max() > 0:
         raise CheckFailed(f"robust_attention: a query with no allowed key must output zeros ({desc})")
