@@ -534,7 +534,8 @@ def run_module(spec: ModuleSpec, cls: Any, seed: int = 0) -> None:
 class Under:
     """Not an argument: how a function spec's row makes its call, as a value among the row's arguments (any name):
     inside ``torch.autocast("cpu", dtype=...)`` (``autocast``: a dtype's name), or followed by a backward pass
-    from the first result item (``grad``: every float tensor argument then gets a finite gradient)."""
+    from the first result item (``grad``, for a spec with ``outputs``: every float argument then gets a finite
+    gradient, and the inputs are not compared after the call)."""
 
     autocast: str = ""
     grad: bool = False
