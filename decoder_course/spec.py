@@ -90,10 +90,11 @@ class Spec:
     # a public computation of the right result from the plain arguments (PyTorch's own function, as a module
     # spec's twin): the visible check compares the values with it, the hidden one with the reference's
     twin: Callable[[dict], Any] | None = None
-    grad: bool = False  # a backward pass from the result: every float argument gets a finite gradient
+    grad: bool = False  # every row's call is followed by a backward pass (a row alone: its Under's grad)
     # the result is a Python list of ints or of pairs of ints (train_bpe's merges): no dtype, no shape; the
     # properties see it as a list of tuples, the hidden side compares it exactly
     listed: bool = False
+    grad_hint: str = ""  # what a NaN gradient on a row whose Under has ``grad`` most likely means
 
 
 def unwrap(value: Any) -> Any:
@@ -191,7 +192,7 @@ def call_args(spec: Spec | ModuleSpec, args: dict, modules: dict | None = None) 
             return v.clone()
         return _torch().from_numpy(v.copy()) if tensors and isinstance(v, np.ndarray) else v
 
-    positional = [value(v) for v in args.values() if not isinstance(v, Keyword)]
+    positional = [value(v) for v in args.values() if not isinstance(v, (Keyword, Under))]
     return positional, {name: value(v.value) for name, v in args.items() if isinstance(v, Keyword)}
 
 
@@ -210,9 +211,10 @@ def _explained(spec: Spec | ModuleSpec, call: Callable[[], Any], args: dict) -> 
 
 def _called(spec: Spec, fn: Callable[..., Any], args: dict, modules: dict | None = None) -> Any:
     positional, by_name = call_args(spec, args, modules)
-    if spec.keeps_inputs:
-        return _explained(spec, lambda: expect_inputs_unchanged(fn, *positional, **by_name), args)
-    return _explained(spec, lambda: fn(*positional, **by_name), args)
+    with autocast(options(args)):
+        if spec.keeps_inputs:
+            return _explained(spec, lambda: expect_inputs_unchanged(fn, *positional, **by_name), args)
+        return _explained(spec, lambda: fn(*positional, **by_name), args)
 
 
 def run(spec: Spec, fn: Callable[..., Any], seed: int = 0, modules: dict | None = None) -> None:
@@ -235,7 +237,7 @@ def run(spec: Spec, fn: Callable[..., Any], seed: int = 0, modules: dict | None 
                 if spec.twin is not None:
                     expect_close(value, spec.twin(plain(args)), f"{spec.name}(...) (vs PyTorch's own)",
                                  rtol=spec.rtol, atol=spec.atol, hint=spec.hint or None)
-                if spec.grad:
+                if spec.grad or options(args).grad:
                     grads = _explained(spec, lambda a=args: _function_gradients(spec, fn, a), args)
                     expect_gradients(spec, grads, desc)
             except CheckFailed as failed:  # the check's title names the situation already
@@ -266,6 +268,8 @@ def _run_items(spec: Spec, fn: Callable[..., Any], args: dict, desc: str, probe:
     for i, value in enumerate(got):
         expect_type(value, _torch().Tensor if returns_tensor(spec, args) else np.ndarray, what_of(spec, i))
     judge_parts(spec, args, got, desc)
+    if spec.grad or options(args).grad:
+        expect_gradients(spec, _function_gradients(spec, fn, args), desc)
     if probe is not None:
         moved = items(spec, _called(spec, fn, probe.inputs, modules), f"{spec.name}(...)")[0]
         expect_unmoved(probe, _numpy(got[0]), _numpy(moved), what_of(spec, 0), desc)
@@ -633,16 +637,6 @@ def expect_cached(spec: ModuleSpec, row: Build, first: np.ndarray, parts: list, 
     if want is not None and keys != want:
         raise CheckFailed(f"the cache holds keys of shape {keys}, should be {want} ({situation}). "
                           f"{spec.cache.keys_hint}".strip())
-def _function_gradients(spec: Spec, fn: Callable[..., Any], args: dict) -> dict:
-    """The gradients of a function spec's float arguments (fresh tensors) after a backward pass from its result
-    (all ones): None where none reached one."""
-    positional, by_name = call_args(spec, args)
-    given = dict(zip([n for n, v in args.items() if not isinstance(v, Keyword)], positional)) | by_name
-    floats = {n: x.requires_grad_(True) for n, x in given.items() if _is_tensor(x) and x.is_floating_point()}
-    out = fn(*positional, **by_name)
-    if getattr(out, "requires_grad", False):
-        out.backward(_torch().ones_like(out))
-    return {n: None if x.grad is None else x.grad.numpy() for n, x in floats.items()}
 
 
 @dataclass(frozen=True)
@@ -656,3 +650,48 @@ class Seeded:
 def listed(got: list) -> list:
     """A list result as the properties see it: its items as ints, or as tuples of ints (a pair: a merge)."""
     return [tuple(int(i) for i in item) if isinstance(item, (tuple, list)) else int(item) for item in got]
+
+
+# -- a row's call options -------------------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class Under:
+    """Not an argument: how a function spec's row makes its call, as a value among the row's arguments (any name):
+    inside ``torch.autocast("cpu", dtype=...)`` (``autocast``: a dtype's name), or followed by a backward pass
+    from the first result item (``grad``, for a spec with ``outputs``: every float argument then gets a finite
+    gradient, and the inputs are not compared after the call)."""
+
+    autocast: str = ""
+    grad: bool = False
+
+    @property
+    def dtype(self) -> str:  # the precision the call computes in: tolerance() widens for it
+        return self.autocast
+
+
+def options(args: dict) -> Under:
+    """The row's :class:`Under` (none: a plain call)."""
+    return next((v for v in args.values() if isinstance(v, Under)), Under())
+
+
+def autocast(under: Under) -> Any:
+    """The context the row's call runs in: ``torch.autocast`` on the CPU, or none."""
+    torch = _torch()
+    return torch.autocast("cpu", dtype=getattr(torch, under.autocast)) if under.autocast else contextlib.nullcontext()
+
+
+def float_inputs(args: dict) -> list[str]:
+    """The arguments a ``grad`` row differentiates: its float arrays and tensors."""
+    return [n for n, v in args.items() if (_is_tensor(unwrap(v)) and unwrap(v).is_floating_point())
+            or (isinstance(unwrap(v), np.ndarray) and np.issubdtype(unwrap(v).dtype, np.floating))]
+
+
+def _function_gradients(spec: Spec, fn: Callable[..., Any], args: dict) -> dict:
+    """The gradients of the float arguments after a backward pass (all ones) from the first result item."""
+    positional, by_name = call_args(spec, args)
+    names = [n for n, v in args.items() if not isinstance(v, (Keyword, Under))]
+    given = {n: x.requires_grad_() for n, x in zip(names, positional) if n in float_inputs(args)}
+    with autocast(options(args)):
+        first = items(spec, fn(*positional, **by_name), spec.name)[0]
+    if getattr(first, "requires_grad", False):  # else: no gradient reached any argument (a detached result)
+        first.backward(_torch().ones_like(first))
+    return {n: None if x.grad is None else as_numpy(x.grad) for n, x in given.items()}

@@ -23,15 +23,16 @@ from autograder.checks import judges
 from autograder.checks.framework import REGISTRY, Case, Exercise, Fail, Raised, Result, exercise, expect_close
 from decoder_course.checks import CheckFailed, _is_tensor
 from decoder_course.spec import (
-    Build,
     Built,
     Keyword,
     ModuleSpec,
     Seeded,
     Spec,
+    Under,
     agrees,
     all_agree,
     as_numpy,
+    autocast,
     built,
     call_args,
     compared,
@@ -41,6 +42,7 @@ from decoder_course.spec import (
     expect_gradients,
     expect_unmoved,
     expected,
+    float_inputs,
     forward,
     grad_inputs,
     hint_for,
@@ -49,6 +51,7 @@ from decoder_course.spec import (
     judge_parts,
     judged_by,
     names_for,
+    options,
     plain,
     returns_tensor,
     tolerance,
@@ -69,8 +72,9 @@ def shared():
 
 def _value(case: Case, value, tensors: bool, grad: bool = False):
     """An argument as the kernel's harvest takes it: arrays sent aside (NumPy ones as tensors: ``tensors``; a
-    bfloat16 tensor widened, with its dtype named), dtypes by name, an object that says how to build it (a
-    ``spec`` attribute: a stand-in model) as that, the rest as JSON."""
+    bfloat16 tensor widened, with its dtype named), dtypes (NumPy's, torch's) by name, a notebook module
+    (:class:`Built`) built in the kernel, an object that says how to build it (a ``spec`` attribute: a stand-in model)
+    as that, the rest as JSON."""
     if isinstance(value, Built):  # one of the notebook's modules, built, loaded and in eval mode in the kernel
         name = f"_built{len(case.steps)}"
         _build(case, value.cls, value.init, let=name)
@@ -81,7 +85,8 @@ def _value(case: Case, value, tensors: bool, grad: bool = False):
         return value.spec
     if _is_tensor(value):
         bf16 = str(value.dtype) == "torch.bfloat16"
-        return case.tensor(value.float() if bf16 else value, dtype="bfloat16" if bf16 else None)
+        return case.tensor(value.float() if bf16 else value, dtype="bfloat16" if bf16 else None,
+                           requires_grad=grad and value.is_floating_point())
     if isinstance(value, np.ndarray):
         if tensors:
             return case.tensor(value, requires_grad=grad and np.issubdtype(value.dtype, np.floating))
@@ -90,6 +95,8 @@ def _value(case: Case, value, tensors: bool, grad: bool = False):
         return {"generator": value.seed}
     if isinstance(value, (type, np.dtype)):
         return {"np_dtype": np.dtype(value).name}
+    if type(value).__module__ == "torch" and type(value).__name__ == "dtype":
+        return {"torch_dtype": str(value).removeprefix("torch.")}
     return value
 
 
@@ -99,7 +106,8 @@ def _is_array(value) -> bool:
 
 def _call(case: Case, fn, args: dict, tensors: bool, keeps_inputs: bool, grad: bool = False, **step) -> None:
     """``fn(*args)`` in the kernel, its arrays bound first so that they can be recorded again after the call (float
-    arrays that require a gradient: ``grad``)."""
+    arrays that require a gradient: ``grad``); a row's :class:`Under` is no argument (its ``autocast``: the call's)."""
+    under, args = options(args), {n: v for n, v in args.items() if not isinstance(v, Under)}
     arrays = [name for name, value in args.items() if _is_array(unwrap(value))]
     for name, value in (args | _parts(args)).items():
         if name in arrays or name not in args:
@@ -109,6 +117,8 @@ def _call(case: Case, fn, args: dict, tensors: bool, keeps_inputs: bool, grad: b
               if isinstance(unwrap(args[n]), tuple)}
     case.call(fn, *(given[n] for n, v in args.items() if not isinstance(v, Keyword)),
               **{n: given[n] for n, v in args.items() if isinstance(v, Keyword)}, **step)
+    if under.autocast:
+        case.steps[-1]["autocast"] = under.autocast  # the call runs inside torch.autocast("cpu", dtype=...)
     judges.record_after(case, [*arrays, *_parts(args)] if keeps_inputs else [])
 
 
@@ -184,11 +194,15 @@ class SpecExercise(Exercise):
         cases = []
         for i, (desc, args, *probe) in enumerate(self.spec.rows(rng)):
             case = Case(f"c{i}", desc, data={"args": args, "probe": probe[0] if probe else None})
-            _call(case, self.name, args, self.spec.tensors, self.spec.keeps_inputs, record="out",
-                  let="_result" if self.spec.fresh or self.spec.grad else None, grad=self.spec.grad)
-            if self.spec.grad:  # backward from the result, then each float argument's gradient
-                case.backward("_result", np.ones(self.spec.shape(plain(args)), dtype=np.float32))
-                for name in grad_inputs(Build("", {}, args)):
+            under = options(args)  # a row's backward pass (Under): its inputs are not compared after the call
+            grad = self.spec.grad or under.grad
+            _call(case, self.name, args, self.spec.tensors, self.spec.keeps_inputs and not under.grad, record="out",
+                  let="_result" if self.spec.fresh or grad else None, grad=grad)
+            if grad:  # backward from the (first) result item, then each float argument's gradient
+                first = self.spec.shape(plain(args))
+                case.let("_first", {"index": ["_result", 0]} if self.spec.outputs else {"ref": "_result"})
+                case.backward("_first", np.ones(first[0] if self.spec.outputs else first, np.float32))
+                for name in float_inputs(args):
                     case.record(f"grad_{name}", {"grad": name})
             if self.spec.fresh:  # 0 in a stride: an expand view, not a new tensor
                 case.call({"attr": ["_result", "stride"]}, record="strides")
@@ -223,9 +237,9 @@ class SpecExercise(Exercise):
                     strides = [int(result.get(case.id, f"strides/{i}", what="the result's strides", kind="any"))
                                for i in range(got.ndim)]
                     expect_fresh(got.shape, strides, f"{what} ({case.desc})")
-            if spec.grad:
+            if spec.grad or options(args).grad:
                 with shared():
-                    expect_gradients(spec, _grads(result, case, Build("", {}, args)), case.desc)
+                    expect_gradients(spec, _grads(result, case, float_inputs(args)), case.desc)
             if spec.compare:
                 positional, by_name = call_args(spec, args, vars(self.ref))
                 want = as_numpy(getattr(self.ref, self.name)(*positional, **by_name))
@@ -258,27 +272,34 @@ class SpecExercise(Exercise):
                 moved = _recorded_items(result, case, spec, self.name, "moved", kind="any")[0]
                 expect_unmoved(probe, got[0], np.asarray(moved), what_of(spec, 0), case.desc)
         positional, by_name = call_args(spec, args, vars(self.ref))
-        want = [np.asarray(as_numpy(w)) for w in getattr(self.ref, self.name)(*positional, **by_name)]
+        with autocast(options(args)):
+            want = [np.asarray(as_numpy(w)) for w in getattr(self.ref, self.name)(*positional, **by_name)]
         tol = tolerance(spec, args)
 
         def produce(wrong, args=args):
             positional, by_name = call_args(spec, copy.deepcopy(args), vars(self.ref))  # a mistake may write into them
-            return list(wrong(*positional, **by_name))
+            with autocast(options(args)):
+                return list(wrong(*positional, **by_name))
 
         known = "" if all_agree(got, want, *tol) else known_mistake(self.lesson, self.name, got, produce, *tol)
         for i in compared(spec):
             _compare(self.lesson, self.name, got[i], want[i], what_of(spec, i), case, hint_for(spec, i), tol, None,
                      known=known)
+        if spec.grad or options(args).grad:
+            with shared():
+                expect_gradients(spec, _grads(result, case, float_inputs(args)), case.desc)
+        if options(args).grad:  # its inputs required a gradient: not recorded after the call
+            return
         if spec.keeps_inputs:
             judges.unchanged(result, case.id, {n: v for n, v in plain(args).items() if isinstance(v, np.ndarray)},
                              self.name)
 
 
-def _grads(result: Result, case: Case, row: Build) -> dict:
-    """The recorded gradient of each float input of ``row`` (None where none reached it)."""
+def _grads(result: Result, case: Case, names: list[str]) -> dict:
+    """The recorded gradient of each of the inputs ``names`` (None where none reached it)."""
     return {name: result.get(case.id, f"grad_{name}", what=f"the gradient of the {name}", kind="tensor", finite=False)
             if result.meta(case.id, f"grad_{name}").get("type") == "torch.Tensor" else None
-            for name in grad_inputs(row)}
+            for name in names}
 
 
 def _recorded_items(result: Result, case: Case, spec, name: str, record: str, kind: str) -> list[np.ndarray]:
@@ -391,7 +412,7 @@ class ModuleSpecExercise(Exercise):
                          case, hint_for(spec, i), tol, None, known=known)
             if row.grad:
                 with shared():
-                    expect_gradients(spec, _grads(result, case, row), case.desc)
+                    expect_gradients(spec, _grads(result, case, grad_inputs(row)), case.desc)
             if spec.keeps_inputs and not row.grad:
                 judges.unchanged(result, case.id, {n: v for n, v in (plain(row.inputs) | _parts(row.inputs)).items()
                                                    if isinstance(v, np.ndarray)}, self.name)

@@ -27,7 +27,7 @@ from decoder_course.checks import (
     expect_shape,
     expect_type,
 )
-from decoder_course.spec import Spec, run
+from decoder_course.spec import Spec, Under, options, run
 from decoder_course.visible.l02_attention import check_weights, random_allowed, scaled_rows
 
 # How far a weight or an output may be from float64's answer, per dtype: the rounding of that dtype.
@@ -38,37 +38,31 @@ def _name(dtype: torch.dtype) -> str:
     return str(dtype).replace("torch.", "")
 
 
-def _fill(mask_fill_value, dtype: torch.dtype) -> float | int:
-    """mask_fill_value(dtype) as a Python number (a 0-d tensor is accepted)."""
-    got = mask_fill_value(dtype)
-    got = got.item() if isinstance(got, torch.Tensor) else got
-    expect_type(got, (float, int), f"mask_fill_value({dtype})")
-    return got
+def _fill_rows(rng: np.random.Generator) -> list:
+    """Every float dtype, float16 first: its range is where most wrong fills fail, and its message teaches most."""
+    return [(f"dtype {dtype}", {"dtype": dtype}) for dtype in (torch.float16, torch.bfloat16, torch.float32,
+                                                               torch.float64)]
 
 
-def check_mask_fill_value(mask_fill_value) -> None:
-    """float16's value by hand (-65504), then: a finite number of each dtype, and none more negative exists."""
-    with check("mask_fill_value(torch.float16) is -65504, float16's most negative finite number"):
-        got = _fill(mask_fill_value, torch.float16)
-        if math.isinf(got) or math.isnan(got):
-            raise CheckFailed(f"got {got}: -inf turns a fully blocked row into NaN (-inf - (-inf) is NaN); "
-                              "the fill must be finite")
-        if got != -65504.0:
-            raise CheckFailed(f"got {got}, expected -65504.0: float16's range ends at ±65504 "
-                              "(-1e9 does not exist in float16, and -1e4 is not the most negative number)")
-    for dtype in (torch.float32, torch.bfloat16, torch.float64):
-        with check(f"mask_fill_value({dtype}) is finite in {_name(dtype)} and nothing finite is below it"):
-            got = _fill(mask_fill_value, dtype)
-            as_dtype = torch.tensor(float(got), dtype=torch.float64).to(dtype)
-            if not bool(torch.isfinite(as_dtype)):
-                raise CheckFailed(f"{got} is not a finite {_name(dtype)}: it becomes {as_dtype.item()} in that "
-                                  "dtype. Take the fill from the dtype you are asked about")
-            if got >= 0:
-                raise CheckFailed(f"got {got}: blocked keys need a very *negative* score, so exp() makes them 0")
-            # doubling the most negative finite number overflows; doubling anything larger than half of it does not
-            if bool(torch.isfinite(as_dtype * 2)):
-                raise CheckFailed(f"{got} is finite in {_name(dtype)}, but not the most negative finite number: "
-                                  f"{_name(dtype)} goes down to about {float(as_dtype * 2):.3g} and beyond")
+def _most_negative_finite(args: dict, got: float, desc: str) -> None:
+    """Finite, negative, a number of the dtype asked about, and nothing finite in that dtype below it."""
+    dtype, what = args["dtype"], f"mask_fill_value({args['dtype']})"
+    if math.isinf(got) or math.isnan(got):
+        raise CheckFailed(f"{what} returned {got} ({desc}): a row whose keys are all blocked becomes "
+                          "-inf - (-inf) = NaN. The fill must be finite")
+    as_dtype = torch.tensor(got, dtype=torch.float64).to(dtype)
+    if not bool(torch.isfinite(as_dtype)):
+        raise CheckFailed(f"{what} returned a number that {_name(dtype)} cannot hold ({desc}): it becomes "
+                          f"{as_dtype.item()} there (float16 ends at ±65504, so -1e9 does not exist in float16; "
+                          "bfloat16 ends just below float32's range). Take the value from the dtype you are given")
+    if got >= 0:
+        raise CheckFailed(f"{what} is not negative ({desc}): blocked keys need the most negative score, so that "
+                          "exp() makes their weight 0")
+    # doubling the most negative finite number overflows; doubling anything larger than half of it does not
+    if bool(torch.isfinite(as_dtype * 2)):
+        raise CheckFailed(f"{what} is finite but not {_name(dtype)}'s most negative finite number ({desc}): "
+                          f"{_name(dtype)} goes down to about {float(as_dtype * 2):.3g} and beyond; torch.finfo "
+                          "knows it for every dtype")
 
 
 OVERFLOW = ("The fill value does not exist in the dtype of the tensor being filled (-1e9 in float16, or float32's "
@@ -98,20 +92,179 @@ def _robust_rows(rng: np.random.Generator) -> list:
     return rows
 
 
+def _weights(got: np.ndarray, allowed: np.ndarray | None, what: str, desc: str) -> None:
+    """Lesson 02's weights (finite, rows sum to one within half precision's rounding), and blocked keys weigh
+    exactly 0 here: a finite fill's exp underflows to 0, and the zeroing step writes 0."""
+    check_weights(got, allowed, what, desc, sum_atol=3e-2)
+    if allowed is not None and (got[~np.broadcast_to(allowed, got.shape)] != 0).any():
+        raise CheckFailed(f"{what}: a blocked key got a nonzero weight ({desc}). Apply the mask with True = \"this "
+                          "query may attend to this key\", and make the blocked weights exactly 0")
+
+
 def _robust_weights(args: dict, got: np.ndarray, desc: str) -> None:
-    check_weights(got, args["allowed"], "robust_masked_softmax(scores, allowed)", desc, sum_atol=3e-2)
+    _weights(got, args["allowed"], "robust_masked_softmax(scores, allowed)", desc)
+
+
+def _overflow(args: dict, error: str) -> str:
+    """A fill PyTorch refused ("value cannot be converted ... without overflow") names its idea."""
+    return OVERFLOW if "without overflow" in error else ""
+
+
+def _lse_rows(rng: np.random.Generator) -> list:
+    """Every dtype; rows of scores far apart (a max shared by many queries underflows the others); fully masked
+    rows; half precision scores up to ±20000 (exp overflows above 88.7 in float32); a broadcast (T, S) mask, a
+    causal one, none."""
+    rows = []
+    for shape, mask_shape, dtype, offsets, what in [
+            ((2, 3, 5, 7), (2, 1, 5, 7), "float32", [0, 250, -120, 40, 0], "rows far apart, a fully masked row"),
+            ((2, 3, 5, 7), None, "float32", [0, 250, -120, 40, 0], "rows far apart, allowed=None"),
+            ((2, 2, 4, 6), (4, 6), "float16", [0, 20000, -20000, 5000],
+             "scores up to ±20000, a (T, S) mask broadcast over B and H, a fully masked row"),
+            ((3, 5), (3, 5), "bfloat16", [0, 300, -300], "rows far apart, a fully masked row"),
+            ((2, 6, 6), "causal", "float32", [0, 0, 150, 0, -150, 0], "T = S = 6 with a causal mask, rows far apart"),
+            ((1, 4, 6), None, "float64", [0, 1500, -1500, 0], "allowed=None, rows 1500 apart")]:
+        scores = rng.standard_normal(shape) * 3 + np.asarray(offsets, np.float64)[:, None]  # (..., T, S)
+        allowed = (np.tril(np.ones(shape[-2:], bool)) if mask_shape == "causal" else
+                   None if mask_shape is None else random_allowed(rng, mask_shape))
+        rows.append((f"scores {shape} in {dtype}, {what}",
+                     {"scores": torch.tensor(scores).to(getattr(torch, dtype)), "allowed": allowed}))
+    return rows
+
+
+def _log_sum_exp(args: dict, got: np.ndarray, desc: str) -> None:
+    """No NaN nor +inf; a query with no allowed key gives the result dtype's most negative finite number, any
+    other a finite number: torch.logsumexp (float64) over its allowed keys."""
+    scores, what = args["scores"].astype(np.float64), "masked_logsumexp(scores, allowed)"
+    own_row = ("Each query must subtract the max of its own row of scores (amax over the last axis, keepdim=True): "
+               "not one max shared by many queries (the whole tensor's, or each (T, S) matrix's), and not none.")
+    if np.isnan(got).any():
+        raise CheckFailed(f"{what} contains NaN ({desc}): a fill of -inf gives -inf - (-inf) = NaN; the given code "
+                          f"fills with mask_fill_value, which must be finite. {own_row}")
+    if np.isposinf(got).any():
+        raise CheckFailed(f"{what} contains +inf ({desc}): exp of a large score overflowed. {own_row}")
+    allowed = np.broadcast_to(True if args["allowed"] is None else args["allowed"], scores.shape)
+    dead = ~allowed.any(-1)  # (..., T): queries with no allowed key
+    lowest = np.finfo(got.dtype).min
+    if (got[dead] != lowest).any():
+        index = tuple(int(i) for i in np.argwhere(dead & (got != lowest))[0])
+        raise CheckFailed(f"query {index} has no allowed key and gave {got[index]:.6g}, not {got.dtype}'s most "
+                          f"negative finite number ({desc}): its filled scores minus the max it subtracts must be "
+                          f"0, so that the row sums to S terms of exp(0) = 1. {own_row}")
+    lost = np.isneginf(got) & ~dead
+    if lost.any():
+        index = tuple(int(i) for i in np.argwhere(lost)[0])
+        raise CheckFailed(f"query {index} has allowed keys but gave -inf ({desc}): each of its terms exp(score - "
+                          "max) underflowed to 0, because its scores are far below the max the code subtracted, so "
+                          f"log(0) = -inf. A query's log-sum-exp depends on its own row only. {own_row}")
+    want = torch.from_numpy(scores).masked_fill(torch.from_numpy(~allowed), -math.inf).logsumexp(-1).numpy()
+    expect_close(got[~dead], want[~dead], f"{what} (vs torch.logsumexp in float64 over the allowed keys)",
+                 rtol=1e-5, atol=1e-4 if got.dtype == np.float64 else 2e-3, hint=own_row)
+
+
+def _attention_rows(rng: np.random.Generator) -> list:
+    """Every dtype, autocast with float32 inputs, a float16 backward pass, fully masked rows (a (T, S) or
+    (B, 1, T, S) mask), T > S, H = 1, no mask; and float16 entries of q and k ±40 with Dh = 64, where q·k reaches
+    102400 > 65504 unless q is scaled first."""
+    rows = []
+    for (B, H, T, S, Dh), mask, dtype, under, what in [
+            ((2, 3, 4, 6, 8), "B1TS", "float32", Under(), "fully masked rows"),
+            ((1, 2, 5, 3, 4), "TS", "bfloat16", Under(), "B=1, T > S, a fully masked row"),
+            ((2, 1, 3, 5, 6), None, "float64", Under(), "H=1, allowed=None"),
+            ((2, 2, 3, 7, 8), "B1TS", "float32", Under(autocast="bfloat16"),
+             "under torch.autocast('cpu', dtype=torch.bfloat16)"),
+            ((3, 2, 4, 5, 8), "B1TS", "float32", Under(autocast="float16"),
+             "under torch.autocast('cpu', dtype=torch.float16)"),
+            ((2, 2, 4, 5, 8), "B1TS", "float16", Under(grad=True), "a backward pass"),
+            ((2, 2, 3, 5, 64), "TS", "float16", Under(), "q and k entries ±40")]:
+        if Dh == 64:  # key 0 aligned with query 0, whom every key is allowed: their product is the largest
+            q, k = rng.choice([-40.0, 40.0], size=(B, H, T, Dh)), rng.choice([-40.0, 40.0], size=(B, H, S, Dh))
+            k[..., 0, :] = q[..., 0, :]
+        else:
+            q, k = scaled_rows(rng, (B, H, T, Dh), scales=(0.1, 1.0, 2.0)), rng.standard_normal((B, H, S, Dh))
+        allowed = None if mask is None else random_allowed(rng, (T, S) if mask == "TS" else (B, 1, T, S))
+        tensors = {n: torch.tensor(x).to(getattr(torch, dtype)) for n, x in
+                   (("q", q), ("k", k), ("v", rng.standard_normal((B, H, S, Dh))))}
+        rows.append((f"(B, H, T, S, Dh) = {(B, H, T, S, Dh)} in {dtype}, {what}",
+                     {**tensors, "allowed": allowed, "under": under}))
+    return rows
+
+
+def _precision(args: dict) -> torch.dtype:
+    """The dtype a row computes in: autocast's, else q's (float32 values that all fit bfloat16 were bfloat16: NumPy
+    has none, so they come widened)."""
+    q = args["q"]
+    if options(args).autocast:
+        return getattr(torch, options(args).autocast)
+    if q.dtype == np.float32 and not (q.view(np.uint32) & 0xFFFF).any():
+        return torch.bfloat16
+    return torch.from_numpy(q[:0]).dtype
+
+
+def _attention(args: dict, got: list, desc: str) -> None:
+    """Finite (what breaks it: the overflow of q @ kᵀ, a fill of the wrong dtype, -inf), the weights of lesson 02
+    (blocked keys exactly 0, fully masked rows zeros), zeros out of a query with no allowed key, and PyTorch's
+    F.scaled_dot_product_attention in float64 (zeros for such a query too) within the dtype's rounding."""
+    out, weights = got
+    work = _precision(args)
+    if not (np.isfinite(out).all() and np.isfinite(weights).all()):
+        hint = ("inside autocast the scores are half precision although q is float32: take the fill from the "
+                "scores' dtype, or work on a float32 copy" if options(args).autocast else
+                "q @ kᵀ overflows float16 (65504) before the division by √Dh: scale q first; and a fully blocked "
+                "row filled with -inf gives NaN: use robust_masked_softmax")
+        raise CheckFailed(f"robust_attention returned NaN or inf ({desc}): {hint}")
+    _weights(weights, args["allowed"], "robust_attention's weights", desc)
+    dead = ~np.broadcast_to(True if args["allowed"] is None else args["allowed"], weights.shape).any(-1)  # (..., T)
+    if dead.any() and np.abs(out[dead]).max() > 0:
+        raise CheckFailed(f"robust_attention: a query with no allowed key must output zeros ({desc})")
+    q, k, v = (torch.from_numpy(args[n].astype(np.float64)) for n in ("q", "k", "v"))
+    mask = None if args["allowed"] is None else torch.from_numpy(args["allowed"])
+    want = F.scaled_dot_product_attention(q, k, v, attn_mask=mask).numpy()  # (..., T, Dv)
+    expect_close(out, want, "robust_attention's out (vs PyTorch's F.scaled_dot_product_attention in float64)",
+                 rtol=0, atol=max(10 * TOLERANCE[work], 2e-5),
+                 hint="scores = (q / √Dh) @ kᵀ over the last two axes (divided by the square root of the head width "
+                      "Dh = q.shape[-1]), weights = robust_masked_softmax(scores, allowed), out = weights @ v")
 
 
 SPECS = {
+    "mask_fill_value": Spec(
+        "mask_fill_value", _fill_rows, dtype=lambda a: float, shape=lambda a: (), scalar=True, rtol=0.0, atol=0.0,
+        properties=_most_negative_finite, hint="torch.finfo(dtype) knows the most negative finite number."),
     "robust_masked_softmax": Spec(
         "robust_masked_softmax", _robust_rows, dtype=lambda a: a["scores"].dtype, shape=lambda a: a["scores"].shape,
         properties=_robust_weights, uses=("mask_fill_value",), tensors=True,
-        on_error=lambda args, error: OVERFLOW if "without overflow" in error else "",
+        on_error=_overflow,
         shape_hint="The weights have the scores' shape.",
         hint="Expected the softmax over the allowed keys of the last axis (computed in float32 for half precision "
              "scores), returned in the scores' dtype; fill the blocked scores (masked_fill, a new tensor) with "
              "mask_fill_value of the dtype you fill, then zero the blocked weights."),
+    "robust_attention": Spec(
+        "robust_attention", _attention_rows, outputs=("out", "weights"), order=("weights", "out"),
+        # under autocast: the autocast dtype its products give, or the inputs' dtype kept
+        dtype=lambda a: (getattr(torch, options(a).autocast), a["q"].dtype) if options(a).autocast else a["q"].dtype,
+        shape=lambda a: ((*np.broadcast_shapes(a["q"].shape[:-2], a["k"].shape[:-2]), a["q"].shape[-2],
+                          a["v"].shape[-1]),
+                         (*np.broadcast_shapes(a["q"].shape[:-2], a["k"].shape[:-2]), a["q"].shape[-2],
+                          a["k"].shape[-2])),
+        axes=("B, H, T, Dv", "B, H, T, S"), properties=_attention, tensors=True, on_error=_overflow,
+        uses=("mask_fill_value", "robust_masked_softmax"), forbidden=("F.scaled_dot_product_attention",),
+        rtol=1e-5, atol=2e-5,
+        grad_hint="A -inf (or an overflow) inside the softmax poisons the backward pass even when the output was "
+                  "zeroed afterwards: use a finite fill.",
+        hint="scores = (q / √Dh) @ kᵀ, weights = robust_masked_softmax(scores, allowed), out = weights @ v, in the "
+             "inputs' dtype."),
+    "masked_logsumexp": Spec(
+        "masked_logsumexp", _lse_rows, shape=lambda a: a["scores"].shape[:-1], properties=_log_sum_exp,
+        dtype=lambda a: a["scores"].dtype if a["scores"].dtype == torch.float64 else torch.float32,
+        uses=("mask_fill_value",), tensors=True, on_error=_overflow, rtol=1e-5, atol=1e-4,
+        shape_hint="One number per query: the last axis (S) is summed away.",
+        hint="Subtract each query's own largest score (the max over the last axis, keepdim=True) before exp; the "
+             "result is float32 for float16, bfloat16 and float32 scores, float64 for float64 ones."),
 }
+
+
+def check_mask_fill_value(mask_fill_value) -> None:
+    """Every dtype, float16 first: finite, negative, and nothing finite in that dtype below it."""
+    run(SPECS["mask_fill_value"], mask_fill_value)
 
 
 def check_robust_masked_softmax(robust_masked_softmax) -> None:
@@ -161,141 +314,12 @@ def check_robust_masked_softmax(robust_masked_softmax) -> None:
     run(SPECS["robust_masked_softmax"], robust_masked_softmax)
 
 
-def _inputs(seed: int, scale: float = 1.0, B=2, H=3, T=4, S=6, Dh=8):
-    """q, k, v float32, rows of q on very different scales, and a (B, 1, T, S) mask with a fully blocked row."""
-    g = torch.Generator().manual_seed(seed)
-    row_scale = torch.tensor([0.1, 1.0, 3.0, 0.5])[:T, None]  # (T, 1)
-    q = torch.randn(B, H, T, Dh, generator=g) * row_scale * scale
-    k, v = torch.randn(B, H, S, Dh, generator=g) * scale, torch.randn(B, H, S, Dh, generator=g)
-    allowed = torch.rand(B, 1, T, S, generator=g) > 0.4  # (B, 1, T, S)
-    allowed[..., 0] = True
-    allowed[1, 0, 1] = False  # query 1 of sequence 1 may attend to nothing
-    return q, k, v, allowed
-
-
-def _sdpa64(q, k, v, allowed) -> torch.Tensor:
-    """PyTorch's attention in float64: the answer up to the rounding of the inputs' dtype."""
-    return F.scaled_dot_product_attention(q.double(), k.double(), v.double(), attn_mask=allowed)
-
-
-def _pair(result, what):
-    expect_type(result, tuple, what)
-    if len(result) != 2:
-        raise CheckFailed(f"{what} should return (out, weights), got {len(result)} values")
-    return result
-
-
 def check_robust_attention(robust_attention) -> None:
-    """Against F.scaled_dot_product_attention in three dtypes and under autocast; float16 overflow; gradients."""
-    q, k, v, allowed = _inputs(seed=1)
-    dead = ~allowed.any(-1)  # (B, 1, T): fully blocked queries
-    for dtype in (torch.float32, torch.float16, torch.bfloat16):
-        with check(f"{_name(dtype)}: equals F.scaled_dot_product_attention; a fully blocked query gets zeros"):
-            args = (q.to(dtype), k.to(dtype), v.to(dtype))
-            out, weights = _pair(expect_inputs_unchanged(robust_attention, *args, allowed),
-                                 "robust_attention(q, k, v, allowed)")
-            expect_shape(out, (2, 3, 4, 8), "out", names="B, H, T, Dv")
-            expect_shape(weights, (2, 3, 4, 6), "weights", names="B, H, T, S")
-            expect_dtype(out, dtype, f"out for {_name(dtype)} inputs")
-            expect_dtype(weights, dtype, f"weights for {_name(dtype)} inputs")
-            expect_rows_sum_to_one(weights, allowed, atol=TOLERANCE[dtype] * 6)
-            if bool(out.float()[dead.expand(2, 3, 4)].ne(0).any()):
-                raise CheckFailed("a query with no allowed key must output zeros (its weights are all 0)")
-            expect_close(out, _sdpa64(*args, allowed), "out", atol=TOLERANCE[dtype] * 10, rtol=0,
-                         hint="scores = (q / sqrt(Dh)) @ k^T, weights = robust_masked_softmax(scores, "
-                              "allowed), out = weights @ v")
-    with check("float16 with large activations: q · k exceeds 65504 unless q is scaled first"):
-        sign = torch.Generator().manual_seed(2)
-        q16 = (torch.randint(0, 2, (2, 2, 3, 64), generator=sign) * 80.0 - 40.0).half()  # entries ±40
-        k16 = (torch.randint(0, 2, (2, 2, 5, 64), generator=sign) * 80.0 - 40.0).half()
-        k16[:, :, 0] = q16[:, :, 0]  # key 0 = query 0: q · k = 64 * 40 * 40 = 102400 > 65504 before any scaling
-        v16 = torch.randn(2, 2, 5, 4, generator=sign).half()
-        out, _ = _pair(robust_attention(q16, k16, v16, None), "robust_attention(q, k, v)")
-        expect_finite(out, "out", hint="(q @ k^T) overflows float16 before the division by sqrt(Dh): "
-                                       "multiply q by 1/sqrt(Dh) first, then take the product")
-        expect_close(out, _sdpa64(q16, k16, v16, None), "out", atol=2e-2, rtol=0)
-    for ac_dtype in (torch.bfloat16, torch.float16):
-        with check(f"under torch.autocast('cpu', dtype={_name(ac_dtype)}) with float32 inputs"):
-            with torch.autocast("cpu", dtype=ac_dtype):
-                out, weights = _pair(robust_attention(q, k, v, allowed), "robust_attention under autocast")
-            expect_finite(out, "out under autocast")
-            expect_dtype(out, "float", "out under autocast")
-            expect_rows_sum_to_one(weights, allowed, atol=TOLERANCE[ac_dtype] * 6)
-            expect_close(out, _sdpa64(q, k, v, allowed), "out under autocast", atol=TOLERANCE[ac_dtype] * 10,
-                         rtol=0, hint="inside autocast q @ k^T is half precision although q is float32: take "
-                                      "the fill value from the scores' dtype (or work in float32)")
-    with check("float16 gradients are finite, even through the fully blocked query"):
-        q16, k16, v16 = (t.half().requires_grad_() for t in (q, k, v))
-        out, _ = _pair(robust_attention(q16, k16, v16, allowed), "robust_attention(q, k, v, allowed)")
-        out.float().sum().backward()
-        for name, t in (("q", q16), ("k", k16), ("v", v16)):
-            expect_finite(t.grad, f"the gradient of {name}",
-                          hint="a -inf that reaches the softmax gives NaN gradients even when the output was "
-                               "zeroed: use a finite fill")
-
-
-def _logsumexp64(scores, allowed) -> torch.Tensor:
-    """PyTorch's log-sum-exp in float64 over the allowed keys; a row with no allowed key is -inf there."""
-    s = scores.double()
-    return s.logsumexp(-1) if allowed is None else s.masked_fill(~allowed, -math.inf).logsumexp(-1)
-
-
-def _expect_logsumexp(masked_logsumexp, scores, allowed, names, dtype, atol, rtol, hint=None) -> None:
-    """masked_logsumexp(scores, allowed) leaves its inputs, drops the S axis, returns ``dtype``, stays finite and
-    equals torch.logsumexp over the allowed keys."""
-    got = expect_inputs_unchanged(masked_logsumexp, scores, allowed)
-    expect_type(got, torch.Tensor, "masked_logsumexp(scores, allowed)")
-    expect_shape(got, scores.shape[:-1], "masked_logsumexp(scores, allowed)", names=names)
-    expect_dtype(got, dtype, f"the log-sum-exp of {_name(scores.dtype)} scores")
-    expect_finite(got, "the log-sum-exp", hint="exp of a huge score overflows: subtract a max first")
-    expect_close(got, _logsumexp64(scores, allowed), "the log-sum-exp", atol=atol, rtol=rtol, hint=hint)
+    """Against F.scaled_dot_product_attention in every dtype and under autocast; float16 overflow; gradients."""
+    run(SPECS["robust_attention"], robust_attention)
 
 
 def check_masked_logsumexp(masked_logsumexp) -> None:
-    """Find the bug: PyTorch's torch.logsumexp, then the probe (one row changed, the others must not move), a fully
-    blocked row, huge half precision scores, broadcasting."""
-    with check("worked example: equals torch.logsumexp over the allowed keys, in float32"):
-        scores = torch.tensor([[1.0, 2.0, 3.0], [-1.0, 0.5, 4.0]])  # (T, S)
-        allowed = torch.tensor([[True, False, True], [True, True, True]])
-        _expect_logsumexp(masked_logsumexp, scores, allowed, "T", torch.float32, atol=1e-5, rtol=1e-6,
-                          hint="row 0 is log(e¹ + e³), key 1 blocked; row 1 is log(e⁻¹ + e^0.5 + e⁴)")
-    with check("the probe: changing only row 2 of the scores changes no other row's result"):
-        g = torch.Generator().manual_seed(0)
-        scores = torch.randn(4, 5, generator=g)  # (T, S): ordinary scores
-        allowed = torch.ones(4, 5, dtype=torch.bool)
-        before = masked_logsumexp(scores, allowed)
-        moved = scores.clone()
-        moved[2] += 200.0  # one query's scores, far above the others (a confident head)
-        after = masked_logsumexp(moved, allowed)
-        changed = (after - before).abs() > 1e-4  # (T,)
-        changed[2] = False
-        if bool(changed.any()):
-            rows = torch.nonzero(changed).flatten().tolist()
-            raise CheckFailed(
-                f"rows {rows} changed when only row 2's scores changed: before {before[rows].tolist()}, after "
-                f"{after[rows].tolist()}. A query's log-sum-exp depends on its own scores only; print the max "
-                "your code subtracts before exp, and the terms exp(score - max) of row 0. Which max should a row "
-                "subtract?")
-        expect_close(after[2], _logsumexp64(moved, allowed)[2], "row 2 after the change", atol=1e-4, rtol=1e-6)
-    with check("a query with no allowed key gives float32's most negative finite number, next to ordinary rows"):
-        scores = torch.tensor([[0.5, -1.0, 2.0], [3.0, 1.0, 0.0], [-2.0, 0.0, 1.0]])
-        allowed = torch.tensor([[True, True, False], [False, False, False], [True, True, True]])
-        got = masked_logsumexp(scores, allowed)
-        expect_shape(got, (3,), "masked_logsumexp(scores, allowed)", names="T")
-        if not bool(torch.isfinite(got).all()):
-            raise CheckFailed(f"got {got.tolist()}: the fully blocked row 1 (or another) is not finite. The fill "
-                              "is finite; follow it through the code for that row: its max, then exp(score - max)")
-        if float(got[1]) != torch.finfo(torch.float32).min:
-            raise CheckFailed(f"row 1 has no allowed key and gave {float(got[1])}, expected float32's most "
-                              f"negative finite number {torch.finfo(torch.float32).min:.4g}")
-        expect_close(got[[0, 2]], _logsumexp64(scores, allowed)[[0, 2]], "rows 0 and 2", atol=1e-5, rtol=1e-6)
-    with check("float16 scores up to ±30000 (exp overflows above 88.7 in float32): finite, float32, right"):
-        g = torch.Generator().manual_seed(1)
-        scores = (torch.randn(2, 3, 4, 6, generator=g) * 10000).clamp(-30000, 30000).half()  # (B, H, T, S)
-        allowed = torch.rand(4, 6, generator=g) > 0.3  # (T, S), broadcast over B and H
-        allowed[:, 0] = True
-        _expect_logsumexp(masked_logsumexp, scores, allowed, "B, H, T", torch.float32, atol=1e-2, rtol=1e-6)
-    with check("float64 scores, allowed=None: equals torch.logsumexp, float64 kept"):
-        g = torch.Generator().manual_seed(2)
-        scores = torch.randn(3, 5, generator=g, dtype=torch.float64) * torch.tensor([[1.0], [30.0], [0.1]])
-        _expect_logsumexp(masked_logsumexp, scores, None, "T", torch.float64, atol=1e-10, rtol=1e-12)
+    """Find the bug: torch.logsumexp over the allowed keys on rows far apart, fully masked rows, huge half
+    precision scores, every dtype."""
+    run(SPECS["masked_logsumexp"], masked_logsumexp)
