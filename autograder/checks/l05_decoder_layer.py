@@ -361,16 +361,6 @@ PARAM_SHAPES = {
     "ff_W1": ("D", "F"), "ff_b1": ("F",), "ff_W2": ("F", "D"), "ff_b2": ("D",),
     **{f"ln{i}_{k}": ("D",) for i in (1, 2, 3) for k in "gb"},
 }
-# numpy_decoder_layer's parameter -> the contract's DecoderLayer key (weights (in, out) there, (out, in) here)
-NP_NAMES = {
-    **{f"{prefix}_{w}{n}": f"{sub}.{proj}.{what}" for prefix, sub in (("sa", "self_attn"), ("ca", "cross_attn"))
-       for n, proj in zip("qkvo", ATTN_PROJ, strict=True) for w, what in (("W", "weight"), ("b", "bias"))},
-    **{f"ff_{w}{i}": f"feed_forward.linear{i}.{what}" for i in (1, 2) for w, what in (("W", "weight"), ("b", "bias"))},
-    **{f"ln{i}_{k}": f"{norm}.{what}" for i, norm in enumerate(NORMS, start=1)
-       for k, what in (("g", "weight"), ("b", "bias"))},
-}
-
-
 def _params_case(case: Case, D: int, H: int, F: int, record: str, seed: int | None) -> None:
     """Steps calling init_numpy_decoder_params with a fresh np.random.default_rng(seed), or with no rng."""
     if seed is None:
@@ -437,109 +427,6 @@ class InitNumpyParams(Exercise):
             elif all(np.array_equal(p1[k], p2[k]) for k in weights):
                 raise Fail(f"two calls without an rng gave the same parameters ({case.desc}): with rng=None use a "
                            "fresh np.random.default_rng(), not a fixed seed.")
-
-
-def _np_params(rng: np.random.Generator, D: int, F: int) -> dict[str, np.ndarray]:
-    """Random float64 parameters for numpy_decoder_layer, biases and LayerNorms not trivial."""
-    state = _layer_state(rng, D, F)
-    # .T: an (out, in) weight becomes (in, out); a vector is left as it is
-    return {k: np.ascontiguousarray(state[key].T, dtype=np.float64) for k, key in NP_NAMES.items()}
-
-
-def _state_from_np(params: dict) -> dict[str, np.ndarray]:
-    """numpy_decoder_layer's parameters under the contract's DecoderLayer names ((out, in) weights)."""
-    return {key: params[k].T for k, key in NP_NAMES.items()}
-
-
-@exercise(LESSON, "numpy_decoder_layer")
-class NumpyDecoderLayer(Exercise):
-    """Against nn.TransformerDecoderLayer (float64, copied weights), both LN placements, leakage, B = 1, a
-    sequence without memory, inputs and params unchanged."""
-
-    # NumPy only: no detour through PyTorch
-    forbidden = ("torch.", "nn.TransformerDecoderLayer")
-
-    def cases(self, rng):
-        B, T, S, D, H, F = 2, 5, 7, 12, 3, 20  # Dh = 4, T != S != H, F != D
-        causal = causal_mask(T)
-        mem_is_real = _padded(rng, B, S)
-        x, memory = (a.astype(np.float64) for a in _inputs(rng, B, T, S, D))
-        t0, x_future, memory_pad = _perturbed(rng, x, memory, mem_is_real)
-        params = _np_params(rng, D, F)
-        mem_empty = mem_is_real.copy()
-        mem_empty[0] = False
-        sizes = f"B={B}, T={T}, S={S}, D={D}, H={H}, F={F}"
-        # id, sizes, H, params, norm_first, x, memory, memory padding (None: no masks at all), situation
-        rows = [
-            ("post", sizes, H, params, False, x, memory, mem_is_real, "causal + memory padding"),
-            ("post_future", sizes, H, params, False, x_future, memory, mem_is_real,
-             "causal + memory padding, later positions changed"),
-            ("post_pad", sizes, H, params, False, x, memory_pad, mem_is_real,
-             "causal + memory padding, padded memory changed"),
-            ("pre", sizes, H, params, True, x, memory, mem_is_real, "causal + memory padding"),
-            ("empty", sizes, H, params, bool(rng.integers(2)), x, memory, mem_empty,
-             "batch item 0 has no real memory token"),
-        ]
-        # B = 1, T != S, no masks, another size; the FFN's F = 2 D
-        x1, memory1 = (a.astype(np.float64) for a in _inputs(rng, 1, 3, 4, 8))
-        rows.append(("b1", "B=1, T=3, S=4, D=8, H=2, F=16", 2, _np_params(rng, 8, 16), bool(rng.integers(2)), x1,
-                     memory1, None, "no masks"))
-        cases = []
-        for case_id, size, Hc, ps, norm_first, xs, ms, real, what in rows:
-            case = Case(case_id, f"{size}, {'pre' if norm_first else 'post'}-LN, {what}",
-                        data={"params": ps, "H": Hc, "x": xs, "memory": ms, "causal": None if real is None else causal,
-                              "mem_is_real": real, "norm_first": norm_first, "t0": t0})
-            case.let("x", case.array(xs))
-            case.let("memory", case.array(ms))
-            case.let("params", {"dict": {k: case.array(v) for k, v in ps.items()}})
-            masks = [] if real is None else [case.array(causal), case.array(_cross_allowed(real, T))]
-            case.call("numpy_decoder_layer", {"ref": "x"}, {"ref": "memory"}, {"ref": "params"}, Hc, *masks,
-                      norm_first=norm_first, record="out")
-            if case_id == "post":
-                judges.record_after(case, ("x", "memory", "params"))
-            cases.append(case)
-        return cases
-
-    def judge(self, result: Result):
-        for case_id, case in result.cases.items():
-            error = result.error(case_id) or ""
-            if "matmul" in error or "not aligned" in error:
-                raise Fail(f"a matrix product failed on a case with {case.desc}:\n    {error.splitlines()[-1]}\n"
-                           "Weights are stored (in, out), so activations go on the left: (B, T, D) @ (D, F) -> "
-                           "(B, T, F), i.e. h @ W; W @ h multiplies the wrong axes.")
-        outs = {case_id: result.get(case_id, "out", what="numpy_decoder_layer(...)", kind="ndarray", dtype="float",
-                                    shape=case.data["x"].shape) for case_id, case in result.cases.items()}
-        post = result.cases["post"]
-        _leaks(outs, post, "Only the self-attention may mix positions of x, under self_allowed; the "
-               "cross-attention's keys and values come from the memory; LayerNorm and the feed-forward work on each "
-               "position alone (LayerNorm's statistics are over the last axis, D).",
-               "pass cross_allowed to the cross-attention, whose keys and values come from the memory.", tol=1e-7)
-        for case_id in ("post", "pre", "b1"):
-            case = result.cases[case_id]
-            d = case.data
-            F, state = d["params"]["ff_W1"].shape[1], _state_from_np(d["params"])
-            inputs = (d["x"], d["memory"], d["causal"], None, d["mem_is_real"])
-            other = _torch_forward(_torch_layer(state, d["H"], F, not d["norm_first"]), *inputs)
-            hint = judges.diagnose(outs[case_id], {
-                f"the other LayerNorm placement: norm_first={d['norm_first']} was asked for": other,
-            }) or ("Compare each step with DecoderLayer: LayerNorm over the last axis D (biased variance, eps 1e-5, "
-                   "then * g + b); every linear map is activations @ W + b (h @ W, never W @ h); post-LN: "
-                   "x = LN(x + sublayer(x)); pre-LN: x = x + sublayer(LN(x)).")
-            expect_close(outs[case_id], _torch_forward(_torch_layer(state, d["H"], F, d["norm_first"]), *inputs),
-                         "numpy_decoder_layer's output (vs nn.TransformerDecoderLayer with the same weights)",
-                         case.desc, rtol=1e-6, atol=1e-6, hint=hint)
-        d = result.cases["empty"].data
-        want = ref.numpy_decoder_layer(d["x"], d["memory"], d["params"], d["H"], d["causal"],
-                                       _cross_allowed(d["mem_is_real"], d["x"].shape[1]), d["norm_first"])
-        expect_close(outs["empty"], want, "numpy_decoder_layer's output", result.cases["empty"].desc, rtol=1e-6,
-                     atol=1e-6, hint="A query with no allowed key gets zero attention output (the given "
-                                     "scaled_dot_product_attention does it): pass cross_allowed to it unchanged.")
-        _unchanged(result, "post", {"x": post.data["x"], "memory": post.data["memory"]}, "numpy_decoder_layer",
-                   "In a layer: `x = x + ...`, not `x += ...`.")
-        for key, value in post.data["params"].items():
-            after = result.get("post", f"params_after/{key}", what=f"params[{key!r}] after the call", kind="ndarray")
-            if not np.array_equal(after, value):
-                raise Fail(f"numpy_decoder_layer changed params[{key!r}] in place: never write into the parameters.")
 
 
 # -- run_with_torch_masks: find the bug (autograder.bugs), judged relative to the student's DecoderLayer --------

@@ -75,10 +75,15 @@ def _value(case: Case, value, tensors: bool, grad: bool = False):
         return case.array(value)
     if isinstance(value, (type, np.dtype)):
         return {"np_dtype": np.dtype(value).name}
+    if isinstance(value, dict):  # a dict of arrays (a parameter dict), each sent aside
+        return {"dict": {key: _value(case, item, tensors, grad) for key, item in value.items()}}
     return value
 
 
 def _is_array(value) -> bool:
+    """An array, a tensor, or a dict holding them (bound in the kernel, so that it can be recorded after the call)."""
+    if isinstance(value, dict):
+        return any(_is_array(item) for item in value.values())
     return isinstance(value, np.ndarray) or _is_tensor(value)
 
 
@@ -211,7 +216,7 @@ class SpecExercise(Exercise):
             if spec.keeps_inputs:
                 judges.unchanged(result, case.id, {n: v for n, v in given.items() if isinstance(v, np.ndarray)},
                                  self.name)
-
+                _dicts_unchanged(result, case, given, self.name)
 
     def _judge_items(self, result: Result, case: Case) -> None:
         """A tuple result: each item's contract, the properties, the probe, then each item against the reference's
@@ -364,3 +369,15 @@ def register(lesson: str, specs: dict[str, Spec | ModuleSpec], ref: ModuleType) 
         cls = type(f"{name}_spec", (base,), {"spec": spec, "ref": ref, "reference": ref, "uses": spec.uses,
                                              "forbidden": spec.forbidden})
         exercise(lesson, name)(cls)
+
+
+def _dicts_unchanged(result: Result, case: Case, given: dict, what: str) -> None:
+    """Each array of a dict argument (a parameter dict) equals the value passed: the code never writes into it."""
+    for name, value in given.items():
+        for key, item in value.items() if isinstance(value, dict) else ():
+            if isinstance(item, np.ndarray):
+                after = result.get(case.id, f"{name}_after/{key}", what=f"{name}[{key!r}] after the call",
+                                   kind="array", finite=False)
+                if after.shape != item.shape or not np.array_equal(after, item, equal_nan=True):
+                    raise Fail(f"{what} changed {name}[{key!r}] in place ({case.desc}): never write into the "
+                               "caller's arrays.")

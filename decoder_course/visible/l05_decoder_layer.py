@@ -33,7 +33,7 @@ from decoder_course.checks import (
     padding_leakage_probe,
     randomised,
 )
-from decoder_course.spec import Build, Keyword, ModuleSpec, load, run_module
+from decoder_course.spec import Build, Keyword, ModuleSpec, Perturbed, Spec, load, run, run_module
 
 ATTN_PROJ = ("q_proj", "k_proj", "v_proj", "out_proj")
 SUBLAYERS = ("self_attn", "cross_attn", "feed_forward")
@@ -114,18 +114,6 @@ class _SpyDropout(nn.Dropout):
     def forward(self, x):
         self.log.append((self.name, tuple(x.shape)))
         return super().forward(x)
-
-
-def _matmul_hint(fn, *args, **kwargs):
-    """Call ``fn``; a failed matrix product becomes a message about the order of its operands."""
-    try:
-        return fn(*args, **kwargs)
-    except ValueError as exc:
-        if "matmul" in str(exc) or "not aligned" in str(exc):
-            raise CheckFailed(f"a matrix product failed ({exc}). Weights are stored (in, out): activations go on "
-                              "the left, h @ W with (B, T, D) @ (D, F) -> (B, T, F); W @ h multiplies the wrong "
-                              "axes.") from None
-        raise
 
 
 # -- FeedForward ---------------------------------------------------------------------------------------------
@@ -346,55 +334,109 @@ def check_init_numpy_decoder_params(init_numpy_decoder_params) -> None:
                            "init_numpy_decoder_params(10, 3, 8): D = 10 cannot be split into 3 heads of equal width")
 
 
-def _numpy_params(theirs: nn.TransformerDecoderLayer) -> dict[str, np.ndarray]:
-    """PyTorch's weights as numpy_decoder_layer parameters: (in, out) matrices, float64."""
-    state = {k: v.double().numpy().copy() for k, v in twins.from_torch(theirs.state_dict(), "decoder").items()}
-    params = {}
-    for prefix, sub in (("sa", "self_attn"), ("ca", "cross_attn")):
-        for n, proj in zip("qkvo", ATTN_PROJ, strict=True):
-            params[f"{prefix}_W{n}"] = state[f"{sub}.{proj}.weight"].T.copy()  # (D_in, D_out)
-            params[f"{prefix}_b{n}"] = state[f"{sub}.{proj}.bias"]
-    for i in (1, 2):
-        params[f"ff_W{i}"] = state[f"feed_forward.linear{i}.weight"].T.copy()
-        params[f"ff_b{i}"] = state[f"feed_forward.linear{i}.bias"]
-    for i in (1, 2, 3):
-        params[f"ln{i}_g"], params[f"ln{i}_b"] = state[f"norm{i}.weight"], state[f"norm{i}.bias"]
-    return params
+# numpy_decoder_layer's parameter -> the contract's DecoderLayer key (weights (in, out) there, (out, in) here)
+NP_NAMES = {
+    **{f"{prefix}_{w}{n}": f"{sub}.{proj}.{what}" for prefix, sub in (("sa", "self_attn"), ("ca", "cross_attn"))
+       for n, proj in zip("qkvo", ATTN_PROJ, strict=True) for w, what in (("W", "weight"), ("b", "bias"))},
+    **{f"ff_{w}{i}": f"feed_forward.linear{i}.{what}" for i in (1, 2) for w, what in (("W", "weight"), ("b", "bias"))},
+    **{f"ln{i}_{k}": f"norm{i}.{what}" for i in (1, 2, 3) for k, what in (("g", "weight"), ("b", "bias"))},
+}
+MATMUL = ("Weights are stored (in, out): activations go on the left, h @ W with (B, T, D) @ (D, F) -> (B, T, F); "
+          "W @ h multiplies the wrong axes.")
+
+
+def _np_rows(rng: np.random.Generator) -> list[tuple]:
+    """Post-LN with causal + memory padding (and its future and padded-memory probes), pre-LN, a sequence without
+    memory, B = 1 without masks; each sequence on its own scale, biases and LayerNorms not trivial."""
+    rows = []
+    for B, T, S, D, H, F_, kinds in ((2, 5, 7, 12, 3, 20, ("post", "post", "pre", "empty")),
+                                     (1, 3, 4, 8, 2, 16, ("b1",))):  # Dh = 4, T != S != H, F != D
+        scale = np.geomspace(0.3, 6.0, B)[rng.permutation(B)][:, None, None]  # (B, 1, 1)
+        x, memory = rng.standard_normal((B, T, D)) * scale, rng.standard_normal((B, S, D)) * scale[::-1]
+        # .T: an (out, in) weight becomes (in, out); a vector is left as it is
+        params = {k: np.ascontiguousarray(random_state(rng, D, F_)[key].T, np.float64) for k, key in NP_NAMES.items()}
+        lengths = rng.integers(1, S, size=B)
+        lengths[rng.integers(B)] = S
+        mem_is_real = np.arange(S)[None, :] < lengths[:, None]  # (B, S): real tokens, then padding
+        t0 = int(rng.integers(1, T - 1))
+        for i, kind in enumerate(kinds):
+            norm_first = kind == "pre" or (kind in ("empty", "b1") and bool(rng.integers(2)))
+            real = mem_is_real.copy()
+            if kind == "empty":
+                real[0] = False  # one sequence with no real memory token: zeros from its cross-attention
+            args = {"x": x, "memory": memory, "params": params, "n_heads": H}
+            if kind != "b1":
+                args |= {"self_allowed": np.tril(np.ones((T, T), bool)),  # (T, T)
+                         "cross_allowed": np.repeat(real[:, None, None, :], T, axis=2)}  # (B, 1, T, S)
+            args["norm_first"] = Keyword(norm_first)
+            what = {"post": "causal + memory padding", "pre": "causal + memory padding", "b1": "no masks",
+                    "empty": "causal, sequence 0 has no real memory token"}[kind]
+            desc = f"B={B}, T={T}, S={S}, D={D}, H={H}, F={F_}, {WIRING[norm_first][0]}, {what}"
+            if kind != "post":
+                rows.append((desc, args))
+                continue
+            moved = x.copy() if i == 0 else memory.copy()
+            if i == 0:  # the positions after t0 redrawn: the outputs at t0 and before must not move
+                moved[:, t0 + 1:] = rng.standard_normal((B, T - t0 - 1, D)) * 3.0
+                probe = Perturbed(args | {"x": moved}, lambda out, t0=t0: out[:, : t0 + 1],
+                                  f"positions <= {t0} changed when only later positions of x changed: the future "
+                                  "leaks. Only the self-attention mixes positions of x, under self_allowed; "
+                                  "LayerNorm and the feed-forward work on each position alone (over D)")
+            else:  # the padded memory redrawn: no output may move
+                moved[~mem_is_real] = rng.standard_normal((int((~mem_is_real).sum()), D)) * 3.0
+                probe = Perturbed(args | {"memory": moved}, lambda out: out,
+                                  "the output changed when only padded memory positions changed: pass "
+                                  "cross_allowed to the cross-attention, whose keys and values come from the memory")
+            again = "later positions of x" if i == 0 else "the padded memory"
+            rows.append((f"{desc}; again with {again} redrawn", args, probe))
+    return rows
+
+
+def _np_twin(args: dict, norm_first: bool) -> np.ndarray:
+    """nn.TransformerDecoderLayer (float64) with the parameters' weights, on the row's inputs and masks."""
+    from decoder_course.visible.l06_model import _stack_twin  # lesson 06 builds on this module
+
+    D, F_ = args["params"]["ff_W1"].shape
+    state = {f"layers.0.{key}": np.asarray(args["params"][k]).T for k, key in NP_NAMES.items()}
+    init = {"n_layers": 1, "n_heads": args["n_heads"], "d_ff": F_, "d_model": D, "norm_first": norm_first}
+    inputs = {n: torch.from_numpy(np.asarray(args[n])) for n in ("x", "memory", "self_allowed", "cross_allowed")
+              if args.get(n) is not None}
+    with torch.no_grad():
+        return _stack_twin(init, state, inputs, False, final_norm=False).numpy()
+
+
+def _np_twin_agrees(args: dict, got: np.ndarray, situation: str) -> None:
+    """Equal to PyTorch's own layer with the same weights, wherever every query has a memory key to read (where
+    none has, PyTorch gives NaN, and the hidden comparison with the course's layer decides)."""
+    cross = args.get("cross_allowed")
+    if cross is not None and not cross.any(axis=-1).all():
+        return
+    norm_first = bool(args.get("norm_first", False))
+    if np.allclose(got, _np_twin(args, norm_first), rtol=1e-6, atol=1e-6):
+        return
+    kind, wiring = WIRING[norm_first]
+    if np.allclose(got, _np_twin(args, not norm_first), rtol=1e-6, atol=1e-6):
+        raise CheckFailed(f"numpy_decoder_layer's output ({situation}) is PyTorch's {WIRING[not norm_first][0]} "
+                          f"layer's: norm_first={norm_first} asks for {kind}, {wiring}")
+    raise CheckFailed(f"numpy_decoder_layer's output ({situation}) differs from nn.TransformerDecoderLayer with the "
+                      f"same weights. {NP_HINT}")
+
+
+NP_HINT = ("LayerNorm over the last axis D (biased variance, eps 1e-5, then * g + b); every linear map is "
+           "activations @ W + b (h @ W, never W @ h); the cross-attention's keys and values come from the memory; "
+           "post-LN: x = LN(x + sublayer(x)); pre-LN: x = x + sublayer(LN(x)).")
+
+SPECS["numpy_decoder_layer"] = Spec(
+    "numpy_decoder_layer", _np_rows, dtype=lambda a: "float", shape=lambda a: a["x"].shape, axes="B, T, D",
+    properties=_np_twin_agrees, forbidden=("torch.", "nn.TransformerDecoderLayer"), rtol=1e-6, atol=1e-6,
+    on_error=lambda args, error: MATMUL if "matmul" in error or "not aligned" in error else "",
+    hint=NP_HINT + " A query with no allowed key gets a zero attention output (the given "
+    "scaled_dot_product_attention does it): pass cross_allowed to it unchanged.")
 
 
 def check_numpy_decoder_layer(numpy_decoder_layer) -> None:
-    """The NumPy system's shape, PyTorch's layer with the same weights, leakage, inputs unchanged."""
-    D, H, F, B, T, S = 64, 4, 128, 2, 5, 7
-    rng = np.random.default_rng(0)
-    x, memory = rng.standard_normal((B, T, D)), rng.standard_normal((B, S, D))
-    causal_t, mem_is_real_t, cross_t, blocked = _masks(B, T, S, [S, 5])
-    causal, mem_is_real, cross_allowed = causal_t.numpy(), mem_is_real_t.numpy(), cross_t.numpy().copy()
-    for norm_first, (kind, _) in WIRING.items():
-        with check(f"{kind}, D=64, 4 heads, F=128, B=2, T=5, S=7: (2, 5, 64) and equal to "
-                   "nn.TransformerDecoderLayer with the same weights"):
-            theirs = _torch_layer(D, H, F, norm_first, seed=21 + norm_first).double()
-            params = _numpy_params(theirs)
-            got = _matmul_hint(expect_inputs_unchanged, numpy_decoder_layer, x, memory, params, H, causal,
-                               cross_allowed, norm_first=norm_first)
-            expect_type(got, np.ndarray, "numpy_decoder_layer(...)")
-            expect_shape(got, (B, T, D), "numpy_decoder_layer(...)", names="B, T, D")
-            expect_dtype(got, "float", "numpy_decoder_layer(...)")
-            expect_finite(got, "numpy_decoder_layer(...)")
-            with torch.no_grad():
-                want = theirs(torch.from_numpy(x), torch.from_numpy(memory), **blocked).numpy()
-            expect_close(got, want, "numpy_decoder_layer(...)", rtol=1e-6, atol=1e-8,
-                         hint="LayerNorm over the last axis (biased variance, eps 1e-5, then * g + b); every "
-                              "linear map is h @ W + b; post-LN: x = LN(x + sublayer(x)), pre-LN: "
-                              "x = x + sublayer(LN(x))")
-            for key, value in _numpy_params(theirs).items():
-                expect_close(params[key], value, f"params[{key!r}] after the call",
-                             hint="never write into the parameters")
-    with check("query 0 ignores later positions; padded memory is ignored"):
-        params = _numpy_params(_torch_layer(D, H, F, False, seed=23).double())
-        causal_leakage_probe(lambda q: numpy_decoder_layer(q, memory, params, H, causal, cross_allowed), x,
-                             what="numpy_decoder_layer's output")
-        padding_leakage_probe(lambda m: numpy_decoder_layer(x, m, params, H, causal, cross_allowed), memory,
-                              mem_is_real, what="numpy_decoder_layer's output")
+    """PyTorch's layer with the same weights, both placements, leakage of the future and of padded memory."""
+    run(SPECS["numpy_decoder_layer"], numpy_decoder_layer)
 
 
 # -- run_with_torch_masks (find the bug) ---------------------------------------------------------------------
