@@ -168,6 +168,8 @@ def call_args(spec: Spec | ModuleSpec, args: dict) -> tuple[list, dict]:
     def value(v):
         if _is_tensor(v):
             return v.clone()
+        if isinstance(v, Rng):
+            return np.random.default_rng(v.seed)
         return _torch().from_numpy(v.copy()) if tensors and isinstance(v, np.ndarray) else v
 
     positional = [value(v) for v in args.values() if not isinstance(v, Keyword)]
@@ -251,6 +253,7 @@ class Perturbed:
     inputs: dict  # forward's arguments of the second call
     kept: Callable[[np.ndarray], np.ndarray]  # the first output -> the part that must not move
     leak: str  # what it means when it moves ("the future leaks: ...")
+    moves: bool = False  # the opposite demand: the part must move (two calls without a seed draw different numbers)
 
 
 @dataclass(frozen=True)
@@ -319,6 +322,9 @@ def items(spec: ModuleSpec, got: Any, what: str) -> list:
     """A module's result as the list of its items (one for a single tensor); a tuple of another length is refused."""
     if not spec.outputs:
         return [got]
+    if isinstance(got, dict):  # a dict result (parameters): its items by the names
+        expect_keys(set(got), spec.outputs, what)
+        return [got[n] for n in spec.outputs]
     if not isinstance(got, (tuple, list)) or len(got) != len(spec.outputs):
         kind = f"{len(got)} values" if isinstance(got, (tuple, list)) else f"a {type(got).__name__}"
         raise CheckFailed(f"{what} should return ({', '.join(spec.outputs)}), got {kind}")
@@ -448,8 +454,10 @@ def judge_items(spec: ModuleSpec, row: Build, got: list[np.ndarray], what: str, 
 
 def expect_unmoved(probe: Perturbed, first: np.ndarray, moved: np.ndarray, what: str, situation: str) -> None:
     """The perturbed call left the part of the first output it must not move where it was."""
-    if np.shape(moved) != np.shape(first) or not agrees(probe.kept(moved), probe.kept(first), 1e-5, 1e-4):
-        raise CheckFailed(f"{what} moved where it must not ({situation}): {probe.leak}")
+    same = np.shape(moved) == np.shape(first) and agrees(probe.kept(moved), probe.kept(first), 1e-5, 1e-4)
+    if same == probe.moves:
+        how = "did not move on the second call" if probe.moves else "moved where it must not"
+        raise CheckFailed(f"{what} {how} ({situation}): {probe.leak}")
 
 
 def expect_gradients(spec: ModuleSpec, grads: dict, situation: str) -> None:
@@ -523,3 +531,22 @@ def run_module(spec: ModuleSpec, cls: Any, seed: int = 0) -> None:
         with check(f"{spec.name} refuses to be built with {desc}"):
             positional, by_name = call_args(spec, init)
             expect_value_error(lambda: cls(*positional, **by_name), why)  # noqa: B023 - called at once
+
+
+@dataclass(frozen=True)
+class Rng:
+    """A row's argument: a fresh ``np.random.default_rng(seed)`` at each call (two calls draw the same numbers)."""
+
+    seed: int
+
+
+def numpy_rng(seed: int) -> np.random.Generator:
+    """``np.random.default_rng(seed)``, as the kernel builds a row's :class:`Rng` (``{"new": ...}``)."""
+    return np.random.default_rng(seed)
+
+
+def expect_keys(keys: set, names: tuple, what: str) -> None:
+    """A dict result holds exactly the contract's keys."""
+    missing, extra = sorted(set(names) - keys), sorted(keys - set(names))
+    if missing or extra:
+        raise CheckFailed(f"{what}'s keys are not those the exercise names: missing {missing}, unexpected {extra}")

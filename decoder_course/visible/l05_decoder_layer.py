@@ -23,17 +23,15 @@ from decoder_course.checks import (
     check,
     expect_close,
     expect_dropout,
-    expect_dtype,
     expect_finite,
     expect_inputs_unchanged,
     expect_shape,
     expect_type,
-    expect_value_error,
     grid,
     padding_leakage_probe,
     randomised,
 )
-from decoder_course.spec import Build, Keyword, ModuleSpec, Perturbed, Spec, load, run, run_module
+from decoder_course.spec import Build, Keyword, ModuleSpec, Perturbed, Rng, Spec, load, run, run_module
 
 ATTN_PROJ = ("q_proj", "k_proj", "v_proj", "out_proj")
 SUBLAYERS = ("self_attn", "cross_attn", "feed_forward")
@@ -294,44 +292,50 @@ PARAM_SHAPES = {
 }
 
 
+def _init_rows(rng: np.random.Generator) -> list[tuple]:
+    """Twice with the same seed (the same numbers), twice without an rng (different numbers)."""
+    seed = int(rng.integers(2**31))
+    rows = []
+    for D, H, F_, given in ((64, 4, 256, Rng(seed)), (12, 3, 20, None)):
+        args = {"D": D, "H": H, "F": F_} | ({} if given is None else {"rng": given})
+        again = "with np.random.default_rng(the same seed)" if given else "without an rng"
+        leak = ("two calls with the same seed gave different parameters: draw every number from the rng you are "
+                "given" if given else "two calls without an rng gave the same parameters: with rng=None use a fresh "
+                "np.random.default_rng(), not a fixed seed")
+        rows.append((f"D={D}, H={H}, F={F_}, twice {again}", args, Perturbed(args, lambda p: p, leak,
+                                                                               moves=given is None)))
+    return rows
+
+
+def _init_properties(args: dict, got: list, situation: str) -> None:
+    """LayerNorms start as the identity; each weight matrix drawn separately, with standard deviation 1/sqrt(fan_in)."""
+    params = dict(zip(PARAM_SHAPES, got, strict=True))
+    for i in (1, 2, 3):
+        if not (np.all(params[f"ln{i}_g"] == 1) and np.all(params[f"ln{i}_b"] == 0)):
+            raise CheckFailed(f"ln{i}_g should start at ones and ln{i}_b at zeros ({situation}): a LayerNorm starts "
+                              "as a plain normalisation (as nn.LayerNorm does)")
+    for key in (k for k in PARAM_SHAPES if "_W" in k):
+        fan_in, std = params[key].shape[0], float(params[key].std())
+        if not 0.5 / np.sqrt(fan_in) < std < 2.0 / np.sqrt(fan_in):
+            raise CheckFailed(f"params[{key!r}] has standard deviation {std:.3g} for fan-in {fan_in} ({situation}): "
+                              "draw weights with standard deviation 1/sqrt(fan_in), so that x @ W keeps the scale of x")
+    if np.allclose(params["sa_Wq"], params["sa_Wk"]) or np.allclose(params["sa_Wq"], params["ca_Wq"]):
+        raise CheckFailed(f"two weight matrices are equal ({situation}): draw every matrix separately")
+
+
+SPECS["init_numpy_decoder_params"] = Spec(
+    "init_numpy_decoder_params", _init_rows, dtype=lambda a: "float", outputs=tuple(PARAM_SHAPES),
+    shape=lambda a: tuple(tuple(a[n] for n in dims) for dims in PARAM_SHAPES.values()),
+    axes=tuple(", ".join(dims) for dims in PARAM_SHAPES.values()), compare=False, properties=_init_properties,
+    forbidden=("torch.",), shape_hint="Weights are stored (in, out): a layer is x @ W + b, so ff_W1 is (D, F) and "
+    "ff_W2 (F, D), the transpose of nn.Linear's (out, in).",
+    refused=(("D=10, H=3", {"D": 10, "H": 3, "F": 8, "rng": Rng(0)},
+              "D = 10 cannot be split into 3 heads of equal width"),))
+
+
 def check_init_numpy_decoder_params(init_numpy_decoder_params) -> None:
-    """Keys and shapes, LayerNorms as the identity, weight scale 1/sqrt(fan_in), the rng honoured."""
-    D, H, F = 8, 2, 12
-    with check("init_numpy_decoder_params(8, 2, 12) has the named parameters with (in, out) shapes"):
-        params = init_numpy_decoder_params(D, H, F, np.random.default_rng(0))
-        expect_type(params, dict, "the parameters")
-        missing, extra = sorted(set(PARAM_SHAPES) - set(params)), sorted(set(params) - set(PARAM_SHAPES))
-        if missing or extra:
-            raise CheckFailed(f"the keys differ from the exercise's: missing {missing}, unexpected {extra}")
-        sizes = {"D": D, "F": F}
-        for key, dims in PARAM_SHAPES.items():
-            expect_type(params[key], np.ndarray, f"params[{key!r}]")
-            expect_shape(params[key], tuple(sizes[d] for d in dims), f"params[{key!r}]", names=dims)
-            expect_dtype(params[key], "float", f"params[{key!r}]")
-    with check("LayerNorms start as the identity (gain 1, bias 0)"):
-        for i in (1, 2, 3):
-            for key, want in ((f"ln{i}_g", np.ones(D)), (f"ln{i}_b", np.zeros(D))):
-                expect_close(params[key], want, f"params[{key!r}]")
-    with check("weights have standard deviation about 1/sqrt(fan_in)"):
-        big = init_numpy_decoder_params(64, 4, 256, np.random.default_rng(1))
-        for key in ("sa_Wq", "ca_Wo", "ff_W1", "ff_W2"):
-            fan_in, std = big[key].shape[0], float(big[key].std())
-            if not 0.5 / np.sqrt(fan_in) < std < 2.0 / np.sqrt(fan_in):
-                raise CheckFailed(f"params[{key!r}] has standard deviation {std:.3g}, expected about "
-                                  f"1/sqrt({fan_in}) = {1 / np.sqrt(fan_in):.3g}, which keeps x @ W at the scale "
-                                  "of x")
-    with check("the same seed gives the same parameters; no rng gives fresh ones"):
-        again = init_numpy_decoder_params(D, H, F, np.random.default_rng(0))
-        for key in PARAM_SHAPES:
-            expect_close(again[key], params[key], f"params[{key!r}] with the same seed",
-                         hint="draw every number from the rng you are given")
-        p1, p2 = init_numpy_decoder_params(D, H, F), init_numpy_decoder_params(D, H, F)
-        if np.array_equal(p1["sa_Wq"], p2["sa_Wq"]):
-            raise CheckFailed("two calls without an rng gave the same weights: use np.random.default_rng() "
-                              "(no seed) when rng is None")
-    with check("a width D that H heads cannot share raises ValueError"):
-        expect_value_error(lambda: init_numpy_decoder_params(10, 3, 8, np.random.default_rng(0)),
-                           "init_numpy_decoder_params(10, 3, 8): D = 10 cannot be split into 3 heads of equal width")
+    """Keys and (in, out) shapes, LayerNorms as the identity, weight scale 1/sqrt(fan_in), the rng honoured."""
+    run(SPECS["init_numpy_decoder_params"], init_numpy_decoder_params)
 
 
 # numpy_decoder_layer's parameter -> the contract's DecoderLayer key (weights (in, out) there, (out, in) here)
