@@ -26,6 +26,7 @@ from decoder_course.checks import CheckFailed, _is_tensor
 from decoder_course.spec import (
     Keyword,
     ModuleSpec,
+    New,
     Rng,
     Spec,
     agrees,
@@ -79,6 +80,8 @@ def _value(case: Case, value, tensors: bool, grad: bool = False):
         return {"np_dtype": np.dtype(value).name}
     if isinstance(value, Rng):
         return {"new": "decoder_course.spec:numpy_rng", "args": [value.seed]}
+    if isinstance(value, New):
+        return {"new": value.path, "args": list(value.args)}
     if isinstance(value, dict):  # a dict of arrays (a parameter dict), each sent aside
         return {"dict": {key: _value(case, item, tensors, grad) for key, item in value.items()}}
     return value

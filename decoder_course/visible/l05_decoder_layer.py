@@ -27,11 +27,10 @@ from decoder_course.checks import (
     expect_inputs_unchanged,
     expect_shape,
     expect_type,
-    grid,
     padding_leakage_probe,
     randomised,
 )
-from decoder_course.spec import Build, Keyword, ModuleSpec, Perturbed, Rng, Spec, load, run, run_module
+from decoder_course.spec import Build, Keyword, ModuleSpec, New, Perturbed, Rng, Spec, load, run, run_module
 
 ATTN_PROJ = ("q_proj", "k_proj", "v_proj", "out_proj")
 SUBLAYERS = ("self_attn", "cross_attn", "feed_forward")
@@ -444,18 +443,16 @@ def check_numpy_decoder_layer(numpy_decoder_layer) -> None:
 
 
 # -- run_with_torch_masks (find the bug) ---------------------------------------------------------------------
-class _TorchDecoderLayer(nn.Module):
-    """A stand-in for a DecoderLayer: PyTorch's own layer behind the course's masks (True = may attend), which
-    remembers the self-attention mask it was handed (``seen``), so that a check can show it."""
+class TorchDecoderLayer(nn.Module):
+    """A stand-in for a DecoderLayer: PyTorch's own layer (random weights from ``seed``) behind the course's masks
+    (True = may attend), so that only the masks are tested."""
 
     def __init__(self, D: int, H: int, F: int, seed: int):
         super().__init__()
         self.H, self.torch_layer = H, _torch_layer(D, H, F, False, seed)
-        self.seen = None
 
     def forward(self, x, memory, self_allowed=None, cross_allowed=None):
         B, T, _ = x.shape
-        self.seen = None if self_allowed is None else self_allowed.detach().clone()
 
         def blocked(allowed, S):  # PyTorch's boundary: its masks say True = blocked, per head (B * H, T, S)
             return None if allowed is None else ~torch.broadcast_to(allowed, (B, self.H, T, S)).reshape(-1, T, S)
@@ -465,39 +462,59 @@ class _TorchDecoderLayer(nn.Module):
                                     memory_mask=blocked(cross_allowed, memory.shape[1]))
 
 
+def _masks_rows(rng: np.random.Generator) -> list[tuple]:
+    """Every mix of PyTorch's three masks (True = blocked), a causal window among them, on the stand-in layer."""
+    def pads(B, n, real=1):  # (B, n): True at the padding, at the end; one sequence unpadded
+        lengths = rng.integers(real, n, size=B)
+        lengths[rng.integers(B)] = n
+        return np.arange(n)[None, :] >= lengths[:, None]
+
+    index = np.arange(5)
+    future = index[None, :] > index[:, None]  # (T, T): True above the diagonal
+    window = future | (index[:, None] - index[None, :] > 2)  # (T, T): 3 keys back
+    rows = []
+    for situation, B, T, S, masks in (
+        ("a causal tgt_mask, target and memory padding", 3, 5, 6,
+         {"tgt_mask": future, "tgt_key_padding_mask": pads(3, 5), "memory_key_padding_mask": pads(3, 6)}),
+        ("target padding alone, no tgt_mask", 3, 5, 6, {"tgt_key_padding_mask": pads(3, 5)}),
+        ("tgt_mask a causal window of 3 keys, target padding", 3, 5, 6,
+         {"tgt_mask": window, "tgt_key_padding_mask": pads(3, 5, real=3)}),
+        ("a causal tgt_mask alone", 2, 4, 7, {"tgt_mask": future[:4, :4]}),
+        ("memory padding alone", 3, 5, 6, {"memory_key_padding_mask": pads(3, 6)}),
+    ):
+        x, memory = (rng.standard_normal((B, n, 8)).astype(np.float32) for n in (T, S))
+        layer = New("decoder_course.visible.l05_decoder_layer:TorchDecoderLayer", (8, 2, 16, int(rng.integers(99))))
+        rows.append((f"B={B}, T={T}, S={S}, D=8, H=2, F=16, {situation}", {"layer": layer, "tgt": x, "memory": memory}
+                     | {name: Keyword(mask) for name, mask in masks.items()}))
+    return rows
+
+
+def _as_torch_layer(args: dict, got: np.ndarray, situation: str) -> None:
+    """The stand-in's PyTorch layer given the very same masks: a key is hidden when any mask blocks it."""
+    masks = {n: torch.from_numpy(args[n]) for n in ("tgt_mask", "tgt_key_padding_mask", "memory_key_padding_mask")
+             if n in args}
+    with torch.no_grad():
+        want = args["layer"].build().torch_layer(torch.from_numpy(args["tgt"]), torch.from_numpy(args["memory"]),
+                                                 **masks).numpy()
+    if np.isnan(got).any():
+        rows = np.argwhere(np.isnan(got).any(axis=-1)).tolist()
+        raise CheckFailed(f"positions (b, t) {rows} came out NaN ({situation}): those queries were handed no key at "
+                          "all (PyTorch's layer gives NaN for such a row), yet with these masks every query may read "
+                          "a real key")
+    if not np.allclose(got, want, atol=1e-5):
+        wrong = np.argwhere(np.abs(got - want).max(axis=-1) > 1e-5).tolist()
+        raise CheckFailed(f"positions (b, t) {wrong} differ from nn.TransformerDecoderLayer given the same masks "
+                          f"({situation}). {MASKS_HINT}")
+
+
+MASKS_HINT = ("Which keys may each query read, when a key is blocked by tgt_mask, by the padding, or by both? A key "
+              "is hidden when any mask blocks it; PyTorch's masks say True = blocked and ours True = may attend, so "
+              "each is inverted once, at the call.")
+SPECS["run_with_torch_masks"] = Spec(
+    "run_with_torch_masks", _masks_rows, dtype=lambda a: "float", shape=lambda a: a["tgt"].shape, axes="B, T, D",
+    tensors=True, properties=_as_torch_layer, hint=MASKS_HINT, atol=1e-5)
+
+
 def check_run_with_torch_masks(run_with_torch_masks) -> None:
-    """Find the bug: every mix of PyTorch's masks against PyTorch's layer itself, the handed mask shown."""
-    D, H, F, B, T, S = 8, 2, 16, 2, 5, 6
-    layer = _TorchDecoderLayer(D, H, F, seed=9)  # a stand-in whose answers are PyTorch's: only the masks are tested
-    g = torch.Generator().manual_seed(10)
-    x, memory = torch.randn(B, T, D, generator=g), torch.randn(B, S, D, generator=g)
-    future = torch.ones(T, T, dtype=torch.bool).triu(1)  # (T, T) PyTorch's tgt_mask: True = blocked
-    tgt_pad = torch.tensor([[False] * T, [False] * 3 + [True] * 2])  # (B, T): sequence 1 has 2 pads, True = pad
-    mem_pad = torch.tensor([[False] * S, [False] * 4 + [True] * 2])  # (B, S)
-    situations = (  # (title, PyTorch's masks as nn.TransformerDecoderLayer reads them)
-        ("the easy case: a causal tgt_mask alone, as nn.TransformerDecoderLayer reads it", {"tgt_mask": future}),
-        ("a causal tgt_mask and target padding (sequence 1: 2 pads)",
-         {"tgt_mask": future, "tgt_key_padding_mask": tgt_pad}),
-        ("target padding alone, no tgt_mask", {"tgt_key_padding_mask": tgt_pad}),
-        ("all three: causal, target padding and memory padding",
-         {"tgt_mask": future, "tgt_key_padding_mask": tgt_pad, "memory_key_padding_mask": mem_pad}),
-    )
-    for title, masks in situations:
-        with check(title):
-            got = expect_inputs_unchanged(run_with_torch_masks, layer, x, memory, **masks)
-            expect_shape(got, (B, T, D), "the output", names="B, T, D")
-            with torch.no_grad():
-                want = layer.torch_layer(x, memory, **masks)
-            shown = "" if layer.seen is None else (
-                "\n    The self-attention mask it handed the layer for sequence 1 (rows: queries 0-4, columns: keys "
-                "0-4, 1 = may attend):\n" + grid(torch.broadcast_to(layer.seen, (B, 1, T, T))[1, 0]))
-            if torch.isnan(got).any():
-                rows = torch.isnan(got).any(dim=-1).nonzero().tolist()
-                raise CheckFailed(f"positions (b, t) {rows} came out NaN: those queries were handed no key at all "
-                                  "(PyTorch's layer gives NaN for such a row), yet with these masks every query "
-                                  "may read a real key." + shown)
-            if not torch.allclose(got, want, atol=1e-5):
-                wrong = (got - want).abs().amax(dim=-1) > 1e-5  # (B, T)
-                raise CheckFailed(f"positions (b, t) {wrong.nonzero().tolist()} differ from nn.TransformerDecoderLayer "
-                                  "given the same masks." + shown + "\n    Which keys may each query read, when "
-                                  "a key is blocked by tgt_mask, by the padding, or by both? Which line joins them?")
+    """Find the bug: every mix of PyTorch's masks against PyTorch's layer itself, behind a stand-in layer."""
+    run(SPECS["run_with_torch_masks"], run_with_torch_masks)
