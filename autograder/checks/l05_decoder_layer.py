@@ -6,11 +6,11 @@ notebook's given ``MultiHeadAttention`` / ``CrossAttention`` and a plain ``nn.Se
 ``nn.TransformerDecoderLayer`` carrying the same weights. Only one case builds the default sublayers, and it
 looks at their types and the output's shape, so a wrong ``FeedForward`` costs only its own item.
 
-``FeedForward`` is a module spec (``decoder_course/visible/l05_decoder_layer.py``): PyTorch's own linear, ReLU
-and dropout with the same weights, in eval mode and, after the same seed, in training mode.
+``FeedForward``, ``numpy_decoder_layer``, ``init_numpy_decoder_params`` and ``run_with_torch_masks`` are specs
+(``decoder_course/visible/l05_decoder_layer.py``), registered below with one line.
 
-Each layer exercise is a table of rows (sizes, LayerNorm placement, inputs, masks) fed to one loop; the generic
-judges (inputs unchanged, leakage, dropout, a known mistake's output) are :mod:`autograder.checks.judges`'.
+``DecoderLayer``'s cases are a table of rows (sizes, LayerNorm placement, inputs, masks) fed to one loop; the
+generic judges (inputs unchanged, leakage, dropout, a known mistake's output) are :mod:`autograder.checks.judges`'.
 """
 
 from __future__ import annotations
@@ -157,7 +157,7 @@ def _placement(norm_first: bool) -> str:
     return f"a {other} layer: check where the LayerNorms sit for norm_first={norm_first}"
 
 
-# -- FeedForward: a spec (decoder_course/visible/l05_decoder_layer.py) ----------------------------------------
+# -- the specs (decoder_course/visible/l05_decoder_layer.py) -------------------------------------------------
 spec.register(LESSON, visible.SPECS, ref)
 
 
