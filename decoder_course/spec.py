@@ -190,6 +190,10 @@ def call_args(spec: Spec | ModuleSpec, args: dict, modules: dict | None = None) 
             return _torch().Generator().manual_seed(v.seed)
         if _is_tensor(v):
             return v.clone()
+        if isinstance(v, Rng):
+            return np.random.default_rng(v.seed)
+        if isinstance(v, New):
+            return v.build()
         return _torch().from_numpy(v.copy()) if tensors and isinstance(v, np.ndarray) else v
 
     positional = [value(v) for v in args.values() if not isinstance(v, (Keyword, Under))]
@@ -284,6 +288,7 @@ class Perturbed:
     inputs: dict  # forward's arguments of the second call
     kept: Callable[[np.ndarray], np.ndarray]  # the first output -> the part that must not move
     leak: str  # what it means when it moves ("the future leaks: ...")
+    moves: bool = False  # the opposite demand: the part must move (two calls without a seed draw different numbers)
 
 
 @dataclass(frozen=True)
@@ -364,6 +369,9 @@ def items(spec: ModuleSpec, got: Any, what: str) -> list:
     """A module's result as the list of its items (one for a single tensor); a tuple of another length is refused."""
     if not spec.outputs:
         return [got]
+    if isinstance(got, dict):  # a dict result (parameters): its items by the names
+        expect_keys(set(got), spec.outputs, what)
+        return [got[n] for n in spec.outputs]
     if not isinstance(got, (tuple, list)) or len(got) != len(spec.outputs):
         kind = f"{len(got)} values" if isinstance(got, (tuple, list)) else f"a {type(got).__name__}"
         raise CheckFailed(f"{what} should return ({', '.join(spec.outputs)}), got {kind}")
@@ -505,8 +513,10 @@ def judge_items(spec: ModuleSpec, row: Build, got: list[np.ndarray], what: str, 
 
 def expect_unmoved(probe: Perturbed, first: np.ndarray, moved: np.ndarray, what: str, situation: str) -> None:
     """The perturbed call left the part of the first output it must not move where it was."""
-    if np.shape(moved) != np.shape(first) or not agrees(probe.kept(moved), probe.kept(first), 1e-5, 1e-4):
-        raise CheckFailed(f"{what} moved where it must not ({situation}): {probe.leak}")
+    same = np.shape(moved) == np.shape(first) and agrees(probe.kept(moved), probe.kept(first), 1e-5, 1e-4)
+    if same == probe.moves:
+        how = "did not move on the second call" if probe.moves else "moved where it must not"
+        raise CheckFailed(f"{what} {how} ({situation}): {probe.leak}")
 
 
 def expect_gradients(spec: ModuleSpec, grads: dict, situation: str) -> None:
@@ -647,6 +657,13 @@ class Seeded:
     seed: int
 
 
+@dataclass(frozen=True)
+class Rng:
+    """A row's argument: a fresh ``np.random.default_rng(seed)`` at each call (two calls draw the same numbers)."""
+
+    seed: int
+
+
 def listed(got: list) -> list:
     """A list result as the properties see it: its items as ints, or as tuples of ints (a pair: a merge)."""
     return [tuple(int(i) for i in item) if isinstance(item, (tuple, list)) else int(item) for item in got]
@@ -695,3 +712,30 @@ def _function_gradients(spec: Spec, fn: Callable[..., Any], args: dict) -> dict:
     if getattr(first, "requires_grad", False):  # else: no gradient reached any argument (a detached result)
         first.backward(_torch().ones_like(first))
     return {n: None if x.grad is None else as_numpy(x.grad) for n, x in given.items()}
+
+
+def numpy_rng(seed: int) -> np.random.Generator:
+    """``np.random.default_rng(seed)``, as the kernel builds a row's :class:`Rng` (``{"new": ...}``)."""
+    return np.random.default_rng(seed)
+
+
+def expect_keys(keys: set, names: tuple, what: str) -> None:
+    """A dict result holds exactly the contract's keys."""
+    missing, extra = sorted(set(names) - keys), sorted(keys - set(names))
+    if missing or extra:
+        raise CheckFailed(f"{what}'s keys are not those the exercise names: missing {missing}, unexpected {extra}")
+
+
+@dataclass(frozen=True)
+class New:
+    """A row's argument built afresh at each call by public code: ``path`` ("decoder_course.module:Name") called
+    with ``args`` (a stand-in layer whose answers are PyTorch's), in the kernel as on the trusted side."""
+
+    path: str
+    args: tuple = ()
+
+    def build(self) -> Any:
+        import importlib
+
+        module, _, name = self.path.partition(":")
+        return getattr(importlib.import_module(module), name)(*self.args)

@@ -26,6 +26,8 @@ from decoder_course.spec import (
     Built,
     Keyword,
     ModuleSpec,
+    New,
+    Rng,
     Seeded,
     Spec,
     Under,
@@ -40,6 +42,7 @@ from decoder_course.spec import (
     expect_cached,
     expect_fresh,
     expect_gradients,
+    expect_keys,
     expect_unmoved,
     expected,
     float_inputs,
@@ -97,10 +100,19 @@ def _value(case: Case, value, tensors: bool, grad: bool = False):
         return {"np_dtype": np.dtype(value).name}
     if type(value).__module__ == "torch" and type(value).__name__ == "dtype":
         return {"torch_dtype": str(value).removeprefix("torch.")}
+    if isinstance(value, Rng):
+        return {"new": "decoder_course.spec:numpy_rng", "args": [value.seed]}
+    if isinstance(value, New):
+        return {"new": value.path, "args": list(value.args)}
+    if isinstance(value, dict):  # a dict of arrays (a parameter dict), each sent aside
+        return {"dict": {key: _value(case, item, tensors, grad) for key, item in value.items()}}
     return value
 
 
 def _is_array(value) -> bool:
+    """An array, a tensor, or a dict holding them (bound in the kernel, so that it can be recorded after the call)."""
+    if isinstance(value, dict):
+        return any(_is_array(item) for item in value.values())
     return isinstance(value, np.ndarray) or _is_tensor(value)
 
 
@@ -256,7 +268,7 @@ class SpecExercise(Exercise):
             if spec.keeps_inputs:
                 judges.unchanged(result, case.id, {n: v for n, v in given.items() if isinstance(v, np.ndarray)},
                                  self.name)
-
+                _dicts_unchanged(result, case, given, self.name)
 
     def _judge_items(self, result: Result, case: Case) -> None:
         """A tuple result: each item's contract, the properties, the probe, then each item against the reference's
@@ -264,13 +276,15 @@ class SpecExercise(Exercise):
         spec, args = self.spec, case.data["args"]
         got = _recorded_items(result, case, spec, self.name, "out", kind="tensor" if returns_tensor(spec, args)
                               else "ndarray")
-        declared = [result.meta(case.id, f"out/{i}").get("dtype") for i in range(len(got))]
+        declared = [result.meta(case.id, f"out/{key}").get("dtype") for key in _keys(result, case, spec, "out")]
         with shared():
             judge_parts(spec, args, got, case.desc, declared)
             probe = case.data["probe"]
             if probe is not None:
                 moved = _recorded_items(result, case, spec, self.name, "moved", kind="any")[0]
                 expect_unmoved(probe, got[0], np.asarray(moved), what_of(spec, 0), case.desc)
+        if not spec.compare:  # any of many results is right (random parameters): the properties decided
+            return
         positional, by_name = call_args(spec, args, vars(self.ref))
         with autocast(options(args)):
             want = [np.asarray(as_numpy(w)) for w in getattr(self.ref, self.name)(*positional, **by_name)]
@@ -305,6 +319,11 @@ def _grads(result: Result, case: Case, names: list[str]) -> dict:
 def _recorded_items(result: Result, case: Case, spec, name: str, record: str, kind: str) -> list[np.ndarray]:
     """The recorded tuple result's items, its kind and length judged first."""
     meta = result.meta(case.id, record)
+    if meta.get("type") == "dict":  # a dict result: its items by the names
+        with shared():
+            expect_keys(set(meta.get("keys", [])), spec.outputs, f"{name}(...) ({case.desc})")
+        return [result.get(case.id, f"{record}/{key}", what=f"{name}'s {key}", kind=kind, finite=False)
+                for key in spec.outputs]
     if meta.get("type") not in ("tuple", "list") or meta.get("len") != len(spec.outputs):
         got = f"{meta.get('len')} values" if meta.get("type") in ("tuple", "list") else f"a {meta.get('type')}"
         raise Fail(f"{name} should return ({', '.join(spec.outputs)}), got {got} ({case.desc}).")
@@ -460,3 +479,20 @@ def int_at(result: Result, case: Case, key: str, what: str) -> int:
         raise Fail(f"{what} should be a Python int, got `{result.meta(case.id, key).get('type')}` ({case.desc}): "
                    "convert with int(...).")
     return int(result.leaves[f"{case.id}/{key}"])
+
+
+def _dicts_unchanged(result: Result, case: Case, given: dict, what: str) -> None:
+    """Each array of a dict argument (a parameter dict) equals the value passed: the code never writes into it."""
+    for name, value in given.items():
+        for key, item in value.items() if isinstance(value, dict) else ():
+            if isinstance(item, np.ndarray):
+                after = result.get(case.id, f"{name}_after/{key}", what=f"{name}[{key!r}] after the call",
+                                   kind="array", finite=False)
+                if after.shape != item.shape or not np.array_equal(after, item, equal_nan=True):
+                    raise Fail(f"{what} changed {name}[{key!r}] in place ({case.desc}): never write into the "
+                               "caller's arrays.")
+
+
+def _keys(result: Result, case: Case, spec, record: str) -> list:
+    """Where a recorded result's items are: by name in a dict, by position in a tuple."""
+    return list(spec.outputs) if result.meta(case.id, record).get("type") == "dict" else list(range(len(spec.outputs)))

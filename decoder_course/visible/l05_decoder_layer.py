@@ -23,17 +23,14 @@ from decoder_course.checks import (
     check,
     expect_close,
     expect_dropout,
-    expect_dtype,
     expect_finite,
     expect_inputs_unchanged,
     expect_shape,
     expect_type,
-    expect_value_error,
-    grid,
     padding_leakage_probe,
     randomised,
 )
-from decoder_course.spec import Build, Keyword, ModuleSpec, load, run_module
+from decoder_course.spec import Build, Keyword, ModuleSpec, New, Perturbed, Rng, Spec, load, run, run_module
 
 ATTN_PROJ = ("q_proj", "k_proj", "v_proj", "out_proj")
 SUBLAYERS = ("self_attn", "cross_attn", "feed_forward")
@@ -114,18 +111,6 @@ class _SpyDropout(nn.Dropout):
     def forward(self, x):
         self.log.append((self.name, tuple(x.shape)))
         return super().forward(x)
-
-
-def _matmul_hint(fn, *args, **kwargs):
-    """Call ``fn``; a failed matrix product becomes a message about the order of its operands."""
-    try:
-        return fn(*args, **kwargs)
-    except ValueError as exc:
-        if "matmul" in str(exc) or "not aligned" in str(exc):
-            raise CheckFailed(f"a matrix product failed ({exc}). Weights are stored (in, out): activations go on "
-                              "the left, h @ W with (B, T, D) @ (D, F) -> (B, T, F); W @ h multiplies the wrong "
-                              "axes.") from None
-        raise
 
 
 # -- FeedForward ---------------------------------------------------------------------------------------------
@@ -306,110 +291,168 @@ PARAM_SHAPES = {
 }
 
 
-def check_init_numpy_decoder_params(init_numpy_decoder_params) -> None:
-    """Keys and shapes, LayerNorms as the identity, weight scale 1/sqrt(fan_in), the rng honoured."""
-    D, H, F = 8, 2, 12
-    with check("init_numpy_decoder_params(8, 2, 12) has the named parameters with (in, out) shapes"):
-        params = init_numpy_decoder_params(D, H, F, np.random.default_rng(0))
-        expect_type(params, dict, "the parameters")
-        missing, extra = sorted(set(PARAM_SHAPES) - set(params)), sorted(set(params) - set(PARAM_SHAPES))
-        if missing or extra:
-            raise CheckFailed(f"the keys differ from the exercise's: missing {missing}, unexpected {extra}")
-        sizes = {"D": D, "F": F}
-        for key, dims in PARAM_SHAPES.items():
-            expect_type(params[key], np.ndarray, f"params[{key!r}]")
-            expect_shape(params[key], tuple(sizes[d] for d in dims), f"params[{key!r}]", names=dims)
-            expect_dtype(params[key], "float", f"params[{key!r}]")
-    with check("LayerNorms start as the identity (gain 1, bias 0)"):
-        for i in (1, 2, 3):
-            for key, want in ((f"ln{i}_g", np.ones(D)), (f"ln{i}_b", np.zeros(D))):
-                expect_close(params[key], want, f"params[{key!r}]")
-    with check("weights have standard deviation about 1/sqrt(fan_in)"):
-        big = init_numpy_decoder_params(64, 4, 256, np.random.default_rng(1))
-        for key in ("sa_Wq", "ca_Wo", "ff_W1", "ff_W2"):
-            fan_in, std = big[key].shape[0], float(big[key].std())
-            if not 0.5 / np.sqrt(fan_in) < std < 2.0 / np.sqrt(fan_in):
-                raise CheckFailed(f"params[{key!r}] has standard deviation {std:.3g}, expected about "
-                                  f"1/sqrt({fan_in}) = {1 / np.sqrt(fan_in):.3g}, which keeps x @ W at the scale "
-                                  "of x")
-    with check("the same seed gives the same parameters; no rng gives fresh ones"):
-        again = init_numpy_decoder_params(D, H, F, np.random.default_rng(0))
-        for key in PARAM_SHAPES:
-            expect_close(again[key], params[key], f"params[{key!r}] with the same seed",
-                         hint="draw every number from the rng you are given")
-        p1, p2 = init_numpy_decoder_params(D, H, F), init_numpy_decoder_params(D, H, F)
-        if np.array_equal(p1["sa_Wq"], p2["sa_Wq"]):
-            raise CheckFailed("two calls without an rng gave the same weights: use np.random.default_rng() "
-                              "(no seed) when rng is None")
-    with check("a width D that H heads cannot share raises ValueError"):
-        expect_value_error(lambda: init_numpy_decoder_params(10, 3, 8, np.random.default_rng(0)),
-                           "init_numpy_decoder_params(10, 3, 8): D = 10 cannot be split into 3 heads of equal width")
+def _init_rows(rng: np.random.Generator) -> list[tuple]:
+    """Twice with the same seed (the same numbers), twice without an rng (different numbers)."""
+    seed = int(rng.integers(2**31))
+    rows = []
+    for D, H, F_, given in ((64, 4, 256, Rng(seed)), (12, 3, 20, None)):
+        args = {"D": D, "H": H, "F": F_} | ({} if given is None else {"rng": given})
+        again = "with np.random.default_rng(the same seed)" if given else "without an rng"
+        leak = ("two calls with the same seed gave different parameters: draw every number from the rng you are "
+                "given" if given else "two calls without an rng gave the same parameters: with rng=None use a fresh "
+                "np.random.default_rng(), not a fixed seed")
+        rows.append((f"D={D}, H={H}, F={F_}, twice {again}", args, Perturbed(args, lambda p: p, leak,
+                                                                               moves=given is None)))
+    return rows
 
 
-def _numpy_params(theirs: nn.TransformerDecoderLayer) -> dict[str, np.ndarray]:
-    """PyTorch's weights as numpy_decoder_layer parameters: (in, out) matrices, float64."""
-    state = {k: v.double().numpy().copy() for k, v in twins.from_torch(theirs.state_dict(), "decoder").items()}
-    params = {}
-    for prefix, sub in (("sa", "self_attn"), ("ca", "cross_attn")):
-        for n, proj in zip("qkvo", ATTN_PROJ, strict=True):
-            params[f"{prefix}_W{n}"] = state[f"{sub}.{proj}.weight"].T.copy()  # (D_in, D_out)
-            params[f"{prefix}_b{n}"] = state[f"{sub}.{proj}.bias"]
-    for i in (1, 2):
-        params[f"ff_W{i}"] = state[f"feed_forward.linear{i}.weight"].T.copy()
-        params[f"ff_b{i}"] = state[f"feed_forward.linear{i}.bias"]
+def _init_properties(args: dict, got: list, situation: str) -> None:
+    """LayerNorms start as the identity; each weight matrix drawn separately, with standard deviation 1/sqrt(fan_in)."""
+    params = dict(zip(PARAM_SHAPES, got, strict=True))
     for i in (1, 2, 3):
-        params[f"ln{i}_g"], params[f"ln{i}_b"] = state[f"norm{i}.weight"], state[f"norm{i}.bias"]
-    return params
+        if not (np.all(params[f"ln{i}_g"] == 1) and np.all(params[f"ln{i}_b"] == 0)):
+            raise CheckFailed(f"ln{i}_g should start at ones and ln{i}_b at zeros ({situation}): a LayerNorm starts "
+                              "as a plain normalisation (as nn.LayerNorm does)")
+    for key in (k for k in PARAM_SHAPES if "_W" in k):
+        fan_in, std = params[key].shape[0], float(params[key].std())
+        if not 0.5 / np.sqrt(fan_in) < std < 2.0 / np.sqrt(fan_in):
+            raise CheckFailed(f"params[{key!r}] has standard deviation {std:.3g} for fan-in {fan_in} ({situation}): "
+                              "draw weights with standard deviation 1/sqrt(fan_in), so that x @ W keeps the scale of x")
+    if np.allclose(params["sa_Wq"], params["sa_Wk"]) or np.allclose(params["sa_Wq"], params["ca_Wq"]):
+        raise CheckFailed(f"two weight matrices are equal ({situation}): draw every matrix separately")
+
+
+SPECS["init_numpy_decoder_params"] = Spec(
+    "init_numpy_decoder_params", _init_rows, dtype=lambda a: "float", outputs=tuple(PARAM_SHAPES),
+    shape=lambda a: tuple(tuple(a[n] for n in dims) for dims in PARAM_SHAPES.values()),
+    axes=tuple(", ".join(dims) for dims in PARAM_SHAPES.values()), compare=False, properties=_init_properties,
+    forbidden=("torch.",), shape_hint="Weights are stored (in, out): a layer is x @ W + b, so ff_W1 is (D, F) and "
+    "ff_W2 (F, D), the transpose of nn.Linear's (out, in).",
+    refused=(("D=10, H=3", {"D": 10, "H": 3, "F": 8, "rng": Rng(0)},
+              "D = 10 cannot be split into 3 heads of equal width"),))
+
+
+def check_init_numpy_decoder_params(init_numpy_decoder_params) -> None:
+    """Keys and (in, out) shapes, LayerNorms as the identity, weight scale 1/sqrt(fan_in), the rng honoured."""
+    run(SPECS["init_numpy_decoder_params"], init_numpy_decoder_params)
+
+
+# numpy_decoder_layer's parameter -> the contract's DecoderLayer key (weights (in, out) there, (out, in) here)
+NP_NAMES = {
+    **{f"{prefix}_{w}{n}": f"{sub}.{proj}.{what}" for prefix, sub in (("sa", "self_attn"), ("ca", "cross_attn"))
+       for n, proj in zip("qkvo", ATTN_PROJ, strict=True) for w, what in (("W", "weight"), ("b", "bias"))},
+    **{f"ff_{w}{i}": f"feed_forward.linear{i}.{what}" for i in (1, 2) for w, what in (("W", "weight"), ("b", "bias"))},
+    **{f"ln{i}_{k}": f"norm{i}.{what}" for i in (1, 2, 3) for k, what in (("g", "weight"), ("b", "bias"))},
+}
+MATMUL = ("Weights are stored (in, out): activations go on the left, h @ W with (B, T, D) @ (D, F) -> (B, T, F); "
+          "W @ h multiplies the wrong axes.")
+
+
+def _np_rows(rng: np.random.Generator) -> list[tuple]:
+    """Post-LN with causal + memory padding (and its future and padded-memory probes), pre-LN, a sequence without
+    memory, B = 1 without masks; each sequence on its own scale, biases and LayerNorms not trivial."""
+    rows = []
+    for B, T, S, D, H, F_, kinds in ((2, 5, 7, 12, 3, 20, ("post", "post", "pre", "empty")),
+                                     (1, 3, 4, 8, 2, 16, ("b1",))):  # Dh = 4, T != S != H, F != D
+        scale = np.geomspace(0.3, 6.0, B)[rng.permutation(B)][:, None, None]  # (B, 1, 1)
+        x, memory = rng.standard_normal((B, T, D)) * scale, rng.standard_normal((B, S, D)) * scale[::-1]
+        # .T: an (out, in) weight becomes (in, out); a vector is left as it is
+        params = {k: np.ascontiguousarray(random_state(rng, D, F_)[key].T, np.float64) for k, key in NP_NAMES.items()}
+        lengths = rng.integers(1, S, size=B)
+        lengths[rng.integers(B)] = S
+        mem_is_real = np.arange(S)[None, :] < lengths[:, None]  # (B, S): real tokens, then padding
+        t0 = int(rng.integers(1, T - 1))
+        for i, kind in enumerate(kinds):
+            norm_first = kind == "pre" or (kind in ("empty", "b1") and bool(rng.integers(2)))
+            real = mem_is_real.copy()
+            if kind == "empty":
+                real[0] = False  # one sequence with no real memory token: zeros from its cross-attention
+            args = {"x": x, "memory": memory, "params": params, "n_heads": H}
+            if kind != "b1":
+                args |= {"self_allowed": np.tril(np.ones((T, T), bool)),  # (T, T)
+                         "cross_allowed": np.repeat(real[:, None, None, :], T, axis=2)}  # (B, 1, T, S)
+            args["norm_first"] = Keyword(norm_first)
+            what = {"post": "causal + memory padding", "pre": "causal + memory padding", "b1": "no masks",
+                    "empty": "causal, sequence 0 has no real memory token"}[kind]
+            desc = f"B={B}, T={T}, S={S}, D={D}, H={H}, F={F_}, {WIRING[norm_first][0]}, {what}"
+            if kind != "post":
+                rows.append((desc, args))
+                continue
+            moved = x.copy() if i == 0 else memory.copy()
+            if i == 0:  # the positions after t0 redrawn: the outputs at t0 and before must not move
+                moved[:, t0 + 1:] = rng.standard_normal((B, T - t0 - 1, D)) * 3.0
+                probe = Perturbed(args | {"x": moved}, lambda out, t0=t0: out[:, : t0 + 1],
+                                  f"positions <= {t0} changed when only later positions of x changed: the future "
+                                  "leaks. Only the self-attention mixes positions of x, under self_allowed; "
+                                  "LayerNorm and the feed-forward work on each position alone (over D)")
+            else:  # the padded memory redrawn: no output may move
+                moved[~mem_is_real] = rng.standard_normal((int((~mem_is_real).sum()), D)) * 3.0
+                probe = Perturbed(args | {"memory": moved}, lambda out: out,
+                                  "the output changed when only padded memory positions changed: pass "
+                                  "cross_allowed to the cross-attention, whose keys and values come from the memory")
+            again = "later positions of x" if i == 0 else "the padded memory"
+            rows.append((f"{desc}; again with {again} redrawn", args, probe))
+    return rows
+
+
+def _np_twin(args: dict, norm_first: bool) -> np.ndarray:
+    """nn.TransformerDecoderLayer (float64) with the parameters' weights, on the row's inputs and masks."""
+    from decoder_course.visible.l06_model import _stack_twin  # lesson 06 builds on this module
+
+    D, F_ = args["params"]["ff_W1"].shape
+    state = {f"layers.0.{key}": np.asarray(args["params"][k]).T for k, key in NP_NAMES.items()}
+    init = {"n_layers": 1, "n_heads": args["n_heads"], "d_ff": F_, "d_model": D, "norm_first": norm_first}
+    inputs = {n: torch.from_numpy(np.asarray(args[n])) for n in ("x", "memory", "self_allowed", "cross_allowed")
+              if args.get(n) is not None}
+    with torch.no_grad():
+        return _stack_twin(init, state, inputs, False, final_norm=False).numpy()
+
+
+def _np_twin_agrees(args: dict, got: np.ndarray, situation: str) -> None:
+    """Equal to PyTorch's own layer with the same weights, wherever every query has a memory key to read (where
+    none has, PyTorch gives NaN, and the hidden comparison with the course's layer decides)."""
+    cross = args.get("cross_allowed")
+    if cross is not None and not cross.any(axis=-1).all():
+        return
+    norm_first = bool(args.get("norm_first", False))
+    if np.allclose(got, _np_twin(args, norm_first), rtol=1e-6, atol=1e-6):
+        return
+    kind, wiring = WIRING[norm_first]
+    if np.allclose(got, _np_twin(args, not norm_first), rtol=1e-6, atol=1e-6):
+        raise CheckFailed(f"numpy_decoder_layer's output ({situation}) is PyTorch's {WIRING[not norm_first][0]} "
+                          f"layer's: norm_first={norm_first} asks for {kind}, {wiring}")
+    raise CheckFailed(f"numpy_decoder_layer's output ({situation}) differs from nn.TransformerDecoderLayer with the "
+                      f"same weights. {NP_HINT}")
+
+
+NP_HINT = ("LayerNorm over the last axis D (biased variance, eps 1e-5, then * g + b); every linear map is "
+           "activations @ W + b (h @ W, never W @ h); the cross-attention's keys and values come from the memory; "
+           "post-LN: x = LN(x + sublayer(x)); pre-LN: x = x + sublayer(LN(x)).")
+
+SPECS["numpy_decoder_layer"] = Spec(
+    "numpy_decoder_layer", _np_rows, dtype=lambda a: "float", shape=lambda a: a["x"].shape, axes="B, T, D",
+    properties=_np_twin_agrees, forbidden=("torch.", "nn.TransformerDecoderLayer"), rtol=1e-6, atol=1e-6,
+    on_error=lambda args, error: MATMUL if "matmul" in error or "not aligned" in error else "",
+    hint=NP_HINT + " A query with no allowed key gets a zero attention output (the given "
+    "scaled_dot_product_attention does it): pass cross_allowed to it unchanged.")
 
 
 def check_numpy_decoder_layer(numpy_decoder_layer) -> None:
-    """The NumPy system's shape, PyTorch's layer with the same weights, leakage, inputs unchanged."""
-    D, H, F, B, T, S = 64, 4, 128, 2, 5, 7
-    rng = np.random.default_rng(0)
-    x, memory = rng.standard_normal((B, T, D)), rng.standard_normal((B, S, D))
-    causal_t, mem_is_real_t, cross_t, blocked = _masks(B, T, S, [S, 5])
-    causal, mem_is_real, cross_allowed = causal_t.numpy(), mem_is_real_t.numpy(), cross_t.numpy().copy()
-    for norm_first, (kind, _) in WIRING.items():
-        with check(f"{kind}, D=64, 4 heads, F=128, B=2, T=5, S=7: (2, 5, 64) and equal to "
-                   "nn.TransformerDecoderLayer with the same weights"):
-            theirs = _torch_layer(D, H, F, norm_first, seed=21 + norm_first).double()
-            params = _numpy_params(theirs)
-            got = _matmul_hint(expect_inputs_unchanged, numpy_decoder_layer, x, memory, params, H, causal,
-                               cross_allowed, norm_first=norm_first)
-            expect_type(got, np.ndarray, "numpy_decoder_layer(...)")
-            expect_shape(got, (B, T, D), "numpy_decoder_layer(...)", names="B, T, D")
-            expect_dtype(got, "float", "numpy_decoder_layer(...)")
-            expect_finite(got, "numpy_decoder_layer(...)")
-            with torch.no_grad():
-                want = theirs(torch.from_numpy(x), torch.from_numpy(memory), **blocked).numpy()
-            expect_close(got, want, "numpy_decoder_layer(...)", rtol=1e-6, atol=1e-8,
-                         hint="LayerNorm over the last axis (biased variance, eps 1e-5, then * g + b); every "
-                              "linear map is h @ W + b; post-LN: x = LN(x + sublayer(x)), pre-LN: "
-                              "x = x + sublayer(LN(x))")
-            for key, value in _numpy_params(theirs).items():
-                expect_close(params[key], value, f"params[{key!r}] after the call",
-                             hint="never write into the parameters")
-    with check("query 0 ignores later positions; padded memory is ignored"):
-        params = _numpy_params(_torch_layer(D, H, F, False, seed=23).double())
-        causal_leakage_probe(lambda q: numpy_decoder_layer(q, memory, params, H, causal, cross_allowed), x,
-                             what="numpy_decoder_layer's output")
-        padding_leakage_probe(lambda m: numpy_decoder_layer(x, m, params, H, causal, cross_allowed), memory,
-                              mem_is_real, what="numpy_decoder_layer's output")
+    """PyTorch's layer with the same weights, both placements, leakage of the future and of padded memory."""
+    run(SPECS["numpy_decoder_layer"], numpy_decoder_layer)
 
 
 # -- run_with_torch_masks (find the bug) ---------------------------------------------------------------------
-class _TorchDecoderLayer(nn.Module):
-    """A stand-in for a DecoderLayer: PyTorch's own layer behind the course's masks (True = may attend), which
-    remembers the self-attention mask it was handed (``seen``), so that a check can show it."""
+class TorchDecoderLayer(nn.Module):
+    """A stand-in for a DecoderLayer: PyTorch's own layer (random weights from ``seed``) behind the course's masks
+    (True = may attend), so that only the masks are tested."""
 
     def __init__(self, D: int, H: int, F: int, seed: int):
         super().__init__()
         self.H, self.torch_layer = H, _torch_layer(D, H, F, False, seed)
-        self.seen = None
 
     def forward(self, x, memory, self_allowed=None, cross_allowed=None):
         B, T, _ = x.shape
-        self.seen = None if self_allowed is None else self_allowed.detach().clone()
 
         def blocked(allowed, S):  # PyTorch's boundary: its masks say True = blocked, per head (B * H, T, S)
             return None if allowed is None else ~torch.broadcast_to(allowed, (B, self.H, T, S)).reshape(-1, T, S)
@@ -419,39 +462,59 @@ class _TorchDecoderLayer(nn.Module):
                                     memory_mask=blocked(cross_allowed, memory.shape[1]))
 
 
+def _masks_rows(rng: np.random.Generator) -> list[tuple]:
+    """Every mix of PyTorch's three masks (True = blocked), a causal window among them, on the stand-in layer."""
+    def pads(B, n, real=1):  # (B, n): True at the padding, at the end; one sequence unpadded
+        lengths = rng.integers(real, n, size=B)
+        lengths[rng.integers(B)] = n
+        return np.arange(n)[None, :] >= lengths[:, None]
+
+    index = np.arange(5)
+    future = index[None, :] > index[:, None]  # (T, T): True above the diagonal
+    window = future | (index[:, None] - index[None, :] > 2)  # (T, T): 3 keys back
+    rows = []
+    for situation, B, T, S, masks in (
+        ("a causal tgt_mask, target and memory padding", 3, 5, 6,
+         {"tgt_mask": future, "tgt_key_padding_mask": pads(3, 5), "memory_key_padding_mask": pads(3, 6)}),
+        ("target padding alone, no tgt_mask", 3, 5, 6, {"tgt_key_padding_mask": pads(3, 5)}),
+        ("tgt_mask a causal window of 3 keys, target padding", 3, 5, 6,
+         {"tgt_mask": window, "tgt_key_padding_mask": pads(3, 5, real=3)}),
+        ("a causal tgt_mask alone", 2, 4, 7, {"tgt_mask": future[:4, :4]}),
+        ("memory padding alone", 3, 5, 6, {"memory_key_padding_mask": pads(3, 6)}),
+    ):
+        x, memory = (rng.standard_normal((B, n, 8)).astype(np.float32) for n in (T, S))
+        layer = New("decoder_course.visible.l05_decoder_layer:TorchDecoderLayer", (8, 2, 16, int(rng.integers(99))))
+        rows.append((f"B={B}, T={T}, S={S}, D=8, H=2, F=16, {situation}", {"layer": layer, "tgt": x, "memory": memory}
+                     | {name: Keyword(mask) for name, mask in masks.items()}))
+    return rows
+
+
+def _as_torch_layer(args: dict, got: np.ndarray, situation: str) -> None:
+    """The stand-in's PyTorch layer given the very same masks: a key is hidden when any mask blocks it."""
+    masks = {n: torch.from_numpy(args[n]) for n in ("tgt_mask", "tgt_key_padding_mask", "memory_key_padding_mask")
+             if n in args}
+    with torch.no_grad():
+        want = args["layer"].build().torch_layer(torch.from_numpy(args["tgt"]), torch.from_numpy(args["memory"]),
+                                                 **masks).numpy()
+    if np.isnan(got).any():
+        rows = np.argwhere(np.isnan(got).any(axis=-1)).tolist()
+        raise CheckFailed(f"positions (b, t) {rows} came out NaN ({situation}): those queries were handed no key at "
+                          "all (PyTorch's layer gives NaN for such a row), yet with these masks every query may read "
+                          "a real key")
+    if not np.allclose(got, want, atol=1e-5):
+        wrong = np.argwhere(np.abs(got - want).max(axis=-1) > 1e-5).tolist()
+        raise CheckFailed(f"positions (b, t) {wrong} differ from nn.TransformerDecoderLayer given the same masks "
+                          f"({situation}). {MASKS_HINT}")
+
+
+MASKS_HINT = ("Which keys may each query read, when a key is blocked by tgt_mask, by the padding, or by both? A key "
+              "is hidden when any mask blocks it; PyTorch's masks say True = blocked and ours True = may attend, so "
+              "each is inverted once, at the call.")
+SPECS["run_with_torch_masks"] = Spec(
+    "run_with_torch_masks", _masks_rows, dtype=lambda a: "float", shape=lambda a: a["tgt"].shape, axes="B, T, D",
+    tensors=True, properties=_as_torch_layer, hint=MASKS_HINT, atol=1e-5)
+
+
 def check_run_with_torch_masks(run_with_torch_masks) -> None:
-    """Find the bug: every mix of PyTorch's masks against PyTorch's layer itself, the handed mask shown."""
-    D, H, F, B, T, S = 8, 2, 16, 2, 5, 6
-    layer = _TorchDecoderLayer(D, H, F, seed=9)  # a stand-in whose answers are PyTorch's: only the masks are tested
-    g = torch.Generator().manual_seed(10)
-    x, memory = torch.randn(B, T, D, generator=g), torch.randn(B, S, D, generator=g)
-    future = torch.ones(T, T, dtype=torch.bool).triu(1)  # (T, T) PyTorch's tgt_mask: True = blocked
-    tgt_pad = torch.tensor([[False] * T, [False] * 3 + [True] * 2])  # (B, T): sequence 1 has 2 pads, True = pad
-    mem_pad = torch.tensor([[False] * S, [False] * 4 + [True] * 2])  # (B, S)
-    situations = (  # (title, PyTorch's masks as nn.TransformerDecoderLayer reads them)
-        ("the easy case: a causal tgt_mask alone, as nn.TransformerDecoderLayer reads it", {"tgt_mask": future}),
-        ("a causal tgt_mask and target padding (sequence 1: 2 pads)",
-         {"tgt_mask": future, "tgt_key_padding_mask": tgt_pad}),
-        ("target padding alone, no tgt_mask", {"tgt_key_padding_mask": tgt_pad}),
-        ("all three: causal, target padding and memory padding",
-         {"tgt_mask": future, "tgt_key_padding_mask": tgt_pad, "memory_key_padding_mask": mem_pad}),
-    )
-    for title, masks in situations:
-        with check(title):
-            got = expect_inputs_unchanged(run_with_torch_masks, layer, x, memory, **masks)
-            expect_shape(got, (B, T, D), "the output", names="B, T, D")
-            with torch.no_grad():
-                want = layer.torch_layer(x, memory, **masks)
-            shown = "" if layer.seen is None else (
-                "\n    The self-attention mask it handed the layer for sequence 1 (rows: queries 0-4, columns: keys "
-                "0-4, 1 = may attend):\n" + grid(torch.broadcast_to(layer.seen, (B, 1, T, T))[1, 0]))
-            if torch.isnan(got).any():
-                rows = torch.isnan(got).any(dim=-1).nonzero().tolist()
-                raise CheckFailed(f"positions (b, t) {rows} came out NaN: those queries were handed no key at all "
-                                  "(PyTorch's layer gives NaN for such a row), yet with these masks every query "
-                                  "may read a real key." + shown)
-            if not torch.allclose(got, want, atol=1e-5):
-                wrong = (got - want).abs().amax(dim=-1) > 1e-5  # (B, T)
-                raise CheckFailed(f"positions (b, t) {wrong.nonzero().tolist()} differ from nn.TransformerDecoderLayer "
-                                  "given the same masks." + shown + "\n    Which keys may each query read, when "
-                                  "a key is blocked by tgt_mask, by the padding, or by both? Which line joins them?")
+    """Find the bug: every mix of PyTorch's masks against PyTorch's layer itself, behind a stand-in layer."""
+    run(SPECS["run_with_torch_masks"], run_with_torch_masks)
