@@ -303,6 +303,13 @@ class ModuleSpec:
     order: tuple[str, ...] = ()  # the order the items are compared in (the weights before what they make)
     refused: tuple[tuple[str, dict, str], ...] = ()  # (situation, constructor's arguments, why): a ValueError
     grad_hint: str = ""  # what a NaN gradient on a row with ``grad`` most likely means
+    # (constructor arguments) -> facts about the built module's tensors, each (name, what it must be, why): "buffer"
+    # (not a parameter: saved, moved, never trained), "tied:<other>" (the very tensor of that parameter) or
+    # "untied:<other>"; judged on every evaluation row from :func:`members`
+    facts: Callable[[dict], tuple[tuple[str, str, str], ...]] | None = None
+    # state names under these prefixes belong to submodules built from the student's other exercises (``uses``):
+    # the hidden side loads them where those submodules have them (their own cells check their names)
+    lenient: tuple[str, ...] = ()
 
 
 def _tensors(values: dict) -> dict:
@@ -503,6 +510,7 @@ def run_module(spec: ModuleSpec, cls: Any, seed: int = 0) -> None:
                 expect_type(value, _torch().Tensor, what_of(spec, i))
             values = [as_numpy(v) for v in got]
             try:
+                expect_facts(spec, row, members(module), row.situation)
                 judge_items(spec, row, values, row.situation, declared=[str(v.dtype) for v in got])
                 if row.perturbed is not None:
                     moved = items(spec, forward(spec, module, row, row.perturbed.inputs), spec.name)[0]
@@ -523,3 +531,21 @@ def run_module(spec: ModuleSpec, cls: Any, seed: int = 0) -> None:
         with check(f"{spec.name} refuses to be built with {desc}"):
             positional, by_name = call_args(spec, init)
             expect_value_error(lambda: cls(*positional, **by_name), why)  # noqa: B023 - called at once
+
+
+def members(module: Any) -> dict[str, int]:
+    """A module's tensors by name: 0 for a buffer; for a parameter, 1 + the position of the first parameter name
+    holding the very same tensor (tied weights share one number)."""
+    first, out = {}, {}
+    for i, (name, tensor) in enumerate(module.named_parameters(remove_duplicate=False)):
+        out[name] = first.setdefault(id(tensor), i + 1)
+    return out | {name: 0 for name, _ in module.named_buffers()}
+
+
+def expect_facts(spec: ModuleSpec, row: Build, layout: dict[str, int], situation: str) -> None:
+    """The row's module holds its tensors as ``spec.facts`` says (``layout``: :func:`members` of it)."""
+    for name, kind, why in spec.facts({n: unwrap(v) for n, v in row.init.items()}) if spec.facts else ():
+        what, _, other = kind.partition(":")
+        shared = layout.get(name, 0) > 0 and layout.get(name) == layout.get(other)
+        if not (layout.get(name) == 0 if what == "buffer" else shared if what == "tied" else not shared):
+            raise CheckFailed(f"{spec.name}'s {name} ({situation}): {why}")

@@ -29,9 +29,7 @@ from autograder.checks import judges, spec
 from autograder.checks.framework import Case, Exercise, Fail, Raised, Result, exercise, expect_close
 from autograder.checks.l05_decoder_layer import (
     _blocked,
-    _inputs,
     _torch_layer,
-    _unchanged,
 )
 from autograder.reference import model as ref
 from autograder.reference.masks import causal_mask
@@ -48,127 +46,6 @@ spec.register(LESSON, visible.SPECS, ref)
 def _table(max_len: int, D: int) -> np.ndarray:
     """The reference's table (tests/test_reference_model.py proves it is the paper's formula)."""
     return ref.sinusoidal_table(max_len, D).numpy()
-
-
-# -- PositionalEncoding ----------------------------------------------------------------------------------------
-def _state_error(result: Result, case_id: str, what: str, names: str) -> None:
-    """Turn a failed strict ``load_state_dict`` into a message about the contract's names."""
-    error = result.error(case_id)
-    if error is not None and "state_dict" in error:
-        lines = [line.strip() for line in error.splitlines() if "key" in line.lower()]
-        detail = " ".join(lines)[:300] or error.splitlines()[-1][:300]
-        raise Fail(f"{what} could not load weights by the contract's names ({names}): {detail}")
-
-
-@exercise(LESSON, "PositionalEncoding")
-class PositionalEncodingCheck(Exercise):
-    """Table in a buffer ``pe`` (saved in the state dict, converted by .double(), not trained); forward adds
-    ``pe[:T]`` to every sequence (T < max_len and T = max_len, B = 1 and B > 1); dropout after the addition in
-    training mode only; the input unchanged."""
-
-    def cases(self, rng):
-        cases = []
-        D, max_len = 12, int(rng.integers(15, 25))
-        case = Case("default", f"PositionalEncoding({D}, max_len={max_len})", data={"D": D, "max_len": max_len})
-        case.call("PositionalEncoding", D, max_len=max_len, dropout=0.1, let="m")
-        case.record("pe", {"attr": ["m", "pe", "data"]})  # .data: the values, whether buffer or (wrongly) Parameter
-        case.record("pe_requires_grad", {"attr": ["m", "pe", "requires_grad"]})
-        case.method("m", "double")
-        case.record("pe_double", {"attr": ["m", "pe", "data"]})
-        cases.append(case)
-        own = Case("own", f"sinusoidal_table({max_len}, {D})")
-        own.call("sinusoidal_table", max_len, D, record="table")
-        cases.append(own)
-
-        # a random table loaded into pe: forward is judged apart from sinusoidal_table
-        table = rng.normal(0.0, 1.0, (max_len, D)).astype(np.float32)
-        for case_id, B, T in (("load", 3, int(rng.integers(4, max_len - 2))), ("full", 2, max_len), ("b1", 1, 1)):
-            x = _inputs(rng, B, T, 1, D)[0]
-            desc = f"B={B}, T={T}, D={D}, max_len={max_len}, dropout=0.1, eval mode, a table loaded into pe"
-            case = Case(case_id, desc, data={"x": x, "table": table})
-            case.call("PositionalEncoding", D, max_len=max_len, dropout=0.1, let="m")
-            case.load_state("m", {"pe": table})
-            case.eval("m")
-            case.let("x", case.tensor(x))
-            case.method("m", "forward", {"ref": "x"}, record="out")
-            judges.record_after(case, ("x",))
-            cases.append(case)
-
-        B, T, p = 4, max_len - 1, 0.5
-        x = rng.standard_normal((B, T, D)).astype(np.float32)
-        case = Case("train", f"B={B}, T={T}, D={D}, dropout={p}, training mode", data={"x": x, "table": table, "p": p})
-        case.call("PositionalEncoding", D, max_len=max_len, dropout=p, let="m")
-        case.load_state("m", {"pe": table})
-        case.steps.append({"train": "m"})
-        case.seed(int(rng.integers(2**31)))
-        case.method("m", "forward", case.tensor(x), record="out")
-        cases.append(case)
-        return cases
-
-    def judge(self, result: Result):
-        for case_id in ("load", "full", "b1", "train"):
-            _state_error(result, case_id, "PositionalEncoding",
-                         "its table is a buffer named `pe`, saved in state_dict: self.register_buffer('pe', table)")
-            error = result.error(case_id) or ""
-            if "must match the size" in error or "broadcast" in error:
-                raise Fail(f"adding the table failed on a case with {result.cases[case_id].desc}:\n    "
-                           f"{error.splitlines()[-1]}\nx is (B, T, D): take the first T = x.shape[1] rows of pe, "
-                           "pe[:T] (T, D), which broadcasts over the batch.")
-        self._judge_default(result)
-        for case_id in ("load", "full", "b1"):
-            case = result.cases[case_id]
-            x, table = case.data["x"], case.data["table"]
-            got = result.get(case_id, "out", what="PositionalEncoding's output", kind="tensor", dtype="float",
-                             shape=x.shape)
-            T = x.shape[1]
-            hint = judges.diagnose(got, {"x alone: pe was not added": x}, atol=1e-5) or (
-                "Expected x + pe[:T] with T = x.shape[1]; in eval mode dropout does nothing.")
-            expect_close(got, x + table[:T], "PositionalEncoding's output", case.desc, hint=hint,
-                         rtol=1e-5, atol=1e-5)
-            _unchanged(result, case_id, {"x": x}, "PositionalEncoding", "Write `x + self.pe[:T]`, not `x += ...`.")
-        self._judge_train(result)
-
-    @staticmethod
-    def _judge_default(result: Result) -> None:
-        case = result.cases["default"]
-        D, max_len = case.data["D"], case.data["max_len"]
-        pe = result.get("default", "pe", what="the buffer pe", kind="tensor", dtype="float", shape=(max_len, D))
-        own_table = None
-        if result.error("own") is None:
-            meta = result.meta("own", "table")
-            if meta.get("type") == "torch.Tensor" and tuple(meta.get("shape", ())) == (max_len, D):
-                own_table = result.get("own", "table", what="sinusoidal_table", kind="tensor", finite=False)
-        matches_paper = np.allclose(pe, _table(max_len, D), rtol=0.0, atol=2e-4)
-        matches_own = own_table is not None and np.allclose(pe, own_table, rtol=0.0, atol=1e-6, equal_nan=True)
-        if not (matches_paper or matches_own):
-            raise Fail(f"the buffer pe of {case.desc} is not the sinusoidal table: build it with "
-                       "sinusoidal_table(max_len, d_model) in __init__.")
-        if bool(result.get("default", "pe_requires_grad", what="pe.requires_grad")):
-            raise Fail("pe requires a gradient, so it would be trained: the table is fixed. Store it with "
-                       "self.register_buffer('pe', table), not as an nn.Parameter.")
-        meta = result.meta("default", "pe_double")
-        if meta.get("dtype") != "torch.float64":
-            raise Fail("after module.double() the table pe is still "
-                       f"{meta.get('dtype', meta.get('type'))}: a plain attribute is not converted or moved with "
-                       "the module. Register it with self.register_buffer('pe', table).")
-
-    @staticmethod
-    def _judge_train(result: Result) -> None:
-        case = result.cases["train"]
-        x, table, p = case.data["x"], case.data["table"], case.data["p"]
-        got = result.get("train", "out", what="PositionalEncoding's output in training mode", kind="tensor",
-                         dtype="float", shape=x.shape).astype(np.float64)
-        kept_value = (x + table[: x.shape[1]]).astype(np.float64) / (1.0 - p)  # (B, T, D)
-        scale = 1e-4 * (1.0 + np.abs(kept_value))
-        dropped = np.abs(got) <= scale
-        fits = dropped | (np.abs(got - kept_value) <= scale)
-        if not fits.all():
-            raise Fail(f"in training mode ({case.desc}) each output entry should be 0 (dropped) or "
-                       "(x + pe) / (1 - p) (kept): apply dropout to the sum, after adding pe, not to x alone.")
-        if not dropped.any() or dropped.all():
-            raise Fail(f"in training mode with dropout={p} ({case.desc}) "
-                       f"{'nothing' if not dropped.any() else 'everything'} was dropped: create "
-                       "nn.Dropout(dropout) in __init__ and apply it in forward.")
 
 
 # -- EncoderLayer: a spec (decoder_course.visible.l06_model), registered with sinusoidal_table above ------------

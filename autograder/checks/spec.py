@@ -34,6 +34,7 @@ from decoder_course.spec import (
     call_args,
     compared,
     contract,
+    expect_facts,
     expect_fresh,
     expect_gradients,
     expect_unmoved,
@@ -266,7 +267,9 @@ class ModuleSpecExercise(Exercise):
                         data={"row": row})
             _build(case, self.name, row.init, let="m")
             if row.state is not None:
-                case.load_state("m", row.state)
+                case.load_state("m", row.state, lenient=self.spec.lenient)
+            if self.spec.facts is not None:  # its tensors by name: buffers, tied parameters
+                case.record("members", {"new": "decoder_course.spec:members", "args": [{"ref": "m"}]})
             if row.seed is None:
                 case.eval("m")
             else:
@@ -322,6 +325,8 @@ class ModuleSpecExercise(Exercise):
             n = len(got)
             declared = [result.meta(case.id, f"out/{i}" if spec.outputs else "out").get("dtype") for i in range(n)]
             with shared():
+                if spec.facts is not None:
+                    expect_facts(spec, row, _members(result, case), case.desc)
                 judge_items(spec, row, got, case.desc, declared)
                 if row.perturbed is not None:
                     expect_unmoved(row.perturbed, got[0], self._items(result, case, "moved")[0], what_of(spec, 0),
@@ -364,3 +369,9 @@ def register(lesson: str, specs: dict[str, Spec | ModuleSpec], ref: ModuleType) 
         cls = type(f"{name}_spec", (base,), {"spec": spec, "ref": ref, "reference": ref, "uses": spec.uses,
                                              "forbidden": spec.forbidden})
         exercise(lesson, name)(cls)
+
+
+def _members(result: Result, case: Case) -> dict[str, int]:
+    """The recorded :func:`decoder_course.spec.members` of the case's module."""
+    return {key: int(result.get(case.id, f"members/{key}", what=f"the kind of {key}", kind="any"))
+            for key in result.meta(case.id, "members").get("keys", [])}

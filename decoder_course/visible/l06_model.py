@@ -21,7 +21,6 @@ from decoder_course.checks import (
     causal_leakage_probe,
     check,
     expect_close,
-    expect_dropout,
     expect_dtype,
     expect_finite,
     expect_inputs_unchanged,
@@ -117,49 +116,57 @@ def check_sinusoidal_table(sinusoidal_table) -> None:
 
 
 # -- PositionalEncoding --------------------------------------------------------------------------------------
-def check_positional_encoding(PositionalEncoding, sinusoidal_table=None) -> None:
-    """The table is a buffer ``pe`` (your ``sinusoidal_table``'s, when given), forward adds its first T rows, the
-    input is untouched, dropout trains."""
-    D, max_len = 8, 20
-    g = torch.Generator().manual_seed(0)
-    with check("PositionalEncoding(8, max_len=20) keeps its table in a buffer named pe"):
-        module = PositionalEncoding(D, max_len=max_len)
-        buffers = dict(module.named_buffers())
-        if "pe" not in buffers:
-            raise CheckFailed("no buffer named `pe`: store the table with self.register_buffer('pe', table), so "
-                              "that it moves with .to(device) and is saved in state_dict() (but is not trained)")
-        if list(module.parameters()):
-            raise CheckFailed("the module has parameters: the sinusoidal table is fixed, not trained")
-        expect_shape(buffers["pe"], (max_len, D), "pe", names="max_len, D")
-        if sinusoidal_table is not None:
-            # judged against your own table: a slip in sinusoidal_table is that exercise's, not this one's
-            expect_close(buffers["pe"], sinusoidal_table(max_len, D), "pe", atol=1e-6,
-                         hint="build pe with sinusoidal_table(max_len, d_model)")
-        else:
-            expect_close(buffers["pe"][0], torch.tensor([0.0, 1.0] * (D // 2)), "pe[0], position 0", atol=1e-6,
-                         hint="position 0 is sin 0 = 0 and cos 0 = 1 in every pair: build pe with sinusoidal_table")
-        if module.double().pe.dtype != torch.float64:
-            raise CheckFailed("module.double() did not convert pe: register it as a buffer")
-    with check("forward adds pe[:T] to every sequence of the batch (T < max_len) and leaves x alone"):
-        module = PositionalEncoding(D, max_len=max_len, dropout=0.1).eval()
-        x = torch.randn(2, 5, D, generator=g)  # (B, T, D) with T = 5 < max_len
-        with torch.no_grad():
-            out = expect_inputs_unchanged(module, x)
-        expect_type(out, torch.Tensor, "PositionalEncoding's output")
-        expect_shape(out, (2, 5, D), "PositionalEncoding's output", names="B, T, D")
-        expect_close(out, x + module.pe[:5], "PositionalEncoding(x) in eval mode", atol=1e-6,
-                     hint="add the first T rows of the table, pe[:T] of shape (T, D), which broadcasts over the "
-                          "batch; T is x.shape[1], not x.shape[0]")
-    with check("dropout acts after the addition, in training mode only"):
-        module = PositionalEncoding(D, max_len=max_len, dropout=0.5)
-        x = torch.randn(3, 6, D, generator=g)
-        with torch.no_grad():
-            expect_dropout(lambda: module(x), module, "PositionalEncoding", "with nn.Dropout after adding pe[:T]")
-            out = module.train()(x)
-        kept = out != 0
-        expect_close(out[kept], ((x + module.pe[:6]) / 0.5)[kept], "the entries dropout kept", atol=1e-5,
-                     hint="dropout((x + pe[:T])): the kept entries are (x + pe) / (1 - p), the dropped ones 0. "
-                          "Dropping x before adding pe leaves pe where x was dropped")
+def _pe_rows(rng: np.random.Generator) -> list[Build]:
+    """A random table loaded into the buffer pe (forward judged apart from sinusoidal_table): T < max_len with
+    B > 1, T = max_len, B = T = 1, and dropout in training mode."""
+    D, max_len = 12, int(rng.integers(15, 25))
+    table = {"pe": rng.normal(0.0, 1.0, (max_len, D)).astype(np.float32)}
+    rows = []
+    for B, T, p, seed in ((3, int(rng.integers(4, max_len - 2)), 0.1, None), (2, max_len, 0.1, None), (1, 1, 0.1, None),
+                          (4, max_len - 1, 0.5, int(rng.integers(2**31)))):
+        x = rng.standard_normal((B, T, D)).astype(np.float32)
+        rows.append(Build(f"B={B}, T={T}, D={D}, max_len={max_len}, dropout={p}, a table loaded into pe",
+                          {"d_model": D, "max_len": Keyword(max_len), "dropout": Keyword(p)}, {"x": x},
+                          state=table, seed=seed))
+    return rows
+
+
+def _pe_twin(init: dict, state: dict, inputs: dict, train: bool, early: bool = False) -> torch.Tensor:
+    """dropout(x + pe[:T]), drawing the masks nn.Dropout draws on (B, T, D); ``early``: dropout(x) + pe[:T]."""
+    x, pe = inputs["x"], state["pe"][: inputs["x"].shape[1]]  # (B, T, D), (T, D)
+    p = init["dropout"] if train else 0.0
+    return F.dropout(x, p) + pe if early else F.dropout(x + pe, p)
+
+
+def _pe_variants(init: dict, state: dict, inputs: dict, train: bool = False) -> dict:
+    p = init["dropout"] if train else 0.0
+    wrong = {"pe was not added: the output is x (with dropout)": F.dropout(inputs["x"], p)}
+    if train:
+        wrong["dropout acts on x before pe is added: apply it to the sum, dropout(x + pe[:T])"] = _pe_twin(
+            init, state, inputs, train, early=True)
+    return wrong
+
+
+SPECS["PositionalEncoding"] = ModuleSpec(
+    "PositionalEncoding", _pe_rows, _pe_twin, names="pe, the table, a buffer: self.register_buffer('pe', table)",
+    dtype=lambda a: a["x"].dtype, shape=lambda a: a["x"].shape, axes="B, T, D", variants=_pe_variants,
+    rtol=1e-5, atol=1e-5,
+    facts=lambda init: (("pe", "buffer", "the table is fixed, not trained: store it with self.register_buffer('pe', "
+                                         "table), not as an nn.Parameter"),),
+    on_error=lambda args, error: ("x is (B, T, D): take the first T = x.shape[1] rows of pe, pe[:T] (T, D), which "
+                                  "broadcasts over the batch" if "size" in error or "broadcast" in error else ""),
+    hint="x + pe[:T] with T = x.shape[1], then dropout (nn.Dropout: active in training mode only); write "
+         "`x + self.pe[:T]`, not `x += ...`.")
+
+
+def check_positional_encoding(PositionalEncoding, sinusoidal_table=None) -> None:  # noqa: N803 - the class
+    """The spec's rows (a table loaded into the buffer pe; dropout on the sum in training mode), then the table a
+    new module holds: your ``sinusoidal_table``'s, when given."""
+    run_module(SPECS["PositionalEncoding"], PositionalEncoding)
+    if sinusoidal_table is not None:
+        with check("PositionalEncoding(8, max_len=20) holds sinusoidal_table(20, 8) in pe"):
+            expect_close(PositionalEncoding(8, max_len=20).pe, sinusoidal_table(20, 8), "pe", atol=1e-6,
+                         hint="build pe with sinusoidal_table(max_len, d_model) in __init__")
 
 
 # -- EncoderLayer --------------------------------------------------------------------------------------------
