@@ -510,7 +510,7 @@ def run_module(spec: ModuleSpec, cls: Any, seed: int = 0) -> None:
                 expect_type(value, _torch().Tensor, what_of(spec, i))
             values = [as_numpy(v) for v in got]
             try:
-                expect_facts(spec, row, members(module), row.situation)
+                expect_facts(spec, row, members(module, fact_names(spec, row)), row.situation)
                 judge_items(spec, row, values, row.situation, declared=[str(v.dtype) for v in got])
                 if row.perturbed is not None:
                     moved = items(spec, forward(spec, module, row, row.perturbed.inputs), spec.name)[0]
@@ -533,13 +533,18 @@ def run_module(spec: ModuleSpec, cls: Any, seed: int = 0) -> None:
             expect_value_error(lambda: cls(*positional, **by_name), why)  # noqa: B023 - called at once
 
 
-def members(module: Any) -> dict[str, int]:
-    """A module's tensors by name: 0 for a buffer; for a parameter, 1 + the position of the first parameter name
-    holding the very same tensor (tied weights share one number)."""
-    first, out = {}, {}
-    for i, (name, tensor) in enumerate(module.named_parameters(remove_duplicate=False)):
-        out[name] = first.setdefault(id(tensor), i + 1)
-    return out | {name: 0 for name, _ in module.named_buffers()}
+def fact_names(spec: ModuleSpec, row: Build) -> list[str]:
+    """The tensors ``spec.facts`` speaks of on ``row``, in order."""
+    facts = spec.facts({n: unwrap(v) for n, v in row.init.items()}) if spec.facts else ()
+    return list(dict.fromkeys(n for name, kind, _ in facts for n in (name, kind.partition(":")[2]) if n))
+
+
+def members(module: Any, names: list[str]) -> dict[str, int]:
+    """What each of ``names`` is in ``module``: 0 a buffer, -1 neither buffer nor parameter, else 1 + the position
+    in ``names`` of the first one that is the very same parameter (tied weights share one number)."""
+    params, buffers = dict(module.named_parameters(remove_duplicate=False)), dict(module.named_buffers())
+    return {name: 0 if name in buffers else -1 if name not in params else
+            1 + next(i for i, other in enumerate(names) if params.get(other) is params[name]) for name in names}
 
 
 def expect_facts(spec: ModuleSpec, row: Build, layout: dict[str, int], situation: str) -> None:

@@ -39,6 +39,7 @@ from decoder_course.spec import (
     expect_gradients,
     expect_unmoved,
     expected,
+    fact_names,
     forward,
     grad_inputs,
     hint_for,
@@ -269,7 +270,8 @@ class ModuleSpecExercise(Exercise):
             if row.state is not None:
                 case.load_state("m", row.state, lenient=self.spec.lenient)
             if self.spec.facts is not None:  # its tensors by name: buffers, tied parameters
-                case.record("members", {"new": "decoder_course.spec:members", "args": [{"ref": "m"}]})
+                case.record("members", {"new": "decoder_course.spec:members",
+                                         "args": [{"ref": "m"}, {"list": fact_names(self.spec, row)}]})
             if row.seed is None:
                 case.eval("m")
             else:
