@@ -138,7 +138,8 @@ def _pe_twin(init: dict, state: dict, inputs: dict, train: bool, early: bool = F
 
 def _pe_variants(init: dict, state: dict, inputs: dict, train: bool = False) -> dict:
     p = init["dropout"] if train else 0.0
-    wrong = {"pe was not added: the output is x (with dropout)": F.dropout(inputs["x"], p)}
+    with torch.random.fork_rng():  # the next wrong twin draws the very masks the module drew
+        wrong = {"pe was not added: the output is x (with dropout)": F.dropout(inputs["x"], p)}
     if train:
         wrong["dropout acts on x before pe is added: apply it to the sum, dropout(x + pe[:T])"] = _pe_twin(
             init, state, inputs, train, early=True)
@@ -422,9 +423,9 @@ def _model_rows(rng: np.random.Generator) -> list[Build]:
 
 
 def _model_twin(init: dict, state: dict, inputs: dict, train: bool, scale: bool | None = None,
-                target_padding: bool = True) -> torch.Tensor:
+                target_padding: bool = True, causal: bool = True) -> torch.Tensor:
     """The model's logits computed with PyTorch's own layers (the encoder's and the decoder's twins, float64) from
-    the same weights; ``scale``, ``target_padding``: known mistakes."""
+    the same weights; ``scale``, ``target_padding``, ``causal``: known mistakes."""
     D, N, norm_first = init["d_model"], init["n_layers"], init.get("norm_first", True)
     sizes = {"d_model": D, "n_heads": init["n_heads"], "d_ff": init["d_ff"], "n_layers": N, "norm_first": norm_first}
     w = {key: value.double() for key, value in state.items()}
@@ -440,7 +441,7 @@ def _model_twin(init: dict, state: dict, inputs: dict, train: bool, scale: bool 
         x = _encoder_twin(sizes, layer, {"x": x, "src_is_real": src_real}, False)
     if norm_first:
         x = F.layer_norm(x, (D,), w["encoder.norm.weight"], w["encoder.norm.bias"])
-    self_allowed = torch.ones(T, T, dtype=torch.bool).tril()  # (T, T)
+    self_allowed = torch.ones(T, T, dtype=torch.bool).tril(0 if causal else T)  # (T, T)
     if tgt_real is not None:
         self_allowed = self_allowed[None, None] & tgt_real[:, None, None, :]  # (B, 1, T, T)
     cross = None if src_real is None else src_real[:, None, None, :].expand(B, 1, T, S)  # (B, 1, T, S)
@@ -456,6 +457,8 @@ def _model_variants(init: dict, state: dict, inputs: dict, train: bool = False) 
               "embeddings multiplied by sqrt(D) although scale_embedding is False (the default follows this course, "
               "not the paper)"): _model_twin(init, state, inputs, False, scale=not scaled)}
     if inputs.get("tgt_is_real") is not None:
+        wrong["decode gives the decoder no causal mask: each position reads the target tokens after it; the "
+              "self-attention mask is causal & tgt_is_real"] = _model_twin(init, state, inputs, False, causal=False)
         wrong["the decoder ignores tgt_is_real: padded target keys must be blocked too (causal & tgt_is_real on the "
               "key axis)"] = _model_twin(init, state, inputs, False, target_padding=False)
     return wrong
