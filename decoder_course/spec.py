@@ -353,6 +353,10 @@ class ModuleSpec:
     # a method other than forward (``CrossAttention.project_memory``): its own contract, twin and hints, for the
     # rows that call it (``Build.method``); built with this spec's constructor and names
     methods: dict[str, ModuleSpec] = field(default_factory=dict)
+    # (constructor arguments) -> facts about the built module's tensors, each (name, what it must be, why): "buffer"
+    # (not a parameter: saved, moved, never trained), "tied:<other>" (the very tensor of that parameter) or
+    # "untied:<other>"; judged on every evaluation row from :func:`members`
+    facts: Callable[[dict], tuple[tuple[str, str, str], ...]] | None = None
 
 
 def _tensors(values: dict) -> dict:
@@ -585,6 +589,7 @@ def _run_row(spec: ModuleSpec, cls: Any, row: Build, given: dict | None = None) 
             expect_type(value, _torch().Tensor, what_of(spec, i))
         values = [as_numpy(v) for v in got]
         try:
+            expect_facts(spec, row, members(module, fact_names(spec, row)), row.situation)
             judge_items(spec, row, values, row.situation, declared=[str(v.dtype) for v in got])
             if row.perturbed is not None:
                 moved = items(spec, forward(spec, module, row, row.perturbed.inputs), spec.name)[0]
@@ -739,3 +744,24 @@ class New:
 
         module, _, name = self.path.partition(":")
         return getattr(importlib.import_module(module), name)(*self.args)
+def fact_names(spec: ModuleSpec, row: Build) -> list[str]:
+    """The tensors ``spec.facts`` speaks of on ``row``, in order."""
+    facts = spec.facts({n: unwrap(v) for n, v in row.init.items()}) if spec.facts else ()
+    return list(dict.fromkeys(n for name, kind, _ in facts for n in (name, kind.partition(":")[2]) if n))
+
+
+def members(module: Any, names: list[str]) -> dict[str, int]:
+    """What each of ``names`` is in ``module``: 0 a buffer, -1 neither buffer nor parameter, else 1 + the position
+    in ``names`` of the first one that is the very same parameter (tied weights share one number)."""
+    params, buffers = dict(module.named_parameters(remove_duplicate=False)), dict(module.named_buffers())
+    return {name: 0 if name in buffers else -1 if name not in params else
+            1 + next(i for i, other in enumerate(names) if params.get(other) is params[name]) for name in names}
+
+
+def expect_facts(spec: ModuleSpec, row: Build, layout: dict[str, int], situation: str) -> None:
+    """The row's module holds its tensors as ``spec.facts`` says (``layout``: :func:`members` of it)."""
+    for name, kind, why in spec.facts({n: unwrap(v) for n, v in row.init.items()}) if spec.facts else ():
+        what, _, other = kind.partition(":")
+        shared = layout.get(name, 0) > 0 and layout.get(name) == layout.get(other)
+        if not (layout.get(name) == 0 if what == "buffer" else shared if what == "tied" else not shared):
+            raise CheckFailed(f"{spec.name}'s {name} ({situation}): {why}")

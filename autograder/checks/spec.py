@@ -40,11 +40,13 @@ from decoder_course.spec import (
     compared,
     contract,
     expect_cached,
+    expect_facts,
     expect_fresh,
     expect_gradients,
     expect_keys,
     expect_unmoved,
     expected,
+    fact_names,
     float_inputs,
     forward,
     grad_inputs,
@@ -104,7 +106,7 @@ def _value(case: Case, value, tensors: bool, grad: bool = False):
         return {"new": "decoder_course.spec:numpy_rng", "args": [value.seed]}
     if isinstance(value, New):
         return {"new": value.path, "args": list(value.args)}
-    if isinstance(value, dict):  # a dict of arrays (a parameter dict), each sent aside
+    if isinstance(value, dict) and value and all(map(_is_array, value.values())):  # a parameter dict: sent aside
         return {"dict": {key: _value(case, item, tensors, grad) for key, item in value.items()}}
     return value
 
@@ -346,6 +348,9 @@ class ModuleSpecExercise(Exercise):
             _build(case, self.name, row.init, let="m")
             if row.state is not None:
                 case.load_state("m", row.state, lenient=self.spec.lenient)
+            if self.spec.facts is not None:  # its tensors by name: buffers, tied parameters
+                case.record("members", {"new": "decoder_course.spec:members",
+                                         "args": [{"ref": "m"}, {"list": fact_names(self.spec, row)}]})
             if row.seed is None:
                 case.eval("m")
             else:
@@ -410,6 +415,8 @@ class ModuleSpecExercise(Exercise):
             n = len(got)
             declared = [result.meta(case.id, f"out/{i}" if spec.outputs else "out").get("dtype") for i in range(n)]
             with shared():
+                if spec.facts is not None:
+                    expect_facts(spec, row, _members(result, case), case.desc)
                 judge_items(spec, row, got, case.desc, declared)
                 if row.perturbed is not None:
                     expect_unmoved(row.perturbed, got[0], self._items(spec, result, case, "moved")[0], what_of(spec, 0),
@@ -496,3 +503,7 @@ def _dicts_unchanged(result: Result, case: Case, given: dict, what: str) -> None
 def _keys(result: Result, case: Case, spec, record: str) -> list:
     """Where a recorded result's items are: by name in a dict, by position in a tuple."""
     return list(spec.outputs) if result.meta(case.id, record).get("type") == "dict" else list(range(len(spec.outputs)))
+def _members(result: Result, case: Case) -> dict[str, int]:
+    """The recorded :func:`decoder_course.spec.members` of the case's module."""
+    return {key: int(result.get(case.id, f"members/{key}", what=f"the kind of {key}", kind="any"))
+            for key in result.meta(case.id, "members").get("keys", [])}

@@ -18,19 +18,16 @@ from torch import nn
 from decoder_course import twins
 from decoder_course.checks import (
     CheckFailed,
-    causal_leakage_probe,
     check,
     expect_close,
-    expect_dropout,
     expect_dtype,
     expect_finite,
     expect_inputs_unchanged,
     expect_shape,
     expect_type,
-    padding_leakage_probe,
     randomised,
 )
-from decoder_course.spec import Build, Keyword, ModuleSpec, Spec, run, run_module
+from decoder_course.spec import Build, Keyword, ModuleSpec, Perturbed, Spec, run, run_module
 from decoder_course.visible.l05_decoder_layer import WIRING, random_state
 
 # -- sinusoidal_table ----------------------------------------------------------------------------------------
@@ -117,49 +114,58 @@ def check_sinusoidal_table(sinusoidal_table) -> None:
 
 
 # -- PositionalEncoding --------------------------------------------------------------------------------------
-def check_positional_encoding(PositionalEncoding, sinusoidal_table=None) -> None:
-    """The table is a buffer ``pe`` (your ``sinusoidal_table``'s, when given), forward adds its first T rows, the
-    input is untouched, dropout trains."""
-    D, max_len = 8, 20
-    g = torch.Generator().manual_seed(0)
-    with check("PositionalEncoding(8, max_len=20) keeps its table in a buffer named pe"):
-        module = PositionalEncoding(D, max_len=max_len)
-        buffers = dict(module.named_buffers())
-        if "pe" not in buffers:
-            raise CheckFailed("no buffer named `pe`: store the table with self.register_buffer('pe', table), so "
-                              "that it moves with .to(device) and is saved in state_dict() (but is not trained)")
-        if list(module.parameters()):
-            raise CheckFailed("the module has parameters: the sinusoidal table is fixed, not trained")
-        expect_shape(buffers["pe"], (max_len, D), "pe", names="max_len, D")
-        if sinusoidal_table is not None:
-            # judged against your own table: a slip in sinusoidal_table is that exercise's, not this one's
-            expect_close(buffers["pe"], sinusoidal_table(max_len, D), "pe", atol=1e-6,
-                         hint="build pe with sinusoidal_table(max_len, d_model)")
-        else:
-            expect_close(buffers["pe"][0], torch.tensor([0.0, 1.0] * (D // 2)), "pe[0], position 0", atol=1e-6,
-                         hint="position 0 is sin 0 = 0 and cos 0 = 1 in every pair: build pe with sinusoidal_table")
-        if module.double().pe.dtype != torch.float64:
-            raise CheckFailed("module.double() did not convert pe: register it as a buffer")
-    with check("forward adds pe[:T] to every sequence of the batch (T < max_len) and leaves x alone"):
-        module = PositionalEncoding(D, max_len=max_len, dropout=0.1).eval()
-        x = torch.randn(2, 5, D, generator=g)  # (B, T, D) with T = 5 < max_len
-        with torch.no_grad():
-            out = expect_inputs_unchanged(module, x)
-        expect_type(out, torch.Tensor, "PositionalEncoding's output")
-        expect_shape(out, (2, 5, D), "PositionalEncoding's output", names="B, T, D")
-        expect_close(out, x + module.pe[:5], "PositionalEncoding(x) in eval mode", atol=1e-6,
-                     hint="add the first T rows of the table, pe[:T] of shape (T, D), which broadcasts over the "
-                          "batch; T is x.shape[1], not x.shape[0]")
-    with check("dropout acts after the addition, in training mode only"):
-        module = PositionalEncoding(D, max_len=max_len, dropout=0.5)
-        x = torch.randn(3, 6, D, generator=g)
-        with torch.no_grad():
-            expect_dropout(lambda: module(x), module, "PositionalEncoding", "with nn.Dropout after adding pe[:T]")
-            out = module.train()(x)
-        kept = out != 0
-        expect_close(out[kept], ((x + module.pe[:6]) / 0.5)[kept], "the entries dropout kept", atol=1e-5,
-                     hint="dropout((x + pe[:T])): the kept entries are (x + pe) / (1 - p), the dropped ones 0. "
-                          "Dropping x before adding pe leaves pe where x was dropped")
+def _pe_rows(rng: np.random.Generator) -> list[Build]:
+    """A random table loaded into the buffer pe (forward judged apart from sinusoidal_table): T < max_len with
+    B > 1, T = max_len, B = T = 1, and dropout in training mode."""
+    D, max_len = 12, int(rng.integers(15, 25))
+    table = {"pe": rng.normal(0.0, 1.0, (max_len, D)).astype(np.float32)}
+    rows = []
+    for B, T, p, seed in ((3, int(rng.integers(4, max_len - 2)), 0.1, None), (2, max_len, 0.1, None), (1, 1, 0.1, None),
+                          (4, max_len - 1, 0.5, int(rng.integers(2**31)))):
+        x = rng.standard_normal((B, T, D)).astype(np.float32)
+        rows.append(Build(f"B={B}, T={T}, D={D}, max_len={max_len}, dropout={p}, a table loaded into pe",
+                          {"d_model": D, "max_len": Keyword(max_len), "dropout": Keyword(p)}, {"x": x},
+                          state=table, seed=seed))
+    return rows
+
+
+def _pe_twin(init: dict, state: dict, inputs: dict, train: bool, early: bool = False) -> torch.Tensor:
+    """dropout(x + pe[:T]), drawing the masks nn.Dropout draws on (B, T, D); ``early``: dropout(x) + pe[:T]."""
+    x, pe = inputs["x"], state["pe"][: inputs["x"].shape[1]]  # (B, T, D), (T, D)
+    p = init["dropout"] if train else 0.0
+    return F.dropout(x, p) + pe if early else F.dropout(x + pe, p)
+
+
+def _pe_variants(init: dict, state: dict, inputs: dict, train: bool = False) -> dict:
+    p = init["dropout"] if train else 0.0
+    with torch.random.fork_rng():  # the next wrong twin draws the very masks the module drew
+        wrong = {"pe was not added: the output is x (with dropout)": F.dropout(inputs["x"], p)}
+    if train:
+        wrong["dropout acts on x before pe is added: apply it to the sum, dropout(x + pe[:T])"] = _pe_twin(
+            init, state, inputs, train, early=True)
+    return wrong
+
+
+SPECS["PositionalEncoding"] = ModuleSpec(
+    "PositionalEncoding", _pe_rows, _pe_twin, names="pe, the table, a buffer: self.register_buffer('pe', table)",
+    dtype=lambda a: a["x"].dtype, shape=lambda a: a["x"].shape, axes="B, T, D", variants=_pe_variants,
+    rtol=1e-5, atol=1e-5,
+    facts=lambda init: (("pe", "buffer", "the table is fixed, not trained: store it with self.register_buffer('pe', "
+                                         "table), not as an nn.Parameter"),),
+    on_error=lambda args, error: ("x is (B, T, D): take the first T = x.shape[1] rows of pe, pe[:T] (T, D), which "
+                                  "broadcasts over the batch" if "size" in error or "broadcast" in error else ""),
+    hint="x + pe[:T] with T = x.shape[1], then dropout (nn.Dropout: active in training mode only); write "
+         "`x + self.pe[:T]`, not `x += ...`.")
+
+
+def check_positional_encoding(PositionalEncoding, sinusoidal_table=None) -> None:  # noqa: N803 - the class
+    """The spec's rows (a table loaded into the buffer pe; dropout on the sum in training mode), then the table a
+    new module holds: your ``sinusoidal_table``'s, when given."""
+    run_module(SPECS["PositionalEncoding"], PositionalEncoding)
+    if sinusoidal_table is not None:
+        with check("PositionalEncoding(8, max_len=20) holds sinusoidal_table(20, 8) in pe"):
+            expect_close(PositionalEncoding(8, max_len=20).pe, sinusoidal_table(20, 8), "pe", atol=1e-6,
+                         hint="build pe with sinusoidal_table(max_len, d_model) in __init__")
 
 
 # -- EncoderLayer --------------------------------------------------------------------------------------------
@@ -347,101 +353,144 @@ def check_decoder(Decoder) -> None:  # noqa: N803 - the class under test
 
 
 # -- Seq2SeqTransformer --------------------------------------------------------------------------------------
-SUBMODULES = {
-    "src_embed": nn.Embedding, "tgt_embed": nn.Embedding, "pos_encoding": nn.Module,
-    "encoder": nn.Module, "decoder": nn.Module, "out_proj": nn.Linear,
-}
+def _model_state(rng: np.random.Generator, init: dict, tie: bool, norm_first: bool, max_len: int) -> dict:
+    """A random state dict by the contract's names (a random table in pos_encoding.pe: the model is judged apart
+    from sinusoidal_table); tied: out_proj.weight holds tgt_embed.weight's values."""
+    V_src, V, D, F_, N = (init[k] for k in ("src_vocab", "tgt_vocab", "d_model", "d_ff", "n_layers"))
+
+    def norm(name):
+        return {f"{name}.weight": (1.0 + rng.normal(0.0, 0.3, D)), f"{name}.bias": rng.normal(0.0, 0.3, D)}
+
+    state = {f"encoder.layers.{i}.{k}": v for i in range(N)
+             for k, v in random_state(rng, D, F_, attention=("self_attn",), norms=("norm1", "norm2")).items()}
+    state |= {f"decoder.layers.{i}.{k}": v for i in range(N) for k, v in random_state(rng, D, F_).items()}
+    state |= (norm("encoder.norm") | norm("decoder.norm")) if norm_first else {}
+    state |= {"src_embed.weight": rng.normal(0.0, 1.0, (V_src, D)), "tgt_embed.weight": rng.normal(0.0, 1.0, (V, D)),
+              "pos_encoding.pe": rng.normal(0.0, 1.0, (max_len, D)), "out_proj.bias": rng.normal(0.0, 0.2, V)}
+    state["out_proj.weight"] = state["tgt_embed.weight"] if tie else rng.normal(0.0, 1.0 / math.sqrt(D), (V, D))
+    return {key: np.asarray(value, np.float32) for key, value in state.items()}
 
 
-def _torch_logits(model: nn.Module, H: int, F_: int, src_ids, tgt_ids, src_is_real, tgt_is_real,
-                  scale: float = 1.0) -> torch.Tensor:
-    """The model's computation redone with PyTorch's own nn.TransformerDecoderLayer, from the model's weights;
-    ``scale`` multiplies the embeddings (sqrt(D) when ``scale_embedding=True``)."""
-    norm_first = isinstance(model.decoder.norm, nn.LayerNorm)
-    with torch.no_grad():
-        pe = model.pos_encoding.pe  # (max_len, D): the model's own table
-        S, T = src_ids.shape[1], tgt_ids.shape[1]
-        memory = model.encoder(model.src_embed(src_ids) * scale + pe[:S], src_is_real)  # (B, S, D)
-        y = model.tgt_embed(tgt_ids) * scale + pe[:T]  # (B, T, D)
-        causal = torch.ones(T, T, dtype=torch.bool).tril()
-        for mine in model.decoder.layers:  # PyTorch's masks mean True = BLOCKED: invert at this boundary only
-            theirs = twins.torch_twin(mine.state_dict(), "decoder", H, d_ff=F_, norm_first=norm_first)
-            y = theirs(y, memory, tgt_mask=~causal, tgt_key_padding_mask=~tgt_is_real,
-                       memory_key_padding_mask=~src_is_real)
-        if norm_first:
-            y = F.layer_norm(y, y.shape[-1:], model.decoder.norm.weight, model.decoder.norm.bias)
-        return F.linear(y, model.out_proj.weight, model.out_proj.bias)  # (B, T, V)
+def _model_rows(rng: np.random.Generator) -> list[Build]:
+    """Pre-LN, tied, with source and target padding (padded source ids changed: nothing may move), without target
+    padding (target ids after a position changed: the logits before it may not move), post-LN untied with
+    scale_embedding on B = 1 without masks, and dropout in training mode."""
+    B, S, T, max_len = 3, 7, 5, 32
+    pre = {"src_vocab": 11, "tgt_vocab": 13, "d_model": 16, "n_heads": 4, "d_ff": 24, "n_layers": 2}
+    kw = {"dropout": Keyword(0.1), "tie_weights": Keyword(True), "norm_first": Keyword(True),
+          "max_len": Keyword(max_len)}
+    state = _model_state(rng, pre, tie=True, norm_first=True, max_len=max_len)
+
+    def padded(n):
+        lengths = rng.integers(n - 2, n, size=B)
+        lengths[rng.integers(B)] = n  # one sequence unpadded
+        return np.arange(n)[None, :] < lengths[:, None]  # (B, n): real tokens, then padding
+
+    def ids(shape, V):
+        return rng.integers(3, V, shape).astype(np.int64)
+
+    src_real, tgt_real = padded(S), padded(T)
+    src, tgt = ids((B, S), pre["src_vocab"]) * src_real, ids((B, T), pre["tgt_vocab"]) * tgt_real  # pads: id 0
+    t0 = int(rng.integers(0, T - 1))
+    future = tgt.copy()
+    future[:, t0 + 1:] = (tgt[:, t0 + 1:] + rng.integers(1, pre["tgt_vocab"] - 1, (B, T - t0 - 1))) % pre["tgt_vocab"]
+    sizes = f"B={B}, S={S}, T={T}, src_vocab=11, tgt_vocab=13, D=16, H=4, F=24, n_layers=2, pre-LN, tied"
+    inputs = {"src_ids": src, "tgt_ids": tgt, "src_is_real": src_real, "tgt_is_real": tgt_real}
+    src_moved = np.where(src_real, src, ids((B, S), pre["src_vocab"]))  # other ids under the pads
+    post = {"src_vocab": 9, "tgt_vocab": 7, "d_model": 12, "n_heads": 3, "d_ff": 20, "n_layers": 1}
+    return [
+        Build(f"{sizes}, source and target padding", pre | kw, inputs, state=state,
+              perturbed=Perturbed(inputs | {"src_ids": src_moved}, lambda out: out,
+                                  "it changed when only padded source tokens changed: build cross_allowed from "
+                                  "src_is_real, (B, 1, 1, S), and pass it to the decoder (the encoder gets "
+                                  "src_is_real too)")),
+        Build(f"{sizes}, source padding, tgt_is_real=None", pre | kw,
+              {"src_ids": src, "tgt_ids": tgt, "src_is_real": src_real}, state=state,
+              perturbed=Perturbed({"src_ids": src, "tgt_ids": future, "src_is_real": src_real},
+                                  lambda out: out[:, : t0 + 1],
+                                  f"the logits at positions <= {t0} changed when only target tokens after position "
+                                  f"{t0} changed: the future leaks. decode must give the decoder a causal "
+                                  "self-attention mask, also when tgt_is_real is None")),
+        Build("B=1, S=4, T=6, src_vocab=9, tgt_vocab=7, D=12, H=3, F=20, n_layers=1, post-LN, untied, "
+              "scale_embedding=True, no masks",
+              post | {"dropout": Keyword(0.1), "tie_weights": Keyword(False), "norm_first": Keyword(False),
+                      "max_len": Keyword(16), "scale_embedding": Keyword(True)},
+              {"src_ids": ids((1, 4), 9), "tgt_ids": ids((1, 6), 7)},
+              state=_model_state(rng, post, tie=False, norm_first=False, max_len=16)),
+        Build(f"{sizes}, dropout=0.5", pre | kw | {"dropout": Keyword(0.5)}, inputs, state=state,
+              seed=int(rng.integers(2**31))),
+    ]
 
 
-def check_seq2seq_transformer(Seq2SeqTransformer) -> None:
-    """Submodules, logits shape, agreement with nn.TransformerDecoder, leakage, encode/decode, weight tying."""
-    V_src, V_tgt, D, H, F_, N, B, S, T = 11, 13, 16, 4, 32, 2, 2, 7, 5
-    torch.manual_seed(0)
-    with check("Seq2SeqTransformer(11, 13, 16, 4, 32, 2) has the contract's submodules"):
-        model = Seq2SeqTransformer(V_src, V_tgt, D, H, F_, N, dropout=0.1, tie_weights=False)
-        for name, kind in SUBMODULES.items():
-            expect_type(getattr(model, name, None), kind, f"model.{name}")
-        if model.src_embed.weight.shape != (V_src, D) or model.tgt_embed.weight.shape != (V_tgt, D):
-            raise CheckFailed(
-                f"the embeddings should be (src_vocab, D) = {(V_src, D)} and (tgt_vocab, D) = {(V_tgt, D)}, got "
-                f"{tuple(model.src_embed.weight.shape)} and {tuple(model.tgt_embed.weight.shape)}")
-        if (model.out_proj.in_features, model.out_proj.out_features) != (D, V_tgt):
-            raise CheckFailed(f"out_proj should map D = {D} to tgt_vocab = {V_tgt} scores")
-        if model.out_proj.weight is model.tgt_embed.weight:
-            raise CheckFailed("with tie_weights=False, out_proj.weight must not be tgt_embed.weight")
-    with check("with tie_weights=True, out_proj.weight IS tgt_embed.weight (one parameter, one storage)"):
-        tied = Seq2SeqTransformer(V_src, V_tgt, D, H, F_, N, tie_weights=True)
-        if tied.out_proj.weight is not tied.tgt_embed.weight:
-            raise CheckFailed("out_proj.weight is a separate tensor: tie by assigning the parameter itself, "
-                              "self.out_proj.weight = self.tgt_embed.weight (copying the values is not tying)")
-        saved = sum(p.numel() for p in model.parameters()) - sum(p.numel() for p in tied.parameters())
-        if saved != V_tgt * D:
-            raise CheckFailed(f"tying should save V × D = {V_tgt * D} parameters, it saved {saved}")
+def _model_twin(init: dict, state: dict, inputs: dict, train: bool, scale: bool | None = None,
+                target_padding: bool = True, causal: bool = True) -> torch.Tensor:
+    """The model's logits computed with PyTorch's own layers (the encoder's and the decoder's twins, float64) from
+    the same weights; ``scale``, ``target_padding``, ``causal``: known mistakes."""
+    D, N, norm_first = init["d_model"], init["n_layers"], init.get("norm_first", True)
+    sizes = {"d_model": D, "n_heads": init["n_heads"], "d_ff": init["d_ff"], "n_layers": N, "norm_first": norm_first}
+    w = {key: value.double() for key, value in state.items()}
+    factor = math.sqrt(D) if (init.get("scale_embedding", False) if scale is None else scale) else 1.0
+    src, tgt = inputs["src_ids"], inputs["tgt_ids"]
+    src_real = inputs.get("src_is_real")
+    tgt_real = inputs.get("tgt_is_real") if target_padding else None
+    (B, S), T = src.shape, tgt.shape[1]
+    x = w["src_embed.weight"][src] * factor + w["pos_encoding.pe"][:S]  # (B, S, D)
+    for i in range(N):
+        prefix = f"encoder.layers.{i}."
+        layer = {k.removeprefix(prefix): v for k, v in w.items() if k.startswith(prefix)}
+        x = _encoder_twin(sizes, layer, {"x": x, "src_is_real": src_real}, False)
+    if norm_first:
+        x = F.layer_norm(x, (D,), w["encoder.norm.weight"], w["encoder.norm.bias"])
+    self_allowed = torch.ones(T, T, dtype=torch.bool).tril(0 if causal else T)  # (T, T)
+    if tgt_real is not None:
+        self_allowed = self_allowed[None, None] & tgt_real[:, None, None, :]  # (B, 1, T, T)
+    cross = None if src_real is None else src_real[:, None, None, :].expand(B, 1, T, S)  # (B, 1, T, S)
+    y = _stack_twin(sizes, {k.removeprefix("decoder."): v for k, v in w.items() if k.startswith("decoder.")},
+                    {"x": w["tgt_embed.weight"][tgt] * factor + w["pos_encoding.pe"][:T], "memory": x,
+                     "self_allowed": self_allowed, "cross_allowed": cross}, False)
+    return F.linear(y, w["out_proj.weight"], w["out_proj.bias"])  # (B, T, V)
 
-    src_is_real = torch.arange(S)[None, :] < torch.tensor([[5], [S]])  # (B, S): 2 pads in sequence 0
-    tgt_is_real = torch.arange(T)[None, :] < torch.tensor([[T], [3]])  # (B, T): 2 pads in sequence 1
-    src_ids = torch.randint(3, V_src, (B, S)).masked_fill(~src_is_real, 0)  # (B, S)
-    tgt_ids = torch.randint(3, V_tgt, (B, T)).masked_fill(~tgt_is_real, 0)  # (B, T)
-    batch = (src_ids, tgt_ids, src_is_real, tgt_is_real)
-    with check("the future and source padding do not leak into the logits"):
-        torch.manual_seed(1)
-        model = Seq2SeqTransformer(V_src, V_tgt, D, H, F_, N, dropout=0.1).eval()
-        full = torch.ones(B, T, dtype=torch.bool)
-        causal_leakage_probe(lambda t: model(src_ids, t, src_is_real, full), tgt_ids.masked_fill(~tgt_is_real, 4),
-                             what="the logits (decode needs a causal self-attention mask)", atol=1e-5)
-        padding_leakage_probe(lambda s: model(s, tgt_ids, src_is_real, tgt_is_real), src_ids, src_is_real,
-                              what="the logits (cross-attention needs src_is_real as its mask)", atol=1e-5)
-    for norm_first in (True, False):
-        with check(f"{WIRING[norm_first][0]}: logits (B, T, tgt_vocab) equal the same computation with "
-                   "nn.TransformerDecoder"):
-            torch.manual_seed(1)
-            model = Seq2SeqTransformer(V_src, V_tgt, D, H, F_, N, dropout=0.1, norm_first=norm_first).eval()
-            with torch.no_grad():
-                got = expect_inputs_unchanged(model, *batch)
-            expect_type(got, torch.Tensor, "the logits tensor")
-            expect_shape(got, (B, T, V_tgt), "the logits tensor", names="B, T, V")
-            expect_finite(got, "the logits tensor")
-            expect_close(got, _torch_logits(model, H, F_, *batch), "the logits tensor", rtol=1e-4, atol=1e-4,
-                         hint="embed (no sqrt(D) scaling by default), add pos_encoding, encode with src_is_real; "
-                              "the decoder gets the causal mask combined with tgt_is_real on the keys, and "
-                              "src_is_real as the cross-attention mask; then out_proj")
-    with check("scale_embedding=True multiplies both embeddings by sqrt(D), as in the paper"):
-        torch.manual_seed(2)
-        scaled = Seq2SeqTransformer(V_src, V_tgt, D, H, F_, N, dropout=0.1, scale_embedding=True).eval()
-        with torch.no_grad():
-            got_scaled = scaled(*batch)
-        if torch.allclose(got_scaled, _torch_logits(scaled, H, F_, *batch), rtol=1e-4, atol=1e-4):
-            raise CheckFailed("with scale_embedding=True the logits are those of unscaled embeddings: the flag is "
-                              "ignored. Multiply src_embed(src_ids) and tgt_embed(tgt_ids) by sqrt(D) when "
-                              "scale_embedding is True (and by 1 when it is False, the course's default)")
-        expect_close(got_scaled, _torch_logits(scaled, H, F_, *batch, scale=math.sqrt(D)),
-                     "the logits with scale_embedding=True", rtol=1e-4, atol=1e-4,
-                     hint="embed, multiply by sqrt(D) (source and target alike), then add pos_encoding")
-    with check("decode(tgt, encode(src)) equals forward(src, tgt)"):
-        with torch.no_grad():
-            memory = model.encode(src_ids, src_is_real)
-            expect_shape(memory, (B, S, D), "encode(src_ids, src_is_real)", names="B, S, D")
-            expect_close(model.decode(tgt_ids, memory, src_is_real, tgt_is_real), got, "decode(...)", atol=1e-5)
+
+def _model_variants(init: dict, state: dict, inputs: dict, train: bool = False) -> dict:
+    scaled = init.get("scale_embedding", False)
+    wrong = {("embeddings not multiplied by sqrt(D) although scale_embedding=True" if scaled else
+              "embeddings multiplied by sqrt(D) although scale_embedding is False (the default follows this course, "
+              "not the paper)"): _model_twin(init, state, inputs, False, scale=not scaled)}
+    if inputs.get("tgt_is_real") is not None:
+        wrong["decode gives the decoder no causal mask: each position reads the target tokens after it; the "
+              "self-attention mask is causal & tgt_is_real"] = _model_twin(init, state, inputs, False, causal=False)
+        wrong["the decoder ignores tgt_is_real: padded target keys must be blocked too (causal & tgt_is_real on the "
+              "key axis)"] = _model_twin(init, state, inputs, False, target_padding=False)
+    return wrong
+
+
+def _model_facts(init: dict) -> tuple:
+    if init.get("tie_weights", True):
+        return (("out_proj.weight", "tied:tgt_embed.weight", "with tie_weights=True it is a separate tensor: tie by "
+                 "assigning the parameter, self.out_proj.weight = self.tgt_embed.weight (copying the values is not "
+                 "tying)"),)
+    return (("out_proj.weight", "untied:tgt_embed.weight", "with tie_weights=False it shares tgt_embed.weight's "
+             "tensor: tie only when tie_weights is True"),)
+
+
+SPECS["Seq2SeqTransformer"] = ModuleSpec(
+    "Seq2SeqTransformer", _model_rows, _model_twin,
+    names="src_embed, tgt_embed, pos_encoding (its table the buffer pos_encoding.pe), encoder, decoder, out_proj",
+    dtype=lambda a: np.float32, shape=lambda a: a["tgt_ids"].shape + (a["tgt_vocab"],), axes="B, T, V",
+    variants=_model_variants, facts=_model_facts, rtol=1e-4, atol=1e-4,
+    forbidden=("nn.Transformer", "nn.TransformerDecoder", "nn.TransformerDecoderLayer", "nn.TransformerEncoder",
+               "nn.TransformerEncoderLayer"),
+    uses=("PositionalEncoding", "EncoderLayer", "Decoder"), lenient=("pos_encoding.", "encoder.layers.", "decoder."),
+    dropout="in the positional encoding, the encoder and the decoder: pass dropout to each",
+    hint="out_proj(decoder(tgt_embed(tgt) * embed_scale + positions, memory, causal & target padding, source "
+         "padding)), with memory = encoder(src_embed(src) * embed_scale + positions, src_is_real).")
+
+
+def check_seq2seq_transformer(Seq2SeqTransformer) -> None:  # noqa: N803 - the class under test
+    """The spec's rows: the contract's names, PyTorch's own layers with the same weights (pre-LN tied with padding,
+    post-LN untied scaled), the future and padded source tokens do not leak, tied weights are one tensor, dropout
+    in training only, inputs unchanged."""
+    run_module(SPECS["Seq2SeqTransformer"], Seq2SeqTransformer)
 
 
 # -- logits_from_ids (find the bug) ---------------------------------------------------------------------------
