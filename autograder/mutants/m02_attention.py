@@ -10,7 +10,7 @@ import math
 
 import numpy as np
 
-from autograder.mutants import mutant, shown_bug
+from autograder.mutants import mutant
 
 MUTANTS: list = []
 
@@ -120,7 +120,6 @@ def scaled_dot_product_attention(q, k, v, allowed=None):  # noqa: F811
 
 
 # -- fixed_attention (find the bug) ---------------------------------------------------------------------------
-shown_bug(MUTANTS, "02-attention", "fixed_attention", "normalised over the queries (axis -2), not the keys")
 
 
 @mutant(MUTANTS, "fixed_attention", "a wrong fix: the max moved to axis -2 as well, still normalised over queries")

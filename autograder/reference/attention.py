@@ -99,3 +99,18 @@ def fixed_attention(
     ### END BUG
     weights = np.where(allowed, weights, 0.0).astype(scores.dtype)  # blocked keys, fully blocked rows: 0
     return weights @ v, weights  # (..., T, Dv), (..., T, S)
+
+
+# -- known mistakes ------------------------------------------------------------------------------------------------
+# Realistic wrong answers, each this module's code with a few lines changed: (item, what is wrong, (old, new), ...),
+# applied by autograder.mutants.patched (each old must occur exactly once in the item's code, so an edit above that
+# moves a line breaks its mistake loudly). (item, what is wrong) alone is the bug a find-the-bug exercise's release
+# shows. Every one must cost its own item and no other, in both layers of checks (tests/test_hidden_checks.py,
+# tests/test_visible_catch_rate.py); whole wrong answers of another structure live in autograder/mutants/.
+MISTAKES = [
+    # softmax
+    # masked_softmax
+    # scaled_dot_product_attention
+    # fixed_attention (find the bug)
+    ("fixed_attention", "normalised over the queries (axis -2), not the keys"),
+]

@@ -108,3 +108,62 @@ class CachedCrossAttention:
         ### END BUG
         allowed = cross_attention_mask(memory_is_real, query.shape[1])  # (B, 1, T, S)
         return self.xattn(query, memory_kv=self.memory_kv, allowed=allowed)  # (B, T, D), (B, H, T, S)
+
+
+# -- known mistakes ------------------------------------------------------------------------------------------------
+# Realistic wrong answers, each this module's code with a few lines changed: (item, what is wrong, (old, new), ...),
+# applied by autograder.mutants.patched (each old must occur exactly once in the item's code, so an edit above that
+# moves a line breaks its mistake loudly). (item, what is wrong) alone is the bug a find-the-bug exercise's release
+# shows. Every one must cost its own item and no other, in both layers of checks (tests/test_hidden_checks.py,
+# tests/test_visible_catch_rate.py); whole wrong answers of another structure live in autograder/mutants/.
+
+_REPEAT = "    return allowed.repeat(1, 1, T, 1)"  # the reference mask's last line
+_MEMORY_OR_KV = (  # the reference forward's choice between memory and memory_kv
+    "        if (memory is None) == (memory_kv is None):\n"
+    '            raise ValueError("pass exactly one of memory or memory_kv")\n'
+    "        if memory_kv is None:\n"
+    "            memory_kv = self.project_memory(memory)  # computed here only when not given\n"
+)
+_CHANGED = "        if memory is not self.memory:"  # the fixed test of the reference
+MISTAKES = [
+    # cross_attention_mask
+    ("cross_attention_mask", "PyTorch's key_padding_mask polarity: True at the padding",
+     ("    allowed = memory_is_real[:, None, None, :]", "    allowed = ~memory_is_real[:, None, None, :]")),
+    ("cross_attention_mask", "adds a causal triangle, as in self-attention",
+     (_REPEAT, "    causal = torch.ones(T, allowed.shape[-1], dtype=torch.bool).tril()  # (T, S)\n"
+               "    return causal[None, None] & allowed")),
+    ("cross_attention_mask", "(B, 1, 1, S): ignores T and relies on broadcasting",
+     (_REPEAT, "    return allowed")),
+    # CrossAttention
+    ("CrossAttention", "ignores memory_kv and always projects the memory",
+     (_MEMORY_OR_KV + "        k, v = memory_kv", "        k, v = self.project_memory(memory)")),
+    ("CrossAttention", "project_memory leaves the heads unsplit: (B, S, D)",
+     ("        k = split_heads(self.k_proj(memory), self.n_heads)", "        k = self.k_proj(memory)"),
+     ("        v = split_heads(self.v_proj(memory), self.n_heads)", "        v = self.v_proj(memory)"),
+     ("        k, v = memory_kv  # (B, H, S, Dh) each\n",
+      "        k, v = memory_kv\n"
+      "        if k.dim() == 3:  # split here instead\n"
+      "            k, v = split_heads(k, self.n_heads), split_heads(v, self.n_heads)\n")),
+    ("CrossAttention", "copy-paste: the values come from k_proj",
+     ("        v = split_heads(self.v_proj(memory), self.n_heads)",
+      "        v = split_heads(self.k_proj(memory), self.n_heads)")),
+    ("CrossAttention", "given both memory and memory_kv, silently prefers the memory",
+     (_MEMORY_OR_KV, "        if memory is not None:\n            memory_kv = self.project_memory(memory)\n")),
+    ("cross_attention_mask",
+     "returns an expand view: writing into it writes into the caller's mask",
+     (_REPEAT, "    return allowed.expand(-1, 1, T, -1)")),
+    # CachedCrossAttention (find the bug)
+    ("CachedCrossAttention",
+     "the first memory projected once and for all: every later batch reads the first batch's keys and values"),
+    ("CachedCrossAttention",
+     "a wrong fix: the memory compared by shape: a new batch of the same size reuses the old keys and values",
+     (_CHANGED, "        if self.memory is None or memory.shape != self.memory.shape:")),
+    ("CachedCrossAttention",
+     "a wrong fix: the memory never stored with its keys and values: projected again at every step",
+     ("            self.memory, self.memory_kv = memory, self.xattn.project_memory(memory)",
+      "            self.memory_kv = self.xattn.project_memory(memory)")),
+    ("CachedCrossAttention",
+     "a wrong fix: no reuse at all, forward handed the memory at every step: right values, none of the saving",
+     ("        return self.xattn(query, memory_kv=self.memory_kv, allowed=allowed)",
+      "        return self.xattn(query, memory, allowed=allowed)")),
+]

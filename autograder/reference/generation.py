@@ -282,3 +282,92 @@ def sample_n(
                  repetition_penalty=repetition_penalty, generator=generator, src_is_real=rows_real,
                  pad_id=pad_id)  # (B*n, L)
     return out.view(B, n, -1)  # (B, n, L)
+
+
+# -- known mistakes ------------------------------------------------------------------------------------------------
+# Realistic wrong answers, each this module's code with a few lines changed: (item, what is wrong, (old, new), ...),
+# applied by autograder.mutants.patched (each old must occur exactly once in the item's code, so an edit above that
+# moves a line breaks its mistake loudly). (item, what is wrong) alone is the bug a find-the-bug exercise's release
+# shows. Every one must cost its own item and no other, in both layers of checks (tests/test_hidden_checks.py,
+# tests/test_visible_catch_rate.py); whole wrong answers of another structure live in autograder/mutants/.
+
+NO_SOURCE_PADDING = (("model.encode(src_ids, src_is_real)", "model.encode(src_ids)"),
+                     ("model.decode(tgt, memory, src_is_real=src_is_real)", "model.decode(tgt, memory)"))
+KTH = "kth_best = logits.topk(k, dim=-1).values[..., -1:]  # (..., 1): the smallest logit still kept"
+TEMPERED = "logits = logits / temperature  # < 1 sharpens the distribution, > 1 flattens it"
+TOP_K = "if top_k is not None:\n                logits = top_k_filter(logits, top_k)\n"
+TOP_P = "if top_p is not None:\n                logits = top_p_filter(logits, top_p)\n"
+PENALTY = ("if repetition_penalty != 1.0:\n"
+           "            logits = apply_repetition_penalty(logits, tgt[:, 1:], repetition_penalty)")
+MISTAKES = [
+    # greedy_decode
+    ("greedy_decode", "no finished mask: rows keep generating after their EOS",
+     ("        next_id = next_id.masked_fill(finished, pad_id)\n", "")),
+    ("greedy_decode", "src_is_real never reaches the model: source padding counts",
+     *NO_SOURCE_PADDING),
+    ("greedy_decode", "reads the first position's logits instead of the last",
+     ("next_id = logits[:, -1].argmax(-1)", "next_id = logits[:, 0].argmax(-1)")),
+    ("greedy_decode", "pads with 0 whatever pad_id says",
+     ("next_id.masked_fill(finished, pad_id)", "next_id.masked_fill(finished, 0)")),
+    # top_k_filter
+    ("top_k_filter", "keeps exactly the k top indices: ties with the k-th are dropped",
+     (KTH, "keep = torch.zeros_like(logits, dtype=torch.bool).scatter(-1, logits.topk(k, dim=-1).indices, True)"),
+     ("logits.masked_fill(logits < kth_best,", "logits.masked_fill(~keep,")),
+    ("top_k_filter", "k not clamped: topk fails when k > V",
+     ("    k = min(max(int(k), 1), logits.shape[-1])  # always keep at least the top token\n", "")),
+    ("top_k_filter", "filters in place: the caller's logits change",
+     ("logits.masked_fill(logits < kth_best", "logits.masked_fill_(logits < kth_best")),
+    # top_p_filter
+    ("top_p_filter", "the sorted-order decision applied to the unsorted logits",
+     ("drop = torch.zeros_like(drop_sorted).scatter(-1, order, drop_sorted)", "drop = drop_sorted")),
+    ("top_p_filter", "the top token is not guaranteed: p = 0 removes everything",
+     ("    drop_sorted[..., -1] = False  # the top token is always kept\n", "")),
+    # apply_repetition_penalty
+    ("apply_repetition_penalty", "divides every seen logit: negative ones go up",
+     ("torch.where(seen > 0, seen / penalty, seen * penalty)", "seen / penalty")),
+    ("apply_repetition_penalty", "every row penalised with every row's tokens",
+     ("    seen = logits.gather(-1, prev_ids)",
+      "    prev_ids = prev_ids.reshape(1, -1).expand(logits.shape[0], -1)  # (B, B * L): every row's tokens\n"
+      "    seen = logits.gather(-1, prev_ids)")),
+    # sample
+    ("sample", "draws from the global random state: the generator is ignored",
+     ("torch.multinomial(probs, 1, generator=generator)", "torch.multinomial(probs, 1)")),
+    ("sample", "multiplies the logits by the temperature",
+     (TEMPERED, "logits = logits * temperature")),
+    ("sample", "filters before the temperature: the nucleus of the wrong distribution",
+     (TEMPERED + "\n            ", ""),
+     ("probs = logits.softmax(-1)", "logits = logits / temperature\n            probs = logits.softmax(-1)")),
+    ("sample", "top-p before top-k: the nucleus taken before top-k renormalises",
+     (TOP_K + "            " + TOP_P, TOP_P + "            " + TOP_K)),
+    ("sample", "the repetition penalty only on the greedy path (temperature 0)",
+     (PENALTY + "  # BOS is not a repeat\n        if temperature == 0:\n",
+      "if temperature == 0:\n            " + PENALTY.replace("\n", "\n    ") + "\n")),
+    # beam_search
+    ("beam_search", "every beam alive at the start: the beam fills with copies of one sequence",
+     ('scores = torch.full((B, K), float("-inf"), device=device)  # (B, K): total log-prob of each beam\n'
+      "    scores[:, 0] = 0.0", "scores = torch.zeros(B, K, device=device)  # (B, K)")),
+    ("beam_search", "no length normalisation: the winner by raw log-probability",
+     ("best = normalised.argmax(-1)", "best = scores.argmax(-1)")),
+    ("beam_search", "memory repeated with .repeat: beams read other sequences' sources",
+     ("memory = memory.repeat_interleave(K, dim=0)", "memory = memory.repeat(K, 1, 1)"),
+     ("src_is_real.repeat_interleave(K, dim=0)", "src_is_real.repeat(K, 1)")),
+    ("beam_search", "finished beams keep growing: no pad-only continuation after EOS",
+     ("        # a finished beam has one continuation, padding, at no cost: its score stays as it was\n"
+      '        pad_only = torch.full((V,), float("-inf"), device=device)\n'
+      "        pad_only[pad_id] = 0.0\n"
+      "        log_probs = torch.where(finished[..., None], pad_only, log_probs)  # (B, K, V)\n", ""),
+     ("lengths.gather(1, beam_idx) + (~was_finished).long()", "lengths.gather(1, beam_idx) + 1")),
+    ("greedy_decode", "src_is_real ignored: every step attends to the source padding",
+     *NO_SOURCE_PADDING),
+    # The definitions above rebound these names to wrong answers; bind the correct ones again, as in a notebook where
+    # only one exercise is wrong.
+    # sample_n (find the bug)
+    ("sample_n",
+     "the batch tiled with repeat, read back with view(B, n): samples of one source come from others"),
+    ("sample_n",
+     "a wrong fix: the sources copied side by side, their padding still tiled",
+     ("src_is_real.repeat_interleave(n, dim=0)", "src_is_real.repeat(n, 1)")),
+    ("sample_n",
+     "a wrong fix: the rows put right, and the output read back as (n, B) then transposed",
+     ("return out.view(B, n, -1)", "return out.view(n, B, -1).transpose(0, 1)")),
+]

@@ -356,3 +356,70 @@ def generate_long(model: nn.Module, prompt_ids: torch.Tensor, max_new_tokens: in
         out = generate(model, context, n, temperature, top_k, generator)  # (B, len(context) + n)
         ids = torch.cat([ids, out[:, context.shape[1]:]], dim=1)  # append this round's new tokens only
     return ids
+
+
+# -- known mistakes ------------------------------------------------------------------------------------------------
+# Realistic wrong answers, each this module's code with a few lines changed: (item, what is wrong, (old, new), ...),
+# applied by autograder.mutants.patched (each old must occur exactly once in the item's code, so an edit above that
+# moves a line breaks its mistake loudly). (item, what is wrong) alone is the bug a find-the-bug exercise's release
+# shows. Every one must cost its own item and no other, in both layers of checks (tests/test_hidden_checks.py,
+# tests/test_visible_catch_rate.py); whole wrong answers of another structure live in autograder/mutants/.
+MISTAKES = [
+    # train_bpe
+    ("train_bpe", "ties go to the smallest pair, not the first one",
+     ("best = max(counts, key=counts.get)",
+      "top = max(counts.values())\n        best = min(pair for pair, n in counts.items() if n == top)")),
+    # no merge loop at all (a different algorithm, not a changed line): written out
+    ("train_bpe", "one merge too few: range(257, vocab_size)",
+     ("range(256, vocab_size)", "range(257, vocab_size)"),
+     ("merge_pair(ids, best, new_id)", "merge_pair(ids, best, new_id - 1)")),
+    # BPETokenizer
+    ("BPETokenizer", "decodes token by token: a character split across tokens becomes U+FFFD",
+     ('data = b"".join(self.vocab[i] for i in ids)\n        return data.decode("utf-8", errors="replace")',
+      'return "".join(self.vocab[i].decode("utf-8", errors="replace") for i in ids)')),
+    ("BPETokenizer", "applies the merges from the last learned to the first",
+     ("for k, (a, b) in enumerate(self.merges):", "for k, (a, b) in reversed(list(enumerate(self.merges))):")),
+    ("BPETokenizer", "vocab_size counts the merges only",
+     ("return len(self.vocab)", "return len(self.merges)")),
+    # GPT
+    ("GPT", "no causal mask: every position sees the whole sequence",
+     ("x = layer(x, self_allowed=allowed)", "x = layer(x)"),
+     ("attention(q, k, v, allowed, dropout=attn.dropout)", "attention(q, k, v, None, dropout=attn.dropout)")),
+    ("GPT", "a separate output layer: the weights are not tied",
+     ("        self.out_proj.weight = self.tok_embed.weight  # tied: the same Parameter (V, D)\n", "")),
+    ("GPT", "no final LayerNorm after the pre-LN stack",
+     ("return self.out_proj(self.norm(x))", "return self.out_proj(x)")),
+    ("GPT", "with a cache, the new tokens get positions 0, 1, ... again",
+     ("self.pos_embed(positions))", "self.pos_embed(torch.arange(T, device=ids.device)))")),
+    # lm_batches
+    ("lm_batches", "offsets from the global random state: the generator is ignored",
+     ("starts = torch.randint(0, N - block, (batch,), generator=generator)",
+      "starts = torch.randint(0, N - block, (batch,))")),
+    ("lm_batches", "the last window is never drawn: randint(0, N - block - 1)",
+     ("starts = torch.randint(0, N - block,", "starts = torch.randint(0, N - block - 1,")),
+    ("lm_batches", "targets are the inputs themselves, not shifted",
+     ("targets = ids[offsets + 1].long()", "targets = ids[offsets].long()")),
+    # generate
+    ("generate", "no cache: the whole sequence runs again at every step",
+     ("logits = model(prompt_ids, cache)[:, -1]", "logits = model(prompt_ids)[:, -1]"),
+     ("logits = model(next_id[:, None], cache)[:, -1]", "logits = model(ids)[:, -1]")),
+    ("generate", "feeds the whole sequence again, with the cache",
+     ("logits = model(next_id[:, None], cache)[:, -1]", "logits = model(ids, cache)[:, -1]")),
+    ("generate", "draws from the global random state: the generator is ignored",
+     ("torch.multinomial(scores.softmax(-1), 1, generator=generator)", "torch.multinomial(scores.softmax(-1), 1)")),
+    ("generate", "divides the probabilities by the temperature, not the logits",
+     ("scores = logits.float() / temperature", "scores = logits.float()"),
+     ("torch.multinomial(scores.softmax(-1), 1,", "torch.multinomial(scores.softmax(-1) / temperature, 1,")),
+    # generate_long (find the bug)
+    ("generate_long",
+     "each round is handed the first keep tokens, not the last: the text restarts from its beginning"),
+    ("generate_long",
+     "a wrong fix: ids[:, len - keep:], a negative start (too few tokens) while the sequence is shorter than keep",
+     ("ids[:, -keep:]", "ids[:, ids.shape[1] - keep:]")),
+    ("generate_long",
+     "a wrong fix: appends out[:, keep:], as if every round's prompt held keep tokens",
+     ("out[:, context.shape[1]:]", "out[:, keep:]")),
+    ("generate_long",
+     "a wrong fix: every round asks for max_len - keep tokens, fewer than fit after a shorter prompt",
+     ("n = min(model.max_len - context.shape[1],", "n = min(model.max_len - keep,")),
+]

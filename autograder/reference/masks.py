@@ -71,3 +71,34 @@ def mask_to_bias(allowed: np.ndarray, dtype=np.float32) -> np.ndarray:
     very_negative = np.finfo(dtype).min
     return np.where(allowed, 0, very_negative).astype(dtype)  # same shape as allowed
     ### END SOLUTION
+
+
+# -- known mistakes ------------------------------------------------------------------------------------------------
+# Realistic wrong answers, each this module's code with a few lines changed: (item, what is wrong, (old, new), ...),
+# applied by autograder.mutants.patched (each old must occur exactly once in the item's code, so an edit above that
+# moves a line breaks its mistake loudly). (item, what is wrong) alone is the bug a find-the-bug exercise's release
+# shows. Every one must cost its own item and no other, in both layers of checks (tests/test_hidden_checks.py,
+# tests/test_visible_catch_rate.py); whole wrong answers of another structure live in autograder/mutants/.
+MISTAKES = [
+    ("causal_mask", "strictly lower triangle: a token cannot see itself",
+     ("return k_pos <= q_pos", "return k_pos < q_pos")),
+    ("causal_mask", "upper triangle: polarity of the future inverted",
+     ("return k_pos <= q_pos", "return k_pos >= q_pos")),
+    ("causal_mask", "0/1 integers instead of booleans",
+     ("return k_pos <= q_pos", "return (k_pos <= q_pos).astype(int)")),
+    ("padding_mask", "assumes the pad id is 0",
+     ("!= pad_id", "!= 0")),
+    ("padding_mask", "inverted polarity: True marks the padding",
+     ("!= pad_id", "== pad_id")),
+    ("combine_masks", "key padding put on the query axis",
+     ("key_is_real[:, None, None, :]", "key_is_real[:, None, :, None]")),
+    ("combine_masks", "OR instead of AND",
+     ("return causal & key_is_real", "return causal | key_is_real")),
+    ("mask_to_bias", "-inf for blocked entries",
+     ("very_negative = np.finfo(dtype).min", "very_negative = -np.inf")),
+    ("mask_to_bias", "-1e9, which overflows float16",
+     ("very_negative = np.finfo(dtype).min", "very_negative = -1e9")),
+    ("mask_to_bias", "ignores the requested dtype",
+     ("return np.where(allowed, 0, very_negative).astype(dtype)",
+      "return np.where(allowed, 0.0, np.finfo(np.float64).min)")),
+]

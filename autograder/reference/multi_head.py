@@ -198,3 +198,65 @@ def causal_self_attention(mha: MultiHeadAttention, x: torch.Tensor, is_real: tor
         # allowed = allowed & is_real[:, None, :, None]  # (B, 1, T, T)
         ### END BUG
     return mha(x, x, x, allowed)  # (B, T, D), (B, H, T, T)
+
+
+# -- known mistakes ------------------------------------------------------------------------------------------------
+# Realistic wrong answers, each this module's code with a few lines changed: (item, what is wrong, (old, new), ...),
+# applied by autograder.mutants.patched (each old must occur exactly once in the item's code, so an edit above that
+# moves a line breaks its mistake loudly). (item, what is wrong) alone is the bug a find-the-bug exercise's release
+# shows. Every one must cost its own item and no other, in both layers of checks (tests/test_hidden_checks.py,
+# tests/test_visible_catch_rate.py); whole wrong answers of another structure live in autograder/mutants/.
+
+ATTEND = "out, weights = attention(q, k, v, allowed, dropout=self.dropout)"
+MERGED = "return self.out_proj(merge_heads(out)), weights"
+KEY_PADDING = "allowed = allowed & is_real[:, None, None, :]"
+MISTAKES = [
+    # split_heads (einops)
+    # merge_heads (einops)
+    # split_heads_reshape
+    # merge_heads_reshape
+    # MultiHeadAttention
+    # The reference's own forward with one line changed: it calls split_heads / merge_heads by name, as a notebook does,
+    # and the wrong ones above rebound those names in this module, so bind the correct ones again.
+    ("MultiHeadAttention", "self.dropout built but never used: no dropout on the attention weights",
+     (ATTEND, "out, weights = attention(q, k, v, allowed)")),
+    ("MultiHeadAttention", "dropout on the output instead of the attention weights",
+     (ATTEND, "out, weights = attention(q, k, v, allowed)"),
+     (MERGED, "return self.dropout(self.out_proj(merge_heads(out))), weights")),
+    ("MultiHeadAttention",
+     "PyTorch's polarity: passes ~allowed, so it attends only to blocked keys",
+     (ATTEND, "blocked = None if allowed is None else ~allowed  # as nn.MultiheadAttention wants it\n"
+              "        out, weights = attention(q, k, v, blocked, dropout=self.dropout)")),
+    ("MultiHeadAttention", "forgets the output projection out_proj",
+     (MERGED, "return merge_heads(out), weights")),
+    ("MultiHeadAttention", "merges heads with a plain reshape, without moving H back after T",
+     (MERGED, "return self.out_proj(out.reshape(query.shape)), weights")),
+    ("MultiHeadAttention",
+     "own attention, additive -inf bias: right values, NaN gradients on empty rows",
+     (ATTEND, """scores = q @ k.transpose(-2, -1) / math.sqrt(self.d_head)
+        if allowed is not None:
+            scores = scores + torch.where(allowed, 0.0, float("-inf"))  # an additive bias, as in lesson 01
+        weights = torch.softmax(scores, dim=-1)
+        if allowed is not None:
+            weights = torch.where(allowed, weights, 0.0)  # hides the NaN of empty rows, but not in backward
+        weights = self.dropout(weights)
+        out = weights @ v""")),
+    ("MultiHeadAttention", "own attention scaled by √D instead of √Dh",
+     (ATTEND, """scores = q @ k.transpose(-2, -1) / math.sqrt(self.n_heads * self.d_head)
+        if allowed is not None:
+            scores = scores.masked_fill(~allowed, torch.finfo(scores.dtype).min)
+        weights = torch.softmax(scores, dim=-1)
+        if allowed is not None:
+            weights = weights.masked_fill(~allowed, 0.0)
+        weights = self.dropout(weights)
+        out = weights @ v""")),
+    # causal_self_attention (find the bug)
+    ("causal_self_attention",
+     "the padding broadcast on the query axis: real queries attend to padded keys"),
+    ("causal_self_attention",
+     "a wrong fix: padding on both axes, so padded queries attend to nothing",
+     (KEY_PADDING, "allowed = allowed & is_real[:, None, :, None] & is_real[:, None, None, :]")),
+    ("causal_self_attention",
+     "a wrong fix: the key padding joined with | instead of &: the future leaks",
+     (KEY_PADDING, "allowed = allowed | is_real[:, None, None, :]")),
+]

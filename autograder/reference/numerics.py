@@ -128,3 +128,52 @@ def masked_logsumexp(scores: torch.Tensor, allowed: torch.Tensor | None = None) 
     ### END BUG
     # every exp(work - top) is at most 1, so nothing overflows; the row's own largest term is exp(0) = 1
     return (top + (work - top).exp().sum(dim=-1, keepdim=True).log()).squeeze(-1)  # (..., T)
+
+
+# -- known mistakes ------------------------------------------------------------------------------------------------
+# Realistic wrong answers, each this module's code with a few lines changed: (item, what is wrong, (old, new), ...),
+# applied by autograder.mutants.patched (each old must occur exactly once in the item's code, so an edit above that
+# moves a line breaks its mistake loudly). (item, what is wrong) alone is the bug a find-the-bug exercise's release
+# shows. Every one must cost its own item and no other, in both layers of checks (tests/test_hidden_checks.py,
+# tests/test_visible_catch_rate.py); whole wrong answers of another structure live in autograder/mutants/.
+MISTAKES = [
+    # mask_fill_value
+    ("mask_fill_value", "-1e9, the tutorials' large negative number: float16 cannot hold it",
+     ("return torch.finfo(dtype).min", "return -1e9")),
+    ("mask_fill_value", "-inf: a fully blocked row becomes NaN",
+     ("return torch.finfo(dtype).min", 'return float("-inf")')),
+    ("mask_fill_value", "float32's minimum whatever the dtype",
+     ("return torch.finfo(dtype).min", "return torch.finfo(torch.float32).min")),
+    ("mask_fill_value", "finfo.max: the sign forgotten",
+     ("return torch.finfo(dtype).min", "return torch.finfo(dtype).max")),
+    # robust_masked_softmax
+    # Without the zeroing step (a whole step missing, not a changed line): written out.
+    ("robust_masked_softmax", "returns float32 for half precision scores",
+     ("return weights.to(scores.dtype)", "return weights")),
+    ("robust_masked_softmax", "fills the half precision scores with -1e9 before upcasting",
+     ("work = scores.float() if scores.dtype in (torch.float16, torch.bfloat16) else scores", "work = scores"),
+     ("mask_fill_value(work.dtype))", "-1e9)"),
+     ("weights = work.softmax(dim=-1)", "weights = work.float().softmax(dim=-1)")),
+    # robust_attention
+    ("robust_attention", "scaled after the product: q @ kᵀ overflows float16",
+     ("(q * (1.0 / math.sqrt(q.shape[-1]))) @ k.transpose(-2, -1)",
+      "(q @ k.transpose(-2, -1)) / math.sqrt(q.shape[-1])")),
+    # its own softmax, with the fill of q's dtype (a different body, not a changed line): written out
+    ("robust_attention", "no 1/sqrt(Dh) scaling",
+     ("(q * (1.0 / math.sqrt(q.shape[-1]))) @ k.transpose(-2, -1)", "q @ k.transpose(-2, -1)")),
+    ("robust_attention", "computes in float32 and returns float32",
+     ("    scores = (q * ", "    q, k, v = q.float(), k.float(), v.float()\n    scores = (q * ")),
+    # masked_logsumexp (find the bug)
+    ("masked_logsumexp",
+     "the max of the whole tensor subtracted: rows far below it, and fully masked rows, give -inf"),
+    ("masked_logsumexp",
+     "a wrong fix: the max of each (T, S) matrix, still not each query's own",
+     ("work.amax(dim=-1, keepdim=True)", "work.amax(dim=(-2, -1), keepdim=True)")),
+    ("masked_logsumexp",
+     "a wrong fix: no max at all (float32 is wide enough?): exp overflows, fully masked rows give -inf",
+     ("(top + (work - top).exp().sum(dim=-1, keepdim=True).log()).squeeze(-1)", "work.exp().sum(dim=-1).log()")),
+    ("masked_logsumexp",
+     "a wrong fix: the whole tensor's max kept, the sum clamped away from 0: finite, and wrong",
+     ("work.amax(dim=-1, keepdim=True)", "work.amax()"),
+     ("keepdim=True).log()", "keepdim=True).clamp_min(1e-30).log()")),
+]
