@@ -186,12 +186,8 @@ def call_args(spec: Spec | ModuleSpec, args: dict, modules: dict | None = None) 
             return module.eval()
         if isinstance(v, tuple):  # a tuple of arrays (memory_kv), each passed as the others are
             return tuple(value(x) for x in v)
-        if isinstance(v, Seeded):
-            return _torch().Generator().manual_seed(v.seed)
         if _is_tensor(v):
             return v.clone()
-        if isinstance(v, Rng):
-            return np.random.default_rng(v.seed)
         if isinstance(v, New):
             return v.build()
         return _torch().from_numpy(v.copy()) if tensors and isinstance(v, np.ndarray) else v
@@ -654,21 +650,6 @@ def expect_cached(spec: ModuleSpec, row: Build, first: np.ndarray, parts: list, 
                           f"{spec.cache.keys_hint}".strip())
 
 
-@dataclass(frozen=True)
-class Seeded:
-    """A row's argument that is a fresh ``torch.Generator`` seeded with ``seed`` at every call (``lm_batches``'s
-    draws): the kernel's, the reference's and a known mistake's draw the same numbers."""
-
-    seed: int
-
-
-@dataclass(frozen=True)
-class Rng:
-    """A row's argument: a fresh ``np.random.default_rng(seed)`` at each call (two calls draw the same numbers)."""
-
-    seed: int
-
-
 def listed(got: list) -> list:
     """A list result as the properties see it: its items as ints, or as tuples of ints (a pair: a merge)."""
     return [tuple(int(i) for i in item) if isinstance(item, (tuple, list)) else int(item) for item in got]
@@ -720,8 +701,13 @@ def _function_gradients(spec: Spec, fn: Callable[..., Any], args: dict) -> dict:
 
 
 def numpy_rng(seed: int) -> np.random.Generator:
-    """``np.random.default_rng(seed)``, as the kernel builds a row's :class:`Rng` (``{"new": ...}``)."""
+    """``np.random.default_rng(seed)``: what :func:`Rng` builds, in the kernel and here."""
     return np.random.default_rng(seed)
+
+
+def torch_generator(seed: int) -> Any:
+    """``torch.Generator().manual_seed(seed)``: what :func:`Seeded` builds, in the kernel and here."""
+    return _torch().Generator().manual_seed(seed)
 
 
 def expect_keys(keys: set, names: tuple, what: str) -> None:
@@ -744,6 +730,17 @@ class New:
 
         module, _, name = self.path.partition(":")
         return getattr(importlib.import_module(module), name)(*self.args)
+
+
+def Rng(seed: int) -> New:  # noqa: N802 - it reads as the argument it makes
+    """A row's argument: a fresh ``np.random.default_rng(seed)`` at each call (two calls draw the same numbers)."""
+    return New("decoder_course.spec:numpy_rng", (seed,))
+
+
+def Seeded(seed: int) -> New:  # noqa: N802 - it reads as the argument it makes
+    """A row's argument: a fresh ``torch.Generator`` seeded with ``seed`` at each call (``lm_batches``'s draws): the
+    kernel's, the reference's and a known mistake's draw the same numbers."""
+    return New("decoder_course.spec:torch_generator", (seed,))
 def fact_names(spec: ModuleSpec, row: Build) -> list[str]:
     """The tensors ``spec.facts`` speaks of on ``row``, in order."""
     facts = spec.facts({n: unwrap(v) for n, v in row.init.items()}) if spec.facts else ()

@@ -27,8 +27,6 @@ from decoder_course.spec import (
     Keyword,
     ModuleSpec,
     New,
-    Rng,
-    Seeded,
     Spec,
     Under,
     agrees,
@@ -96,14 +94,10 @@ def _value(case: Case, value, tensors: bool, grad: bool = False):
         if tensors:
             return case.tensor(value, requires_grad=grad and np.issubdtype(value.dtype, np.floating))
         return case.array(value)
-    if isinstance(value, Seeded):
-        return {"generator": value.seed}
     if isinstance(value, (type, np.dtype)):
         return {"np_dtype": np.dtype(value).name}
     if type(value).__module__ == "torch" and type(value).__name__ == "dtype":
         return {"torch_dtype": str(value).removeprefix("torch.")}
-    if isinstance(value, Rng):
-        return {"new": "decoder_course.spec:numpy_rng", "args": [value.seed]}
     if isinstance(value, New):
         return {"new": value.path, "args": list(value.args)}
     if isinstance(value, dict) and value and all(map(_is_array, value.values())):  # a parameter dict: sent aside
