@@ -108,9 +108,5 @@ def fixed_attention(
 # shows. Every one must cost its own item and no other, in both layers of checks (tests/test_hidden_checks.py,
 # tests/test_visible_catch_rate.py); whole wrong answers of another structure live in autograder/mutants/.
 MISTAKES = [
-    # softmax
-    # masked_softmax
-    # scaled_dot_product_attention
-    # fixed_attention (find the bug)
     ("fixed_attention", "normalised over the queries (axis -2), not the keys"),
 ]

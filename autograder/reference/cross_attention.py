@@ -126,7 +126,6 @@ _MEMORY_OR_KV = (  # the reference forward's choice between memory and memory_kv
 )
 _CHANGED = "        if memory is not self.memory:"  # the fixed test of the reference
 MISTAKES = [
-    # cross_attention_mask
     ("cross_attention_mask", "PyTorch's key_padding_mask polarity: True at the padding",
      ("    allowed = memory_is_real[:, None, None, :]", "    allowed = ~memory_is_real[:, None, None, :]")),
     ("cross_attention_mask", "adds a causal triangle, as in self-attention",
@@ -134,7 +133,6 @@ MISTAKES = [
                "    return causal[None, None] & allowed")),
     ("cross_attention_mask", "(B, 1, 1, S): ignores T and relies on broadcasting",
      (_REPEAT, "    return allowed")),
-    # CrossAttention
     ("CrossAttention", "ignores memory_kv and always projects the memory",
      (_MEMORY_OR_KV + "        k, v = memory_kv", "        k, v = self.project_memory(memory)")),
     ("CrossAttention", "project_memory leaves the heads unsplit: (B, S, D)",
@@ -152,7 +150,6 @@ MISTAKES = [
     ("cross_attention_mask",
      "returns an expand view: writing into it writes into the caller's mask",
      (_REPEAT, "    return allowed.expand(-1, 1, T, -1)")),
-    # CachedCrossAttention (find the bug)
     ("CachedCrossAttention",
      "the first memory projected once and for all: every later batch reads the first batch's keys and values"),
     ("CachedCrossAttention",

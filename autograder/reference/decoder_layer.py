@@ -345,14 +345,12 @@ def run_with_torch_masks(
 _HIDDEN = "        hidden = torch.relu(self.linear1(x))"
 _JOINED = "        blocked = blocked | tgt_key_padding_mask[:, None, None, :]"  # the fixed line of the reference
 MISTAKES = [
-    # FeedForward
     ("FeedForward", "no ReLU: two linear maps collapse into one",
      (_HIDDEN, "        hidden = self.linear1(x)")),
     ("FeedForward", "GELU instead of the ReLU of the paper and of PyTorch",
      (_HIDDEN, "        hidden = torch.nn.functional.gelu(self.linear1(x))")),
     ("FeedForward", "dropout on the output instead of the hidden layer",
      ("        return self.linear2(self.dropout(hidden))", "        return self.dropout(self.linear2(hidden))")),
-    # DecoderLayer
     ("DecoderLayer", "norm_first ignored: always post-LN",
      ("        self.norm_first = norm_first", "        self.norm_first = False  # the argument is never read")),
     ("DecoderLayer", "pre-LN adds the sublayer to the normalised x, not to the raw x",
@@ -380,7 +378,6 @@ MISTAKES = [
     ("DecoderLayer", "decoder-only forward normalises the feed-forward's input with norm1 again",
      ("            x = x + self._ff_block(self.norm3(x))\n",
       "            x = x + self._ff_block((self.norm3 if cross else self.norm1)(x))\n")),
-    # init_numpy_decoder_params
     ("init_numpy_decoder_params", "standard normal weights, not scaled by 1/sqrt(fan_in)",
      ("rng.normal(0.0, 1.0 / np.sqrt(n_in), size=(n_in, n_out))", "rng.standard_normal((n_in, n_out))")),
     ("init_numpy_decoder_params", "ff_W2 stored (D, F), the (out, in) layout of nn.Linear",
@@ -391,7 +388,6 @@ MISTAKES = [
     ("init_numpy_decoder_params", "LayerNorm gains start at zero: every output starts at 0",
      ('params[f"ln{i}_g"], params[f"ln{i}_b"] = np.ones(D), np.zeros(D)',
       'params[f"ln{i}_g"], params[f"ln{i}_b"] = np.zeros(D), np.zeros(D)')),
-    # numpy_decoder_layer
     ("numpy_decoder_layer", "W2 @ h instead of h @ W2 in the feed-forward",
      ('np.maximum(h @ p["ff_W1"] + p["ff_b1"], 0.0)', 'np.maximum(p["ff_W1"] @ h + p["ff_b1"], 0.0)'),
      ('return hidden @ p["ff_W2"] + p["ff_b2"]', 'return p["ff_W2"] @ hidden + p["ff_b2"]')),
@@ -406,7 +402,6 @@ MISTAKES = [
     ("numpy_decoder_layer", "no residual around the feed-forward",
      ("x = x + feed_forward(layer_norm(x, 3))", "x = feed_forward(layer_norm(x, 3))"),
      ("x = layer_norm(x + feed_forward(x), 3)", "x = layer_norm(feed_forward(x), 3)")),
-    # run_with_torch_masks (find the bug)
     ("run_with_torch_masks",
      "tgt_mask and the target padding joined with &, in PyTorch's polarity: the future and the padding leak"),
     ("run_with_torch_masks",

@@ -300,7 +300,6 @@ TOP_P = "if top_p is not None:\n                logits = top_p_filter(logits, to
 PENALTY = ("if repetition_penalty != 1.0:\n"
            "            logits = apply_repetition_penalty(logits, tgt[:, 1:], repetition_penalty)")
 MISTAKES = [
-    # greedy_decode
     ("greedy_decode", "no finished mask: rows keep generating after their EOS",
      ("        next_id = next_id.masked_fill(finished, pad_id)\n", "")),
     ("greedy_decode", "src_is_real never reaches the model: source padding counts",
@@ -309,7 +308,6 @@ MISTAKES = [
      ("next_id = logits[:, -1].argmax(-1)", "next_id = logits[:, 0].argmax(-1)")),
     ("greedy_decode", "pads with 0 whatever pad_id says",
      ("next_id.masked_fill(finished, pad_id)", "next_id.masked_fill(finished, 0)")),
-    # top_k_filter
     ("top_k_filter", "keeps exactly the k top indices: ties with the k-th are dropped",
      (KTH, "keep = torch.zeros_like(logits, dtype=torch.bool).scatter(-1, logits.topk(k, dim=-1).indices, True)"),
      ("logits.masked_fill(logits < kth_best,", "logits.masked_fill(~keep,")),
@@ -317,19 +315,16 @@ MISTAKES = [
      ("    k = min(max(int(k), 1), logits.shape[-1])  # always keep at least the top token\n", "")),
     ("top_k_filter", "filters in place: the caller's logits change",
      ("logits.masked_fill(logits < kth_best", "logits.masked_fill_(logits < kth_best")),
-    # top_p_filter
     ("top_p_filter", "the sorted-order decision applied to the unsorted logits",
      ("drop = torch.zeros_like(drop_sorted).scatter(-1, order, drop_sorted)", "drop = drop_sorted")),
     ("top_p_filter", "the top token is not guaranteed: p = 0 removes everything",
      ("    drop_sorted[..., -1] = False  # the top token is always kept\n", "")),
-    # apply_repetition_penalty
     ("apply_repetition_penalty", "divides every seen logit: negative ones go up",
      ("torch.where(seen > 0, seen / penalty, seen * penalty)", "seen / penalty")),
     ("apply_repetition_penalty", "every row penalised with every row's tokens",
      ("    seen = logits.gather(-1, prev_ids)",
       "    prev_ids = prev_ids.reshape(1, -1).expand(logits.shape[0], -1)  # (B, B * L): every row's tokens\n"
       "    seen = logits.gather(-1, prev_ids)")),
-    # sample
     ("sample", "draws from the global random state: the generator is ignored",
      ("torch.multinomial(probs, 1, generator=generator)", "torch.multinomial(probs, 1)")),
     ("sample", "multiplies the logits by the temperature",
@@ -342,7 +337,6 @@ MISTAKES = [
     ("sample", "the repetition penalty only on the greedy path (temperature 0)",
      (PENALTY + "  # BOS is not a repeat\n        if temperature == 0:\n",
       "if temperature == 0:\n            " + PENALTY.replace("\n", "\n    ") + "\n")),
-    # beam_search
     ("beam_search", "every beam alive at the start: the beam fills with copies of one sequence",
      ('scores = torch.full((B, K), float("-inf"), device=device)  # (B, K): total log-prob of each beam\n'
       "    scores[:, 0] = 0.0", "scores = torch.zeros(B, K, device=device)  # (B, K)")),
@@ -359,9 +353,6 @@ MISTAKES = [
      ("lengths.gather(1, beam_idx) + (~was_finished).long()", "lengths.gather(1, beam_idx) + 1")),
     ("greedy_decode", "src_is_real ignored: every step attends to the source padding",
      *NO_SOURCE_PADDING),
-    # The definitions above rebound these names to wrong answers; bind the correct ones again, as in a notebook where
-    # only one exercise is wrong.
-    # sample_n (find the bug)
     ("sample_n",
      "the batch tiled with repeat, read back with view(B, n): samples of one source come from others"),
     ("sample_n",

@@ -365,15 +365,12 @@ def generate_long(model: nn.Module, prompt_ids: torch.Tensor, max_new_tokens: in
 # shows. Every one must cost its own item and no other, in both layers of checks (tests/test_hidden_checks.py,
 # tests/test_visible_catch_rate.py); whole wrong answers of another structure live in autograder/mutants/.
 MISTAKES = [
-    # train_bpe
     ("train_bpe", "ties go to the smallest pair, not the first one",
      ("best = max(counts, key=counts.get)",
       "top = max(counts.values())\n        best = min(pair for pair, n in counts.items() if n == top)")),
-    # no merge loop at all (a different algorithm, not a changed line): written out
     ("train_bpe", "one merge too few: range(257, vocab_size)",
      ("range(256, vocab_size)", "range(257, vocab_size)"),
      ("merge_pair(ids, best, new_id)", "merge_pair(ids, best, new_id - 1)")),
-    # BPETokenizer
     ("BPETokenizer", "decodes token by token: a character split across tokens becomes U+FFFD",
      ('data = b"".join(self.vocab[i] for i in ids)\n        return data.decode("utf-8", errors="replace")',
       'return "".join(self.vocab[i].decode("utf-8", errors="replace") for i in ids)')),
@@ -381,7 +378,6 @@ MISTAKES = [
      ("for k, (a, b) in enumerate(self.merges):", "for k, (a, b) in reversed(list(enumerate(self.merges))):")),
     ("BPETokenizer", "vocab_size counts the merges only",
      ("return len(self.vocab)", "return len(self.merges)")),
-    # GPT
     ("GPT", "no causal mask: every position sees the whole sequence",
      ("x = layer(x, self_allowed=allowed)", "x = layer(x)"),
      ("attention(q, k, v, allowed, dropout=attn.dropout)", "attention(q, k, v, None, dropout=attn.dropout)")),
@@ -391,7 +387,6 @@ MISTAKES = [
      ("return self.out_proj(self.norm(x))", "return self.out_proj(x)")),
     ("GPT", "with a cache, the new tokens get positions 0, 1, ... again",
      ("self.pos_embed(positions))", "self.pos_embed(torch.arange(T, device=ids.device)))")),
-    # lm_batches
     ("lm_batches", "offsets from the global random state: the generator is ignored",
      ("starts = torch.randint(0, N - block, (batch,), generator=generator)",
       "starts = torch.randint(0, N - block, (batch,))")),
@@ -399,7 +394,6 @@ MISTAKES = [
      ("starts = torch.randint(0, N - block,", "starts = torch.randint(0, N - block - 1,")),
     ("lm_batches", "targets are the inputs themselves, not shifted",
      ("targets = ids[offsets + 1].long()", "targets = ids[offsets].long()")),
-    # generate
     ("generate", "no cache: the whole sequence runs again at every step",
      ("logits = model(prompt_ids, cache)[:, -1]", "logits = model(prompt_ids)[:, -1]"),
      ("logits = model(next_id[:, None], cache)[:, -1]", "logits = model(ids)[:, -1]")),
@@ -410,7 +404,6 @@ MISTAKES = [
     ("generate", "divides the probabilities by the temperature, not the logits",
      ("scores = logits.float() / temperature", "scores = logits.float()"),
      ("torch.multinomial(scores.softmax(-1), 1,", "torch.multinomial(scores.softmax(-1) / temperature, 1,")),
-    # generate_long (find the bug)
     ("generate_long",
      "each round is handed the first keep tokens, not the last: the text restarts from its beginning"),
     ("generate_long",

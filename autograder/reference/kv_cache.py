@@ -331,7 +331,6 @@ PROJECTED = "memory_kv = [layer.cross_attn.project_memory(memory) for layer in m
 REORDER = "cache.reorder(rows)  # the cached keys/values follow their beams, exactly as the histories do"
 FED = "decode_step(model, chunk, memory_kv, cache, i * chunk_size, src_is_real)"
 MISTAKES = [
-    # KVCache
     ("KVCache", "appends along the heads axis (dim 1) instead of the sequence axis",
      (APPEND_K, APPEND_K.replace("dim=2", "dim=1")), (APPEND_V, APPEND_V.replace("dim=2", "dim=1"))),
     ("KVCache", "one slot for every layer: layer_idx ignored",
@@ -346,14 +345,12 @@ MISTAKES = [
     ("KVCache", "reorder moves the keys only: the values stay with the old beams",
      ("self.keys[i], self.values[i] = k.index_select(0, index), v.index_select(0, index)",
       "self.keys[i] = k.index_select(0, index)")),
-    # cached_causal_mask
     ("cached_causal_mask", "top-left triangle, as is_causal=True builds it",
      (ALIGNED, "return torch.ones(len(q_positions), k_len, dtype=torch.bool).tril()")),
     ("cached_causal_mask", "strictly earlier keys: a token cannot see itself",
      (ALIGNED, "return k_positions[None, :] < q_positions[:, None]")),
     ("cached_causal_mask", "positions taken as 0 .. T-1, whatever q_positions says",
      (ALIGNED, "return k_positions[None, :] <= torch.arange(len(q_positions))[:, None]")),
-    # decode_step
     ("decode_step", "positional encodings of rows 0.. instead of the absolute positions",
      ("rows = pe.pe[position : position + T_new]", "rows = pe.pe[:T_new]")),
     ("decode_step", "no mask in the cached self-attention: a prefill sees its own future",
@@ -364,7 +361,6 @@ MISTAKES = [
     ("decode_step", "src_is_real ignored: the cross-attention attends to the source padding",
      ("cross_allowed = None if src_is_real is None else src_is_real.bool()[:, None, None, :]",
       "cross_allowed = None")),
-    # greedy_decode_cached
     ("greedy_decode_cached", "the position never advances: every token at position 0",
      (STEP, "logits, cache = decode_step(model, token, memory_kv, cache, 0, src_is_real)")),
     ("greedy_decode_cached", "the memory projected again at every step",
@@ -372,7 +368,6 @@ MISTAKES = [
      (STEP, PROJECTED + "\n        " + STEP)),
     ("greedy_decode_cached", "finished rows keep their tokens: no padding after EOS",
      ("logits.argmax(-1).masked_fill(finished, pad_id)", "logits.argmax(-1)")),
-    # beam_search_cached
     ("beam_search_cached",
      "the cache is never reordered: each beam attends to another beam's past",
      ("        " + REORDER + "\n", "")),
@@ -385,7 +380,6 @@ MISTAKES = [
     ("beam_search_cached",
      "each step ranks its candidates by the new token's log-probability alone, not the beam's running total",
      ("candidates = (scores[..., None] + log_probs)", "candidates = (0.0 * scores[..., None] + log_probs)")),
-    # prefill (find the bug)
     ("prefill",
      "chunk i fed at position i, its index, instead of i * chunk_size"),
     ("prefill",

@@ -366,7 +366,6 @@ _ADD = "        return self.dropout(x + self.pe[:T])"
 _KEYS = "        allowed = None if src_is_real is None else src_is_real.bool()[:, None, None, :]"
 _DECODE = "    return model.decode(tgt_ids, memory, src_is_real, tgt_is_real)"  # the fixed line of the reference
 MISTAKES = [
-    # sinusoidal_table
     ("sinusoidal_table", "cosines on the even features, sines on the odd ones",
      (_EVEN, "    table[:, 0::2] = torch.cos(angle)"), (_ODD, "    table[:, 1::2] = torch.sin(angle)")),
     ("sinusoidal_table", "one frequency per feature (10000^(j/D)), not one per pair",
@@ -384,7 +383,6 @@ MISTAKES = [
      (_ODD, "    table[:, 1::2] = torch.cos(angle)")),
     ("sinusoidal_table", "positions counted from 1: the first row is position 0",
      ("torch.arange(max_len, dtype=torch.float32)", "torch.arange(1, max_len + 1, dtype=torch.float32)")),
-    # Decoder
     ("Decoder", "no final LayerNorm after a pre-LN stack",
      ("        self.norm = nn.LayerNorm(d_model) if norm_first else nn.Identity()",
       "        self.norm = nn.Identity()")),
@@ -403,7 +401,6 @@ MISTAKES = [
      ("        for layer in self.layers:\n", "        out = x\n        for layer in self.layers:\n"),
      (_CALL, "            out = layer(x, memory, self_allowed, cross_allowed)"),
      ("        return self.norm(x)", "        return self.norm(out)")),
-    # Seq2SeqTransformer
     ("Seq2SeqTransformer", "no causal mask in decode: only target padding is masked",
      ("        self_allowed = causal[None, None]", "        self_allowed = None"),
      ("            self_allowed = self_allowed & tgt_is_real.bool()[:, None, None, :]",
@@ -418,7 +415,6 @@ MISTAKES = [
      (_SCALE, "        self.embed_scale = math.sqrt(d_model)")),
     ("Seq2SeqTransformer", "scale_embedding ignored: embeddings never multiplied by sqrt(D)",
      (_SCALE, "        self.embed_scale = 1.0")),
-    # PositionalEncoding
     ("PositionalEncoding", "rows picked by the batch size (x.shape[0]), not by T (x.shape[1])",
      (_ADD, "        return self.dropout(x + self.pe[: x.shape[0]])")),
     ("PositionalEncoding", "the table is an nn.Parameter: it would be trained",
@@ -427,7 +423,6 @@ MISTAKES = [
      (_ADD, "        return self.dropout(x) + self.pe[:T]")),
     ("PositionalEncoding", "the table is a plain attribute, not a buffer",
      (_BUFFER, "        self.pe = sinusoidal_table(max_len, d_model)")),
-    # EncoderLayer
     ("EncoderLayer", "the padding mask on the query axis (B, 1, S, 1), not on the keys",
      (_KEYS, "        allowed = None if src_is_real is None else src_is_real.bool()[:, None, :, None]")),
     ("EncoderLayer", "a causal mask in the encoder, as in the decoder's self-attention",
@@ -442,7 +437,6 @@ MISTAKES = [
      ("FeedForward(d_model, d_ff, dropout)", "FeedForward(d_model, d_ff, 0.0)"),
      ("        self.dropout1 = nn.Dropout(dropout)\n        self.dropout2 = nn.Dropout(dropout)",
       "        self.dropout1 = nn.Dropout(0.0)\n        self.dropout2 = nn.Dropout(0.0)")),
-    # logits_from_ids (find the bug)
     ("logits_from_ids",
      "decode given no source padding: the cross-attention reads the padded memory positions"),
     ("logits_from_ids",

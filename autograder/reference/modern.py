@@ -323,7 +323,6 @@ def mha_to_gqa(mha: GroupedQueryAttention, n_heads: int, n_kv_heads: int) -> Gro
 # shows. Every one must cost its own item and no other, in both layers of checks (tests/test_hidden_checks.py,
 # tests/test_visible_catch_rate.py); whole wrong answers of another structure live in autograder/mutants/.
 MISTAKES = [
-    # RMSNorm
     ("RMSNorm", "subtracts the mean first (LayerNorm without a bias)",
      ("rms = torch.sqrt(", "h = h - h.mean(dim=-1, keepdim=True)\n        rms = torch.sqrt(")),
     ("RMSNorm", "eps added outside the square root",
@@ -331,7 +330,6 @@ MISTAKES = [
       "h.pow(2).mean(dim=-1, keepdim=True).sqrt() + self.eps")),
     ("RMSNorm", "a bfloat16 input comes back float32 (the float32 weight promotes it)",
      ("return (h / rms * self.weight).to(x.dtype)", "return h / rms * self.weight")),
-    # rotary_embedding
     ("rotary_embedding", "pairs dimension i with i + Dh/2 (rotate-half) instead of (2i, 2i+1)",
      ("a, b = x[..., 0::2].float(), x[..., 1::2].float()",
       "a, b = x[..., : Dh // 2].float(), x[..., Dh // 2:].float()"),
@@ -346,7 +344,6 @@ MISTAKES = [
     ("rotary_embedding", "rotates the wrong way: (a, b) -> (a cos + b sin, -a sin + b cos)",
      ("rotated = torch.stack([a * cos - b * sin, a * sin + b * cos], dim=-1)",
       "rotated = torch.stack([a * cos + b * sin, -a * sin + b * cos], dim=-1)")),
-    # SwiGLUFeedForward
     ("SwiGLUFeedForward", "ReLU instead of SiLU on the gate",
      ("hidden = F.silu(self.gate_proj(x)) * self.up_proj(x)",
       "hidden = torch.relu(self.gate_proj(x)) * self.up_proj(x)")),
@@ -356,19 +353,15 @@ MISTAKES = [
     ("SwiGLUFeedForward", "a sigmoid gate (GLU) instead of SiLU",
      ("hidden = F.silu(self.gate_proj(x)) * self.up_proj(x)",
       "hidden = torch.sigmoid(self.gate_proj(x)) * self.up_proj(x)")),
-    # GroupedQueryAttention
     ("GroupedQueryAttention", "tiles the key/value heads (repeat) instead of repeat_interleave",
      ("k = k.repeat_interleave(group, dim=1)", "k = k.repeat(1, group, 1, 1)"),
      ("v = v.repeat_interleave(group, dim=1)", "v = v.repeat(1, group, 1, 1)")),
     ("GroupedQueryAttention", "rotates the queries only, not the keys",
      ("q, k = rotary_embedding(q, positions), rotary_embedding(k, positions)", "q = rotary_embedding(q, positions)")),
-    # its own softmax, scaled by the model width (a different body, not a changed line): written out
-    # sliding_window_mask
     ("sliding_window_mask", "off by one: window + 1 keys (t - s <= window)",
      ("(t - s < window)", "(t - s <= window)")),
     ("sliding_window_mask", "not causal: |t - s| < window",
      ("return (s <= t) & (t - s < window)", "return (t - s).abs() < window")),
-    # ModernBlock
     ("ModernBlock", "post-norm: normalises after each residual addition",
      ("x = x + self.attn(self.attn_norm(x), positions, allowed, cache, layer_idx)",
       "x = self.attn_norm(x + self.attn(x, positions, allowed, cache, layer_idx))"),
@@ -378,7 +371,6 @@ MISTAKES = [
       "x = x + self.attn(self.attn_norm(x), allowed=allowed, cache=cache, layer_idx=layer_idx)")),
     ("ModernBlock", "one norm for both sublayers (attn_norm before the feed-forward too)",
      ("return x + self.feed_forward(self.ffn_norm(x))", "return x + self.feed_forward(self.attn_norm(x))")),
-    # mha_to_gqa (find the bug)
     ("mha_to_gqa",
      "pools heads j, j + n_kv_heads, ... (repeat's layout), not the consecutive heads kv head j serves"),
     ("mha_to_gqa", "a wrong fix: keeps the first head of each group instead of the mean",

@@ -211,13 +211,6 @@ ATTEND = "out, weights = attention(q, k, v, allowed, dropout=self.dropout)"
 MERGED = "return self.out_proj(merge_heads(out)), weights"
 KEY_PADDING = "allowed = allowed & is_real[:, None, None, :]"
 MISTAKES = [
-    # split_heads (einops)
-    # merge_heads (einops)
-    # split_heads_reshape
-    # merge_heads_reshape
-    # MultiHeadAttention
-    # The reference's own forward with one line changed: it calls split_heads / merge_heads by name, as a notebook does,
-    # and the wrong ones above rebound those names in this module, so bind the correct ones again.
     ("MultiHeadAttention", "self.dropout built but never used: no dropout on the attention weights",
      (ATTEND, "out, weights = attention(q, k, v, allowed)")),
     ("MultiHeadAttention", "dropout on the output instead of the attention weights",
@@ -250,7 +243,6 @@ MISTAKES = [
             weights = weights.masked_fill(~allowed, 0.0)
         weights = self.dropout(weights)
         out = weights @ v""")),
-    # causal_self_attention (find the bug)
     ("causal_self_attention",
      "the padding broadcast on the query axis: real queries attend to padded keys"),
     ("causal_self_attention",

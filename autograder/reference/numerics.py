@@ -137,7 +137,6 @@ def masked_logsumexp(scores: torch.Tensor, allowed: torch.Tensor | None = None) 
 # shows. Every one must cost its own item and no other, in both layers of checks (tests/test_hidden_checks.py,
 # tests/test_visible_catch_rate.py); whole wrong answers of another structure live in autograder/mutants/.
 MISTAKES = [
-    # mask_fill_value
     ("mask_fill_value", "-1e9, the tutorials' large negative number: float16 cannot hold it",
      ("return torch.finfo(dtype).min", "return -1e9")),
     ("mask_fill_value", "-inf: a fully blocked row becomes NaN",
@@ -146,24 +145,19 @@ MISTAKES = [
      ("return torch.finfo(dtype).min", "return torch.finfo(torch.float32).min")),
     ("mask_fill_value", "finfo.max: the sign forgotten",
      ("return torch.finfo(dtype).min", "return torch.finfo(dtype).max")),
-    # robust_masked_softmax
-    # Without the zeroing step (a whole step missing, not a changed line): written out.
     ("robust_masked_softmax", "returns float32 for half precision scores",
      ("return weights.to(scores.dtype)", "return weights")),
     ("robust_masked_softmax", "fills the half precision scores with -1e9 before upcasting",
      ("work = scores.float() if scores.dtype in (torch.float16, torch.bfloat16) else scores", "work = scores"),
      ("mask_fill_value(work.dtype))", "-1e9)"),
      ("weights = work.softmax(dim=-1)", "weights = work.float().softmax(dim=-1)")),
-    # robust_attention
     ("robust_attention", "scaled after the product: q @ kᵀ overflows float16",
      ("(q * (1.0 / math.sqrt(q.shape[-1]))) @ k.transpose(-2, -1)",
       "(q @ k.transpose(-2, -1)) / math.sqrt(q.shape[-1])")),
-    # its own softmax, with the fill of q's dtype (a different body, not a changed line): written out
     ("robust_attention", "no 1/sqrt(Dh) scaling",
      ("(q * (1.0 / math.sqrt(q.shape[-1]))) @ k.transpose(-2, -1)", "q @ k.transpose(-2, -1)")),
     ("robust_attention", "computes in float32 and returns float32",
      ("    scores = (q * ", "    q, k, v = q.float(), k.float(), v.float()\n    scores = (q * ")),
-    # masked_logsumexp (find the bug)
     ("masked_logsumexp",
      "the max of the whole tensor subtracted: rows far below it, and fully masked rows, give -inf"),
     ("masked_logsumexp",

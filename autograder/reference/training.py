@@ -366,14 +366,12 @@ FORWARD = 'logits = model(batch["src_ids"], shift_right(tgt, BOS), src_is_real=b
 CLIP_THEN_STEP = "torch.nn.utils.clip_grad_norm_(model.parameters(), clip_norm)\n    optimizer.step()"
 REAL_TOKENS = "n_real = int((tgt != PAD).sum())  # the batch's loss is a mean over its real tokens"
 MISTAKES = [
-    # shift_right
     ("shift_right", "shifted left: the target without its first token, BOS at the end",
      (SHIFTED, "return torch.cat([tgt_ids[:, 1:], bos], dim=1)  # (B, T)")),
     ("shift_right", "BOS prepended but the last token kept: (B, T + 1)",
      (SHIFTED, "return torch.cat([bos, tgt_ids], dim=1)  # (B, T + 1)")),
     ("shift_right", "the BOS column is int64 whatever the targets' dtype",
      ("bos_id, dtype=tgt_ids.dtype, device=", "bos_id, device=")),
-    # sequence_loss
     ("sequence_loss", "mean over all B * T positions: padding dilutes the loss",
      (MEAN, "return (per_token * is_real).mean()")),
     ("sequence_loss", "log(softmax(x)): -inf once softmax underflows",
@@ -384,7 +382,6 @@ MISTAKES = [
       "uniform_ce = -(log_probs.sum(dim=-1) + nll) / (logits.shape[-1] - 1)")),
     ("sequence_loss", "no guard for a batch of padding: 0 / 0 = NaN",
      (MEAN, "return (per_token * is_real).sum() / is_real.sum()")),
-    # exact_match
     ("exact_match", "compares the whole padded length: junk after EOS counts as wrong",
      (ROW_OK, "row_ok = (pred == target).all(dim=1)  # (B,)")),
     ("exact_match", "token accuracy instead of whole sequences",
@@ -392,7 +389,6 @@ MISTAKES = [
     ("exact_match",
      "only the tokens before the target's EOS are compared: never checks the stop",
      ("after_eos = (is_eos.cumsum(dim=1) - is_eos) > 0", "after_eos = is_eos.cumsum(dim=1) > 0")),
-    # train_step
     # (first the two whose loss is wrong: they are caught even on top of a wrong shift_right or sequence_loss)
     ("train_step", "the decoder reads the target itself, not shift_right(target): it copies",
      (FORWARD, 'logits = model(batch["src_ids"], tgt, src_is_real=batch["src_is_real"])')),
@@ -406,7 +402,6 @@ MISTAKES = [
      ("    optimizer.zero_grad(set_to_none=True)  # gradients accumulate in .grad: clear the last step's\n", "")),
     ("train_step", "returns the loss tensor, not loss.item()",
      ("return loss.item()  # a float: holding the tensor would keep the whole graph alive", "return loss")),
-    # validation_loss (find the bug)
     ("validation_loss",
      "the mean of the batches' losses: a batch of few real tokens weighs as much as a batch of many"),
     ("validation_loss",
