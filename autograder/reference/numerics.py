@@ -53,7 +53,8 @@ def mask_fill_value(dtype: torch.dtype) -> float:
 
 
 def robust_masked_softmax(scores: torch.Tensor, allowed: torch.Tensor | None) -> torch.Tensor:
-    """Softmax over the allowed keys, never NaN: fully blocked rows give zeros; huge scores stay finite.
+    """Softmax over the allowed keys, never NaN: blocked keys weigh exactly 0, fully blocked rows give zeros; huge
+    scores stay finite.
 
     The caller's ``scores`` are unchanged (``masked_fill``, not ``masked_fill_``).
 
@@ -87,9 +88,10 @@ def robust_attention(
     Float16 gradients stay finite when a row is fully blocked (a finite fill, never -inf); the caller's inputs are
     unchanged.
 
-    A fully blocked query row gets zero weights and a zero output, as ``F.scaled_dot_product_attention`` gives
-    in recent PyTorch; every other row agrees with it too. ``out`` and ``weights`` keep the inputs' dtype, and
-    ``q`` is scaled by ``1/sqrt(Dh)`` *before* the product (in float16, ``q @ kᵀ`` can exceed 65504 first).
+    A blocked key weighs exactly 0; a fully blocked query row gets zero weights and a zero output, as
+    ``F.scaled_dot_product_attention`` gives in recent PyTorch; every other row agrees with it too. ``out`` and
+    ``weights`` keep the inputs' dtype, and ``q`` is scaled by ``1/sqrt(Dh)`` *before* the product (in float16,
+    ``q @ kᵀ`` can exceed 65504 first).
 
     Shape:
         q: (..., T, Dh), k: (..., S, Dh), v: (..., S, Dv), allowed: bool broadcastable to (..., T, S) or None
