@@ -19,7 +19,6 @@ from autograder.reference import attention as ref
 from decoder_course.visible import l02_attention as visible
 
 LESSON = "02-attention"
-spec.register(LESSON, visible.SPECS, ref)  # softmax, masked_softmax, attention: rows, contracts, properties
 
 
 # ------------------------------------------------------------------------------------------------------------

@@ -23,10 +23,6 @@ from decoder_course.visible import l04_cross_attention as visible
 LESSON = "04-cross-attention"
 
 
-# -- cross_attention_mask, CrossAttention: specs (decoder_course.visible.l04_cross_attention) -------------------
-spec.register(LESSON, visible.SPECS, ref)
-
-
 # -- CachedCrossAttention: find the bug (autograder.bugs), judged relative to the student's blocks --------------
 # each call judged as CrossAttention's forward on that call's memory and mask (its spec: contract, twin, hints)
 _CALL = dataclasses.replace(visible.SPECS["CrossAttention"], name="CachedCrossAttention")

@@ -18,7 +18,7 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from autograder.checks import judges, spec
+from autograder.checks import judges
 from autograder.checks.framework import Case, Exercise, Fail, Raised, Result, exercise, expect_close
 from autograder.reference import cross_attention as ref_cross
 from autograder.reference import decoder_layer as ref
@@ -155,10 +155,6 @@ def _placement(norm_first: bool) -> str:
     """The recognisable output of the other LayerNorm placement, named."""
     other = "pre-LN (norm_first=True)" if not norm_first else "post-LN (norm_first=False)"
     return f"a {other} layer: check where the LayerNorms sit for norm_first={norm_first}"
-
-
-# -- the specs (decoder_course/visible/l05_decoder_layer.py) -------------------------------------------------
-spec.register(LESSON, visible.SPECS, ref)
 
 
 # -- DecoderLayer --------------------------------------------------------------------------------------------

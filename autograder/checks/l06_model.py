@@ -1,12 +1,12 @@
 """Hidden checks of lesson 06-model (PyTorch): positional encodings, the decoder stack, the whole model.
 
-The exercises of this lesson are specs (``decoder_course/visible/l06_model.py``), registered below: the table by
-its properties and the reference's values; ``PositionalEncoding`` with a random table loaded into its buffer ``pe``
-(judged apart from ``sinusoidal_table``); ``EncoderLayer``, ``Decoder`` and ``Seq2SeqTransformer`` loading a state
-dict by the contract's names, compared with PyTorch's own modules carrying the same weights. The model calls the
-student's ``PositionalEncoding``, ``EncoderLayer`` and ``Decoder``: it is judged relative to their answers
-(``uses``, :mod:`autograder.checks.relative`), so a wrong one costs only its own item. ``logits_from_ids`` (find
-the bug) is judged here, on the student's model, against the model's twin with masks made from ``pad_id``.
+The exercises of this lesson are specs (``decoder_course/visible/l06_model.py``): the table by its properties and
+the reference's values; ``PositionalEncoding`` with a random table loaded into its buffer ``pe`` (judged apart from
+``sinusoidal_table``); ``EncoderLayer``, ``Decoder`` and ``Seq2SeqTransformer`` loading a state dict by the
+contract's names, compared with PyTorch's own modules carrying the same weights. The model calls the student's
+``PositionalEncoding``, ``EncoderLayer`` and ``Decoder``: it is judged relative to their answers (``uses``,
+:mod:`autograder.checks.relative`), so a wrong one costs only its own item. ``logits_from_ids`` (find the bug) is
+judged here, on the student's model, against the model's twin with masks made from ``pad_id``.
 """
 
 from __future__ import annotations
@@ -21,9 +21,6 @@ from decoder_course.spec import Keyword
 from decoder_course.visible import l06_model as visible
 
 LESSON = "06-model"
-
-
-spec.register(LESSON, visible.SPECS, ref)
 
 
 PRE = {"src_vocab": 11, "tgt_vocab": 13, "d_model": 16, "n_heads": 4, "d_ff": 24, "n_layers": 2, "dropout": 0.1,

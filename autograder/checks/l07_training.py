@@ -10,11 +10,10 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from autograder.checks import judges, spec
+from autograder.checks import judges
 from autograder.checks.framework import Case, Exercise, Fail, Result, exercise
 from autograder.reference import training as ref_training
 from decoder_course.conventions import BOS, EOS, PAD
-from decoder_course.visible import l07_training as visible
 
 LESSON = "07-training"
 
@@ -39,10 +38,6 @@ def _raised(result: Result, case: Case, what: str, built_on: str = "") -> None:
     error = result.error(case.id)
     if error is not None:
         raise Fail(f"{what} raised an exception on a case with {case.desc}:\n    {error.splitlines()[-1]}{built_on}")
-
-
-# -- shift_right, sequence_loss and exact_match: specs (decoder_course/visible/l07_training.py) ---------------
-spec.register(LESSON, visible.SPECS, ref_training)
 
 
 # -- train_step and validation_loss: a small model, a batch, the student's code around them ---------------------

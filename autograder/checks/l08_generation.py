@@ -85,10 +85,6 @@ def _same_tokens(got: np.ndarray, want: np.ndarray, what: str, desc: str, hint: 
                    f"({desc}). {hint}")
 
 
-# -- greedy_decode, beam_search and the filters: specs (decoder_course/visible/l08_generation.py) -----------------
-spec.register(LESSON, visible.SPECS, ref)
-
-
 # -- sample ------------------------------------------------------------------------------------------------------------
 def _first_step_tree(rng: np.random.Generator, V: int) -> tuple[dict, dict[int, float]]:
     """A one-step tree: five tokens with clearly different probabilities, then EOS."""

@@ -26,7 +26,6 @@ from autograder.reference import kv_cache as ref
 from autograder.reference.model import Seq2SeqTransformer
 from decoder_course.conventions import BOS
 from decoder_course.visible.l08_generation import expect_generated
-from decoder_course.visible.l09_kv_cache import CACHED_CAUSAL_MASK
 
 LESSON = "09-kv-cache"
 COUNTER = "decoder_course.visible.l09_kv_cache:CallCounter"
@@ -230,10 +229,6 @@ class KVCacheCheck(Exercise):
                     raise Fail(f"after reorder(index) layer {layer}'s {what} are not rows index of the old ones "
                                f"({case.desc}): reorder every layer, keys and values, along the batch axis "
                                "(dim 0), in the order index gives; a row may appear twice.")
-
-
-# -- cached_causal_mask: a spec (decoder_course.visible.l09_kv_cache.CACHED_CAUSAL_MASK) ------------------------------
-spec.register(LESSON, {"cached_causal_mask": CACHED_CAUSAL_MASK}, ref)
 
 
 # -- decode_step -------------------------------------------------------------------------------------------------------

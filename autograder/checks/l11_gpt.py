@@ -27,16 +27,11 @@ from autograder.checks.judges import diagnose, record_after, unchanged, value_er
 from autograder.reference import generation as ref_gen
 from autograder.reference import gpt as ref
 from decoder_course.testing import HashedLM
-from decoder_course.visible import l11_gpt as visible
 
 LESSON = "11-gpt"
 CODES = "decoder_course.testing:text_codes"
 HASHED_LM = "decoder_course.testing:HashedLM"
 UNICODE = "aé λ→😀漢字\n\t ß"  # 1- to 4-byte characters
-
-
-# -- train_bpe and lm_batches: specs (decoder_course/visible/l11_gpt.py) --------------------------------------------
-spec.register(LESSON, visible.SPECS, ref)
 
 
 def _read_ints(result: Result, case: Case, name: str, what: str) -> list[int]:

@@ -31,10 +31,6 @@ def _load_error(result: Result, case: Case, names: str) -> None:
                    f"{error.splitlines()[-1]}\nThe names are part of the contract: {names}")
 
 
-# -- every exercise but mha_to_gqa: specs (decoder_course/visible/l12_modern.py) -------------------------------------
-spec.register(LESSON, visible.SPECS, ref)
-
-
 # -- mha_to_gqa: find the bug (autograder.bugs), judged relative to the student's GroupedQueryAttention --------------
 def _pooled(w: np.ndarray, H: int, Hkv: int) -> np.ndarray:
     """k_proj/v_proj (H·Dh, D) pooled into Hkv heads: kv head j the mean of the consecutive heads j·g .. j·g + g - 1."""

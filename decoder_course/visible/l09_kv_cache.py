@@ -48,6 +48,7 @@ CACHED_CAUSAL_MASK = Spec(
     "cached_causal_mask", _mask_rows, dtype=lambda a: np.bool_, shape=lambda a: (len(a["q_positions"]), a["k_len"]),
     axes="T, S", properties=_not_top_left, tensors=True,
     hint="Key k is allowed for a query at absolute position p when k <= p (itself included).")
+SPECS = {"cached_causal_mask": CACHED_CAUSAL_MASK}
 
 
 class CallCounter:
