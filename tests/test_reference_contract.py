@@ -44,21 +44,42 @@ def _call_with_nones(func, self_obj=None):
     return func(self_obj, *args) if self_obj is not None else func(*args)
 
 
+_DATA = (ast.Constant, ast.Tuple, ast.List, ast.Name, ast.Load, ast.Store, ast.BinOp, ast.Add, ast.Starred,
+         ast.JoinedStr, ast.FormattedValue, ast.Attribute)
+
+
+def _is_data(node: ast.AST) -> bool:
+    """``NAME = <strings, tuples and lists of them, names of such>`` (``str.replace`` allowed): a constant of the
+    known mistakes, no code."""
+    targets = node.targets[0].elts if isinstance(node, ast.Assign) and isinstance(node.targets[0], ast.Tuple) else (
+        node.targets if isinstance(node, ast.Assign) else [])
+    return bool(targets) and len(node.targets) == 1 and all(
+        isinstance(t, ast.Name) and t.id.lstrip("_").isupper() for t in targets) and all(
+        isinstance(n, _DATA) or (isinstance(n, ast.Call) and isinstance(n.func, ast.Attribute)
+                                 and n.func.attr == "replace") for n in ast.walk(node.value))
+
+
 def check_module_contract(lesson):
-    """Top level: only imports and definitions, so each definition is a self-contained cell; the exercises are
-    those that mark the student's part (autograder.lessons), the rest is given code."""
+    """Top level: only imports and definitions, so each definition is a self-contained cell, then the known mistakes
+    as plain data (``MISTAKES``); the exercises are those that mark the student's part (autograder.lessons), the
+    rest is given code."""
     module = lessons.module(lesson, "reference")
     exercises, given = lessons.exercises(lesson), lessons.given(lesson)
     names = exercises + given
     assert len(set(names)) == len(names), "a name is defined twice"
     tree = ast.parse(inspect.getsource(module))
     assert ast.get_docstring(tree), f"{module.__name__} has no module docstring"
-    defined = []
+    defined, data = [], []
     for node in tree.body[1:]:
         if isinstance(node, ast.Import | ast.ImportFrom):
             continue
+        if _is_data(node):  # the known mistakes, after every definition: patches as plain data, no code
+            data.append(node)
+            continue
+        assert not data, f"a definition after the known mistakes: {ast.unparse(node)[:80]}"
         assert isinstance(node, ast.FunctionDef | ast.ClassDef), f"top-level code or state: {ast.unparse(node)}"
         defined.append(node.name)
+    assert not data or ast.unparse(data[-1].targets[0]) == "MISTAKES", "the data at the end is the MISTAKES table"
 
     for name in names:
         obj = getattr(module, name)
@@ -104,3 +125,16 @@ def check_module_contract(lesson):
 @pytest.mark.parametrize("lesson", lessons.ids())
 def test_module_contract(lesson):
     check_module_contract(lesson)
+
+
+@pytest.mark.parametrize("source,data", [
+    ('MISTAKES = [("item", "what", ("old", "new"))]', True),
+    ("_OLD, NEW = 'a', f'b {1}'", True),
+    ("MISTAKES = [(X.replace('a', 'b'), *Y)]", True),
+    ("MISTAKES = [open('secret').read()]", False),
+    ("MISTAKES = [x for x in 'ab']", False),
+    ("cache = {}", False),
+    ("MISTAKES: list = []", False),
+])
+def test_only_plain_data_may_follow_the_definitions(source, data):
+    assert _is_data(ast.parse(source).body[0]) is data

@@ -201,7 +201,9 @@ class SpecExercise(Exercise):
     def cases(self, rng):
         cases = []
         for i, (desc, args, *probe) in enumerate(self.spec.rows(rng)):
-            case = Case(f"c{i}", desc, data={"args": args, "probe": probe[0] if probe else None})
+            unseeded = bool(probe) and probe[0].moves  # two calls that must draw differently: fresh entropy
+            case = Case(f"unseeded{i}" if unseeded else f"c{i}", desc,
+                        data={"args": args, "probe": probe[0] if probe else None})
             under = options(args)  # a row's backward pass (Under): its inputs are not compared after the call
             grad = self.spec.grad or under.grad
             _call(case, self.name, args, self.spec.tensors, self.spec.keeps_inputs and not under.grad, record="out",
