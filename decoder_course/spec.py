@@ -530,27 +530,6 @@ def expect_gradients(spec: ModuleSpec, grads: dict, situation: str) -> None:
                               f"{getattr(spec, 'grad_hint', '')}".strip())
 
 
-def grad_inputs(row: Build) -> list[str]:
-    """The inputs of a ``grad`` row that get a gradient: its float arrays."""
-    return [n for n, v in row.inputs.items() if isinstance(unwrap(v), np.ndarray)
-            and np.issubdtype(unwrap(v).dtype, np.floating)]
-
-
-def _gradients(spec: ModuleSpec, cls: Any, row: Build) -> dict:
-    """The gradients of the float inputs after a backward pass from the first output (all ones)."""
-    torch, given = _torch(), {}
-    for n, v in row.inputs.items():
-        x = unwrap(v)
-        if isinstance(x, np.ndarray):
-            x = torch.from_numpy(x.copy()).requires_grad_(n in grad_inputs(row))
-        given[n] = Keyword(x) if isinstance(v, Keyword) else x
-    module = built(spec, cls, row)
-    first = items(spec, module(*(v for v in given.values() if not isinstance(v, Keyword)),
-                               **{n: v.value for n, v in given.items() if isinstance(v, Keyword)}), spec.name)[0]
-    first.backward(torch.ones_like(first))
-    return {n: None if given[n].grad is None else given[n].grad.numpy() for n in grad_inputs(row)}
-
-
 def run_module(spec: ModuleSpec, cls: Any, seed: int = 0, given: dict | None = None) -> None:
     """The visible half of a module spec: ``cls`` on each row drawn from ``seed``, its contract, properties and
     agreement with PyTorch's own modules (``twin``) checked (``given``: the lesson's given classes by name, the
@@ -605,7 +584,8 @@ def _run_row(spec: ModuleSpec, cls: Any, row: Build, given: dict | None = None) 
                          atol=atol, hint=hint_for(spec, i) or None)
         if row.grad:
             try:
-                expect_gradients(spec, _gradients(spec, cls, row), row.situation)
+                expect_gradients(spec, _function_gradients(spec, built(spec, cls, row), row.inputs),
+                                 row.situation)
             except CheckFailed as failed:
                 raise CheckFailed(str(failed).replace(f" ({row.situation})", "")) from None
 
@@ -683,16 +663,17 @@ def autocast(under: Under) -> Any:
 
 
 def float_inputs(args: dict) -> list[str]:
-    """The arguments a ``grad`` row differentiates: its float arrays and tensors."""
+    """The arguments a ``grad`` row differentiates (a function's or a module's): its float arrays and tensors."""
     return [n for n, v in args.items() if (_is_tensor(unwrap(v)) and unwrap(v).is_floating_point())
             or (isinstance(unwrap(v), np.ndarray) and np.issubdtype(unwrap(v).dtype, np.floating))]
 
 
-def _function_gradients(spec: Spec, fn: Callable[..., Any], args: dict) -> dict:
-    """The gradients of the float arguments after a backward pass (all ones) from the first result item."""
+def _function_gradients(spec: Spec | ModuleSpec, fn: Callable[..., Any], args: dict) -> dict:
+    """The gradients of the float arguments of ``fn`` (a function, or a module built for the row) after a backward
+    pass (all ones) from the first result item."""
     positional, by_name = call_args(spec, args)
-    names = [n for n, v in args.items() if not isinstance(v, (Keyword, Under))]
-    given = {n: x.requires_grad_() for n, x in zip(names, positional) if n in float_inputs(args)}
+    passed = dict(zip([n for n, v in args.items() if not isinstance(v, (Keyword, Under))], positional)) | by_name
+    given = {n: passed[n].requires_grad_() for n in float_inputs(args) if _is_tensor(passed.get(n))}
     with autocast(options(args)):
         first = items(spec, fn(*positional, **by_name), spec.name)[0]
     if getattr(first, "requires_grad", False):  # else: no gradient reached any argument (a detached result)

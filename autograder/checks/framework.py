@@ -160,7 +160,6 @@ def write_cases(folder: Path, item: str, cases: list[Case]) -> None:
 
 
 # -- reading results --------------------------------------------------------------------------------------------
-_FLOAT_KINDS = "f"
 
 
 class Result:

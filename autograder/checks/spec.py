@@ -47,7 +47,6 @@ from decoder_course.spec import (
     fact_names,
     float_inputs,
     forward,
-    grad_inputs,
     hint_for,
     items,
     judge_items,
@@ -368,7 +367,7 @@ class ModuleSpecExercise(Exercise):
                 if spec.outputs:
                     case.let("first", {"index": ["res", 0]})
                 case.backward("first" if spec.outputs else "res", np.ones(first, dtype=np.float32))
-                for name in grad_inputs(row):
+                for name in float_inputs(row.inputs):
                     case.record(f"grad_{name}", {"grad": name})
             if row.perturbed is not None:
                 _call(case, call, row.perturbed.inputs, True, False, record="moved")
@@ -434,7 +433,7 @@ class ModuleSpecExercise(Exercise):
                          case, hint_for(spec, i), tol, None, known=known)
             if row.grad:
                 with shared():
-                    expect_gradients(spec, _grads(result, case, grad_inputs(row)), case.desc)
+                    expect_gradients(spec, _grads(result, case, float_inputs(row.inputs)), case.desc)
             if spec.keeps_inputs and not row.grad:
                 judges.unchanged(result, case.id, {n: v for n, v in (plain(row.inputs) | _parts(row.inputs)).items()
                                                    if isinstance(v, np.ndarray)}, self.name)

@@ -489,22 +489,22 @@ def _masks_rows(rng: np.random.Generator) -> list[tuple]:
     return rows
 
 
-def _as_torch_layer(args: dict, got: np.ndarray, situation: str) -> None:
+def _torch_layer_twin(args: dict) -> np.ndarray:
     """The stand-in's PyTorch layer given the very same masks: a key is hidden when any mask blocks it."""
     masks = {n: torch.from_numpy(args[n]) for n in ("tgt_mask", "tgt_key_padding_mask", "memory_key_padding_mask")
              if n in args}
     with torch.no_grad():
-        want = args["layer"].build().torch_layer(torch.from_numpy(args["tgt"]), torch.from_numpy(args["memory"]),
+        return args["layer"].build().torch_layer(torch.from_numpy(args["tgt"]), torch.from_numpy(args["memory"]),
                                                  **masks).numpy()
+
+
+def _no_nan_rows(args: dict, got: np.ndarray, situation: str) -> None:
+    """With these masks every query may read a real key: a NaN row was handed none."""
     if np.isnan(got).any():
         rows = np.argwhere(np.isnan(got).any(axis=-1)).tolist()
         raise CheckFailed(f"positions (b, t) {rows} came out NaN ({situation}): those queries were handed no key at "
                           "all (PyTorch's layer gives NaN for such a row), yet with these masks every query may read "
-                          "a real key")
-    if not np.allclose(got, want, atol=1e-5):
-        wrong = np.argwhere(np.abs(got - want).max(axis=-1) > 1e-5).tolist()
-        raise CheckFailed(f"positions (b, t) {wrong} differ from nn.TransformerDecoderLayer given the same masks "
-                          f"({situation}). {MASKS_HINT}")
+                          "a real key. " + MASKS_HINT)
 
 
 MASKS_HINT = ("Which keys may each query read, when a key is blocked by tgt_mask, by the padding, or by both? A key "
@@ -512,7 +512,7 @@ MASKS_HINT = ("Which keys may each query read, when a key is blocked by tgt_mask
               "each is inverted once, at the call.")
 SPECS["run_with_torch_masks"] = Spec(
     "run_with_torch_masks", _masks_rows, dtype=lambda a: "float", shape=lambda a: a["tgt"].shape, axes="B, T, D",
-    tensors=True, properties=_as_torch_layer, hint=MASKS_HINT, atol=1e-5)
+    tensors=True, properties=_no_nan_rows, twin=_torch_layer_twin, hint=MASKS_HINT, atol=1e-5)
 
 
 def check_run_with_torch_masks(run_with_torch_masks) -> None:
