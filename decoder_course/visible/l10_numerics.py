@@ -206,14 +206,17 @@ def _attention(args: dict, got: list, desc: str) -> None:
     F.scaled_dot_product_attention in float64 (zeros for such a query too) within the dtype's rounding."""
     out, weights = got
     work = _precision(args)
-    if not (np.isfinite(out).all() and np.isfinite(weights).all()):
+    dead = ~np.broadcast_to(True if args["allowed"] is None else args["allowed"], weights.shape).any(-1)  # (..., T)
+    broken = ~(np.isfinite(out).all(-1) & np.isfinite(weights).all(-1))  # (..., T): rows with NaN or inf
+    if broken.any():
         hint = ("inside autocast the scores are half precision although q is float32: take the fill from the "
                 "scores' dtype, or work on a float32 copy" if options(args).autocast else
-                "q @ kᵀ overflows float16 (65504) before the division by √Dh: scale q first; and a fully blocked "
-                "row filled with -inf gives NaN: use robust_masked_softmax")
-        raise CheckFailed(f"robust_attention returned NaN or inf ({desc}): {hint}")
+                "only in rows with no allowed key: a fill of -inf gives -inf - (-inf) = NaN there; use "
+                "robust_masked_softmax, whose fill is finite" if not (broken & ~dead).any() else
+                "in rows that have allowed keys: q @ kᵀ overflows float16 (65504) before the division by √Dh; "
+                "scale q first")
+        raise CheckFailed(f"robust_attention returned NaN or inf ({desc}), {hint}")
     _weights(weights, args["allowed"], "robust_attention's weights", desc)
-    dead = ~np.broadcast_to(True if args["allowed"] is None else args["allowed"], weights.shape).any(-1)  # (..., T)
     if dead.any() and np.abs(out[dead]).max() > 0:
         raise CheckFailed(f"robust_attention: a query with no allowed key must output zeros ({desc})")
     q, k, v = (torch.from_numpy(args[n].astype(np.float64)) for n in ("q", "k", "v"))
