@@ -26,6 +26,7 @@ from nbgrader.preprocessors import Execute, NbGraderPreprocessor
 from traitlets import Bool, Dict, Enum, Unicode
 
 from autograder import notebooks, sandbox, verdicts
+from autograder.checks import framework
 from autograder.checks.framework import write_cases
 from autograder.text import shown
 from decoder_course.harvest import ENV_VAR
@@ -203,9 +204,9 @@ class TrustedExecute(Execute):
         """Take the cases out of the kernel's view, and what it handed in for them out of its reach."""
         for name in names:
             (self._cases / name).unlink(missing_ok=True)
-            handed_in = self._outputs / name  # renamed as it is: a link stays a link, and is refused
+            handed_in = self._outputs / name  # taken as it is: a link stays a link, and is refused
             if os.path.lexists(handed_in):
-                os.replace(handed_in, self._collected / name)
+                framework.take_out(handed_in, self._collected / name)
 
     def _answer(self, item: str, index: int) -> None:
         """An item whose building block raised on its cases runs them again, right after its cell, with a correct
@@ -286,6 +287,8 @@ class TrustedExecute(Execute):
         finally:
             if isinstance(self._box, sandbox.WarmSandbox):
                 self._box.finish_notebook()
+            elif self._box is not None:
+                self._box.release()  # its capped file systems, before their folders go
             shutil.rmtree(scratch, ignore_errors=True)
             self._box = None
         return nb, resources

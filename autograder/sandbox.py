@@ -15,10 +15,24 @@ Inside the sandbox
       the virtual environment and the companion package ``decoder_course``. Nothing else of the host exists:
       not ``autograder/``, ``solutions/``, the work folder (gradebook, secret, other students' notebooks) nor
       the instructor's submissions;
-    - writable: ``/home/student`` (cwd and ``$HOME``), ``/tmp`` and ``/dev/shm``, each a size-capped tmpfs that
-      dies with the sandbox (a planted IPython startup file never reaches the next student), and the harvest
-      folder's ``outputs/`` (``cases/`` is read-only);
+    - writable: ``/home/student`` (cwd and ``$HOME``), ``/tmp`` and ``/dev/shm``, the harvest folder's
+      ``outputs/`` (``cases/`` is read-only) and the kernel's socket folder: nothing else, and each of them on a
+      file system with its own cap (see *The writable space* below);
     - a clean environment (``--clearenv``): no secret, no path of the grading process.
+
+The writable space
+    Grading as root, every path the kernel can write lies on a tmpfs that the grader mounts for this sandbox
+    alone (:func:`mount_tmpfs`) with ``size=`` and ``nr_inodes=``: one for ``$HOME``, ``/tmp`` and ``/dev/shm``
+    together (``Limits.tmpfs_bytes``), one for the harvest outputs (``Limits.scratch_bytes``), a tiny one for the
+    kernel's sockets and one, never bound inside, for the kernel's stderr. The kernel enforces the caps: a write,
+    an ``fallocate`` or a new file past one fails with ``ENOSPC`` in the student's own code; a sparse file's
+    holes take nothing; a tree however deep or wide stops at the inode cap; what the notebook leaves behind is
+    still on the capped file system until it is unmounted (``MNT_DETACH``: nothing is walked). The grader never
+    walks these trees to enforce anything: it asks the kernel (``statvfs``, O(1)) whether a cap was reached, to
+    say so in the log, and whether a warm sandbox is back to its fresh state, else retires it. Without root the
+    grader cannot mount: ``$HOME``, ``/tmp`` and ``/dev/shm`` are tmpfs that bwrap mounts with ``--size``
+    (no inode cap), and the two host folders bound inside are watched (``Limits.scratch_bytes``, by the blocks
+    they take): grade as root for the guarantees above.
 
 Limits
     The kernel's first process (:data:`_LAUNCHER`) sets rlimits, then, when grading runs as root, drops to an
@@ -32,6 +46,7 @@ Limits
 from __future__ import annotations
 
 import atexit
+import ctypes
 import functools
 import json
 import os
@@ -115,8 +130,9 @@ class Limits:
     memory_bytes: int = 6 << 30  # RLIMIT_AS (address space) of each sandbox process
     processes: int = 256  # RLIMIT_NPROC: processes and threads of the sandbox together
     file_bytes: int = 128 << 20  # RLIMIT_FSIZE: largest file a sandbox process may write
-    tmpfs_bytes: int = 256 << 20  # size of each tmpfs: /home/student, /tmp, /dev/shm
-    scratch_bytes: int = 256 << 20  # writable host folders (harvest outputs, kernel sockets, log), watched
+    tmpfs_bytes: int = 256 << 20  # /home/student, /tmp and /dev/shm together (as root; else each)
+    scratch_bytes: int = 256 << 20  # the harvest outputs (a tmpfs of their own as root; else watched)
+    inodes: int = 20_000  # files and folders on each writable file system (as root)
     output_bytes: int = 16 << 20  # notebook outputs kept by nbclient; more is dropped with a note
     notebook_bytes: int = 16 << 20  # submitted notebooks larger than this are refused before grading
 
@@ -127,6 +143,63 @@ class SandboxUnavailable(RuntimeError):
 
 def bwrap() -> str | None:
     return shutil.which("bwrap")
+
+
+# -- capped file systems (grading as root) ------------------------------------------------------------------------
+_LIBC = ctypes.CDLL(None, use_errno=True)
+_MS_NOSUID, _MS_NODEV, _MNT_DETACH = 2, 4, 2
+KERNEL_DIR_BYTES, LOG_BYTES = 1 << 20, 1 << 20  # sockets and a connection file; the kernel's stderr
+_MOUNTED: set[str] = set()  # every tmpfs this process mounted and has not unmounted yet
+_MOUNTED_LOCK = threading.Lock()
+
+
+def mount_tmpfs(target: Path, size: int, inodes: int, mode: int = 0o700) -> None:
+    """Mount a fresh tmpfs on ``target`` that holds at most ``size`` bytes and ``inodes`` files and folders.
+
+    The kernel enforces both: fallocate is charged as writing is, holes are not, and a file or folder past the
+    inode cap cannot be made. No set-uid bit or device node on it means anything."""
+    options = f"size={size},nr_inodes={inodes},mode={mode:o}".encode()
+    if _LIBC.mount(b"tmpfs", os.fsencode(target), b"tmpfs", _MS_NOSUID | _MS_NODEV, options) != 0:
+        errno = ctypes.get_errno()
+        raise SandboxUnavailable(f"cannot mount the sandbox's capped tmpfs on {target}: {os.strerror(errno)} "
+                                 "(grading as root needs the right to mount: CAP_SYS_ADMIN)")
+    with _MOUNTED_LOCK:
+        _MOUNTED.add(str(target))
+
+
+def unmount(target: Path | str) -> None:
+    """Detach a tmpfs :func:`mount_tmpfs` made: its files go with the last process that still holds one open,
+    and nothing is walked (a tree too deep to walk goes as fast as an empty one)."""
+    with _MOUNTED_LOCK:
+        if str(target) not in _MOUNTED:
+            return
+        _MOUNTED.discard(str(target))
+    _LIBC.umount2(os.fsencode(target), _MNT_DETACH)
+
+
+@atexit.register
+def unmount_all() -> None:
+    """At exit: no tmpfs of this process outlives it, whatever stopped its sandboxes."""
+    for target in sorted(_MOUNTED, reverse=True):
+        unmount(target)
+
+
+@dataclass(frozen=True)
+class Usage:
+    """What a file system holds, as the kernel counts it (``statvfs``): no walk."""
+
+    used_bytes: int
+    used_inodes: int
+    full: bool  # no byte or no inode left
+
+
+def usage(path: Path | str) -> Usage | None:
+    try:
+        info = os.statvfs(path)
+    except OSError:
+        return None
+    return Usage((info.f_blocks - info.f_bfree) * info.f_frsize, info.f_files - info.f_ffree,
+                 info.f_bavail == 0 or info.f_favail == 0)
 
 
 def sandbox_uid() -> int:
@@ -146,8 +219,10 @@ def _probe() -> str:
             box.prepare()
             done = subprocess.run(box.command([sys.executable, "-c", "pass"]), env=box.outer_env(),
                                   cwd=tmp, capture_output=True, text=True, timeout=60)
-        except (OSError, subprocess.SubprocessError) as exc:
+        except (OSError, subprocess.SubprocessError, SandboxUnavailable) as exc:
             return f"{type(exc).__name__}: {exc}"
+        finally:
+            box.release()
     if done.returncode != 0:
         return (done.stderr or done.stdout or f"exit status {done.returncode}").strip()[-500:]
     return ""
@@ -211,15 +286,42 @@ class Sandbox:
 
     @property
     def log_path(self) -> Path:
-        return self.scratch / "kernel.log"
+        return self.scratch / "log" / "kernel.log"
+
+    @property
+    def space(self) -> Path:
+        """As root, the host side of ``$HOME``, ``/tmp`` and ``/dev/shm``: folders of one capped tmpfs."""
+        return self.scratch / "space"
+
+    def capped(self) -> dict[str, tuple[Path, int, int]]:
+        """What the kernel can write, by the words the log uses: (host folder, bytes, inodes) of each tmpfs."""
+        lim = self.limits
+        return {f"{HOME}, /tmp and /dev/shm": (self.space, lim.tmpfs_bytes, lim.inodes),
+                "the harvest outputs": (self.harvest / "outputs", lim.scratch_bytes, lim.inodes),
+                "the kernel's socket folder": (self.kernel_dir, KERNEL_DIR_BYTES, 64),
+                "the kernel's error log": (self.log_path.parent, LOG_BYTES, 8)}
 
     # -- folders ---------------------------------------------------------------------------------------------
     def prepare(self) -> None:
-        """Make the scratch folders; call before writing the cases."""
+        """Make the scratch folders, as root each writable one a capped tmpfs; call before writing the cases
+        (again: nothing changes)."""
         self.scratch.mkdir(parents=True, exist_ok=True)
         self.scratch.chmod(0o711)  # the sandbox uid may traverse it, not list it
-        for folder in (self.kernel_dir, self.harvest / "cases", self.harvest / "outputs"):
-            folder.mkdir(parents=True, exist_ok=True)
+        self.harvest.mkdir(exist_ok=True)
+        (self.harvest / "cases").mkdir(exist_ok=True)
+        for folder, size, inodes in self.capped().values():
+            if folder == self.space and not self.root_mode:
+                continue
+            if not folder.is_dir():
+                folder.mkdir()
+                if self.root_mode:
+                    mount_tmpfs(folder, size, inodes)
+        if self.root_mode:
+            for name, mode in (("home", 0o700), ("tmp", 0o1777), ("shm", 0o1777)):
+                (self.space / name).mkdir(exist_ok=True)
+                (self.space / name).chmod(mode)
+            self.space.chmod(0o755)
+            os.chown(self.space / "home", self.uid, self.uid)
 
     def seal(self) -> None:
         """After the cases are written: the sandbox uid owns what it may write, and only that."""
@@ -231,6 +333,24 @@ class Sandbox:
             path.chmod(0o700)
             if self.root_mode:
                 os.chown(path, self.uid, self.uid)
+
+    def release(self) -> None:
+        """Unmount this sandbox's capped file systems (lazily: nothing is walked); then the scratch folder can
+        go. Call once no process of the sandbox runs."""
+        for folder, _, _ in self.capped().values():
+            unmount(folder)
+
+    def full(self) -> list[str]:
+        """The capped file systems the notebook filled (no byte or no inode left), in words; as root only."""
+        if not self.root_mode:
+            return []
+        said = []
+        for what, (folder, size, inodes) in self.capped().items():
+            used = usage(folder)
+            if used is not None and used.full:
+                said.append(f"the notebook filled {what} (cap {size / 2**20:g} MB, {inodes} files and folders): "
+                            "its writes past the cap failed")
+        return said
 
     def give(self, path: Path | str) -> None:
         """Let the sandbox uid read a file the grading process wrote (the connection file)."""
@@ -277,12 +397,16 @@ class Sandbox:
         for name in ETC_FILES:
             args += ["--ro-bind-try", f"/etc/{name}", f"/etc/{name}"]
         # The private filesystems first: a bound folder below /tmp or /home must not be hidden by them.
-        size = str(lim.tmpfs_bytes)
-        args += ["--proc", "/proc", "--dev", "/dev",
-                 "--perms", "1777", "--size", size, "--tmpfs", "/dev/shm",
-                 "--perms", "1777", "--size", size, "--tmpfs", "/tmp",
-                 "--perms", "0755", "--dir", "/home",
-                 "--perms", "0777", "--size", size, "--tmpfs", HOME]
+        args += ["--proc", "/proc", "--dev", "/dev"]
+        if self.root_mode:  # the folders of this sandbox's capped tmpfs (prepare)
+            args += ["--bind", str(self.space / "shm"), "/dev/shm", "--bind", str(self.space / "tmp"), "/tmp",
+                     "--perms", "0755", "--dir", "/home", "--bind", str(self.space / "home"), HOME]
+        else:  # bwrap's own tmpfs: a size cap each, no inode cap
+            size = str(lim.tmpfs_bytes)
+            args += ["--perms", "1777", "--size", size, "--tmpfs", "/dev/shm",
+                     "--perms", "1777", "--size", size, "--tmpfs", "/tmp",
+                     "--perms", "0755", "--dir", "/home",
+                     "--perms", "0777", "--size", size, "--tmpfs", HOME]
         made: set[str] = {"/", "/usr", "/etc", "/proc", "/dev", "/dev/shm", "/tmp", "/home", HOME}
         for path in self.read_only_paths():
             args += self._parents(path, made) + ["--ro-bind", path, path]
@@ -353,6 +477,8 @@ class Sandbox:
             if time.monotonic() - self._started > lim.deadline:
                 self._kill_for(f"the notebook ran past its {lim.deadline:g} s deadline: the sandbox was stopped")
                 return
+            if self.root_mode:
+                continue  # the caps are the file systems' own (prepare): nothing to watch
             used = self.scratch_usage()
             if used > lim.scratch_bytes:
                 self._kill_for(f"the notebook wrote {used / 2**20:.0f} MB into its scratch folder (cap "
@@ -364,13 +490,14 @@ class Sandbox:
         self.kill()
 
     def scratch_usage(self) -> int:
-        """Bytes in the host folders the sandbox may write (not following links)."""
+        """Without root only: bytes the host folders the sandbox may write take on disk (not following links;
+        a sparse file's holes take nothing)."""
         total = 0
         for folder in (self.kernel_dir, self.harvest / "outputs"):
             for root, dirs, files in os.walk(folder):
                 for name in files + dirs:
                     try:
-                        total += os.lstat(os.path.join(root, name)).st_size
+                        total += os.lstat(os.path.join(root, name)).st_blocks * 512
                     except OSError:
                         pass
         try:
@@ -418,6 +545,13 @@ class Sandbox:
                 pass
         if left := _kill_until_gone(self.survivors):
             self.events.append(f"processes of the sandbox survived the kill: {left}")
+        self.note_full()
+
+    def note_full(self) -> None:
+        """Say which caps the notebook reached (once each): the cause of the errors its cells show."""
+        for said in self.full():
+            if said not in self.events:
+                self.events.append(said)
 
     def note_others(self) -> None:
         """Say (once) how many processes besides the kernel were running when the notebook ended."""
@@ -482,6 +616,23 @@ def _kill_until_gone(listed, seconds: float = 5.0, pause: float = 0.05) -> list[
                 pass
         time.sleep(pause)
     return listed()
+
+
+def _empty_quietly(folder: Path) -> None:
+    """Remove what ``folder`` holds, without following a link and without raising (what cannot be removed stays,
+    for the caller to see through the file system's own count)."""
+    try:
+        entries = list(os.scandir(folder))
+    except OSError:
+        return
+    for entry in entries:
+        try:
+            if entry.is_dir(follow_symlinks=False):
+                shutil.rmtree(entry.path, ignore_errors=True)
+            else:
+                os.unlink(entry.path)
+        except (OSError, RecursionError):
+            pass
 
 
 def _pids() -> list[int]:
@@ -597,9 +748,10 @@ PREIMPORT = ("ipykernel.kernelapp", "ipykernel.ipkernel", "ipykernel.debugger", 
 PREIMPORT_TORCH = ("torch", "torch.nn", "torch.nn.functional", "decoder_course.twins")
 
 # The zygote: the kernel command of a warm sandbox (run by _LAUNCHER, so with its rlimits and uid). It reads one
-# command per line on stdin: "fork CONNECTION_FILE" empties /tmp, /dev/shm and $HOME (what the previous notebook
-# left), forks, and the child becomes an IPython kernel in a session of its own, stdin and stdout on /dev/null;
-# the zygote answers "forked PID" and, when a kernel ends, "exit PID STATUS". End of stdin ends it.
+# command per line on stdin: "clean" empties /tmp, /dev/shm and $HOME (what the previous notebook left) and answers
+# "clean"; "fork TORCH CONNECTION_FILE" forks, and the child becomes an IPython kernel in a session of its own,
+# stdin and stdout on /dev/null; the zygote answers "forked PID" and, when a kernel ends, "exit PID STATUS". End of
+# stdin ends it.
 _ZYGOTE = r"""
 import ctypes, importlib, os, resource, select, shutil, sys
 os.environ.setdefault("MPLBACKEND", "module://matplotlib_inline.backend_inline")  # as ipykernel sets it
@@ -662,14 +814,20 @@ while True:
     while b"\n" in pending:
         line, pending = pending.split(b"\n", 1)
         words = line.decode("utf-8", "replace").split(" ", 2)
+        if words == ["clean"]:  # what the last notebook left: the grader then asks the kernel what is left
+            for top in ("/tmp", "/dev/shm", os.environ["HOME"]):
+                try:
+                    empty(top)
+                except BaseException:  # a tree too deep to walk: the grader sees it left, and retires us
+                    pass
+            say("clean")
+            continue
         if words[0] != "fork" or len(words) != 3:
             continue
         if words[1] == "1" and later:  # this notebook uses torch: import it before the fork
             preimport(later)
             later = ""
         words = [words[0], words[2]]
-        for top in ("/tmp", "/dev/shm", os.environ["HOME"]):
-            empty(top)
         pid = os.fork()
         if pid == 0:
             try:
@@ -779,6 +937,7 @@ class WarmSandbox(Sandbox):
     notebooks: int = 0
     _limit_hit: bool = False
     wants_torch: bool = True
+    fresh: dict[str, int] = field(default_factory=dict)  # the capped file systems' use before any notebook
     _lines: list[str] = field(default_factory=list)
     _cond: threading.Condition = field(default_factory=threading.Condition)
 
@@ -819,7 +978,34 @@ class WarmSandbox(Sandbox):
         except OSError as exc:
             self.retire()
             raise SandboxUnavailable("the grading sandbox's kernel could not be found") from exc
+        if not self._emptied():
+            self.retire()
+            raise SandboxUnavailable("the grading sandbox's zygote did not answer")
+        self.fresh = self._usage()  # what a notebook finds: the state every later one must find too
         self.ready = True
+
+    def _usage(self) -> dict[str, int]:
+        """Bytes and inodes used on the capped file systems a notebook writes (not the log, emptied anyway)."""
+        found = {}
+        for what, (folder, _, _) in self.capped().items():
+            if folder != self.log_path.parent and (used := usage(folder)) is not None:
+                found[f"{what} bytes"], found[f"{what} inodes"] = used.used_bytes, used.used_inodes
+        return found
+
+    def _emptied(self) -> bool:
+        """Empty what the last notebook may have written (kernel sockets, outputs: here; $HOME, /tmp, /dev/shm:
+        the zygote, which knows what bwrap mounted there). Best effort: whatever is left, the kernel's count
+        shows (:meth:`finish_notebook`)."""
+        for folder in (self.kernel_dir, self.harvest / "outputs", self.harvest / "cases"):
+            _empty_quietly(folder)
+        if self.outer is None or self.outer.stdin is None or not self.alive():
+            return False
+        try:
+            self.outer.stdin.write(b"clean\n")
+            self.outer.stdin.flush()
+        except OSError:
+            return False
+        return self._expect(lambda line: line == "clean", 30.0) is not None
 
     def _read(self) -> None:
         """The zygote's reports: bounded lines, anything else dropped (a kernel could write to this pipe too)."""
@@ -830,7 +1016,8 @@ class WarmSandbox(Sandbox):
             with self._cond:
                 if len(words) == 3 and words[0] == "exit" and words[1].isdigit() and words[2].isdigit():
                     self.exits[int(words[1])] = int(words[2])
-                elif line == "ready" or (len(words) == 2 and words[0] == "forked" and words[1].isdigit()):
+                elif line in ("ready", "clean") or (len(words) == 2 and words[0] == "forked"
+                                                    and words[1].isdigit()):
                     self._lines.append(line)
                 self._cond.notify_all()
         with self._cond:
@@ -868,6 +1055,7 @@ class WarmSandbox(Sandbox):
             except subprocess.TimeoutExpired:
                 pass
         _kill_until_gone(self._all)
+        self.release()
         shutil.rmtree(self.scratch, ignore_errors=True)
 
     # -- one notebook ----------------------------------------------------------------------------------------
@@ -879,12 +1067,6 @@ class WarmSandbox(Sandbox):
         self.wants_torch = wants_torch
         self.events, self.process, self._watchdog, self._limit_hit = [], None, None, False
         self._stop, self._noted_others = threading.Event(), False
-        for folder in (self.kernel_dir, self.harvest / "cases", self.harvest / "outputs"):
-            for path in folder.iterdir():
-                if path.is_dir() and not path.is_symlink():
-                    shutil.rmtree(path)
-                else:
-                    path.unlink()
         with open(self.log_path, "wb"):
             pass  # the previous notebook's kernel messages are not this one's
         self.seal()
@@ -927,6 +1109,7 @@ class WarmSandbox(Sandbox):
                 self.process.wait(timeout=2)
             except subprocess.TimeoutExpired:
                 pass
+        self.note_full()
 
     def _kill_for(self, why: str) -> None:
         self._limit_hit = True
@@ -934,8 +1117,11 @@ class WarmSandbox(Sandbox):
 
     def finish_notebook(self) -> None:
         """After :meth:`kill`: keep the sandbox for the student's next notebook, unless the notebook hit a limit
-        (deadline, scratch size), left a process that would not die, or the sandbox itself stopped."""
-        if self._limit_hit or not self.alive() or self.survivors():
+        (the deadline), left a process that would not die, left anything on the capped file systems that
+        emptying them did not take away (as the kernel counts: a tree too deep or too odd to walk), or the
+        sandbox itself stopped. Retiring costs the next notebook a fresh sandbox, never a grade."""
+        if self._limit_hit or not self.alive() or self.survivors() or not self._emptied() \
+                or self._usage() != self.fresh:
             self.retire()
 
     def _others(self) -> list[int]:
@@ -1026,3 +1212,4 @@ def retire_all() -> None:
         _ALL_WARM.clear()
     for box in boxes:
         box.retire()
+    unmount_all()  # and any cold sandbox's file systems that an interrupted run left mounted

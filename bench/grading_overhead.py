@@ -78,10 +78,13 @@ def startup(repeats: int) -> tuple[float, float]:
         box.prepare()
         box.seal()
         plain, boxed = [], []
-        for _ in range(repeats):
-            plain.append(timed(lambda: subprocess.run([sys.executable, "-c", "pass"], check=True) and None))
-            boxed.append(timed(lambda: subprocess.run(box.command([sys.executable, "-c", "pass"]),
-                                                      env=box.outer_env(), cwd=box.scratch, check=True) and None))
+        try:
+            for _ in range(repeats):
+                plain.append(timed(lambda: subprocess.run([sys.executable, "-c", "pass"], check=True) and None))
+                boxed.append(timed(lambda: subprocess.run(box.command([sys.executable, "-c", "pass"]),
+                                                          env=box.outer_env(), cwd=box.scratch, check=True) and None))
+        finally:
+            box.release()
     return statistics.median(plain), statistics.median(boxed)
 
 

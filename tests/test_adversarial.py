@@ -234,8 +234,11 @@ def _run_boxed(tmp_path: Path, code: str, limits=UNIT, timeout: float = 60) -> s
     box = sandbox.Sandbox(tmp_path / "box", limits)
     box.prepare()
     box.seal()
-    return subprocess.run(box.command([sys.executable, "-c", code]), env=box.outer_env(), cwd=box.scratch,
-                          capture_output=True, text=True, timeout=timeout)
+    try:
+        return subprocess.run(box.command([sys.executable, "-c", code]), env=box.outer_env(), cwd=box.scratch,
+                              capture_output=True, text=True, timeout=timeout)
+    finally:
+        box.release()
 
 
 def test_the_sandbox_sees_only_what_the_kernel_needs(tmp_path):
@@ -359,6 +362,7 @@ time.sleep(600)
     assert box.survivors() == [] and _descendants(os.getpid()) == []
     if os.geteuid() == 0:
         assert _of_uid(box.uid) == []
+    box.release()
 
 
 def test_without_bubblewrap_grading_refuses_clearly(monkeypatch, tmp_path):

@@ -1,9 +1,9 @@
-"""Fill the grading folder (the harvest outputs, written to the grader's disk) with many files.
+"""Fill the harvest outputs (a file system of their own, capped by the kernel) with many 8 MB files.
 
 target: mask_to_bias
 zero: mask_to_bias
 full: causal_mask, padding_mask, combine_masks
-log: into its scratch folder
+log: filled the harvest outputs
 """
 import os
 import time
