@@ -18,7 +18,7 @@ import sys
 import time
 from pathlib import Path
 
-from autograder import distributed, notebooks, parallel, pipeline, samples
+from autograder import distributed, intake, notebooks, parallel, pipeline, samples
 from autograder.text import shown
 
 
@@ -36,6 +36,9 @@ def main(argv: list[str] | None = None) -> int:
         p = sub.add_parser(name)
         if name == "grade":
             p.add_argument("submissions", type=Path, help="folder student/lesson/*.ipynb, or an LMS zip export")
+            p.add_argument("--layout", choices=intake.LAYOUTS, default=None,
+                           help="the submissions' layout (default: found from the files): nbgrader's folders, flat "
+                                "student_..._<lesson>.ipynb files, or a Canvas, Moodle or Gradescope export")
         p.add_argument("--work", type=Path, default=pipeline.ROOT / ".grading",
                        help="where nbgrader's trees, the gradebook, feedback and grades.csv go (default .grading)")
         p.add_argument("--db-url", default=None, help="gradebook SQLAlchemy URL (default: SQLite in --work)")
@@ -88,7 +91,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         outcomes = pipeline.grade(submissions, args.work, args.lessons, args.db_url, args.verbose,
                                   sandbox=not args.no_sandbox, workers=args.workers, progress=True,
-                                  scheduler=args.scheduler)
+                                  scheduler=args.scheduler, layout=getattr(args, "layout", None))
     except (pipeline.SandboxUnavailable, distributed.ClusterUnavailable) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
@@ -98,7 +101,8 @@ def main(argv: list[str] | None = None) -> int:
         print(f"needs attention: {shown(o.student)}/{shown(o.lesson)}: {shown(o.message)}")
     print(f"\ngraded {len(outcomes) - len(set(o.lesson for o in outcomes))} notebooks "
           f"(+ canaries) in {time.perf_counter() - started:.0f} s; "
-          f"grades: {args.work / 'grades.csv'}; feedback: {args.work / 'feedback'}")
+          f"grades: {args.work / 'grades.csv'} (who each id is: {args.work / 'roster.csv'}); "
+          f"feedback: {args.work / 'feedback'}")
     print(pipeline.summary(outcomes))
     return 1 if bad else 0
 
