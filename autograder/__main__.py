@@ -3,7 +3,8 @@
 Commands
   build                      build solutions/<id>/<id>.ipynb from solutions/<id>.py and the references
   release                    build, then write the student release into lessons/ (nbgrader generate_assignment)
-  grade SUBMISSIONS          canary, then every student in SUBMISSIONS (nbgrader layout or LMS zip), feedback, CSV;
+  grade SUBMISSIONS          canary, then every student in SUBMISSIONS (nbgrader's layout, or a Canvas, Moodle or
+                             Gradescope export: --layout, else found from the files), feedback, grades.csv, roster.csv;
                              --scheduler tcp://HOST:PORT grades them on a Dask cluster
   demo                       release, then grade three sample students (perfect, untouched, typical mistakes)
   student-edition DIR        the tree students get (lessons/, decoder_course, README, LICENSE, pyproject.toml);

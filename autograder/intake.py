@@ -359,7 +359,7 @@ def _read_gradescope(reading: _Reading) -> None:
     try:
         if os.lstat(meta).st_size > METADATA_BYTES or not stat.S_ISREG(os.lstat(meta).st_mode):
             raise ValueError(f"not a plain file of at most {METADATA_BYTES >> 20} MB")
-        records = yaml.safe_load(meta.read_bytes())
+        records = yaml.load(meta.read_bytes(), Loader=getattr(yaml, "CSafeLoader", yaml.SafeLoader))  # no tags
         if not isinstance(records, dict):
             raise ValueError("not a mapping of submissions")
     except (OSError, ValueError, RecursionError, yaml.YAMLError) as exc:
@@ -383,8 +383,9 @@ def _read_gradescope(reading: _Reading) -> None:
                 continue
             student = safe_id("gs", lms_id)
             reading.enrol(student, lms_id, name=_gradescope_text(submitter, "name"), email=email)
-            members.setdefault(key, []).append(student)
-            in_submissions.setdefault(student, []).append(key)
+            if student not in members.setdefault(key, []):  # one submitter listed twice is one student
+                members[key].append(student)
+                in_submissions.setdefault(student, []).append(key)
         if not members.get(key):
             out.problems.append(f"{key}: no submitter in {GRADESCOPE_METADATA}; nobody to grade it for")
     for student, keys in in_submissions.items():

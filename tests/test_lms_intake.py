@@ -296,6 +296,32 @@ def test_no_two_lms_users_share_a_folder_and_every_id_is_safe(tmp_path, layout, 
     assert not [tag for tag in graded if tag.startswith(("mallory via", "mallory as", "mallory,"))], graded
 
 
+@pytest.mark.parametrize("entries, student, why", [
+    ({"A B_1_assignsubmission_file_/01-masks.ipynb": _nb("a"), "A B_1_assignsubmission_file_/old/01-masks.ipynb":
+      _nb("b"), "C D_2_assignsubmission_file_/01-masks.ipynb": _nb("c")}, "moodle-1", "several named"),
+    ({"ab_1_10_first.ipynb": _nb("a"), "ab_1_11_second.ipynb": _nb("b"), "cd_2_12_x.ipynb": _nb("c")},
+     "canvas-1", "none named"),
+    ({"submission_metadata.yml": "submission_1:\n  :submitters:\n  - {':sid': '9'}\n"
+                                 "submission_3:\n  :submitters:\n  - {':sid': '9'}\n"
+                                 "submission_2:\n  :submitters:\n  - {':sid': '7'}\n",
+      "submission_1/01-masks.ipynb": _nb("a"), "submission_3/01-masks.ipynb": _nb("b"),
+      "submission_2/01-masks.ipynb": _nb("c")}, "gs-9", "submission_1, submission_3"),
+])
+def test_an_ambiguous_upload_is_refused_never_merged_or_picked(tmp_path, entries, student, why):
+    """Two candidates the rule cannot order: nothing is graded for that student, the classmate is unaffected."""
+    collected = _collect(tmp_path, _zip(tmp_path / "x.zip", entries))
+    assert [_tag(found[LESSON]) for found in collected.found.values()] == ["c"], collected.problems
+    assert why in collected.refused[student][LESSON]
+
+
+def test_a_submitter_listed_twice_in_one_gradescope_submission_is_one_student(tmp_path):
+    metadata = "submission_1:\n  :submitters:\n  - {':sid': '9', ':name': A}\n  - {':sid': '9', ':name': A}\n"
+    source = _zip(tmp_path / "x.zip", {"submission_metadata.yml": metadata, "submission_1/01-masks.ipynb": _nb("a")})
+    collected = _collect(tmp_path, source)
+    assert _found_tags(collected) == {"gs-9": "a"} and not collected.refused, collected.problems
+    assert collected.roster["gs-9"]["note"] == ""
+
+
 def test_an_explicit_layout_is_obeyed_and_an_unknown_one_refused(tmp_path):
     source = _zip(tmp_path / "c.zip", {"lovelaceada_101_5001_01-masks.ipynb": _nb("ada")})
     assert set(_collect(tmp_path / "a", source).found) == {"canvas-101"}
