@@ -214,7 +214,7 @@ class _Reading:
         entry = self.out.roster.setdefault(student, {"lms_id": lms_id, "name": name, "email": email, "note": ""})
         if entry["lms_id"] != lms_id:
             self.conflicts[student] = (f"the LMS ids {shown(entry['lms_id'])!r} and {shown(lms_id)!r} both give "
-                                       f"the id {student}: neither is graded; grade them apart")
+                                       f"the id {student}: neither is graded; give them ids that differ in the LMS")
         if note and note not in entry["note"].split("; "):
             entry["note"] = "; ".join(filter(None, [entry["note"], note]))
 
@@ -239,8 +239,10 @@ class _Reading:
                                  "an LMS export holds one assignment: grade it with --lessons LESSON")
         return None
 
-    def add(self, student: str, parts: tuple[str, ...], path: Path, name: str, **how) -> None:
-        """One file of ``student``'s upload: a notebook for a lesson, or listed as not graded."""
+    def add(self, student: str, parts: tuple[str, ...], path: Path, name: str, base: str | None = None,
+            version: str | None = None, order: tuple = ()) -> None:
+        """One file of ``student``'s upload (``name`` as the student gave it): a notebook for a lesson, or listed as
+        not graded."""
         where = shown("/".join(parts))
         found = self.notebook(path, name)
         if found is None:
@@ -252,8 +254,7 @@ class _Reading:
             return
         lesson = self.lesson_of(name, where)
         if lesson:
-            self.uploads.append(_Upload(student, lesson, path, where, how.pop("base", name), oversized=oversized,
-                                        **how))
+            self.uploads.append(_Upload(student, lesson, path, where, base or name, version, order, oversized))
 
 
 def _walk(source: Path):
@@ -291,9 +292,9 @@ def _read_nbgrader(reading: _Reading, shapes: set[int]) -> None:
             lesson = matches[0]
         else:
             shape = "student/lesson/notebook.ipynb" if 3 in shapes else "student_anything_<lesson>.ipynb"
-            out.problems.append(f"{where}: not in the layout {shape} (a notebook "
-                                f"{'deeper down' if len(parts) > 3 else 'elsewhere'} is never graded); move it, "
-                                "or remove it")
+            spot = "deeper down" if len(parts) > 3 else "outside a lesson folder" if 3 in shapes else "in a folder"
+            out.problems.append(f"{where}: not in the layout {shape} (a notebook {spot} is never graded); move "
+                                "it, or remove it")
             continue
         if not STUDENT_ID.match(student) or student.lower() in RESERVED:
             out.problems.append(f"{where}: student id {shown(student)!r} is not usable (letters, digits, . _ -, "
