@@ -322,6 +322,20 @@ def test_a_submitter_listed_twice_in_one_gradescope_submission_is_one_student(tm
     assert collected.roster["gs-9"]["note"] == ""
 
 
+@pytest.mark.parametrize("layout, big, small", [
+    ("canvas", "bigbob_1_10_01-masks.ipynb", "ada_2_11_01-masks.ipynb"),
+    ("moodle", "Big Bob_1_assignsubmission_file_/01-masks.ipynb", "Ada_2_assignsubmission_file_/01-masks.ipynb"),
+])
+def test_an_oversized_lms_notebook_costs_only_its_student(tmp_path, layout, big, small):
+    """The zip's bounds hold in every layout: the notebook over the limit is not extracted and its student is told
+    why; the classmate is graded."""
+    source = _zip(tmp_path / "x.zip", {big: _nb("bob") + " " * (3 << 20), small: _nb("ada")})
+    collected = _collect(tmp_path, source, max_bytes=2 << 20)
+    assert collected.layout == layout and _found_tags(collected) == {f"{layout}-2": "ada"}, collected.problems
+    assert "over the 2 MB limit" in collected.refused[f"{layout}-1"][LESSON]
+    assert max(p.stat().st_size for p in (tmp_path / "scratch").rglob("*") if p.is_file()) < 1 << 20
+
+
 def test_an_explicit_layout_is_obeyed_and_an_unknown_one_refused(tmp_path):
     source = _zip(tmp_path / "c.zip", {"lovelaceada_101_5001_01-masks.ipynb": _nb("ada")})
     assert set(_collect(tmp_path / "a", source).found) == {"canvas-101"}
