@@ -3,7 +3,8 @@
 Commands
   build                      build solutions/<id>/<id>.ipynb from solutions/<id>.py and the references
   release                    build, then write the student release into lessons/ (nbgrader generate_assignment)
-  grade SUBMISSIONS          canary, then every student in SUBMISSIONS (nbgrader layout or LMS zip), feedback, CSV;
+  grade SUBMISSIONS          canary, then every student in SUBMISSIONS (nbgrader's layout, or a Canvas, Moodle or
+                             Gradescope export: --layout, else found from the files), feedback, grades.csv, roster.csv;
                              --scheduler tcp://HOST:PORT grades them on a Dask cluster
   demo                       release, then grade three sample students (perfect, untouched, typical mistakes)
   student-edition DIR        the tree students get (lessons/, decoder_course, README, LICENSE, pyproject.toml);
@@ -18,7 +19,7 @@ import sys
 import time
 from pathlib import Path
 
-from autograder import distributed, notebooks, parallel, pipeline, samples
+from autograder import distributed, intake, notebooks, parallel, pipeline, samples
 from autograder.text import shown
 
 
@@ -36,6 +37,9 @@ def main(argv: list[str] | None = None) -> int:
         p = sub.add_parser(name)
         if name == "grade":
             p.add_argument("submissions", type=Path, help="folder student/lesson/*.ipynb, or an LMS zip export")
+            p.add_argument("--layout", choices=intake.LAYOUTS, default=None,
+                           help="the submissions' layout (default: found from the files): nbgrader's folders, flat "
+                                "student_..._<lesson>.ipynb files, or a Canvas, Moodle or Gradescope export")
         p.add_argument("--work", type=Path, default=pipeline.ROOT / ".grading",
                        help="where nbgrader's trees, the gradebook, feedback and grades.csv go (default .grading)")
         p.add_argument("--db-url", default=None, help="gradebook SQLAlchemy URL (default: SQLite in --work)")
@@ -88,7 +92,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         outcomes = pipeline.grade(submissions, args.work, args.lessons, args.db_url, args.verbose,
                                   sandbox=not args.no_sandbox, workers=args.workers, progress=True,
-                                  scheduler=args.scheduler)
+                                  scheduler=args.scheduler, layout=getattr(args, "layout", None))
     except (pipeline.SandboxUnavailable, distributed.ClusterUnavailable) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
@@ -98,7 +102,8 @@ def main(argv: list[str] | None = None) -> int:
         print(f"needs attention: {shown(o.student)}/{shown(o.lesson)}: {shown(o.message)}")
     print(f"\ngraded {len(outcomes) - len(set(o.lesson for o in outcomes))} notebooks "
           f"(+ canaries) in {time.perf_counter() - started:.0f} s; "
-          f"grades: {args.work / 'grades.csv'}; feedback: {args.work / 'feedback'}")
+          f"grades: {args.work / 'grades.csv'} (who each id is: {args.work / 'roster.csv'}); "
+          f"feedback: {args.work / 'feedback'}")
     print(pipeline.summary(outcomes))
     return 1 if bad else 0
 

@@ -353,12 +353,14 @@ def prepare(work: Path, lessons: list[str], db_url: str | None = None, verbose: 
 
 def grade(submissions: Path, work: Path, lessons: list[str] | None = None, db_url: str | None = None,
           verbose: bool = False, sandbox: bool = True, limits: Limits | None = None, workers: int = 1,
-          progress: bool = False, scheduler: str | None = None) -> list[Outcome]:
+          progress: bool = False, scheduler: str | None = None, layout: str | None = None) -> list[Outcome]:
     """Canary first, then every student (``workers`` at a time, or one Dask task each on the cluster at
     ``scheduler``: :mod:`autograder.distributed`), feedback, CSV: the one way into grading.
 
     Each kernel runs in a sandbox under ``limits``; without bubblewrap this raises :class:`SandboxUnavailable`
-    unless ``sandbox=False`` (unsafe: student code then runs with the grader's rights).
+    unless ``sandbox=False`` (unsafe: student code then runs with the grader's rights). ``layout`` is the
+    submissions' layout (:data:`autograder.intake.LAYOUTS`), found from the files when None; the roster an LMS
+    export gave goes to ``roster.csv`` beside ``grades.csv``.
     """
     lessons = lessons or notebooks.lessons()
     limits = limits or Limits()
@@ -368,7 +370,9 @@ def grade(submissions: Path, work: Path, lessons: list[str] | None = None, db_ur
         distributed.check_scheduler(scheduler)  # before the canaries: an unreachable cluster fails at once
     grader, outcomes = prepare(work, lessons, db_url, verbose, sandbox, limits)
     with tempfile.TemporaryDirectory(prefix="collect-") as tmp:
-        collected = intake.collect_submissions(submissions, lessons, Path(tmp), limits.notebook_bytes)
+        collected = intake.collect_submissions(submissions, lessons, Path(tmp), limits.notebook_bytes,
+                                               layout=layout)
+        log.info("submissions in the %s layout, %d students", collected.layout, len(collected.found))
         for problem in collected.problems:
             log.warning("skipped: %s", problem)
         jobs = [(student, lesson, collected.found[student][lesson])
@@ -391,6 +395,7 @@ def grade(submissions: Path, work: Path, lessons: list[str] | None = None, db_ur
         for lesson, why in sorted(refused.items()):
             outcomes.append(Outcome(student, lesson, 0.0, 0.0, ok=False, message=shown(why)))
     write_csv(work / "grades.csv", outcomes)
+    write_roster(work / "roster.csv", collected.roster)
     (work / "problems.json").write_text(json.dumps([shown(p) for p in collected.problems], indent=2))
     return outcomes
 
@@ -494,6 +499,18 @@ def write_csv(path: Path, outcomes: list[Outcome]) -> None:
             writer.writerow([csv_cell(o.student), csv_cell(o.lesson), o.score, o.max_score,
                              "ok" if o.ok else "needs attention",
                              csv_cell("; ".join(filter(None, [o.message, *o.notes])))])
+
+
+def write_roster(path: Path, roster: dict[str, dict[str, str]]) -> None:
+    """Who each LMS student id is (:attr:`autograder.intake.Collected.roster`), beside grades.csv, so that grades
+    go back to the LMS by its own id; written on every run (only its header for nbgrader's layout), so that it
+    never describes another run's students. Every text escaped, never read as a formula."""
+    with open(path, "w", newline="") as handle:
+        writer = csv.writer(handle)
+        writer.writerow(["student", "lms_id", "name", "email", "note"])
+        for student, entry in sorted(roster.items()):
+            writer.writerow([csv_cell(student), *(csv_cell(entry.get(key, "")) for key in
+                                                  ("lms_id", "name", "email", "note"))])
 
 
 def score_table(outcomes: list[Outcome]) -> str:
