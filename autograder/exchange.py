@@ -22,6 +22,7 @@ links, checked on the open descriptor and read from it, so what was checked is w
 
 from __future__ import annotations
 
+import contextlib
 import fnmatch
 import glob
 import os
@@ -87,7 +88,7 @@ def _open(parent: int, name: str, shown_path: str, uid: int | None, expected: st
         _check(before, shown_path, uid, expected, inside)  # never opens a link, a FIFO or a device
         fd = os.open(name, _OPEN | (os.O_DIRECTORY if stat.S_ISDIR(before.st_mode) else 0), dir_fd=parent)
     except OSError as exc:
-        raise Refused(f"{shown_path} could not be opened without following a link ({exc.strerror})") from None
+        raise Refused(f"{shown_path} could not be opened ({exc.strerror}; links are not followed)") from None
     try:
         opened = os.fstat(fd)
         if (opened.st_dev, opened.st_ino) != (before.st_dev, before.st_ino):
@@ -103,9 +104,9 @@ class _Walk:
     """One pass over one submission: checks everything (also what ``CourseDirectory.ignore`` leaves out), and with
     ``dest`` copies what nbgrader's own collect would copy (``ignore``, ``include``, ``max_file_size``)."""
 
-    def __init__(self, collect: CourseExchangeCollect, uid: int | None, expected: str, dest: Path | None):
+    def __init__(self, collect: CourseExchangeCollect, uid: int | None, expected: str):
         self.coursedir, self.log = collect.coursedir, collect.log
-        self.uid, self.expected, self.dest = uid, expected, dest
+        self.uid, self.expected = uid, expected
         self.entries, self.size = 0, 0
         self.max_size = 1000 * self.coursedir.max_dir_size
 
@@ -279,22 +280,21 @@ class CourseExchangeCollect(ExchangeCollect):
         try:
             if dest is not None:
                 dest.mkdir(mode=0o700)
-            _Walk(self, uid, expected, dest).folder(top, "", dest, 0)
+            _Walk(self, uid, expected).folder(top, "", dest, 0)
             if dest is not None:
                 os.chmod(dest, 0o755)
         finally:
             os.close(top)
 
     # -- what is set apart ---------------------------------------------------------------------------------------
-    def _set_apart(self, record: dict, chosen: dict | None) -> None:
+    def _set_apart(self, record: dict, chosen: dict | None, instead: str = "") -> None:
         """Tell the instructor, in collect's log and in a file, which submission was not collected and why."""
         student = shown(record["username"])
-        if chosen is None:
+        if not instead and chosen is None:
             instead = f"no submission of {student}'s passed, so none is collected"
-        elif chosen["timestamp"] < record["timestamp"]:
-            instead = f"{student}'s own submission of {chosen['timestamp']} is collected instead"
-        else:
-            instead = f"{student}'s later submission of {chosen['timestamp']} is collected"
+        elif not instead:
+            later = "own submission" if chosen["timestamp"] < record["timestamp"] else "later submission"
+            instead = f"{student}'s {later} of {chosen['timestamp']} is collected instead"
         folder = self._set_apart_folder()
         name = re.sub(r"[^\w.+-]", "_", record["filename"])[:200] + ".txt"
         text = (f"nbgrader collect set this submission of {self.coursedir.assignment_id} apart: it is not collected "
@@ -337,9 +337,13 @@ class CourseExchangeCollect(ExchangeCollect):
             staging.rename(dest)
         except Refused as why:
             record["why"] = str(why)
-            self._set_apart(record, None)
+            self._set_apart(record, None, "it changed after it was checked, so nothing is collected for "
+                                          f"{shown(record['username'])}: run collect again")
         finally:
             shutil.rmtree(staging, ignore_errors=True)
+        if not dest.is_dir():
+            with contextlib.suppress(OSError):  # the student's folder nbgrader made for it, when it is empty
+                dest.parent.rmdir()
         if self.coursedir.groupshared and dest.is_dir():  # as nbgrader's do_copy: the instructors' group writes
             for folder, _, files in os.walk(dest):
                 os.chmod(folder, os.stat(folder).st_mode & 0o2777 | 0o2770)

@@ -530,6 +530,7 @@ def test_collect_refuses_links_special_files_and_other_owners_in_every_form(clas
         "link-to-folder": (alice, alice.name, 'ln -s /etc "$1/etc"', ": etc is a symbolic link"),
         "hard-link": (alice, alice.name, 'ln "$3/notebook" "$1/extra.txt"', ": extra.txt is a hard link (2 names)"),
         "fifo": (alice, alice.name, 'mkfifo -m 644 "$1/pipe"', ": pipe is a FIFO"),
+        "deep": (alice, alice.name, 'cd "$1" && mkdir -p "$(printf "d/%.0s" $(seq 40))"', "folders deep"),
         "writable": (alice, alice.name, f'chmod 666 "$1/{LESSON}.ipynb"',
                      "is writable by other accounts (mode 0666)"),
         "classmate-inside": (alice, alice.name, None, f"extra is owned by {bob.name}"),
@@ -575,3 +576,28 @@ def test_collect_refuses_links_special_files_and_other_owners_in_every_form(clas
     assert not _files_holding(work, [secret, b"alice spare", bad], {work / "secret"})
     shown_to_instructor = [r.getMessage() for r in caplog.records] + list(set_apart.values())
     assert not [text for text in shown_to_instructor if "\x1b" in text]  # the ids are the attacker's text
+
+
+def test_collect_checks_again_as_it_copies(classmates, shared, monkeypatch, caplog):
+    """A submission changed between collect's check and its copy (here: the check is skipped, and the notebook is a
+    link to the course's secret) is refused by the copy itself, which reads from descriptors it checked: nothing is
+    collected for that student, nothing of the secret is copied, no staging folder is left, and the message says to
+    collect again."""
+    from autograder.exchange import CourseExchangeCollect
+
+    exchange, work, _ = _exchange(shared)
+    alice = _Account(classmates[0], exchange)
+    inbound = _inbound(exchange)
+    inbound.mkdir(parents=True)
+    inbound.chmod(0o2733)
+    name = f"{alice.name}+{LESSON}+{_stamp()}+swapped"
+    alice.sh('mkdir "$1" && ln -s "$2" "$1/$3" && chmod 777 "$1"', inbound / name, work / "secret", f"{LESSON}.ipynb")
+    monkeypatch.setattr(CourseExchangeCollect, "_examine", lambda self, record: None)
+    caplog.set_level(logging.WARNING)
+    submitted = _collect_in_process(work, exchange, monkeypatch)
+    assert list(submitted.iterdir()) == []
+    assert not _files_holding(work, [(work / "secret").read_bytes()], {work / "secret"})
+    text = _set_apart(work)[name]
+    assert f"why: {LESSON}.ipynb is a symbolic link" in text and "changed after it was checked" in text
+    assert any(f"Set apart {name}: {LESSON}.ipynb is a symbolic link" in r.message and "run collect again" in r.message
+               for r in caplog.records)
