@@ -601,3 +601,20 @@ def test_collect_checks_again_as_it_copies(classmates, shared, monkeypatch, capl
     assert f"why: {LESSON}.ipynb is a symbolic link" in text and "changed after it was checked" in text
     assert any(f"Set apart {name}: {LESSON}.ipynb is a symbolic link" in r.message and "run collect again" in r.message
                for r in caplog.records)
+
+
+def test_collect_refuses_an_inbound_folder_a_student_owns(classmates, shared, monkeypatch):
+    """A course folder in the exchange that a student created or put in place of the instructor's (an exchange
+    root without its sticky bit lets them rename it): collect stops and says what to do, and collects nothing."""
+    from nbgrader.exchange import ExchangeError
+
+    exchange, work, _ = _exchange(shared)
+    bob = _Account(classmates[1], exchange)
+    inbound = _inbound(exchange)
+    inbound.mkdir(parents=True)
+    inbound.chmod(0o2733)
+    os.chown(inbound, bob.uid, -1)
+    bob.sh('mkdir "$1" && chmod 777 "$1"', inbound / f"{bob.name}+{LESSON}+{_stamp()}+x")
+    with pytest.raises(ExchangeError, match="inbound is owned by"):
+        _collect_in_process(work, exchange, monkeypatch)
+    assert not (work / "submitted").exists()
