@@ -4,7 +4,11 @@ the student's fetch_feedback receiving the course's own feedback page (the grade
 test, no hidden value). Then nbgrader's ``export``, its API (what formgrader shows) and ``generate_feedback`` on
 the same tree and gradebook.
 
-Runs as root (it creates the student's account, ``course-student-<random>``, and removes it at the end). The
+Then whose submission collect takes (``autograder.exchange``): three students' accounts, bob forging, linking and
+tampering against alice's and carol's submissions, graded end to end; every refused form of an inbound entry in one
+collect; a submission changed between the check and the copy; an inbound folder a student owns.
+
+Runs as root (it creates the students' accounts, ``course-<role>-<random>``, and removes them at the end). The
 instructor's commands run in the repository with ``DECODER_COURSE_WORK`` and ``NBGRADER_EXCHANGE_ROOT`` set, as
 docs/INSTRUCTOR.md says; the student's run in the student's home with the course and exchange on the command
 line, as a hub's system-wide config would give them.
