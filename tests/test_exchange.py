@@ -320,6 +320,13 @@ class _Account:
         return _run(["sh", "-c", script, "sh", *map(str, args)], user=self.name, cwd=self.home, env=self.env,
                     stdin=stdin, timeout=30)
 
+    def fails_to_run(self, script: str, *args) -> bool:
+        """Whether ``script`` fails in the student's shell."""
+        env = [f"{key}={value}" for key, value in self.env.items()]
+        done = subprocess.run(["runuser", "-u", self.name, "--", "env", "-i", *env, "sh", "-c", script, "sh",
+                               *map(str, args)], cwd=self.home, capture_output=True, timeout=30)
+        return done.returncode != 0
+
     def nbgrader(self, python: str, *args) -> str:
         return _run([python, "-m", "nbgrader", *args, "--course", COURSE, f"--Exchange.root={self.exchange}"],
                     user=self.name, cwd=self.course, env=self.env)
@@ -394,6 +401,14 @@ def test_collect_takes_each_students_own_submission_and_sets_apart_forgeries(cla
     for student in (alice, bob, carol):
         student.sh('mkdir -p "$1"', student.course)
         student.nbgrader(python, "fetch_assignment", LESSON)
+    # What bob cannot do at all: change the released lesson, add to outbound, rename the course's folder away.
+    course_folder = exchange / COURSE
+    for script in (f'echo x > "$1/outbound/{LESSON}/{LESSON}.ipynb"', 'mkdir "$1/outbound/extra"',
+                   'mv "$1" "$1.old"', 'mkdir "$1/feedback"'):
+        assert bob.fails_to_run(script, course_folder), f"bob could run {script!r}"
+    assert not bob.fails_to_run('test -w "$1/inbound" && test -r "$1/outbound"', course_folder)  # what he can
+    assert (course_folder / "outbound" / LESSON / f"{LESSON}.ipynb").read_bytes() == \
+        (ROOT / "lessons" / LESSON / f"{LESSON}.ipynb").read_bytes()
     perfect, typical = samples.perfect(LESSON), samples.typical_mistakes(LESSON)
     released = nbformat.read(ROOT / "lessons" / LESSON / f"{LESSON}.ipynb", as_version=4)
 
