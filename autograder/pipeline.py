@@ -44,6 +44,7 @@ from sqlalchemy.exc import SAWarning
 from traitlets.config import Config
 
 from autograder import bugs, intake, nbgrader_plugins, notebooks, parallel
+from autograder.exchange import CourseExchangeCollect
 from autograder.intake import BadSubmission
 from autograder.nbgrader_plugins import RestoreGradingMetadata, StripHiddenTests, TrustedExecute
 from autograder.sandbox import Limits, SandboxUnavailable, check_available, retire_all, retire_warm
@@ -134,7 +135,9 @@ def tools_config(c: Config, work: Path | None = None) -> Config:
     ``nbgrader_config.py`` calls this.
 
     They work on the tree and gradebook that ``./course grade`` uses (``.grading/``, or ``$DECODER_COURSE_WORK``;
-    the gradebook ``$GRADEBOOK_URL`` when set), hand out ``lessons/`` (``release_assignment``), and never grade
+    the gradebook ``$GRADEBOOK_URL`` when set), hand out ``lessons/`` (``release_assignment``), collect only what
+    each student's own account submitted, with no link in it (:class:`~autograder.exchange.CourseExchangeCollect`,
+    which sets the rest apart in ``set_apart/``), and never grade
     without the course's trusted execution and sandbox: ``nbgrader autograde`` and formgrader's Autograde button
     run :class:`~autograder.nbgrader_plugins.TrustedExecute` exactly as ``./course grade`` does (same secret, so the
     same hidden cases and the same scores), feedback goes through the same sanitiser, and a notebook over the size
@@ -147,6 +150,8 @@ def tools_config(c: Config, work: Path | None = None) -> Config:
     c.merge(course)
     c.CourseDirectory.release_directory = "lessons"
     c.Exchange.root = os.environ.get("NBGRADER_EXCHANGE_ROOT") or exchange or "/srv/nbgrader/exchange"
+    c.ExchangeFactory.collect = CourseExchangeCollect
+    c.CourseExchangeCollect.set_apart_directory = str(work / "set_apart")
     c.Autograde.pre_convert_hook = refuse_oversized
     _stage_generate_assignment()
     return c

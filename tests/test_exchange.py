@@ -4,15 +4,22 @@ the student's fetch_feedback receiving the course's own feedback page (the grade
 test, no hidden value). Then nbgrader's ``export``, its API (what formgrader shows) and ``generate_feedback`` on
 the same tree and gradebook.
 
-Runs as root (it creates the student's account, ``course-student-<random>``, and removes it at the end). The
+Then whose submission collect takes (``autograder.exchange``): three students' accounts, bob forging, linking and
+tampering against alice's and carol's submissions, graded end to end; every refused form of an inbound entry in one
+collect; a submission changed between the check and the copy; an inbound folder a student owns.
+
+Runs as root (it creates the students' accounts, ``course-<role>-<random>``, and removes them at the end). The
 instructor's commands run in the repository with ``DECODER_COURSE_WORK`` and ``NBGRADER_EXCHANGE_ROOT`` set, as
 docs/INSTRUCTOR.md says; the student's run in the student's home with the course and exchange on the command
 line, as a hub's system-wide config would give them.
 """
 
+import contextlib
 import csv
+import datetime
 import html
 import json
+import logging
 import os
 import pwd
 import re
@@ -52,20 +59,38 @@ def _run(cmd, *, user: str | None = None, cwd: Path, env: dict, stdin: bytes | N
     return out
 
 
-@pytest.fixture(scope="module")
-def student():
-    """A second unix account, the student's, removed at the end."""
-    assert os.geteuid() == 0, ("tests/test_exchange.py runs as root: it creates a second unix user (the student) "
-                               "to run nbgrader's exchange between two accounts")
+@contextlib.contextmanager
+def _accounts(*roles: str):
+    """One new unix account per role (``course-<role>-<random>``), removed at the end."""
+    assert os.geteuid() == 0, ("tests/test_exchange.py runs as root: it creates unix users (the students) to run "
+                               "nbgrader's exchange between accounts")
     for tool in ("useradd", "userdel", "runuser"):
         assert shutil.which(tool) or Path("/usr/sbin", tool).exists(), f"{tool} is missing"
-    name = f"course-student-{secrets.token_hex(3)}"
-    subprocess.run(["useradd", "-m", "-s", "/bin/sh", name], check=True, capture_output=True)
+    names = []
     try:
-        yield pwd.getpwnam(name)
+        for role in roles:
+            names.append(f"course-{role}-{secrets.token_hex(3)}")
+            subprocess.run(["useradd", "-m", "-s", "/bin/sh", names[-1]], check=True, capture_output=True)
+        yield [pwd.getpwnam(name) for name in names]
     finally:
-        subprocess.run(["userdel", "-r", name], capture_output=True)
-        assert name not in {p.pw_name for p in pwd.getpwall()}, f"userdel did not remove {name}"
+        for name in names:
+            subprocess.run(["userdel", "-r", name], capture_output=True)
+        left = set(names) & {p.pw_name for p in pwd.getpwall()}
+        assert not left, f"userdel did not remove {left}"
+
+
+@pytest.fixture(scope="module")
+def student():
+    """A second unix account, the student's."""
+    with _accounts("student") as (entry,):
+        yield entry
+
+
+@pytest.fixture(scope="module")
+def classmates():
+    """Three students' accounts: alice and carol work honestly, bob attacks their submissions."""
+    with _accounts("alice", "bob", "carol") as entries:
+        yield entries
 
 
 def _student_python(user: str) -> str:
@@ -277,3 +302,338 @@ def test_grading_a_collected_tree_in_place_keeps_the_submission_when_writing_fai
     assert [c.source for c in nbformat.read(folder / f"{LESSON}.ipynb", as_version=4).cells] == \
         [c.source for c in samples.perfect(LESSON).cells]
     assert sorted(p.name for p in (tmp_path / "submitted" / "ada").iterdir()) == [LESSON]
+
+
+# -- whose submission is collected ------------------------------------------------------------------------------
+
+class _Account:
+    """A student's account on the hub: their shell, and nbgrader run as them in their course folder."""
+
+    def __init__(self, entry: pwd.struct_passwd, exchange: Path):
+        self.name, self.uid, self.home = entry.pw_name, entry.pw_uid, Path(entry.pw_dir)
+        self.exchange, self.course = exchange, self.home / "decoder-course"
+        self.env = {"HOME": str(self.home), "USER": self.name, "LOGNAME": self.name, "PATH": "/usr/bin:/bin",
+                    "PYTHONPATH": str(SITE), "OMP_NUM_THREADS": "1"}
+
+    def sh(self, script: str, *args, stdin: bytes | None = None) -> str:
+        """``script`` in the student's shell, ``args`` as ``$1``, ``$2``… (the exchange's names have spaces)."""
+        return _run(["sh", "-c", script, "sh", *map(str, args)], user=self.name, cwd=self.home, env=self.env,
+                    stdin=stdin, timeout=30)
+
+    def fails_to_run(self, script: str, *args) -> bool:
+        """Whether ``script`` fails in the student's shell."""
+        env = [f"{key}={value}" for key, value in self.env.items()]
+        done = subprocess.run(["runuser", "-u", self.name, "--", "env", "-i", *env, "sh", "-c", script, "sh",
+                               *map(str, args)], cwd=self.home, capture_output=True, timeout=30)
+        return done.returncode != 0
+
+    def nbgrader(self, python: str, *args) -> str:
+        return _run([python, "-m", "nbgrader", *args, "--course", COURSE, f"--Exchange.root={self.exchange}"],
+                    user=self.name, cwd=self.course, env=self.env)
+
+    def folder(self, path: Path) -> Path:
+        """A folder of the student's (0755) in a place only root may write to."""
+        path.mkdir(mode=0o755)
+        os.chown(path, self.uid, -1)
+        return path
+
+    def save(self, nb: nbformat.NotebookNode) -> bytes:
+        """Save ``nb`` as the lesson's notebook in the student's course folder, as the student."""
+        data = nbformat.writes(nb).encode()
+        self.sh('cat > "$1"', self.course / LESSON / f"{LESSON}.ipynb", stdin=data)
+        return data
+
+
+def _inbound(exchange: Path) -> Path:
+    return exchange / COURSE / "inbound"
+
+
+def _new_entry(exchange: Path, before: set[str]) -> str:
+    [name] = {p.name for p in _inbound(exchange).iterdir()} - before
+    return name
+
+
+def _stamp(offset: float = 0.0) -> str:
+    """A time as nbgrader's submit writes it into a submission's name, ``offset`` seconds from now."""
+    when = datetime.datetime.now(datetime.UTC) + datetime.timedelta(seconds=offset)
+    return when.strftime("%Y-%m-%d %H:%M:%S.%f UTC")
+
+
+def _exchange(shared: Path) -> tuple[Path, Path, dict]:
+    """An exchange as docs/INSTRUCTOR.md sets it up (sticky, writable by all), a work tree, the instructor's env."""
+    exchange, work = shared / "exchange", shared / "work"
+    exchange.mkdir()
+    exchange.chmod(0o1777)
+    work.mkdir()
+    (work / "secret").write_bytes(os.urandom(32))  # what TrustedExecute would make: the grading run reads it
+    (work / "secret").chmod(0o600)
+    env = {**os.environ, "DECODER_COURSE_WORK": str(work), "NBGRADER_EXCHANGE_ROOT": str(exchange),
+           "OMP_NUM_THREADS": "1"}
+    return exchange, work, env
+
+
+def _files_holding(root: Path, needles: list[bytes], skip: set[Path]) -> list[str]:
+    found = []
+    for path in root.rglob("*"):
+        if path.is_file() and not path.is_symlink() and path not in skip:
+            data = path.read_bytes()
+            found += [f"{path}: {needle[:16]!r}" for needle in needles if needle in data]
+    return found
+
+
+def _set_apart(work: Path) -> dict[str, str]:
+    """What collect set apart: the folder each file names -> the file's text."""
+    texts = [p.read_text() for p in sorted((work / "set_apart" / LESSON).glob("*.txt"))]
+    return {re.search(r"^folder: .*/inbound/(.*)$", text, re.M).group(1): text for text in texts}
+
+
+def test_collect_takes_each_students_own_submission_and_sets_apart_forgeries(classmates, shared, monkeypatch):
+    """Three students through nbgrader's exchange, bob attacking: ``nbgrader submit --student alice`` with a wrong
+    notebook, a later ``alice+…`` entry that is a link to alice's world-readable draft, a notebook put into carol's
+    latest submission, and a submission of his own whose notebook is a link to the course's secret. Collect sets
+    each apart with a message naming it and why, and takes each student's own latest submission that passed: the
+    grading run gives alice and carol full marks on their own notebooks and bob his own honest 2 / 4. Nothing was
+    read through a link; nbgrader's own collect, on the same exchange, would have taken the forgeries."""
+    exchange, work, instructor = _exchange(shared)
+    alice, bob, carol = (_Account(entry, exchange) for entry in classmates)
+    python = _student_python(alice.name)
+    _run([str(VENV / "bin" / "nbgrader"), "release_assignment", LESSON], cwd=ROOT, env=instructor)
+    for student in (alice, bob, carol):
+        student.sh('mkdir -p "$1"', student.course)
+        student.nbgrader(python, "fetch_assignment", LESSON)
+    # What bob cannot do at all: change the released lesson, add to outbound, rename the course's folder away.
+    course_folder = exchange / COURSE
+    for script in (f'echo x > "$1/outbound/{LESSON}/{LESSON}.ipynb"', 'mkdir "$1/outbound/extra"',
+                   'mv "$1" "$1.old"', 'mkdir "$1/feedback"'):
+        assert bob.fails_to_run(script, course_folder), f"bob could run {script!r}"
+    assert not bob.fails_to_run('test -w "$1/inbound" && test -r "$1/outbound"', course_folder)  # what he can
+    assert (course_folder / "outbound" / LESSON / f"{LESSON}.ipynb").read_bytes() == \
+        (ROOT / "lessons" / LESSON / f"{LESSON}.ipynb").read_bytes()
+    perfect, typical = samples.perfect(LESSON), samples.typical_mistakes(LESSON)
+    released = nbformat.read(ROOT / "lessons" / LESSON / f"{LESSON}.ipynb", as_version=4)
+
+    def submit(student: _Account, *args) -> str:
+        before = {p.name for p in _inbound(exchange).iterdir()}
+        student.nbgrader(python, "submit", LESSON, *args)
+        return _new_entry(exchange, before)
+
+    alice_answer = alice.save(perfect)
+    alice_entry = submit(alice)
+    bob.save(typical)
+    bob_entry = submit(bob)
+    carol_answer = carol.save(perfect)
+    carol_entry = submit(carol)
+    carol_later = submit(carol)  # the same work again; carol gives bob its folder's name
+
+    # bob: a forgery in alice's name (a notebook that scores 0), later than alice's own submission.
+    forged = bob.save(released)
+    forgery = submit(bob, "--student", alice.name)
+    assert forgery.startswith(f"{alice.name}+") and (_inbound(exchange) / forgery).stat().st_uid == bob.uid
+    # bob: a later entry in alice's name that is a link to alice's own draft (owned by alice, readable by all).
+    draft = shared / "alice-draft"
+    marker = f"alice's draft {secrets.token_hex(8)}"
+    draft_nb = nbformat.v4.new_notebook(cells=[nbformat.v4.new_markdown_cell(marker)])
+    alice.sh('cat > "$1/$2" && chmod 644 "$1/$2"', alice.folder(draft), f"{LESSON}.ipynb",
+             stdin=nbformat.writes(draft_nb).encode())
+    link_entry = f"{alice.name}+{LESSON}+{_stamp(60)}+link"
+    bob.sh('ln -s "$1" "$2"', draft, _inbound(exchange) / link_entry)
+    # bob: carol's folder is writable by everyone (nbgrader's submit makes it so): he replaces her notebook.
+    bob.sh('rm -f "$1" && cat > "$1"', _inbound(exchange) / carol_later / f"{LESSON}.ipynb", stdin=forged)
+    # bob: a later submission of his own whose notebook is a link to the course's secret.
+    bob_later = submit(bob)
+    bob.sh('rm -f "$1" && ln -s "$2" "$1"', _inbound(exchange) / bob_later / f"{LESSON}.ipynb", work / "secret")
+
+    # What nbgrader's own collect (in this process, as root) would have taken: the link in alice's name, with
+    # her draft read through it, and the secret read through bob's link.
+    stock = _collect_in_process(work.parent / "stock-work", exchange, monkeypatch, stock=True)
+    assert marker in (stock / alice.name / LESSON / f"{LESSON}.ipynb").read_text()
+    assert (stock / bob.name / LESSON / f"{LESSON}.ipynb").read_bytes() == (work / "secret").read_bytes()
+    assert (stock / carol.name / LESSON / f"{LESSON}.ipynb").read_bytes() == forged
+    shutil.rmtree(stock.parent)
+
+    out = _run([str(VENV / "bin" / "nbgrader"), "collect", LESSON], cwd=ROOT, env=instructor)
+    reasons = {
+        forgery: f"it is owned by {bob.name} (uid {bob.uid}), not by {alice.name}'s account {alice.name}",
+        link_entry: "it is a symbolic link",
+        carol_later: f"{LESSON}.ipynb is owned by {bob.name}",
+        bob_later: f"{LESSON}.ipynb is a symbolic link",
+    }
+    set_apart = _set_apart(work)
+    assert sorted(set_apart) == sorted(reasons), out
+    for entry, reason in reasons.items():
+        assert f"Set apart {entry}: {reason}" in out, out  # collect's log, in the instructor's terminal
+        assert f"why: {reason}" in set_apart[entry]
+        claimed = entry.split("+")[0]
+        assert f"{claimed}'s own submission of " in set_apart[entry] and "collected instead" in set_apart[entry]
+    for student, entry, answer in ((alice, alice_entry, alice_answer), (bob, bob_entry, None),
+                                   (carol, carol_entry, carol_answer)):
+        collected = work / "submitted" / student.name / LESSON
+        submission = _inbound(exchange) / entry
+        assert (collected / "timestamp.txt").read_text() == (submission / "timestamp.txt").read_text()
+        assert (collected / f"{LESSON}.ipynb").read_bytes() == (submission / f"{LESSON}.ipynb").read_bytes()
+        if answer is not None:
+            assert (collected / f"{LESSON}.ipynb").read_bytes() == answer
+        assert not any(p.is_symlink() for p in collected.rglob("*"))
+    assert sorted(p.name for p in (work / "submitted").iterdir()) == sorted(s.name for s in (alice, bob, carol))
+    secret = (work / "secret").read_bytes()
+    assert not _files_holding(work, [secret, secret.hex().encode(), marker.encode()], {work / "secret"})
+
+    _run([sys.executable, "-m", "autograder", "grade", str(work / "submitted"), "--work", str(work),
+          "--lessons", LESSON], cwd=ROOT, env=instructor, timeout=400)
+    with open(work / "grades.csv") as handle:
+        rows = {r["student"]: (r["score"], r["max_score"], r["status"]) for r in csv.DictReader(handle)}
+    assert rows == {alice.name: ("4.0", "4.0", "ok"), bob.name: ("2.0", "4.0", "ok"),
+                    carol.name: ("4.0", "4.0", "ok")}
+    assert not _files_holding(work, [secret, secret.hex().encode(), marker.encode()], {work / "secret"})
+
+
+def _collect_in_process(work: Path, exchange: Path, monkeypatch, *, stock: bool = False, student: str = "",
+                        **settings) -> Path:
+    """Run collect as the repository's nbgrader_config.py configures it (or nbgrader's own collect class, with
+    ``stock``), into ``work``; returns its submitted folder."""
+    from nbgrader.auth import Authenticator
+    from nbgrader.coursedir import CourseDirectory
+    from nbgrader.exchange.default.collect import ExchangeCollect
+    from traitlets.config import Config
+
+    from autograder.pipeline import tools_config
+
+    monkeypatch.setenv("DECODER_COURSE_WORK", str(work))
+    monkeypatch.setenv("NBGRADER_EXCHANGE_ROOT", str(exchange))
+    config = tools_config(Config())
+    for name, value in settings.items():
+        setattr(config.CourseExchangeCollect, name, value)
+    collect_class = ExchangeCollect if stock else config.ExchangeFactory.collect
+    coursedir = CourseDirectory(config=config)
+    coursedir.assignment_id, coursedir.student_id = LESSON, student
+    work.mkdir(parents=True, exist_ok=True)
+    collect = collect_class(coursedir=coursedir, authenticator=Authenticator(config=config), config=config,
+                            log=logging.getLogger("autograder.tests.collect"))
+    collect.start()
+    return work / "submitted"
+
+
+def test_collect_refuses_links_special_files_and_other_owners_in_every_form(classmates, shared, monkeypatch,
+                                                                           caplog):
+    """Each way a submission in the exchange may hold what its student's account did not submit, as its own
+    inbound entry later than the student's honest one: each is set apart with its reason, the honest one is
+    collected, nothing is read through a link, a FIFO does not stall collect, and a name that is not a student's
+    writes nothing outside the submitted folder. A student id whose account is named otherwise is mapped in
+    config (``CourseExchangeCollect.unix_users``)."""
+    exchange, work, _ = _exchange(shared)
+    alice, bob, _carol = (_Account(entry, exchange) for entry in classmates)
+    inbound = _inbound(exchange)
+    inbound.mkdir(parents=True)
+    inbound.chmod(0o2733)  # as release_assignment makes it
+    spare = shared / "spare"  # a file of alice's on the exchange's file system, to hard-link
+    alice.sh('umask 022 && echo "alice spare" > "$1/notebook"', alice.folder(spare))
+    secret = (work / "secret").read_bytes()
+
+    def hand_in(student: _Account, name: str, notebook: bytes) -> None:
+        """A submission folder as nbgrader's submit leaves it: files 0644, the folder 0777."""
+        student.sh('mkdir "$1" && cd "$1" && cat > "$2" && echo "$3" > timestamp.txt && chmod 644 * && '
+                   'chmod 777 "$1"', inbound / name, f"{LESSON}.ipynb", name.split("+")[2], stdin=notebook)
+
+    honest = {"alice": nbformat.writes(samples.perfect(LESSON)).encode(), "ada": b'{"ada": "honest"}'}
+    hand_in(alice, f"{alice.name}+{LESSON}+{_stamp(-60)}+honest", honest["alice"])
+    hand_in(alice, f"ada+{LESSON}+{_stamp(-60)}+honest", honest["ada"])
+    bad = b'{"bad": "a later, refused submission"}'
+    attacks = {  # suffix -> (who, the student id it claims, a shell script on its folder $1, the reason)
+        "forged": (bob, alice.name, "", f"it is owned by {bob.name}"),
+        "forged-mapped": (bob, "ada", "", f"it is owned by {bob.name} (uid {bob.uid}), not by ada's account "
+                                          f"{alice.name}"),
+        "link-to-secret": (alice, alice.name, f'rm "$1/{LESSON}.ipynb" && ln -s "$2" "$1/{LESSON}.ipynb"',
+                           f": {LESSON}.ipynb is a symbolic link"),
+        "deep-link": (alice, alice.name, 'mkdir -m 755 "$1/a" "$1/a/b" && ln -s "$2" "$1/a/b/notes.txt"',
+                      ": a/b/notes.txt is a symbolic link"),
+        "link-to-folder": (alice, alice.name, 'ln -s /etc "$1/etc"', ": etc is a symbolic link"),
+        "hard-link": (alice, alice.name, 'ln "$3/notebook" "$1/extra.txt"', ": extra.txt is a hard link (2 names)"),
+        "fifo": (alice, alice.name, 'mkfifo -m 644 "$1/pipe"', ": pipe is a FIFO"),
+        "deep": (alice, alice.name, 'cd "$1" && mkdir -p "$(printf "d/%.0s" $(seq 40))"', "folders deep"),
+        "writable": (alice, alice.name, f'chmod 666 "$1/{LESSON}.ipynb"',
+                     "is writable by other accounts (mode 0666)"),
+        "classmate-inside": (alice, alice.name, None, f"extra is owned by {bob.name}"),
+        "no-account": (bob, f"nobody-{secrets.token_hex(3)}", "", "there is no unix account"),
+        "not-an-id": (bob, "\x1b[2Jx", "", "'\\x1b[2Jx' is not a student id"),
+    }
+    for offset, (suffix, (who, claimed, script, _)) in enumerate(attacks.items()):
+        name = f"{claimed}+{LESSON}+{_stamp(offset)}+{suffix}"
+        hand_in(who, name, bad)
+        if script:
+            who.sh(script, inbound / name, work / "secret", spare)
+        elif script is None:  # alice's folder is writable by everyone: bob adds to it
+            bob.sh('mkdir -m 755 "$1/extra" && echo bob > "$1/extra/notes.txt" && chmod 644 "$1/extra/notes.txt"',
+                   inbound / name)
+    # Entries that are no submission at all: a file in alice's name, a link to alice's honest folder, a name with
+    # no time in it.
+    alice.sh('echo not a folder > "$1"', inbound / f"{alice.name}+{LESSON}+{_stamp(30)}+file")
+    bob.sh('ln -s "$1" "$2"', inbound / f"{alice.name}+{LESSON}+{_stamp(-60)}+honest",
+           inbound / f"{alice.name}+{LESSON}+{_stamp(31)}+link")
+    bob.sh('mkdir "$1"', inbound / f"{alice.name}+{LESSON}+yesterday+noon")
+    attacks["file"] = (alice, alice.name, "", "it is a file, not a folder")
+    attacks["link"] = (bob, alice.name, "", "it is a symbolic link")
+
+    caplog.set_level(logging.WARNING)
+    submitted = _collect_in_process(work, exchange, monkeypatch, unix_users={"ada": alice.name})
+    assert sorted(p.name for p in work.iterdir()) == ["exchange", "gradebook.db", "secret", "set_apart", "submitted"]
+    assert sorted(p.name for p in submitted.iterdir()) == sorted([alice.name, "ada"])
+    for student, notebook in (("ada", honest["ada"]), (alice.name, honest["alice"])):
+        assert (submitted / student / LESSON / f"{LESSON}.ipynb").read_bytes() == notebook
+    set_apart = _set_apart(work)
+    problems = []
+    for suffix, (*_, reason) in attacks.items():
+        [entry] = [name for name in set_apart if name.endswith(f"+{suffix}")] or [None]
+        if entry is None:
+            problems.append(f"{suffix}: not set apart")
+        elif reason not in set_apart[entry] or not any(f"Set apart {entry}: " in r.message and reason in r.message
+                                                       for r in caplog.records):
+            problems.append(f"{suffix}: no {reason!r} in\n{set_apart[entry]}")
+    assert not problems, "\n".join(problems)
+    assert len(set_apart) == len(attacks)
+    assert any("yesterday+noon in " in r.message and "is not a submission's name: Unknown string format" in r.message
+               for r in caplog.records)
+    assert not _files_holding(work, [secret, b"alice spare", bad], {work / "secret"})
+    shown_to_instructor = [r.getMessage() for r in caplog.records] + list(set_apart.values())
+    assert not [text for text in shown_to_instructor if "\x1b" in text]  # the ids are the attacker's text
+
+
+def test_collect_checks_again_as_it_copies(classmates, shared, monkeypatch, caplog):
+    """A submission changed between collect's check and its copy (here: the check is skipped, and the notebook is a
+    link to the course's secret) is refused by the copy itself, which reads from descriptors it checked: nothing is
+    collected for that student, nothing of the secret is copied, no staging folder is left, and the message says to
+    collect again."""
+    from autograder.exchange import CourseExchangeCollect
+
+    exchange, work, _ = _exchange(shared)
+    alice = _Account(classmates[0], exchange)
+    inbound = _inbound(exchange)
+    inbound.mkdir(parents=True)
+    inbound.chmod(0o2733)
+    name = f"{alice.name}+{LESSON}+{_stamp()}+swapped"
+    alice.sh('mkdir "$1" && ln -s "$2" "$1/$3" && chmod 777 "$1"', inbound / name, work / "secret", f"{LESSON}.ipynb")
+    monkeypatch.setattr(CourseExchangeCollect, "_examine", lambda self, record: None)
+    caplog.set_level(logging.WARNING)
+    submitted = _collect_in_process(work, exchange, monkeypatch)
+    assert list(submitted.iterdir()) == []
+    assert not _files_holding(work, [(work / "secret").read_bytes()], {work / "secret"})
+    text = _set_apart(work)[name]
+    assert f"why: {LESSON}.ipynb is a symbolic link" in text and "changed after it was checked" in text
+    assert any(f"Set apart {name}: {LESSON}.ipynb is a symbolic link" in r.message and "run collect again" in r.message
+               for r in caplog.records)
+
+
+def test_collect_refuses_an_inbound_folder_a_student_owns(classmates, shared, monkeypatch):
+    """A course folder in the exchange that a student created or put in place of the instructor's (an exchange
+    root without its sticky bit lets them rename it): collect stops and says what to do, and collects nothing."""
+    from nbgrader.exchange import ExchangeError
+
+    exchange, work, _ = _exchange(shared)
+    bob = _Account(classmates[1], exchange)
+    inbound = _inbound(exchange)
+    inbound.mkdir(parents=True)
+    inbound.chmod(0o2733)
+    os.chown(inbound, bob.uid, -1)
+    bob.sh('mkdir "$1" && chmod 777 "$1"', inbound / f"{bob.name}+{LESSON}+{_stamp()}+x")
+    with pytest.raises(ExchangeError, match="inbound is owned by"):
+        _collect_in_process(work, exchange, monkeypatch)
+    assert not (work / "submitted").exists()
