@@ -31,6 +31,7 @@ import importlib.util
 import inspect
 import os
 import sys
+import sysconfig
 import threading
 import types
 from collections.abc import Callable
@@ -71,6 +72,17 @@ def parse_rule(text: str) -> Rule:
     return Rule(text, parts[0], parts[-1], name)
 
 
+def _folders(*places: str) -> tuple[str, ...]:
+    """Folders as prefixes of the file names code objects carry: as given and as their real paths."""
+    return tuple({os.path.join(path, "") for place in places if place for path in (place, os.path.realpath(place))})
+
+
+# Code that is read-only in the sandbox: the Python installation's libraries and this package. An import of one of
+# them may touch another library (its module body runs whoever imported it); the student's files are not here.
+_INSTALLED = _folders(*(sysconfig.get_paths().get(key, "") for key in ("stdlib", "platstdlib", "purelib", "platlib")),
+                      os.path.dirname(os.path.abspath(__file__)))
+
+
 def _resolve(path: str) -> Any:
     """The object a dotted name stands for (its longest module prefix imported), or None."""
     parts = path.split(".")
@@ -98,8 +110,8 @@ def _library(root: str) -> tuple[str, ...] | None:
     if spec is None:
         return None
     places = list(spec.submodule_search_locations or ())
-    if places:  # as the import system names its files, and as their real paths (a file imported through a link)
-        return tuple({os.path.join(path, "") for place in places for path in (place, os.path.realpath(place))})
+    if places:
+        return _folders(*places)
     if spec.origin and os.path.isabs(spec.origin):
         return tuple({spec.origin, os.path.realpath(spec.origin)})
     return None
@@ -209,7 +221,7 @@ class Guard:
             return None
 
         self.builtins.setdefault(id(start_thread), TAMPER)  # reached around its stand-in: a thread unwatched
-        hook = self._hook(exempt={start_new_thread.__code__})
+        hook = self._hook(exempt={start_new_thread.__code__}, floor=sys._getframe(1))
         replaced = {**self.replaced, id(original_setprofile): (original_setprofile, setprofile),
                     id(start_thread): (start_thread, start_new_thread),
                     id(sys.getprofile): (sys.getprofile, getprofile)}
@@ -221,9 +233,10 @@ class Guard:
         threading._profile_hook = hook  # what threading.setprofile does, without its call of sys.setprofile
         original_setprofile(hook)
 
-    def _hook(self, exempt: set) -> Callable:
+    def _hook(self, exempt: set, floor: types.FrameType) -> Callable:
         """The profile function: plain lookups, since it runs on every call the student's code makes. ``exempt``:
-        the guard's own code, which may call what it stands in for."""
+        the guard's own code, which may call what it stands in for; ``floor``: the frame that runs the cases (the
+        frames below it, the kernel's own, are not the cases')."""
         builtins, codes, report, libraries = self.builtins, self.codes, self.report, self.libraries
         prefixes = tuple(prefix for prefix, _ in self.folders)
         seen: dict[types.CodeType, str | None] = {}  # code -> the library rule its file falls under, or None
@@ -235,13 +248,22 @@ class Guard:
                     if prefixes and name.startswith(prefixes) else None
             return seen[code]
 
+        def importing(frame) -> bool:
+            """An installed library's module body runs below ``frame``: its import talks to the libraries already
+            loaded (einops imports its torch support when torch is), whoever imported it."""
+            while frame is not None and frame is not floor:
+                if frame.f_code.co_name == "<module>" and frame.f_code.co_filename.startswith(_INSTALLED):
+                    return True
+                frame = frame.f_back
+            return False
+
         def hook(frame, event, arg):
             if event == "call":
                 rule = codes.get(frame.f_code)
                 if rule is not None:
                     report(rule)
                 elif libraries and (rule := library(frame.f_code)) is not None and \
-                        (frame.f_back is None or library(frame.f_back.f_code) is None):
+                        (frame.f_back is None or library(frame.f_back.f_code) is None) and not importing(frame.f_back):
                     report(rule)  # entering the library from outside it
             elif event == "c_call":
                 rule = builtins.get(id(arg))
@@ -254,7 +276,7 @@ class Guard:
                     except Exception:  # noqa: BLE001 - an object that answers nothing is no library's
                         return
                     for text, root in libraries:
-                        if owner == root or owner.startswith(root + "."):
+                        if (owner == root or owner.startswith(root + ".")) and not importing(frame):
                             report(text)
 
         return hook
