@@ -1,9 +1,12 @@
 """Static policy: an exercise that asks you to write X fails when its submitted cell calls PyTorch's X."""
 
 import nbformat
+import pytest
+from nbgrader.api import Gradebook
 
-from autograder import policy, verdicts
+from autograder import notebooks, pipeline, policy, samples, verdicts
 from autograder.checks.framework import Case, Exercise, Verdict
+from decoder_course import guard
 
 FORBIDDEN = ("F.scaled_dot_product_attention", "nn.MultiheadAttention")
 
@@ -120,11 +123,8 @@ def test_code_run_from_strings_cannot_hide():
 
 
 def test_the_reference_solutions_break_no_rule():
-    import nbformat as nbf
-
-    from autograder import notebooks
     for lesson in notebooks.lessons():
-        nb = nbf.read(notebooks.solution_path(lesson), as_version=4)
+        nb = nbformat.read(notebooks.solution_path(lesson), as_version=4)
         cells = [c.source for c in nb.cells if c.cell_type == "code"]
         sources = verdicts.solution_sources(nb)
         for item, ex in verdicts.exercises_for(lesson).items():
@@ -137,11 +137,6 @@ def test_the_reference_solutions_break_no_rule():
 # the source reader cannot follow, its result thrown away and any exception swallowed: its values are right, so
 # only the run-time guard (decoder_course.guard, armed in the harvest's child) can fail it. judge_namespace reads
 # no source at all: the verdicts here are the guard's alone, and each attack passes with the guard turned off.
-import pytest  # noqa: E402
-
-from autograder import samples  # noqa: E402
-from decoder_course import guard  # noqa: E402
-
 BY_HAND = "_by_hand = robust_attention\n"  # the reference, kept under another name
 CHEAT = BY_HAND + """
 def robust_attention(q, k, v, allowed=None):
@@ -152,7 +147,8 @@ def robust_attention(q, k, v, allowed=None):
     return _by_hand(q, k, v, allowed)
 """
 SDPA_ATTACKS = {
-    "a name built at run time": ("import torch.nn.functional as _Fn", 'getattr(_Fn, "scaled_" + "dot_product_attention")(q, k, v)'),
+    "a name built at run time": ("import torch.nn.functional as _Fn",
+                                 'getattr(_Fn, "scaled_" + "dot_product_attention")(q, k, v)'),
     "another module's attribute": ("import torch.nn.modules.activation as _act",
                                    "_act.F.scaled_dot_product_attention(q, k, v)"),
     "sys.modules and a module's __dict__": ("import sys",
@@ -224,7 +220,8 @@ MHA_ATTACKS = {
     "subclassed": "import torch\nclass MultiHeadAttention(_ByHand):\n    def __init__(self, d_model, n_heads, "
                   "dropout=0.0):\n        super().__init__(d_model, n_heads, dropout)\n        try:\n"
                   "            self._shadow = torch.nn.MultiheadAttention(d_model, n_heads, batch_first=True)\n"
-                  "        except BaseException:\n            pass\n        self.__dict__['_modules'].pop('_shadow', None)",
+                  "        except BaseException:\n            pass\n"
+                  "        self.__dict__['_modules'].pop('_shadow', None)",
     "a subclass of PyTorch's": "import torch\nclass _Mine(torch.nn.MultiheadAttention):\n    pass\n"
                                "class MultiHeadAttention(_ByHand):\n    def forward(self, query, key, value, "
                                "allowed=None):\n        try:\n            _Mine(4, 2)\n        except BaseException:\n"
@@ -309,3 +306,40 @@ def test_the_trusted_side_reads_only_the_items_own_rules_from_the_report():
     again = ({"item": "x", "cases": {"c0": {}}, "leaves": []}, {})
     merged = verdicts._merged(first, again, [Case("c0", "B=2")])
     assert verdicts.reached_at_run_time(ex, merged[0])
+
+
+def test_the_guard_decides_in_a_graded_notebook(tmp_path):
+    """Through nbgrader and the sandboxed kernel: the rules travel with the cases, and the guard stops what the
+    source reader cannot see (an input transformer rewrites the answer's cell as it runs; a name built at run time
+    in an earlier cell). The canary (the solutions) keeps full marks under the same guard, and so does every item
+    of the attacks' notebooks but the one that broke its rule."""
+    lesson, item = "10-numerics", "robust_attention"
+    answer = notebooks.reference_source(lesson, item, keep_markers=False)
+    marker = "    weights = robust_masked_softmax(scores, allowed)"
+    assert marker in answer
+    used = "    __import__('torch').nn.functional.scaled_dot_product_attention(q, k, v)\n"
+    attacks = {
+        "transformer": ("get_ipython().input_transformers_post.append(lambda lines: [line.replace('# attend!', "
+                        f"{used.strip()!r}) for line in lines])", answer.replace(marker, "    # attend!\n" + marker)),
+        "runtime-name": ("import torch.nn.functional as Fn\n_attend = getattr(Fn, 'scaled_' + 'dot_product_attention')",
+                         answer.replace(marker, "    _attend(q, k, v)\n" + marker)),
+    }
+    for student, (before, source) in attacks.items():
+        nb = samples.perfect(lesson)
+        index = next(i for i, cell in enumerate(nb.cells) if cell.metadata.get("course", {}).get("exercise") == [item])
+        nb.cells[index].source = source
+        nb.cells.insert(index, nbformat.v4.new_code_cell(before))
+        assert policy.violations([c.source for c in nb.cells if c.cell_type == "code"], [source], [item],
+                                 ("F.scaled_dot_product_attention",)) == {}  # the source reader is blind to it
+        path = tmp_path / "incoming" / student / lesson / f"{lesson}.ipynb"
+        path.parent.mkdir(parents=True)
+        nbformat.write(nb, path)
+    outcomes = pipeline.grade(tmp_path / "incoming", tmp_path / "course", [lesson])
+    with Gradebook(f"sqlite:///{tmp_path / 'course' / 'gradebook.db'}", pipeline.COURSE_ID) as gb:
+        for student in attacks:
+            scores = {g.name: g.score for g in gb.find_submission_notebook(lesson, lesson, student).grades}
+            assert scores[item] == 0 and all(score == 1 for name, score in scores.items() if name != item), scores
+            graded = nbformat.read(tmp_path / "course" / "autograded" / student / lesson / f"{lesson}.ipynb", 4)
+            cell = next(c for c in graded.cells if c.get("metadata", {}).get("nbgrader", {}).get("grade_id") == item)
+            assert any(verdicts.RUNTIME_HOW in out.get("evalue", "") for out in cell.outputs), cell.outputs
+    assert all(o.ok for o in outcomes), outcomes
