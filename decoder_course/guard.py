@@ -133,6 +133,42 @@ def _codes(obj: Any) -> list[types.CodeType]:
     return []
 
 
+# Where PyTorch publishes the C functions behind its Python API, and the words of a forbidden name that its kernels'
+# names leave out (F.multi_head_attention_forward runs torch._native_multi_head_attention).
+KERNEL_HOMES = ("torch", "torch._C._nn", "torch._C._special", "torch._C._linalg")
+_UNSAID = {"forward", ""}
+
+
+def _kernels(name: str) -> list[Any]:
+    """PyTorch's other doors to what a forbidden function computes: the C functions and aten operators whose names
+    hold its words in order (``torch._scaled_dot_product_flash_attention_for_cpu`` and
+    ``torch.ops.aten.scaled_dot_product_attention.default`` for ``scaled_dot_product_attention``), when PyTorch is
+    loaded (a student's code that imports it is judged by what it calls)."""
+    words = [word for word in name.split("_") if word not in _UNSAID]
+    torch = sys.modules.get("torch")
+    if torch is None or not words:
+        return []
+
+    def holds(candidate: str) -> bool:
+        rest = iter(candidate.split("_"))
+        return all(word in rest for word in words)  # a subsequence: each word found after the one before
+
+    found = []
+    for home in filter(None, map(sys.modules.get, KERNEL_HOMES)):
+        found += [getattr(home, attr) for attr in dir(home)
+                  if holds(attr) and isinstance(getattr(home, attr, None), types.BuiltinFunctionType)]
+    try:
+        aten = torch.ops.aten  # its attributes are made on first use: the registry names them all
+        names = {name.partition("::")[2].partition(".")[0] for name in torch._C._dispatch_get_all_op_names()
+                 if name.startswith("aten::")}
+        for attr in sorted(filter(holds, names)):
+            packet = getattr(aten, attr)
+            found += [packet._op] + [getattr(packet, overload)._op for overload in packet.overloads()]
+    except Exception:  # noqa: BLE001 - a PyTorch without the operator registry: its Python API is guarded still
+        pass
+    return found
+
+
 def _owner(fn: Any) -> str:
     """The module a C function belongs to: its own, its bound object's type's, or its class's."""
     module = getattr(fn, "__module__", None)
@@ -176,6 +212,10 @@ class Guard:
             for obj in objects:
                 if obj is not None and callable(obj):
                     self._forbid(obj, rule.text)
+            if (rule.leaf is None or rule.root == "torch") and \
+                    any(obj is not None and not isinstance(obj, type) for obj in objects):
+                for kernel in _kernels(rule.leaf or rule.root):
+                    self._forbid(kernel, rule.text)
 
     def _forbid(self, obj: Any, text: str) -> None:
         codes = _codes(obj)

@@ -157,6 +157,9 @@ SDPA_ATTACKS = {
     "the companion package's namespace": ("import decoder_course.visible.l03_multi_head as _l03",
                                           "_l03.F.scaled_dot_product_attention(q, k, v)"),
     "the C function itself": ("import torch", "torch._C._nn.scaled_dot_product_attention(q, k, v)"),
+    "a private kernel behind it": ("import torch", "torch._scaled_dot_product_attention_math(q, k, v)"),
+    "an aten operator": ("import torch", "torch.ops.aten.scaled_dot_product_attention.default(q, k, v)"),
+    "an aten operator packet": ("import torch", "getattr(torch.ops.aten, 'scaled_dot_product_attention')(q, k, v)"),
     "a binding of an earlier cell": ("import torch\n_attend = torch.nn.functional.scaled_dot_product_attention",
                                      "_attend(q, k, v)"),
     "a binding made in a loop, in a try block": (
