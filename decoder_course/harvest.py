@@ -488,6 +488,8 @@ def _collect_in_process(item: str, namespace: dict, folder: Path) -> None:
 # leaves with os._exit: no atexit handler, no flush, no IPython teardown. Before any student code runs it points
 # fds 0-2 and sys.std* at /dev/null and cuts the kernel's ZMQ senders, so nothing it prints or displays reaches the
 # notebook, and no message from it can corrupt the kernel's session. The parent reads, waits and writes the report.
+# An item with rules (the cases' "forbidden") runs under the run-time guard (decoder_course.guard): a use of what it
+# must be written without sends {"policy": rule} and ends the child; the report carries the rules as "policy".
 _CHILD_FAILED = 70  # exit status of a child whose own machinery failed (not the student's code)
 _MAX_PIPE_BYTES = 2 * MAX_OUTPUT_BYTES + (16 << 20)  # the most the parent reads from one child
 _HEADER = struct.Struct(">QQ")  # before each message: the lengths of its JSON header and its .npz body
