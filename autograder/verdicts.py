@@ -121,7 +121,8 @@ def policy_message(item: str, broken: dict[str, str]) -> str:
                  if "." not in rule.rstrip(".") and rule not in policy.DYNAMIC and rule != TAMPER]
     if TAMPER in broken:
         why = ("the grader watches what an exercise with rules calls while its hidden cases run, and your code "
-               "turned that off (sys.setprofile, or a thread started around it): leave the grader's tools alone.")
+               "turned that off (sys.setprofile, or a thread or a program started around it): leave the grader's "
+               "tools alone.")
     elif any(rule in policy.DYNAMIC for rule in broken):
         why = ("code run from a string (eval, exec, compile) hides what the exercise does from the grader: write "
                "the code itself.")

@@ -18,7 +18,7 @@ as plain data (they are public: the exercise's docstring states them), and the f
 
 A report is final: the child sends it to the kernel and exits at once, so catching an exception cannot hide it, and
 the trusted grader fails the item with the policy's message. Turning the profile function off (``sys.setprofile``
-with anything else) is reported the same way. The guard runs no code of the student's and decides nothing; code
+with anything else), or starting a program that would run without it, is reported the same way. The guard runs no code of the student's and decides nothing; code
 of the student's that takes the grader's own objects apart in the kernel (replacing ``collect``) is outside what
 a guard in the kernel can hold.
 """
@@ -43,7 +43,7 @@ __all__ = ["TAMPER", "Guard", "Rule", "parse_rule"]
 SHORT = {"F": "torch.nn.functional", "nn": "torch.nn"}  # the short names the checks write rules with
 # Where a rule that is a bare name (``"rms_norm"``) is looked for: the places PyTorch publishes its functions.
 BARE_HOMES = ("torch.nn.functional", "torch", "torch.nn")
-# The rule reported when the profile function is turned off or a thread is started around it.
+# The rule reported when the profile function is turned off, or a thread or a program is started around it.
 TAMPER = "sys.setprofile"
 
 
@@ -261,6 +261,8 @@ class Guard:
             return None
 
         self.builtins.setdefault(id(start_thread), TAMPER)  # reached around its stand-in: a thread unwatched
+        for program in _programs():  # a new program runs without the guard: no hidden case needs one
+            self.builtins.setdefault(id(program), TAMPER)
         hook = self._hook(exempt={start_new_thread.__code__}, floor=sys._getframe(1))
         replaced = {**self.replaced, id(original_setprofile): (original_setprofile, setprofile),
                     id(start_thread): (start_thread, start_new_thread),
@@ -322,11 +324,23 @@ class Guard:
         return hook
 
 
+def _programs() -> list[Any]:
+    """The C functions that start a new program (``subprocess``, ``os.system``, ``os.exec*``, spawn): it would run
+    without the guard."""
+    import _posixsubprocess
+
+    names = ("system", "execv", "execve", "posix_spawn", "posix_spawnp")
+    return [getattr(os, name) for name in names if hasattr(os, name)] + [_posixsubprocess.fork_exec]
+
+
 def _swap_dict(variables: dict, replaced: dict) -> None:
     for key, value in list(variables.items()):
         found = replaced.get(id(value))
         if found is not None and found[0] is value:
             variables[key] = found[1]
+
+
+_MAX_SWEPT = 10_000  # items of a list or dict of the namespace looked through (the profile function sees the rest)
 
 
 def _swap_namespace(namespace: dict, replaced: dict) -> None:
@@ -347,9 +361,9 @@ def _swap_namespace(namespace: dict, replaced: dict) -> None:
                     functions.append(inner)
                 elif swap(attribute) is not attribute:
                     setattr(value, name, swap(attribute))
-        elif isinstance(value, list):
+        elif isinstance(value, list) and len(value) <= _MAX_SWEPT:
             value[:] = [swap(item) for item in value]
-        elif isinstance(value, dict) and value is not namespace:
+        elif isinstance(value, dict) and value is not namespace and len(value) <= _MAX_SWEPT:
             _swap_dict(value, replaced)
         for function in functions:
             for cell in function.__closure__ or ():

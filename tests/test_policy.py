@@ -213,8 +213,9 @@ def test_the_guard_stops_sdpa_however_it_is_reached(how, monkeypatch):
 
 
 def test_turning_the_guard_off_is_reported():
-    for use in ("sys.setprofile(None)", "__import__('threading').setprofile(print); sys.setprofile(print)"):
-        verdict = _attack("10-numerics", "import sys\n" + CHEAT.format(use=use), "robust_attention")
+    for use in ("sys.setprofile(None)", "__import__('threading').setprofile(print); sys.setprofile(print)",
+                "__import__('subprocess').run([sys.executable, '-c', 'import torch'])", "os.system('true')"):
+        verdict = _attack("10-numerics", "import os, sys\n" + CHEAT.format(use=use), "robust_attention")
         assert _stopped_by_guard(verdict, guard.TAMPER) and "leave the grader's tools alone" in verdict.message
 
 
