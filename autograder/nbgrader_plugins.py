@@ -216,7 +216,7 @@ class TrustedExecute(Execute):
 
     def _rerun(self, item: str, index: int, cases: list) -> None:
         """Run ``cases`` of ``item`` in the kernel once more, as its cell's hidden part does, and hand them in."""
-        write_cases(self._cases, item, cases)
+        write_cases(self._cases, item, cases, self._plan.items[item][0].forbidden)
         names = [f"{item}.json", f"{item}.npz"]
         for name in names:
             (self._cases / name).chmod(0o444)

@@ -23,6 +23,10 @@ PyTorch's is fine). Found, in the code reached:
 IPython magics are turned into Python first (``%time x = nn.MultiheadAttention(4, 2)`` is read as the code it
 runs). The reference solutions are graded by the same policy (the canary), so a rule that flags honest code stops
 grading before any student is judged.
+
+This reading gives the early message, which names the line; what decides is the run-time guard
+(:mod:`decoder_course.guard`), which stops the forbidden objects while the hidden cases run, however they were
+reached. The rules' grammar is the guard's (:func:`decoder_course.guard.parse_rule`).
 """
 
 from __future__ import annotations
@@ -32,35 +36,12 @@ import functools
 import re
 from dataclasses import dataclass, field
 
+from decoder_course.guard import Rule, parse_rule
+
 __all__ = ["DYNAMIC", "Rule", "parse_rule", "violations"]
 
-_SHORT = {"F": "torch.nn.functional", "nn": "torch.nn"}
 DYNAMIC = {"eval", "exec", "compile"}
 _IDENT_PATH = re.compile(r"^[A-Za-z_]\w*(\.[A-Za-z_]\w*)*$")
-
-
-@dataclass(frozen=True)
-class Rule:
-    text: str  # as the check wrote it, for the message
-    root: str  # the library: "torch", "einops"
-    leaf: str | None  # the function or class; None: the whole library
-
-    def matches(self, qualified: str) -> bool:
-        parts = qualified.split(".")
-        if parts[0] != self.root:
-            return False
-        return self.leaf is None or self.leaf in parts[1:]
-
-
-def parse_rule(text: str) -> Rule:
-    name = text.rstrip(".")
-    head, _, rest = name.partition(".")
-    if head in _SHORT:
-        name = _SHORT[head] + ("." + rest if rest else "")
-    parts = name.split(".")
-    if text.endswith(".") or len(parts) == 1:
-        return Rule(text, parts[0], None)
-    return Rule(text, parts[0], parts[-1])
 
 
 def _python(source: str) -> str:

@@ -36,6 +36,7 @@ from autograder.checks.framework import (
     write_cases,
 )
 from autograder.text import without_escapes
+from decoder_course.guard import TAMPER
 
 # How verdicts.apply writes a verdict into a graded cell, and autograder.feedback finds it again.
 PASSED_PREFIX = "✓ Hidden checks: "  # a passed item's last output: a stdout stream, this and the message
@@ -116,8 +117,13 @@ def policy_message(item: str, broken: dict[str, str]) -> str:
     """What the student reads when the exercise reaches what it must be written without."""
     uses = "; ".join(f"`{rule.rstrip('.')}` ({how})" if how else f"`{rule.rstrip('.')}`"
                      for rule, how in broken.items())
-    libraries = [rule.rstrip(".") for rule in broken if "." not in rule.rstrip(".") and rule not in policy.DYNAMIC]
-    if any(rule in policy.DYNAMIC for rule in broken):
+    libraries = [rule.rstrip(".") for rule in broken
+                 if "." not in rule.rstrip(".") and rule not in policy.DYNAMIC and rule != TAMPER]
+    if TAMPER in broken:
+        why = ("the grader watches what an exercise with rules calls while its hidden cases run, and your code "
+               "turned that off (sys.setprofile, or a thread or a program started around it): leave the grader's "
+               "tools alone.")
+    elif any(rule in policy.DYNAMIC for rule in broken):
         why = ("code run from a string (eval, exec, compile) hides what the exercise does from the grader: write "
                "the code itself.")
     elif libraries:
@@ -127,6 +133,20 @@ def policy_message(item: str, broken: dict[str, str]) -> str:
         why = ("that does this exercise's work for you. The point of the exercise is to write it yourself from "
                "the operations it is made of; PyTorch's version is what we compare against.")
     return (f"your `{item}` reaches {uses}, in its own code or in code it calls anywhere in the notebook: {why}")
+
+
+# How the run-time guard's report reads in the message: the rule was used, not just named.
+RUNTIME_HOW = "called while your code ran on the hidden cases"
+
+
+def reached_at_run_time(ex: Exercise, report: object) -> dict[str, str]:
+    """The item's rules that its run-time guard reported broken (:mod:`decoder_course.guard`), read from the
+    kernel's report: only the item's own rule texts (and the guard's own), never a text of the kernel's."""
+    said = report.get("policy") if isinstance(report, dict) else None
+    if not isinstance(said, list) or not getattr(ex, "forbidden", ()):
+        return {}
+    known = {*ex.forbidden, TAMPER}
+    return {rule: RUNTIME_HOW for rule in said[:16] if isinstance(rule, str) and rule in known}
 
 
 def prepare(nb: NotebookNode, lesson: str, student: str, secret: bytes, scratch: Path) -> Plan:
@@ -139,7 +159,7 @@ def prepare(nb: NotebookNode, lesson: str, student: str, secret: bytes, scratch:
         if item in registered and item not in items:
             ex = registered[item]()
             cases = ex.cases(np.random.default_rng(derive_seed(secret, lesson, student, item, digest)))
-            write_cases(scratch / "cases", item, cases)
+            write_cases(scratch / "cases", item, cases, ex.forbidden)
             items[item] = (ex, cases)
     (scratch / "outputs").mkdir(parents=True, exist_ok=True)
     cells = [cell.source for cell in nb.cells if cell.cell_type == "code"]
@@ -218,6 +238,10 @@ def _merged(previous: tuple, new: tuple, ran: list[Case]) -> tuple[dict, dict]:
     old, fresh = _outputs_by_case(previous), _outputs_by_case(new)
     rerun = {case.id for case in ran}
     report: dict = {"item": previous[0].get("item"), "cases": {}, "leaves": []}
+    reached = [rule for outputs in (previous, new) if isinstance(said := outputs[0].get("policy"), list)
+               for rule in said[:16]]  # a rule broken in any run stays broken
+    if reached:
+        report["policy"] = reached
     arrays: dict[str, np.ndarray] = {}
     for case_id in old:
         entry, recorded = (fresh if case_id in rerun else old).get(case_id, ({}, {}))
@@ -252,6 +276,7 @@ def decide(plan: Plan) -> dict[str, Verdict]:
             outputs, unreadable = plan.outputs.get(item) or framework.read_outputs(plan.scratch / "outputs", item), None
         except framework.Unreadable as exc:
             outputs, unreadable = None, str(exc)
+        broken = broken or (reached_at_run_time(ex, outputs[0]) if outputs else {})
         if broken:
             decided[item] = Verdict(False, policy_message(item, broken))
         elif unreadable:
@@ -315,7 +340,7 @@ def judge_namespace(lesson: str, namespace: dict, secret: bytes = b"in-process",
         for item in names:
             ex = registered[item]()
             cases = ex.cases(np.random.default_rng(derive_seed(secret, lesson, student, item)))
-            write_cases(scratch / "cases", item, cases)
+            write_cases(scratch / "cases", item, cases, ex.forbidden)
             plan_items[item] = (ex, cases)
         plan = Plan(lesson, scratch, plan_items)
         previous = os.environ.get(ENV_VAR)
@@ -323,7 +348,8 @@ def judge_namespace(lesson: str, namespace: dict, secret: bytes = b"in-process",
         try:
             for item in names:
                 collect(item, namespace)
-                answer_rounds(plan, item, scratch / "outputs", partial(_run_in_process, scratch, item, namespace))
+                answer_rounds(plan, item, scratch / "outputs",
+                              partial(_run_in_process, scratch, item, namespace, registered[item].forbidden))
         finally:
             if previous is None:
                 os.environ.pop(ENV_VAR, None)
@@ -332,9 +358,9 @@ def judge_namespace(lesson: str, namespace: dict, secret: bytes = b"in-process",
         return decide(plan)
 
 
-def _run_in_process(scratch: Path, item: str, namespace: dict, cases: list[Case]) -> None:
+def _run_in_process(scratch: Path, item: str, namespace: dict, forbidden: tuple[str, ...], cases: list[Case]) -> None:
     """:func:`judge_namespace`'s kernel: write ``cases`` and collect them in this process."""
     from decoder_course.harvest import collect
 
-    write_cases(scratch / "cases", item, cases)
+    write_cases(scratch / "cases", item, cases, forbidden)
     collect(item, namespace)

@@ -46,6 +46,7 @@ and a VALUE is a JSON literal or one of ``{"array": key}``, ``{"tensor": key, "r
 from __future__ import annotations
 
 import contextlib
+import functools
 import gc
 import importlib
 import io
@@ -62,6 +63,8 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+
+from decoder_course.guard import Guard
 
 ENV_VAR = "DECODER_COURSE_HARVEST"
 MAX_ERROR_CHARS = 2000
@@ -485,9 +488,12 @@ def _collect_in_process(item: str, namespace: dict, folder: Path) -> None:
 # leaves with os._exit: no atexit handler, no flush, no IPython teardown. Before any student code runs it points
 # fds 0-2 and sys.std* at /dev/null and cuts the kernel's ZMQ senders, so nothing it prints or displays reaches the
 # notebook, and no message from it can corrupt the kernel's session. The parent reads, waits and writes the report.
+# An item with rules (the cases' "forbidden") runs under the run-time guard (decoder_course.guard): a use of what it
+# must be written without sends {"policy": rule} and ends the child; the report carries the rules as "policy".
 _CHILD_FAILED = 70  # exit status of a child whose own machinery failed (not the student's code)
 _MAX_PIPE_BYTES = 2 * MAX_OUTPUT_BYTES + (16 << 20)  # the most the parent reads from one child
 _HEADER = struct.Struct(">QQ")  # before each message: the lengths of its JSON header and its .npz body
+_MAX_REACHED = 16  # rules a child's guard may report (it reports one and exits: more is forged)
 
 
 def _collect_forked(item: str, namespace: dict, folder: Path) -> None:
@@ -511,8 +517,11 @@ def _collect_forked(item: str, namespace: dict, folder: Path) -> None:
     if pid == 0:
         _child(item, namespace, folder, readable, writable, blocked)  # never returns
     data, status, stopped = _await_child(pid, readable, writable, blocked)
-    results, done, unreadable = _parse_child(data)
-    if stopped == "interrupted":
+    results, done, unreadable, reached = _parse_child(data)
+    if reached:
+        why = (f"PolicyViolation: your code reached `{reached[0]}` while it ran on this case, and this exercise is "
+               "written without it")
+    elif stopped == "interrupted":
         why = "KeyboardInterrupt: interrupted: the cell ran past its time limit while your code ran on this case"
     elif stopped:
         why = f"ValueError: your code handed back more than {_MAX_PIPE_BYTES >> 20} MB"
@@ -522,14 +531,17 @@ def _collect_forked(item: str, namespace: dict, folder: Path) -> None:
         why = _death(status)
     else:
         why = "the hidden checks ended before this case"
-    _write_results(folder / "outputs", item, ids, results, why)
+    _write_results(folder / "outputs", item, ids, results, why, reached)
     if stopped == "interrupted":
         raise KeyboardInterrupt
 
 
-def _write_results(out_dir: Path, item: str, ids: list, results: dict, why: str) -> None:
-    """The report of the cases in ``results``, and ``why`` for the first case missing (then "not run")."""
+def _write_results(out_dir: Path, item: str, ids: list, results: dict, why: str, reached: list = ()) -> None:
+    """The report of the cases in ``results``, and ``why`` for the first case missing (then "not run");
+    ``reached``: the rules of the run-time policy the child reported broken (:mod:`decoder_course.guard`)."""
     report: dict[str, Any] = {"item": item, "cases": {}}
+    if reached:
+        report["policy"] = list(reached)
     leaves: dict[str, np.ndarray] = {}
     total, missing = 0, 0
     for case_id in ids:
@@ -614,10 +626,12 @@ def _reap(pid: int) -> int | None:
             return None
 
 
-def _parse_child(data: bytes) -> tuple[dict, bool, bool]:
-    """The cases the child handed back {id: (entry, arrays, bytes)}, whether it said it was done, and whether
-    anything it sent was unreadable (the child ran the student's code: nothing it sent is trusted)."""
+def _parse_child(data: bytes) -> tuple[dict, bool, bool, list]:
+    """The cases the child handed back {id: (entry, arrays, bytes)}, whether it said it was done, whether
+    anything it sent was unreadable (the child ran the student's code: nothing it sent is trusted), and the rules
+    its guard reported broken (a few short strings; the trusted side keeps only the item's own rules)."""
     results: dict[str, tuple] = {}
+    reached: list[str] = []
     position = 0
     try:
         while position + _HEADER.size <= len(data):
@@ -627,16 +641,20 @@ def _parse_child(data: bytes) -> tuple[dict, bool, bool]:
                 break  # cut off: the child died while sending
             message = json.loads(bytes(data[start:start + head]))
             position = start + head + body
+            if "policy" in message:  # the guard's report: the child exits right after it
+                if len(reached) < _MAX_REACHED:
+                    reached.append(str(message["policy"])[:200])
+                continue
             if message.get("done"):
-                return results, True, False
+                return results, True, False, reached
             recorded = {}
             if body:
                 with np.load(io.BytesIO(data[start + head:position]), allow_pickle=False) as npz:
                     recorded = {str(name): npz[f"leaf{i}"] for i, name in enumerate(message["leaves"])}
             results[str(message["id"])] = (dict(message["entry"]), recorded, int(message["nbytes"]))
     except Exception:
-        return results, False, True
-    return results, False, False
+        return results, False, True, reached
+    return results, False, False, reached
 
 
 def _child(item: str, namespace: dict, folder: Path, readable: int, writable: int, blocked: set) -> None:
@@ -652,6 +670,7 @@ def _child(item: str, namespace: dict, folder: Path, readable: int, writable: in
         if "torch" in sys.modules:  # the parent's OpenMP pool is not in this process: a parallel region would
             sys.modules["torch"].set_num_threads(1)  # wait for it forever (the kernel runs on one thread anyway)
         spec, arrays = _load_cases(folder, item)
+        Guard(list(spec.get("forbidden") or ()), functools.partial(_stop, writable)).install(namespace)
         total = 0
         for case in spec["cases"]:
             entry, recorded = _run_case(namespace, arrays, case, caught=BaseException)
@@ -671,6 +690,15 @@ def _child(item: str, namespace: dict, folder: Path, readable: int, writable: in
         status = _CHILD_FAILED
     finally:
         os._exit(status)
+
+
+def _stop(fd: int, rule: str) -> None:
+    """The guard's report (:mod:`decoder_course.guard`): send the rule reached, and end the child before the
+    student's code runs another line (no handler can catch an exit, nor go on after it)."""
+    try:
+        _send(fd, json.dumps({"policy": str(rule)}).encode(), b"")
+    finally:
+        os._exit(_CHILD_FAILED)
 
 
 def _send(fd: int, head: bytes, body: bytes) -> None:

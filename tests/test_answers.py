@@ -137,9 +137,9 @@ def test_an_answer_round_reruns_only_the_cases_it_answers_and_judges_the_merged_
     sent: list[list[Case]] = []
     run = verdicts._run_in_process
 
-    def spied(scratch, item, namespace, cases):
-        sent.append(list(cases))
-        run(scratch, item, namespace, cases)
+    def spied(*arguments):  # (scratch, item, namespace, forbidden, cases)
+        sent.append(list(arguments[-1]))
+        run(*arguments)
 
     monkeypatch.setattr(verdicts, "_run_in_process", spied)
     decided = verdicts.judge_namespace(lesson, namespace, items=["softmax", "masked_softmax",

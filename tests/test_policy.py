@@ -1,9 +1,12 @@
 """Static policy: an exercise that asks you to write X fails when its submitted cell calls PyTorch's X."""
 
 import nbformat
+import pytest
+from nbgrader.api import Gradebook
 
-from autograder import policy, verdicts
+from autograder import notebooks, pipeline, policy, samples, verdicts
 from autograder.checks.framework import Case, Exercise, Verdict
+from decoder_course import guard
 
 FORBIDDEN = ("F.scaled_dot_product_attention", "nn.MultiheadAttention")
 
@@ -120,13 +123,227 @@ def test_code_run_from_strings_cannot_hide():
 
 
 def test_the_reference_solutions_break_no_rule():
-    import nbformat as nbf
-
-    from autograder import notebooks
     for lesson in notebooks.lessons():
-        nb = nbf.read(notebooks.solution_path(lesson), as_version=4)
+        nb = nbformat.read(notebooks.solution_path(lesson), as_version=4)
         cells = [c.source for c in nb.cells if c.cell_type == "code"]
         sources = verdicts.solution_sources(nb)
         for item, ex in verdicts.exercises_for(lesson).items():
             broken = policy.violations(cells, [sources.get(item, "")], [item], tuple(ex.forbidden))
             assert broken == {}, f"{lesson}/{item}: the reference breaks its own policy: {broken}"
+
+
+# -- the run-time guard (issue 30, point 3) -----------------------------------------------------------------------
+# Each attack below is the reference answer plus a use of what the item must be written without, reached a way
+# the source reader cannot follow, its result thrown away and any exception swallowed: its values are right, so
+# only the run-time guard (decoder_course.guard, armed in the harvest's child) can fail it. judge_namespace reads
+# no source at all: the verdicts here are the guard's alone, and each attack passes with the guard turned off.
+BY_HAND = "_by_hand = robust_attention\n"  # the reference, kept under another name
+CHEAT = BY_HAND + """
+def robust_attention(q, k, v, allowed=None):
+    try:
+        {use}
+    except BaseException:
+        pass
+    return _by_hand(q, k, v, allowed)
+"""
+SDPA_ATTACKS = {
+    "a name built at run time": ("import torch.nn.functional as _Fn",
+                                 'getattr(_Fn, "scaled_" + "dot_product_attention")(q, k, v)'),
+    "another module's attribute": ("import torch.nn.modules.activation as _act",
+                                   "_act.F.scaled_dot_product_attention(q, k, v)"),
+    "sys.modules and a module's __dict__": ("import sys",
+                                            'sys.modules["torch.nn." + "functional"].__dict__["scaled_dot_product_'
+                                            'attention"](q, k, v)'),
+    "the companion package's namespace": ("import decoder_course.visible.l03_multi_head as _l03",
+                                          "_l03.F.scaled_dot_product_attention(q, k, v)"),
+    "the C function itself": ("import torch", "torch._C._nn.scaled_dot_product_attention(q, k, v)"),
+    "a private kernel behind it": ("import torch", "torch._scaled_dot_product_attention_math(q, k, v)"),
+    "an aten operator": ("import torch", "torch.ops.aten.scaled_dot_product_attention.default(q, k, v)"),
+    "an aten operator packet": ("import torch", "getattr(torch.ops.aten, 'scaled_dot_product_attention')(q, k, v)"),
+    "a binding of an earlier cell": ("import torch\n_attend = torch.nn.functional.scaled_dot_product_attention",
+                                     "_attend(q, k, v)"),
+    "a binding made in a loop, in a try block": (
+        "import torch\n_found = []\nfor _name in ('softmax', 'scaled_dot_product_attention'):\n    try:\n"
+        "        _found.append(getattr(torch.nn.functional, _name))\n    except AttributeError:\n        pass",
+        "_found[-1](q, k, v)"),
+    "a default argument bound in a loop": (
+        "import torch\nfor _name in ['scaled_dot_product_attention']:\n"
+        "    def _helper(q, k, v, _f=getattr(torch.nn.functional, _name)):\n        return _f(q, k, v)",
+        "_helper(q, k, v)"),
+    "a closure": ("import torch\ndef _make():\n    f = vars(torch.nn.functional)['scaled_dot_product_attention']\n"
+                  "    return lambda *a: f(*a)\n_closed = _make()", "_closed(q, k, v)"),
+    "code written to a file and imported": (
+        "import importlib, sys, tempfile, pathlib\n_dir = tempfile.mkdtemp()\n"
+        "pathlib.Path(_dir, 'helper_sdpa.py').write_text("
+        "'from torch.nn.functional import scaled_dot_product_attention as attend\\n')\n"
+        "sys.path.insert(0, _dir)\n_helper = importlib.import_module('helper_sdpa')", "_helper.attend(q, k, v)"),
+    "code compiled from a string (as an input transformer gives it)": (
+        "exec(compile('import torch\\ndef _from_text(q, k, v):\\n    return torch.nn.functional.'"
+        " + 'scaled_dot_product_attention(q, k, v)', '<transformed cell>', 'exec'))", "_from_text(q, k, v)"),
+    "a thread": ("import threading, torch",
+                 "t = threading.Thread(target=torch.nn.functional.scaled_dot_product_attention, args=(q, k, v)); "
+                 "t.start(); t.join()"),
+    "a raw thread": ("import _thread, time, torch",
+                     "_thread.start_new_thread(torch.nn.functional.scaled_dot_product_attention, (q, k, v)); "
+                     "time.sleep(0.5)"),
+}
+
+
+def _attack(lesson: str, source: str, item: str, guarded: bool = True, monkeypatch=None) -> verdicts.Verdict:
+    namespace = samples.notebook_namespace(lesson)
+    exec(compile(source, "<attack cells>", "exec"), namespace)  # noqa: S102 - the test's own attack
+    if not guarded:
+        monkeypatch.setattr(guard.Guard, "install", lambda self, namespace: None)
+    return verdicts.judge_namespace(lesson, namespace, items=[item])[item]
+
+
+def _stopped_by_guard(verdict: verdicts.Verdict, rule: str) -> bool:
+    return not verdict.passed and f"`{rule.rstrip('.')}` ({verdicts.RUNTIME_HOW})" in verdict.message
+
+
+@pytest.mark.parametrize("how", list(SDPA_ATTACKS))
+def test_the_guard_stops_sdpa_however_it_is_reached(how, monkeypatch):
+    before, use = SDPA_ATTACKS[how]
+    source = before + "\n" + CHEAT.format(use=use)
+    verdict = _attack("10-numerics", source, "robust_attention")
+    assert _stopped_by_guard(verdict, "F.scaled_dot_product_attention"), verdict.message
+    assert "write it yourself" in verdict.message  # the source reader's words
+    if how in ("a name built at run time", "a binding of an earlier cell"):  # the guard decides: off, it passes
+        assert _attack("10-numerics", source, "robust_attention", False, monkeypatch).passed
+
+
+def test_turning_the_guard_off_is_reported():
+    for use in ("sys.setprofile(None)", "__import__('threading').setprofile(print); sys.setprofile(print)",
+                "__import__('subprocess').run([sys.executable, '-c', 'import torch'])", "os.system('true')"):
+        verdict = _attack("10-numerics", "import os, sys\n" + CHEAT.format(use=use), "robust_attention")
+        assert _stopped_by_guard(verdict, guard.TAMPER) and "leave the grader's tools alone" in verdict.message
+
+
+MHA = "_ByHand = MultiHeadAttention\n"
+MHA_ATTACKS = {
+    "subclassed": "import torch\nclass MultiHeadAttention(_ByHand):\n    def __init__(self, d_model, n_heads, "
+                  "dropout=0.0):\n        super().__init__(d_model, n_heads, dropout)\n        try:\n"
+                  "            self._shadow = torch.nn.MultiheadAttention(d_model, n_heads, batch_first=True)\n"
+                  "        except BaseException:\n            pass\n"
+                  "        self.__dict__['_modules'].pop('_shadow', None)",
+    "a subclass of PyTorch's": "import torch\nclass _Mine(torch.nn.MultiheadAttention):\n    pass\n"
+                               "class MultiHeadAttention(_ByHand):\n    def forward(self, query, key, value, "
+                               "allowed=None):\n        try:\n            _Mine(4, 2)\n        except BaseException:\n"
+                               "            pass\n        return super().forward(query, key, value, allowed)",
+    "aliased through another module": "import torch.nn.modules.transformer as _tr\n_Alias = _tr.MultiheadAttention\n"
+                                      "class MultiHeadAttention(_ByHand):\n    def forward(self, query, key, value, "
+                                      "allowed=None):\n        try:\n            _Alias(4, 2)\n        except "
+                                      "BaseException:\n            pass\n        return super().forward(query, key, "
+                                      "value, allowed)",
+}
+
+
+@pytest.mark.parametrize("how", list(MHA_ATTACKS))
+def test_the_guard_stops_pytorchs_multi_head_attention(how):
+    verdict = _attack("03-multi-head", MHA + MHA_ATTACKS[how], "MultiHeadAttention")
+    assert _stopped_by_guard(verdict, "nn.MultiheadAttention"), verdict.message
+
+
+NUMPY_ATTACKS = {
+    "np.asarray of a tensor": "import torch\n_by_hand = numpy_decoder_layer\ndef numpy_decoder_layer(*a, **k):\n"
+                              "    return np.asarray(torch.from_numpy(_by_hand(*a, **k)))",
+    "a tensor of an earlier cell": "import torch\n_by_hand = numpy_decoder_layer\n_one = torch.ones(())\n"
+                                   "def numpy_decoder_layer(*a, **k):\n    return _by_hand(*a, **k) * np.asarray(_one)",
+    "torch imported by a name built at run time": "import importlib\n_by_hand = numpy_decoder_layer\n"
+                                                  "def numpy_decoder_layer(*a, **k):\n    importlib.import_module("
+                                                  "'to' + 'rch').manual_seed(0)\n    return _by_hand(*a, **k)",
+}
+
+
+@pytest.mark.parametrize("how", list(NUMPY_ATTACKS))
+def test_a_numpy_only_item_may_not_call_torch_at_run_time(how):
+    verdict = _attack("05-decoder-layer", "import numpy as np\n" + NUMPY_ATTACKS[how], "numpy_decoder_layer")
+    assert _stopped_by_guard(verdict, "torch."), verdict.message
+    assert "written without torch" in verdict.message
+
+
+def test_a_by_hand_item_may_not_call_the_library_it_replaces():
+    source = ("import importlib\n_by_hand = split_heads_reshape\ndef split_heads_reshape(x, H):\n"
+              "    return importlib.import_module('ein' + 'ops').rearrange(x, 'b t (h d) -> b h t d', h=H)")
+    verdict = _attack("03-multi-head", source, "split_heads_reshape")
+    assert not verdict.passed and verdicts.RUNTIME_HOW in verdict.message and "einops" in verdict.message
+
+
+def test_honest_answers_keep_their_marks_under_the_guard():
+    # a comparison cell may use what the item may not, the item's own code uses PyTorch's other functions, and
+    # a forbidden function bound in the notebook but never called by the item costs nothing
+    honest = ("import torch\n_attend = torch.nn.functional.scaled_dot_product_attention\n_by_hand = "
+              "robust_attention\n_check = _attend(torch.ones(1, 2, 4), torch.ones(1, 3, 4), torch.ones(1, 3, 4))\n"
+              "def robust_attention(q, k, v, allowed=None):\n    torch.nn.functional.softmax(q, dim=-1)\n"
+              "    return _by_hand(q, k, v, allowed)")
+    assert _attack("10-numerics", honest, "robust_attention").passed
+    # a wrong answer that breaks no rule is judged on its values, not by the guard
+    wrong = BY_HAND + "def robust_attention(q, k, v, allowed=None):\n    out, w = _by_hand(q, k, v, allowed)\n" \
+                      "    return out * 2, w"
+    verdict = _attack("10-numerics", wrong, "robust_attention")
+    assert not verdict.passed and verdicts.RUNTIME_HOW not in verdict.message
+    for lesson, item in (("05-decoder-layer", "numpy_decoder_layer"), ("03-multi-head", "MultiHeadAttention"),
+                         ("03-multi-head", "split_heads_reshape")):
+        assert _attack(lesson, "", item).passed, (lesson, item)
+
+
+class _Restricted(_Passing):
+    name = "robust_attention"
+    forbidden = ("F.scaled_dot_product_attention",)
+
+
+class _Unrestricted(_Passing):
+    forbidden = ()
+
+
+def test_the_trusted_side_reads_only_the_items_own_rules_from_the_report():
+    ex = _Restricted()
+    assert verdicts.reached_at_run_time(ex, {"policy": ["F.scaled_dot_product_attention"]}) == \
+        {"F.scaled_dot_product_attention": verdicts.RUNTIME_HOW}
+    for forged in ({"policy": ["<script>alert(1)</script>", "nn.Linear", 7]}, {"policy": "F.scaled_dot_product"
+                                                                                         "_attention"},
+                   {"policy": None}, {}, None, ["policy"]):
+        assert verdicts.reached_at_run_time(ex, forged) == {}, forged
+    assert verdicts.reached_at_run_time(_Unrestricted(), {"policy": ["F.scaled_dot_product_attention"]}) == {}
+    # a rule broken in one run of the answer rounds stays broken in the merged outputs
+    first = ({"item": "x", "cases": {"c0": {}}, "leaves": [], "policy": ["F.scaled_dot_product_attention"]}, {})
+    again = ({"item": "x", "cases": {"c0": {}}, "leaves": []}, {})
+    merged = verdicts._merged(first, again, [Case("c0", "B=2")])
+    assert verdicts.reached_at_run_time(ex, merged[0])
+
+
+def test_the_guard_decides_in_a_graded_notebook(tmp_path):
+    """Through nbgrader and the sandboxed kernel: the rules travel with the cases, and the guard stops what the
+    source reader cannot see (an input transformer rewrites the answer's cell as it runs; a name built at run time
+    in an earlier cell). The canary (the solutions) keeps full marks under the same guard, and so does every item
+    of the attacks' notebooks but the one that broke its rule."""
+    lesson, item = "10-numerics", "robust_attention"
+    answer = notebooks.reference_source(lesson, item, keep_markers=False)
+    marker = "    weights = robust_masked_softmax(scores, allowed)"
+    assert marker in answer
+    used = "    __import__('torch').nn.functional.scaled_dot_product_attention(q, k, v)\n"
+    attacks = {
+        "transformer": ("get_ipython().input_transformers_post.append(lambda lines: [line.replace('# attend!', "
+                        f"{used.strip()!r}) for line in lines])", answer.replace(marker, "    # attend!\n" + marker)),
+        "runtime-name": ("import torch.nn.functional as Fn\n_attend = getattr(Fn, 'scaled_' + 'dot_product_attention')",
+                         answer.replace(marker, "    _attend(q, k, v)\n" + marker)),
+    }
+    for student, (before, source) in attacks.items():
+        nb = samples.perfect(lesson)
+        index = next(i for i, cell in enumerate(nb.cells) if cell.metadata.get("course", {}).get("exercise") == [item])
+        nb.cells[index].source = source
+        nb.cells.insert(index, nbformat.v4.new_code_cell(before))
+        assert policy.violations([c.source for c in nb.cells if c.cell_type == "code"], [source], [item],
+                                 ("F.scaled_dot_product_attention",)) == {}  # the source reader is blind to it
+        path = tmp_path / "incoming" / student / lesson / f"{lesson}.ipynb"
+        path.parent.mkdir(parents=True)
+        nbformat.write(nb, path)
+    outcomes = pipeline.grade(tmp_path / "incoming", tmp_path / "course", [lesson])
+    with Gradebook(f"sqlite:///{tmp_path / 'course' / 'gradebook.db'}", pipeline.COURSE_ID) as gb:
+        for student in attacks:
+            scores = {g.name: g.score for g in gb.find_submission_notebook(lesson, lesson, student).grades}
+            assert scores[item] == 0 and all(score == 1 for name, score in scores.items() if name != item), scores
+            graded = nbformat.read(tmp_path / "course" / "autograded" / student / lesson / f"{lesson}.ipynb", 4)
+            cell = next(c for c in graded.cells if c.get("metadata", {}).get("nbgrader", {}).get("grade_id") == item)
+            assert any(verdicts.RUNTIME_HOW in out.get("evalue", "") for out in cell.outputs), cell.outputs
+    assert all(o.ok for o in outcomes), outcomes

@@ -151,12 +151,13 @@ class Case:
         self.steps.append({"record": name, "value": value})
 
 
-def write_cases(folder: Path, item: str, cases: list[Case]) -> None:
-    """Write ``cases`` for the kernel as JSON plus one ``.npz`` (plain arrays only)."""
+def write_cases(folder: Path, item: str, cases: list[Case], forbidden: tuple[str, ...] = ()) -> None:
+    """Write ``cases`` for the kernel as JSON plus one ``.npz`` (plain arrays only), with the item's ``forbidden``
+    rules, which the harvest's child enforces while they run (:mod:`decoder_course.guard`)."""
     folder.mkdir(parents=True, exist_ok=True)
     arrays = {key: value for case in cases for key, value in case.arrays.items()}
     np.savez(folder / f"{item}.npz", **arrays)
-    payload = {"item": item, "cases": [{"id": c.id, "steps": c.steps} for c in cases]}
+    payload = {"item": item, "cases": [{"id": c.id, "steps": c.steps} for c in cases], "forbidden": list(forbidden)}
     (folder / f"{item}.json").write_text(json.dumps(payload))
 
 
@@ -482,7 +483,8 @@ class Exercise:
     lesson: str = ""
     name: str = ""
     points: float = 1.0
-    # Calls that would make the exercise trivial; found in the submitted source by the static policy check.
+    # Calls that would make the exercise trivial: found in the submitted source by the static policy check, and
+    # stopped while the hidden cases run (decoder_course.guard).
     forbidden: tuple[str, ...] = ()
     # Other items of the lesson the student's code may call (their functions or classes, by name), and the
     # reference module that defines them: the verdict is made relative to the student's own answers of those
