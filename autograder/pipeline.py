@@ -149,6 +149,7 @@ def tools_config(c: Config, work: Path | None = None) -> Config:
     c.Exchange.root = os.environ.get("NBGRADER_EXCHANGE_ROOT") or exchange or "/srv/nbgrader/exchange"
     c.Autograde.pre_convert_hook = refuse_oversized
     _stage_generate_assignment()
+    _sanitise_formgrader()
     return c
 
 
@@ -189,6 +190,17 @@ def _stage_generate_assignment() -> None:
 
     nbgrader_api.GenerateAssignment = StagedGenerateAssignment
     generateassignmentapp.GenerateAssignment = StagedGenerateAssignment
+
+
+def _sanitise_formgrader() -> None:
+    """Make formgrader render each submission with :class:`autograder.feedback.FormgradeExporter`: the course's
+    sanitiser within its bound, so no student script runs in the instructor's Jupyter session. formgrader builds
+    its exporter from this module-level name after reading this configuration, and has no setting for its class."""
+    from nbgrader.server_extensions.formgrader import formgrader
+
+    from autograder.feedback import FormgradeExporter
+
+    formgrader.HTMLExporter = FormgradeExporter
 
 
 def refuse_oversized(assignment: str, student: str, notebooks: list[str]) -> None:
