@@ -41,6 +41,13 @@ student controls may run or style anything in it, and nothing a student prints m
    mentions hidden checks or the grader's verdict is shown in a grey dashed frame labelled as the notebook's own
    output.
 
+formgrader's view of a submission (the autograded notebook, in the instructor's Jupyter session) is sanitised the
+same way by :class:`SafeFormgrade`, in :class:`FormgradeExporter` (``pipeline.tools_config`` makes formgrader build
+it); its verdicts are sealed boxes too, its score inputs and comment boxes work as before.
+
+Both pages are made within a bound (:class:`BoundedExporter`): the preprocessors and the template run in a forked
+child with a time, memory and size limit; past one, the page is plain text made without the template, and says why.
+
 The page is written by :class:`FeedbackExporter` (``GenerateFeedback.exporter_class``): nbconvert's
 ``HTMLExporter`` without its BeautifulSoup round trip, which re-parsed the whole page only to give ``<img>`` tags
 an ``alt`` and lab-template cells a ``tabindex`` (most of the time feedback took). It makes the same edits on the
@@ -50,7 +57,6 @@ template's text, or leaves the page to nbconvert's own pass where markup is not 
 from __future__ import annotations
 
 import base64
-import copy
 import html
 import json
 import os
@@ -80,7 +86,8 @@ from autograder.nbgrader_plugins import note
 from autograder.text import shown, without_escapes
 from autograder.verdicts import FAILED_NAME, PASSED_PREFIX
 
-__all__ = ["FeedbackExporter", "SafeFeedback", "accessibility_edits", "imitates_verdict", "markdown_block",
+__all__ = ["BoundedExporter", "FeedbackExporter", "FormgradeExporter", "SafeFeedback", "SafeFormgrade", "Unrendered",
+           "accessibility_edits", "bounded", "imitates_verdict", "markdown_block", "plain_cells", "plain_page",
            "sanitize_html", "sanitize_output"]
 
 # -- the sanitiser ---------------------------------------------------------------------------------------------
@@ -304,8 +311,9 @@ def _plain_output(output) -> NotebookNode:
 
 def plain_cells(cells: list) -> list[NotebookNode]:
     """``cells`` as plain text, without parsing any of their markup: sources and output texts escaped and cut at
-    :data:`PLAIN_CHARS`, at most :data:`PLAIN_OUTPUTS` outputs a cell, markdown and raw cells shown as their text, every rich output replaced by its plain text
-    or a note. Grading metadata stays, so the grader's boxes and formgrader's inputs still find their cells."""
+    :data:`PLAIN_CHARS`, at most :data:`PLAIN_OUTPUTS` outputs a cell, markdown and raw cells shown as their text,
+    every rich output replaced by its plain text or a note. Grading metadata stays, so the grader's boxes and
+    formgrader's inputs still find their cells."""
     kept = []
     for cell in cells:
         source = _cut(_joined(cell.get("source", "")))
@@ -373,9 +381,9 @@ def _points(value) -> str:
 class SafeFeedback(NbGraderPreprocessor):
     """Sanitise the student's notebook, then add the grader's report and verdict boxes (see the module doc).
 
-    When :class:`BoundedExporter` could not make the page within its bound it runs the preprocessors again with
-    ``resources["course_plain"]`` set to why: every student part is then kept only as truncated plain text
-    (:func:`plain_cells`), so nothing of it is parsed as markup, and the report says so."""
+    When :class:`BoundedExporter` could not make the page within its bound it runs the preprocessors in its own
+    process with ``resources["course_plain"]`` set to why: every student part is then kept only as truncated
+    plain text (:func:`plain_cells`), so nothing of it is parsed as markup, and a note under the report says so."""
 
     shows_points = True  # the report and the boxes give each item's points (GetGrades ran before)
 
@@ -401,6 +409,9 @@ class SafeFeedback(NbGraderPreprocessor):
         plain = resources.get("course_plain")
         if plain:
             nb.cells = plain_cells(nb.cells)
+            for cell in nb.cells:
+                if cell.cell_type == "code":
+                    cell.outputs = [self._mark(out) for out in cell.outputs]
         else:
             for cell in nb.cells:
                 self._sanitize_cell(cell)
@@ -752,8 +763,7 @@ def bounded(make, seconds: float, max_bytes: int, memory_bytes: int) -> str:
                 raise Unrendered(f"its page is larger than the {max_bytes / 2**20:g} MB limit")
     finally:
         os.close(reader)
-        os.kill(pid, signal.SIGKILL)  # not yet waited for: the pid is still the child's
-        os.waitpid(pid, 0)
+        _reap(pid)
     data = b"".join(chunks)
     if data[:1] == b"P":
         return data[1:].decode("utf-8", "surrogatepass")
@@ -762,6 +772,16 @@ def bounded(make, seconds: float, max_bytes: int, memory_bytes: int) -> str:
     if data[:1] == b"E":
         raise Unrendered(f"making its page failed ({shown(data[1:].decode('utf-8', 'replace'))})")
     raise Unrendered("the process making its page stopped without one")
+
+
+def _reap(pid: int) -> None:
+    """Wait for the child, killing it if it still runs (until it is waited for, its pid is no one else's)."""
+    try:
+        if os.waitpid(pid, os.WNOHANG)[0] == 0:
+            os.kill(pid, signal.SIGKILL)
+            os.waitpid(pid, 0)
+    except ChildProcessError:  # a server's own child watcher waited for it
+        pass
 
 
 def plain_page(nb: NotebookNode, title: str) -> str:
@@ -801,7 +821,7 @@ class BoundedExporter(HTMLExporter):
         if size > self.render_bytes:
             reason = f"the notebook is {size / 2**20:.1f} MB, over the {self.render_bytes / 2**20:g} MB limit"
         else:
-            self.template  # the instructor's template compiled here, once: each child starts with it
+            _ = self.template  # the instructor's template compiled here, once: each child starts with it
             try:
                 page = bounded(lambda: self._render(nb, resources, **kw)[0], self.render_seconds,
                                self.render_bytes, self.render_memory_bytes)

@@ -137,9 +137,10 @@ def tools_config(c: Config, work: Path | None = None) -> Config:
     the gradebook ``$GRADEBOOK_URL`` when set), hand out ``lessons/`` (``release_assignment``), and never grade
     without the course's trusted execution and sandbox: ``nbgrader autograde`` and formgrader's Autograde button
     run :class:`~autograder.nbgrader_plugins.TrustedExecute` exactly as ``./course grade`` does (same secret, so the
-    same hidden cases and the same scores), feedback goes through the same sanitiser, and a notebook over the size
-    limit stops the run with a message naming ``./course grade`` before a byte of it is parsed. The canary is not
-    in this gradebook (it has its own tree), so it is never a student in ``export`` or formgrader's averages.
+    same hidden cases and the same scores), feedback and formgrader's view of a submission go through the same
+    sanitiser within its bound (:class:`~autograder.feedback.BoundedExporter`), and a notebook over the size limit
+    stops the run with a message naming ``./course grade`` before a byte of it is parsed. The canary is not in this
+    gradebook (it has its own tree), so it is never a student in ``export`` or formgrader's averages.
     """
     work = Path(os.environ.get("DECODER_COURSE_WORK") or work or WORK)
     course = nbgrader_config(work, os.environ.get("GRADEBOOK_URL") or None, release_dir=LESSONS_DIR)

@@ -24,7 +24,7 @@ from nbconvert.exporters import HTMLExporter
 from nbformat import NotebookNode
 from nbformat.v4 import new_markdown_cell, new_notebook
 from nbgrader.converters import GenerateFeedback
-from nbgrader.server_extensions.formgrader import formgrader, handlers
+from nbgrader.server_extensions.formgrader import formgrader
 from traitlets.config import Config
 
 from autograder import nbgrader_plugins, pipeline
