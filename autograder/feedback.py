@@ -331,8 +331,12 @@ def plain_cells(cells: list) -> list[NotebookNode]:
 
 
 def _plain_note(reason: str, page: str) -> NotebookNode:
+    """The note at the top of a plain page: why, and what the page still shows."""
     text = (f"This notebook's {page} page is plain text: {reason}. Its outputs and markdown are shown as text, "
-            "cut at {:,} characters each; scores and verdicts are as graded.".format(PLAIN_CHARS))
+            f"cut at {PLAIN_CHARS:,} characters each; scores and verdicts are as graded.")
+    if page == "formgrader":
+        text += (" formgrader's score and comment boxes are not on this page: open the autograded notebook in "
+                 "JupyterLab to read it in full.")
     return NotebookNode(cell_type="markdown", metadata=NotebookNode(), id="course-plain-note",
                         source=markdown_block(
                             f'<div data-course-grader="plain-note" style="border:2px solid {RED};padding:6px 10px;'

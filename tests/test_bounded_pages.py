@@ -225,3 +225,17 @@ def test_formgraders_view_past_the_bound_is_plain_text(tmp_path, monkeypatch):
     exporter.render_bytes = 1 << 10  # over the size limit: not even read
     note = BeautifulSoup(_view(exporter, nb, tmp_path), "html.parser").find(attrs={"data-course-grader": "plain-note"})
     assert "the notebook is" in note.get_text() and "MB limit" in note.get_text()
+
+
+def test_a_renderer_error_gives_a_plain_page_that_quotes_it(monkeypatch):
+    """A page the template cannot make (here: it raises, with braces in its message) is plain text too."""
+    def broken(self, nb, resources=None, **kw):
+        raise KeyError("{cell} \x1b[2J")
+
+    monkeypatch.setattr(FeedbackExporter, "_render", broken)
+    nbgrader_plugins.NOTES.clear()
+    page, _ = _feedback(_graded_notebook([]), "mallory")
+    note = BeautifulSoup(page, "html.parser").find(attrs={"data-course-grader": "plain-note"}).get_text()
+    assert "making its page failed (KeyError: '{cell} \\x1b[2J')" in note
+    assert "\x1b" not in page
+    assert len(BeautifulSoup(page, "html.parser").find_all(attrs={"data-course-grader": "verdict"})) == 2
