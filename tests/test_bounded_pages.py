@@ -9,7 +9,8 @@ score inputs and comment boxes, each id once.
 The bound (:class:`autograder.feedback.BoundedExporter`): sanitising and rendering one notebook runs in a child
 with a time, memory and size limit; past it the page is plain text with a note saying why, the log says so, and
 the next student's page is the usual one. Variants: deeply nested HTML (nh3 takes time quadratic in the depth),
-the same inside a markdown cell, a notebook over the size limit, many outputs, many cells.
+the same inside a markdown cell, markdown that is slow to parse, a notebook over the size limit, many outputs,
+many cells, a renderer that raises.
 """
 
 from __future__ import annotations
@@ -171,6 +172,8 @@ def _code(source: str, outputs: list) -> NotebookNode:
 PATHOLOGICAL = {
     "nested HTML output": (lambda: [_code("display(HTML(nested))", [_html(NESTED)])], "longer than the 2 s", 1),
     "nested HTML in markdown": (lambda: [new_markdown_cell("# Intro\n\n" + NESTED)], "longer than the 2 s", 1),
+    # mistune's slowest input found (about 35 µs a character here, 10 s for this cell): no closing delimiter
+    "unclosed emphasis": (lambda: [new_markdown_cell("*_" * 150_000)], "longer than the 2 s", 1),
     "a huge markdown cell": (lambda: [new_markdown_cell("*a* <b>b</b> " * 200_000)], "over the 1 MB limit", 1),
     "many outputs": (lambda: [_code("for i in range(50_000): display(HTML('<b>i</b>'))",
                                     [_html("<b>i</b>") for _ in range(50_000)])], "longer than the 2 s", 16),
