@@ -413,6 +413,7 @@ class SafeFeedback(NbGraderPreprocessor):
         plain = resources.get("course_plain")
         if plain:
             nb.cells = plain_cells(nb.cells)
+            resources["course_plain_done"] = True
             for cell in nb.cells:
                 if cell.cell_type == "code":
                     cell.outputs = [self._mark(out) for out in cell.outputs]
@@ -853,6 +854,8 @@ class BoundedExporter(HTMLExporter):
         # minute for 50 000 outputs); what SafeFeedback leaves is plain text.
         for preprocessor in self._preprocessors:
             nb, resources = preprocessor(nb, resources)
+        if not resources.pop("course_plain_done", False):  # no SafeFeedback ran: nothing but plain text either
+            nb.cells = plain_cells(nb.cells)
         resources["output_extension"] = self.file_extension
         return plain_page(nb, f"{who} ({self.page_name}, plain text)")
 

@@ -242,3 +242,14 @@ def test_a_renderer_error_gives_a_plain_page_that_quotes_it(monkeypatch):
     assert "making its page failed (KeyError: '{cell} \\x1b[2J')" in note
     assert "\x1b" not in page
     assert len(BeautifulSoup(page, "html.parser").find_all(attrs={"data-course-grader": "verdict"})) == 2
+
+
+def test_a_plain_page_without_the_sanitiser_is_plain_text_too():
+    """The plain page does not rely on SafeFeedback having run: an exporter configured without it still shows
+    student markup only as text."""
+    config = copy.deepcopy(GenerateFeedback(coursedir=None, config=Config()).config)
+    config.Exporter.default_preprocessors = []
+    config.BoundedExporter.render_bytes = 1 << 10
+    page, _ = FeedbackExporter(config=config).from_notebook_node(attack_notebook(), {})
+    assert problems(page) == [] and "<script" not in page and "&lt;script&gt;alert(&#x27;html-script" not in page
+    assert "&lt;script&gt;alert(" in page  # the markdown and raw cells' text, escaped
