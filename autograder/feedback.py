@@ -41,6 +41,13 @@ student controls may run or style anything in it, and nothing a student prints m
    mentions hidden checks or the grader's verdict is shown in a grey dashed frame labelled as the notebook's own
    output.
 
+formgrader's view of a submission (the autograded notebook, in the instructor's Jupyter session) is sanitised the
+same way by :class:`SafeFormgrade`, in :class:`FormgradeExporter` (``pipeline.tools_config`` makes formgrader build
+it); its verdicts are sealed boxes too, its score inputs and comment boxes work as before.
+
+Both pages are made within a bound (:class:`BoundedExporter`): the preprocessors and the template run in a forked
+child with a time, memory and size limit; past one, the page is plain text made without the template, and says why.
+
 The page is written by :class:`FeedbackExporter` (``GenerateFeedback.exporter_class``): nbconvert's
 ``HTMLExporter`` without its BeautifulSoup round trip, which re-parsed the whole page only to give ``<img>`` tags
 an ``alt`` and lab-template cells a ``tabindex`` (most of the time feedback took). It makes the same edits on the
@@ -52,11 +59,17 @@ from __future__ import annotations
 import base64
 import html
 import json
+import os
 import re
+import resource
 import secrets
+import select
+import signal
+import time
 import unicodedata
 
 import jinja2
+import nbformat
 import nh3
 from bs4 import BeautifulSoup
 from nbconvert.exporters import HTMLExporter, TemplateExporter
@@ -66,12 +79,15 @@ from nbconvert.filters.widgetsdatatypefilter import WidgetsDataTypeFilter
 from nbformat import NotebookNode
 from nbgrader.preprocessors import NbGraderPreprocessor
 from pygments.token import STANDARD_TYPES
+from traitlets import Float, Int
 
 from autograder.checks.framework import PASSED_MESSAGE
-from autograder.text import without_escapes
+from autograder.nbgrader_plugins import note
+from autograder.text import shown, without_escapes
 from autograder.verdicts import FAILED_NAME, PASSED_PREFIX
 
-__all__ = ["FeedbackExporter", "SafeFeedback", "accessibility_edits", "imitates_verdict", "markdown_block",
+__all__ = ["BoundedExporter", "FeedbackExporter", "FormgradeExporter", "SafeFeedback", "SafeFormgrade", "Unrendered",
+           "accessibility_edits", "bounded", "imitates_verdict", "markdown_block", "plain_cells", "plain_page",
            "sanitize_html", "sanitize_output"]
 
 # -- the sanitiser ---------------------------------------------------------------------------------------------
@@ -258,6 +274,75 @@ def sanitize_output(output) -> NotebookNode:
     return rebuilt
 
 
+def _grading_metadata(cell) -> NotebookNode:
+    """A cell's metadata as a page may use it: only the (instructor-restored) ``nbgrader`` part, so that tags
+    cannot add CSS classes (``hidden``) to a cell."""
+    grading = cell.get("metadata", {}).get("nbgrader")
+    keep = isinstance(grading, dict) and (grading.get("grade_id") or any(
+        grading.get(flag) for flag in ("grade", "solution", "task", "locked")))
+    return NotebookNode(nbgrader=grading) if keep else NotebookNode()
+
+
+# -- plain text: the page of a notebook that could not be rendered within the bound ------------------------------
+PLAIN_CHARS = 20_000  # of each cell's source and of each output's text
+PLAIN_OUTPUTS = 50  # of each cell
+
+
+def _cut(text: str) -> str:
+    text = without_escapes(text)
+    if len(text) <= PLAIN_CHARS:
+        return text
+    return text[:PLAIN_CHARS] + f"\n[… {len(text) - PLAIN_CHARS} more characters not shown]"
+
+
+def _plain_output(output) -> NotebookNode:
+    """An output as one stream of text: its text, or a note naming what it held."""
+    kind = output.get("output_type")
+    if kind == "stream":
+        return _note(_cut(_joined(output.get("text", ""))))
+    if kind == "error":
+        return _note(_cut(f"{_joined(output.get('ename', ''))}: {_joined(output.get('evalue', ''))}\n"))
+    data = output.get("data") or {}
+    if isinstance(data, dict) and "text/plain" in data:
+        return _note(_cut(_joined(data["text/plain"])) + "\n")
+    kinds = ", ".join(sorted(str(m)[:60] for m in data)[:5]) if isinstance(data, dict) else ""
+    return _note(f"[an output ({kinds or kind}) not shown: this page is plain text]\n")
+
+
+def plain_cells(cells: list) -> list[NotebookNode]:
+    """``cells`` as plain text, without parsing any of their markup: sources and output texts escaped and cut at
+    :data:`PLAIN_CHARS`, at most :data:`PLAIN_OUTPUTS` outputs a cell, markdown and raw cells shown as their text,
+    every rich output replaced by its plain text or a note. Grading metadata stays, so the grader's boxes and
+    formgrader's inputs still find their cells."""
+    kept = []
+    for cell in cells:
+        source = _cut(_joined(cell.get("source", "")))
+        if cell.get("cell_type") == "code":
+            outputs = cell.get("outputs", [])
+            shown_outputs = [_plain_output(out) for out in outputs[:PLAIN_OUTPUTS]]
+            if len(outputs) > PLAIN_OUTPUTS:
+                shown_outputs.append(_note(f"[… {len(outputs) - PLAIN_OUTPUTS} more outputs not shown]\n"))
+            kept.append(NotebookNode(cell_type="code", metadata=_grading_metadata(cell), source=source,
+                                     execution_count=None, outputs=shown_outputs))
+        else:
+            kept.append(NotebookNode(cell_type="markdown", metadata=_grading_metadata(cell),
+                                     source=markdown_block(f"<pre>{html.escape(source)}</pre>")))
+    return kept
+
+
+def _plain_note(reason: str, page: str) -> NotebookNode:
+    """The note at the top of a plain page: why, and what the page still shows."""
+    text = (f"This notebook's {page} page is plain text: {reason}. Its outputs and markdown are shown as text, "
+            f"cut at {PLAIN_CHARS:,} characters each; scores and verdicts are as graded.")
+    if page == "formgrader":
+        text += (" formgrader's score and comment boxes are not on this page: open the autograded notebook in "
+                 "JupyterLab to read it in full.")
+    return NotebookNode(cell_type="markdown", metadata=NotebookNode(), id="course-plain-note",
+                        source=markdown_block(
+                            f'<div data-course-grader="plain-note" style="border:2px solid {RED};padding:6px 10px;'
+                            f'margin:6px 0;{FONT};color:#111">{html.escape(text)}</div>'))
+
+
 # -- what only the grader writes -------------------------------------------------------------------------------
 # verdicts.apply: a passed item's last output is this stream; a failed item's verdict is the only error output of
 # its cell (apply turns every error the kernel raised into text), named HiddenCheckFailed.
@@ -298,32 +383,48 @@ def _points(value) -> str:
 
 
 class SafeFeedback(NbGraderPreprocessor):
-    """Sanitise the student's notebook, then add the grader's report and verdict boxes (see the module doc)."""
+    """Sanitise the student's notebook, then add the grader's report and verdict boxes (see the module doc).
+
+    When :class:`BoundedExporter` could not make the page within its bound it runs the preprocessors in its own
+    process with ``resources["course_plain"]`` set to why: every student part is then kept only as truncated
+    plain text (:func:`plain_cells`), so nothing of it is parsed as markup, and a note under the report says so."""
+
+    shows_points = True  # the report and the boxes give each item's points (GetGrades ran before)
 
     def preprocess(self, nb: NotebookNode, resources: dict):
+        verdicts, plain = self._student_part(nb, resources)
+        rows = [row for cell, verdict in zip(nb.cells, verdicts) if (row := self._row(cell, verdict)) is not None]
+        if plain:
+            nb.cells.insert(0, _plain_note(plain, "feedback"))
+        nb.cells.insert(0, NotebookNode(cell_type="markdown", metadata=NotebookNode(), id="course-grader-report",
+                                        source=self._report(rows, resources)))
+        return nb, resources
+
+    def _student_part(self, nb: NotebookNode, resources: dict) -> tuple[list, str | None]:
+        """Draw the seal, take the verdicts out of the cells, sanitise the rest (or keep it as plain text); the
+        verdicts by cell, and why the page is plain (None when it is not)."""
         seal = "-".join(secrets.token_hex(2).upper() for _ in range(2))
         resources.setdefault("course_feedback", {})["seal"] = seal
         self._seal = seal
         meta = nb.get("metadata", {})
         nb.metadata = NotebookNode({key: meta[key] for key in ("kernelspec",) if key in meta})
         nb.metadata.language_info = NotebookNode(name="python", pygments_lexer="ipython3")
-        rows = []
-        for cell in nb.cells:
-            verdict = self._take_verdict(cell)  # first: the student's outputs are sanitised and labelled next
-            self._sanitize_cell(cell)
-            row = self._row(cell, verdict)
-            if row is not None:
-                rows.append(row)
-        nb.cells.insert(0, NotebookNode(cell_type="markdown", metadata=NotebookNode(), id="course-grader-report",
-                                        source=self._report(rows, resources)))
-        return nb, resources
+        verdicts = [self._take_verdict(cell) for cell in nb.cells]  # first: the rest is sanitised and labelled next
+        plain = resources.get("course_plain")
+        if plain:
+            nb.cells = plain_cells(nb.cells)
+            resources["course_plain_done"] = True
+            for cell in nb.cells:
+                if cell.cell_type == "code":
+                    cell.outputs = [self._mark(out) for out in cell.outputs]
+        else:
+            for cell in nb.cells:
+                self._sanitize_cell(cell)
+        return verdicts, plain
 
     # -- the student's part ----------------------------------------------------------------------------------
     def _sanitize_cell(self, cell: NotebookNode) -> None:
-        grading = cell.get("metadata", {}).get("nbgrader")
-        keep = isinstance(grading, dict) and (grading.get("grade_id") or any(
-            grading.get(flag) for flag in ("grade", "solution", "task", "locked")))
-        cell.metadata = NotebookNode(nbgrader=grading) if keep else NotebookNode()
+        cell.metadata = _grading_metadata(cell)
         cell.source = _joined(cell.get("source", ""))
         if cell.cell_type == "markdown":
             cell.source = safe_markdown(cell.source, cell.pop("attachments", None))
@@ -379,6 +480,13 @@ class SafeFeedback(NbGraderPreprocessor):
         if not (grading.get("grade") or grading.get("task")) or not grading.get("grade_id"):
             return None
         item, score, points = str(grading["grade_id"]), grading.get("score"), grading.get("points")
+        if not self.shows_points:  # formgrader: its own inputs show the points; a box only where a verdict was kept
+            if verdict is None or cell.cell_type != "code" or grading.get("solution"):
+                return None
+            row = {"item": item, "score": None, "points": None, "passed": verdict[0], "message": verdict[1]}
+            cell.outputs.append(NotebookNode(output_type="display_data", metadata=NotebookNode(),
+                                             data=NotebookNode({"text/html": self._box(row)})))
+            return row
         full = score is not None and points is not None and _points(score) == _points(points)
         passed, message = verdict if verdict is not None else (None, "")
         if passed is None:
@@ -404,8 +512,8 @@ class SafeFeedback(NbGraderPreprocessor):
     def _box(self, row: dict) -> str:
         colour, tint = (GREEN, "#e9f6ec") if row["passed"] else (RED, "#fdecea")
         point_word = "point" if row["points"] == "1" else "points"
-        head = (f"Grader's verdict · {row['item']} · {row['score']} / {row['points']} {point_word} · "
-                f"seal {self._seal}")
+        points = f" · {row['score']} / {row['points']} {point_word}" if row["points"] is not None else ""
+        head = f"Grader's verdict · {row['item']}{points} · seal {self._seal}"
         return (f'<div data-course-grader="verdict" class="tex2jax_ignore" style="border:2px solid {colour};'
                 f'border-left:10px solid {colour};border-radius:4px;background:{tint};padding:6px 10px;'
                 f'margin:6px 0">'
@@ -451,6 +559,23 @@ class SafeFeedback(NbGraderPreprocessor):
             f'<p style="margin:0 0 8px 0;font-size:13px">{html.escape(explain)}</p>'
             f'<table style="border-collapse:collapse;width:100%;font-size:13px;background:white">'
             f'<thead><tr>{header}</tr></thead><tbody>{"".join(lines)}</tbody></table></div>')
+
+
+class SafeFormgrade(SafeFeedback):
+    """The same sanitising for formgrader's view of a submission (the autograded notebook, rendered by
+    :class:`FormgradeExporter` with nbgrader's ``formgrade`` template in the instructor's Jupyter session, whose
+    page holds the XSRF token): no student script, style, id or link runs or reaches the grading form. Each test
+    cell's verdict becomes a sealed box (formgrader's own inputs show the points); no report."""
+
+    shows_points = False
+
+    def preprocess(self, nb: NotebookNode, resources: dict):
+        verdicts, plain = self._student_part(nb, resources)
+        for cell, verdict in zip(nb.cells, verdicts):
+            self._row(cell, verdict)
+        if plain:
+            nb.cells.insert(0, _plain_note(plain, "formgrader"))
+        return nb, resources
 
 
 # -- the page --------------------------------------------------------------------------------------------------
@@ -586,13 +711,183 @@ class _CachedHighlight(Highlight2HTML):
         return _memoised(key, len(source), lambda: super(_CachedHighlight, self).__call__(source, language, metadata))
 
 
-class FeedbackExporter(HTMLExporter):
+# -- the bound: one notebook's page, made in a child with a time, memory and size limit ------------------------
+RENDER_SECONDS = 20.0  # to sanitise and render one notebook
+RENDER_BYTES = 16 << 20  # the notebook's JSON before (as Limits.notebook_bytes), and its page after
+RENDER_MEMORY = 2 << 30  # address space the child may add to this process's
+
+
+class Unrendered(Exception):
+    """A notebook's page was not made within the bound; the message says which limit it passed."""
+
+
+def _address_space() -> int:
+    with open("/proc/self/statm") as statm:
+        return int(statm.read().split()[0]) * os.sysconf("SC_PAGE_SIZE")
+
+
+def bounded(make, seconds: float, max_bytes: int, memory_bytes: int) -> str:
+    """``make()`` (text) computed in a forked child that may take ``seconds`` of wall time, ``memory_bytes`` of
+    address space more than this process and give at most ``max_bytes`` (UTF-8); raises :class:`Unrendered`
+    past any of them, or when ``make`` raised. A markup parser can be made to take time quadratic in its input
+    (nh3 on deeply nested tags, a template over many cells) and cannot be interrupted in a thread: a child is
+    killed, and this process keeps nothing it built."""
+    reader, writer = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # the child: never returns, runs no exit handler of the parent's
+        try:
+            os.close(reader)
+            _, hard = resource.getrlimit(resource.RLIMIT_AS)
+            soft = _address_space() + memory_bytes
+            resource.setrlimit(resource.RLIMIT_AS, (soft if hard == resource.RLIM_INFINITY else min(soft, hard), hard))
+            try:
+                data = b"P" + make().encode("utf-8", "surrogatepass")
+            except MemoryError:
+                data = b"M"
+            except Exception as exc:
+                data = b"E" + f"{type(exc).__name__}: {exc}"[:300].encode("utf-8", "replace")
+            with os.fdopen(writer, "wb") as out:
+                out.write(data[:max_bytes + 2])
+        finally:
+            os._exit(0)
+    os.close(writer)
+    chunks, size, deadline = [], 0, time.monotonic() + seconds
+    try:
+        while True:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                raise Unrendered(f"making its page took longer than the {seconds:g} s limit")
+            if not select.select([reader], [], [], left)[0]:
+                continue
+            chunk = os.read(reader, 1 << 20)
+            if not chunk:
+                break
+            chunks.append(chunk)
+            size += len(chunk)
+            if size > max_bytes + 1:
+                raise Unrendered(f"its page is larger than the {max_bytes / 2**20:g} MB limit")
+    finally:
+        os.close(reader)
+        _reap(pid)
+    data = b"".join(chunks)
+    if data[:1] == b"P":
+        return data[1:].decode("utf-8", "surrogatepass")
+    if data[:1] == b"M":
+        raise Unrendered(f"making its page needed more than {memory_bytes / 2**30:g} GB of memory")
+    if data[:1] == b"E":
+        raise Unrendered(f"making its page failed ({shown(data[1:].decode('utf-8', 'replace'))})")
+    raise Unrendered("the process making its page stopped without one")
+
+
+def _reap(pid: int) -> None:
+    """Wait for the child, killing it if it still runs (until it is waited for, its pid is no one else's)."""
+    try:
+        if os.waitpid(pid, os.WNOHANG)[0] == 0:
+            os.kill(pid, signal.SIGKILL)
+            os.waitpid(pid, 0)
+    except ChildProcessError:  # a server's own child watcher waited for it
+        pass
+
+
+def plain_page(nb: NotebookNode, title: str) -> str:
+    """A page of ``nb`` after :func:`plain_cells` and the grader's preprocessors, made without the template (its
+    time grows with the number of cells): markdown cells are the grader's blocks or text it escaped, rich outputs
+    the grader's boxes, everything else is escaped here."""
+    parts = [f'<!DOCTYPE html>\n<html><head><meta charset="utf-8"><title>{html.escape(title)}</title></head><body>']
+    for cell in nb.cells:
+        if cell.cell_type == "markdown":
+            parts.append(cell.source)
+            continue
+        parts.append(f'<pre>{html.escape(_joined(cell.get("source", "")))}</pre>')
+        for out in cell.get("outputs", []):
+            data = out.get("data", {})
+            if "text/html" in data:
+                parts.append(data["text/html"])
+            else:
+                parts.append(f'<pre>{html.escape(_joined(out.get("text", data.get("text/plain", ""))))}</pre>')
+    parts.append("</body></html>\n")
+    return "".join(parts)
+
+
+class BoundedExporter(HTMLExporter):
+    """nbconvert's HTMLExporter whose page (the preprocessors, among them the course's sanitiser, and the
+    template) is made within a bound (:func:`bounded`): past it, or for a notebook over ``render_bytes``, the
+    page is :func:`plain_page` of the notebook as the preprocessors leave it in plain mode (``course_plain``: no
+    student markup parsed), which says why, and the log says so too. The rest of the class is not held up."""
+
+    render_seconds = Float(RENDER_SECONDS, help="Seconds to sanitise and render one notebook").tag(config=True)
+    render_bytes = Int(RENDER_BYTES, help="Largest notebook (JSON) and page, in bytes").tag(config=True)
+    render_memory_bytes = Int(RENDER_MEMORY, help="Memory the rendering child may add").tag(config=True)
+    page_name = "feedback"
+
+    def from_notebook_node(self, nb: NotebookNode, resources: dict | None = None, **kw):
+        resources = self._init_resources(resources)
+        size = len(json.dumps(nb, default=str))
+        if size > self.render_bytes:
+            reason = f"the notebook is {size / 2**20:.1f} MB, over the {self.render_bytes / 2**20:g} MB limit"
+        else:
+            _ = self.template  # the instructor's template compiled here, once: each child starts with it
+            try:
+                page = bounded(lambda: self._render(nb, resources, **kw)[0], self.render_seconds,
+                               self.render_bytes, self.render_memory_bytes)
+                resources["output_extension"] = self.file_extension
+                return page, resources
+            except Unrendered as exc:
+                reason = str(exc)
+        return self._plain(nb, resources, reason), resources
+
+    def _render(self, nb: NotebookNode, resources: dict, **kw):
+        return super().from_notebook_node(nb, resources, **kw)
+
+    def _plain(self, nb: NotebookNode, resources: dict, reason: str) -> str:
+        info = resources.get("nbgrader", {})
+        who = "/".join(str(part) for part in (info.get("student") or resources.get("student"),
+                                              info.get("assignment") or resources.get("assignment_id"))
+                       if part) or "a notebook"
+        message = f"{reason}: its {self.page_name} page is plain text (see the note at its top)"
+        if info.get("student") and info.get("assignment"):
+            note(str(info["assignment"]), str(info["student"]), message)
+        else:
+            self.log.warning("%s: %s", shown(who), shown(message))
+        resources["course_plain"] = reason
+        # The preprocessors on ``nb`` itself: nbconvert's _preprocess would copy and validate all of it twice (a
+        # minute for 50 000 outputs); what SafeFeedback leaves is plain text.
+        for preprocessor in self._preprocessors:
+            nb, resources = preprocessor(nb, resources)
+        if not resources.pop("course_plain_done", False):  # no SafeFeedback ran: nothing but plain text either
+            nb.cells = plain_cells(nb.cells)
+        resources["output_extension"] = self.file_extension
+        return plain_page(nb, f"{who} ({self.page_name}, plain text)")
+
+
+class FormgradeExporter(BoundedExporter):
+    """formgrader's exporter (``pipeline.tools_config`` makes formgrader build this one): the submission view
+    is sanitised by :class:`SafeFormgrade`, within the bound."""
+
+    page_name = "formgrader"
+
+    def __init__(self, *args, **kw):
+        super().__init__(*args, **kw)
+        self.register_preprocessor(SafeFormgrade(), enabled=True)
+
+    def from_filename(self, filename: str, resources: dict | None = None, **kw):
+        """A notebook over the bound is not read (nbformat would parse and validate all of it)."""
+        size = os.path.getsize(filename)
+        if size > self.render_bytes:
+            reason = f"the notebook is {size / 2**20:.1f} MB, over the {self.render_bytes / 2**20:g} MB limit"
+            resources = self._init_resources(resources)
+            return self._plain(nbformat.v4.new_notebook(), resources, reason), resources
+        return super().from_filename(filename, resources, **kw)
+
+
+class FeedbackExporter(BoundedExporter):
     """nbconvert's HTMLExporter, same template and configuration (it reads the ``HTMLExporter`` section), whose
     page is the template's output with :func:`accessibility_edits` instead of a BeautifulSoup parse and print of
     the whole page (tests/test_feedback_exporter.py: the same tree as HTMLExporter's, for real graded notebooks).
-    The page's markup comes from the template, the sanitiser (nh3) and escaped text, so the scanner reads it all."""
+    The page's markup comes from the template, the sanitiser (nh3) and escaped text, so the scanner reads it all.
+    Made within the bound of :class:`BoundedExporter`."""
 
-    def from_notebook_node(self, nb: NotebookNode, resources: dict | None = None, **kw):
+    def _render(self, nb: NotebookNode, resources: dict | None = None, **kw):
         # HTMLExporter.from_notebook_node up to its call of TemplateExporter's, which renders the page.
         langinfo = nb.metadata.get("language_info", {})
         lexer = langinfo.get("pygments_lexer", langinfo.get("name", None))

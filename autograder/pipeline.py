@@ -140,9 +140,10 @@ def tools_config(c: Config, work: Path | None = None) -> Config:
     which sets the rest apart in ``set_apart/``), and never grade
     without the course's trusted execution and sandbox: ``nbgrader autograde`` and formgrader's Autograde button
     run :class:`~autograder.nbgrader_plugins.TrustedExecute` exactly as ``./course grade`` does (same secret, so the
-    same hidden cases and the same scores), feedback goes through the same sanitiser, and a notebook over the size
-    limit stops the run with a message naming ``./course grade`` before a byte of it is parsed. The canary is not
-    in this gradebook (it has its own tree), so it is never a student in ``export`` or formgrader's averages.
+    same hidden cases and the same scores), feedback and formgrader's view of a submission go through the same
+    sanitiser within its bound (:class:`~autograder.feedback.BoundedExporter`), and a notebook over the size limit
+    stops the run with a message naming ``./course grade`` before a byte of it is parsed. The canary is not in this
+    gradebook (it has its own tree), so it is never a student in ``export`` or formgrader's averages.
     """
     work = Path(os.environ.get("DECODER_COURSE_WORK") or work or WORK)
     course = nbgrader_config(work, os.environ.get("GRADEBOOK_URL") or None, release_dir=LESSONS_DIR)
@@ -154,6 +155,7 @@ def tools_config(c: Config, work: Path | None = None) -> Config:
     c.CourseExchangeCollect.set_apart_directory = str(work / "set_apart")
     c.Autograde.pre_convert_hook = refuse_oversized
     _stage_generate_assignment()
+    _sanitise_formgrader()
     return c
 
 
@@ -194,6 +196,17 @@ def _stage_generate_assignment() -> None:
 
     nbgrader_api.GenerateAssignment = StagedGenerateAssignment
     generateassignmentapp.GenerateAssignment = StagedGenerateAssignment
+
+
+def _sanitise_formgrader() -> None:
+    """Make formgrader render each submission with :class:`autograder.feedback.FormgradeExporter`: the course's
+    sanitiser within its bound, so no student script runs in the instructor's Jupyter session. formgrader builds
+    its exporter from this module-level name after reading this configuration, and has no setting for its class."""
+    from nbgrader.server_extensions.formgrader import formgrader
+
+    from autograder.feedback import FormgradeExporter
+
+    formgrader.HTMLExporter = FormgradeExporter
 
 
 def refuse_oversized(assignment: str, student: str, notebooks: list[str]) -> None:

