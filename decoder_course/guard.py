@@ -18,9 +18,9 @@ as plain data (they are public: the exercise's docstring states them), and the f
 
 A report is final: the child sends it to the kernel and exits at once, so catching an exception cannot hide it, and
 the trusted grader fails the item with the policy's message. Turning the profile function off (``sys.setprofile``
-with anything else), or starting a program that would run without it, is reported the same way. The guard runs no code of the student's and decides nothing; code
-of the student's that takes the grader's own objects apart in the kernel (replacing ``collect``) is outside what
-a guard in the kernel can hold.
+with anything else), or starting a program that would run without it, is reported the same way. The guard runs no
+code of the student's and decides nothing; code of the student's that takes the grader's own objects apart in the
+kernel (replacing ``collect``) is outside what a guard in the kernel can hold.
 """
 
 from __future__ import annotations
