@@ -391,9 +391,10 @@ def grade_on_cluster(jobs, work: Path, db_url: str | None, scheduler: str, progr
                                          f"{WORKER_TIMEOUT} s: start `dask worker {scheduler}` on the grading "
                                          "machines") from exc
             workers = _Workers(client, lessons, want, sandbox)
-            if not workers.usable():
+            usable = workers.usable()
+            if not usable:
                 raise ClusterUnavailable(f"no Dask worker of {scheduler} can grade: {workers.problems()}")
-            slots = sum(n for address, n in client.nthreads().items() if address in workers.usable()) or 1
+            slots = sum(n for address, n in client.nthreads().items() if address in usable) or 1
             window = max(8, 4 * slots)  # notebooks in flight: enough to keep every worker busy, not the class
             queue = list(range(len(jobs)))
             pending = as_completed()
