@@ -370,6 +370,41 @@ def test_a_worker_that_cannot_grade_is_named_with_its_fix_and_gets_no_notebook(o
         assert on_cluster["cluster"].addresses[name] not in " ".join(named)
 
 
+class _FakeClient:
+    """What :class:`distributed._Workers` asks of a Dask client: the workers there now, and a function run on some."""
+
+    def __init__(self, answers: dict):
+        self.answers, self.present, self.asked = answers, list(answers), []
+
+    def nthreads(self):
+        return dict.fromkeys(self.present, 1)
+
+    def run(self, fn, *args, workers, on_error):
+        self.asked.append(sorted(workers))
+        return {address: self.answers[address] for address in workers}
+
+
+def test_each_worker_is_checked_once_when_first_seen_and_one_that_cannot_grade_is_left_out(caplog):
+    from distributed.comm import CommClosedError
+
+    client = _FakeClient({"tcp://a:1": "", "tcp://b:1": ModuleNotFoundError("No module named 'autograder'"),
+                          "tcp://gone:1": CommClosedError("left")})
+    workers = distributed._Workers(client, LESSONS, "f" * 16, True)
+    with caplog.at_level("WARNING", logger="autograder"):
+        assert workers.usable() == ["tcp://a:1"]
+        client.present.remove("tcp://gone:1")  # it left while it was asked: it was not given anything
+        assert workers.usable() == ["tcp://a:1"]  # nothing new: nothing run again
+        client.answers["tcp://c:1"] = "its checkout grades 00-setup differently from the instructor's (fingerprint)"
+        client.answers["tcp://d:1"] = ""
+        client.present += ["tcp://c:1", "tcp://d:1"]  # two join during the run
+        assert workers.usable() == ["tcp://a:1", "tcp://d:1"]
+    assert client.asked == [["tcp://a:1", "tcp://b:1", "tcp://gone:1"], ["tcp://c:1", "tcp://d:1"]]
+    named = [r.getMessage() for r in caplog.records if "cannot grade" in r.getMessage()]
+    assert len(named) == 2 and "tcp://b:1" in named[0] and "./course worker" in named[0]
+    assert "tcp://c:1" in named[1] and "git pull" in named[1]
+    assert "tcp://b:1" in workers.problems() and "tcp://a:1" not in workers.problems()
+
+
 @pytest.mark.parametrize(("why", "fix"), [
     ("ModuleNotFoundError: No module named 'autograder'", "./course worker"),
     ("ImportError: cannot import name 'grade_one' from 'autograder.pipeline'", "./course worker"),
