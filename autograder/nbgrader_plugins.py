@@ -237,8 +237,8 @@ class TrustedExecute(Execute):
 
     async def _async_handle_timeout(self, timeout, cell=None):
         self._timed_out.add(self._cell)
-        self._note(f"{self._cell_name(self._cell)} {TIMED_OUT}: ran past the {timeout} s cell limit"
-                   f"{sandbox.stretch_note(self._limits.cell_timeout, self._slowdown)}: interrupted")
+        self._note(f"{self._cell_name(self._cell)} {TIMED_OUT}: ran past the {timeout} s cell limit: interrupted"
+                   f"{sandbox.stretch_note(self._limits.cell_timeout, self._slowdown)}")
         return await super()._async_handle_timeout(timeout, cell)
 
     def output(self, outs, msg, display_id, cell_index):
@@ -364,19 +364,24 @@ class TrustedExecute(Execute):
         return self._nb, resources
 
     def _unfinished(self) -> dict[str, str]:
-        """The graded items that a time limit stopped, with why: their cell ran past the cell limit, the notebook's
-        deadline came while it ran or before it, or the kernel stopped after an earlier cell's timeout. Their
-        verdict says so (:func:`autograder.verdicts.decide`), never that the answer was wrong."""
+        """The graded items that a time limit stopped, with why: their test cell or their solution cell ran past the
+        cell limit, the notebook's deadline came while it ran or before it, or the kernel stopped after an earlier
+        cell's timeout. Their verdict says so (:func:`autograder.verdicts.decide`), never that the answer was
+        wrong."""
         deadline = self._box is not None and self._box.deadline_hit
         stopped = self._cell if self._stopped_early else None  # the timed-out cell whose kernel was stopped
+        how = sandbox.stretch_note(self._limits.cell_timeout, self._slowdown)
+        solved_slowly = {name for index in self._timed_out if index >= 0
+                         for name in verdicts.solved_in(self._nb.cells[index])}
         why = {}
         for index, cell in enumerate(self._nb.cells):
             item = cell.get("metadata", {}).get("nbgrader", {}).get("grade_id")
             if not item or item not in self._plan.items:
                 continue
             if index in self._timed_out:
-                why[item] = verdicts.timed_out_cell(self._cell_limit,
-                                                    sandbox.stretch_note(self._limits.cell_timeout, self._slowdown))
+                why[item] = verdicts.timed_out_cell(self._cell_limit, how)
+            elif item in solved_slowly:
+                why[item] = verdicts.timed_out_solution(self._cell_limit, how)
             elif deadline and index >= self._cell:
                 why[item] = verdicts.timed_out_notebook(
                     self._limits.deadline * self._slowdown,

@@ -96,18 +96,23 @@ class Plan:
     outputs: dict[str, tuple] = field(default_factory=dict)  # item -> outputs merged over answer rounds
 
 
+def solved_in(cell: NotebookNode) -> set[str]:
+    """The exercises whose solution ``cell`` holds (none for any other cell)."""
+    if cell.cell_type != "code":
+        return set()
+    meta = cell.get("metadata", {})
+    names = list(meta.get("course", {}).get("exercise", []))
+    grade_id = meta.get("nbgrader", {}).get("grade_id", "")
+    if meta.get("nbgrader", {}).get("solution") and grade_id.endswith("_solution"):
+        names.append(grade_id[: -len("_solution")])
+    return set(names)
+
+
 def solution_sources(nb: NotebookNode) -> dict[str, str]:
     """The submitted code of each exercise's solution cell, keyed by exercise name."""
     sources: dict[str, str] = {}
     for cell in nb.cells:
-        if cell.cell_type != "code":
-            continue
-        meta = cell.get("metadata", {})
-        names = list(meta.get("course", {}).get("exercise", []))
-        grade_id = meta.get("nbgrader", {}).get("grade_id", "")
-        if meta.get("nbgrader", {}).get("solution") and grade_id.endswith("_solution"):
-            names.append(grade_id[: -len("_solution")])
-        for name in set(names):
+        for name in solved_in(cell):
             sources[name] = sources.get(name, "") + "\n" + cell.source
     return sources
 
@@ -249,6 +254,12 @@ def timed_out_cell(seconds: float, how: str = "") -> str:
     """The verdict of an item whose cell ran past the cell limit (``how``: :func:`autograder.sandbox.stretch_note`)."""
     return (f"timed out: this cell ran past its {seconds:g} s time limit{how} before your code finished on the "
             f"hidden cases, so they could not be judged. {_TIME_ADVICE}")
+
+
+def timed_out_solution(seconds: float, how: str = "") -> str:
+    """The verdict of an item whose own solution cell ran past the cell limit (its test cell then failed)."""
+    return (f"timed out: the cell with your code for this exercise ran past its {seconds:g} s time limit{how}, so "
+            f"the exercise could not be judged. {_TIME_ADVICE}")
 
 
 def timed_out_notebook(seconds: float, how: str = "") -> str:
