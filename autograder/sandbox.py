@@ -144,15 +144,23 @@ MAX_SLOWDOWN = 8.0  # limits stretch no further: a machine this busy should not 
 
 def slowdown(probe_cpu_seconds: float = PROBE_CPU_SECONDS) -> float:
     """How many times longer than on an idle machine CPU-bound work takes here now, from 1 to
-    :data:`MAX_SLOWDOWN`: the wall time of a busy loop over the CPU time this thread got for it. Measured before
-    each notebook; its cell timeout, interrupt grace and deadline are stretched by it, so that a machine busy with
-    other work (other graders, a neighbour's CI job, a cgroup's CPU quota) turns no slow-but-correct cell, the
-    canary's above all, into a timeout. ``cpu_seconds`` is not stretched: a busy machine costs no more CPU."""
+    :data:`MAX_SLOWDOWN`. Measured before each notebook; its cell timeout, interrupt grace and deadline are
+    stretched by it, so that a machine busy with other work (other graders, a neighbour's CI job) turns no
+    slow-but-correct cell, the canary's above all, into a timeout. ``cpu_seconds`` is not stretched: a busy machine
+    costs no more CPU.
+
+    The busier of two views: the run queue of the last minute (the load average per CPU this process may use:
+    six runnable processes on two CPUs get a third of one each), and this thread's share of a core right now (the
+    wall time of a busy loop over the CPU time it got: a cgroup's CPU quota shows there, and a load that has just
+    begun). Neither alone will do: the scheduler may leave the probe a core of its own while the kernel, another
+    process, shares the other, and the load average lags."""
+    cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+    queued = os.getloadavg()[0] / max(cpus, 1)
     wall, cpu = time.perf_counter(), time.thread_time()
     while time.thread_time() - cpu < probe_cpu_seconds:
         sum(range(2000))
-    ratio = (time.perf_counter() - wall) / max(time.thread_time() - cpu, 1e-9)
-    return round(min(MAX_SLOWDOWN, max(1.0, ratio)), 2)
+    share = (time.perf_counter() - wall) / max(time.thread_time() - cpu, 1e-9)
+    return round(min(MAX_SLOWDOWN, max(1.0, queued, share)), 2)
 
 
 def stretch_note(seconds: float, factor: float) -> str:

@@ -2,7 +2,7 @@
 time limit stopped says "timed out", never that its answer was wrong.
 
 - :func:`autograder.sandbox.slowdown` sees CPU-bound neighbours: two busy processes on this process's core slow it
-  down at least twice;
+  down at least twice, and a long run queue (the load average per CPU) as much as it says;
 - lesson 01's canary, its ``padding_mask`` made correct but slow (its first call sleeps past the cell limit of an
   idle machine, within the limit stretched by a measured slowdown of 3): on a machine measured idle it fails, its
   item says "timed out" and the canary's message says that it ran out of time, not into a wrong answer; on a
@@ -80,6 +80,14 @@ def test_slowdown_sees_two_busy_processes_on_its_core():
     # three CPU-bound threads on one core: the probe gets a third of it at most (others may take more)
     assert 2.0 <= measured <= sandbox.MAX_SLOWDOWN, measured
     assert 1.0 <= sandbox.slowdown(0.005) <= sandbox.MAX_SLOWDOWN
+
+
+@pytest.mark.parametrize(("load", "cpus", "least"), [(8.0, 2, 4.0), (3.0, 1, 3.0), (100.0, 2, sandbox.MAX_SLOWDOWN)])
+def test_slowdown_sees_a_long_run_queue(monkeypatch, load, cpus, least):
+    """The load average per usable CPU: the view that holds when the probe alone had a core to itself."""
+    monkeypatch.setattr(os, "getloadavg", lambda: (load, load, load))
+    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: set(range(cpus)))
+    assert least <= sandbox.slowdown(0.005) <= sandbox.MAX_SLOWDOWN
 
 
 def test_a_stretched_limit_says_how_it_was_stretched():
