@@ -14,7 +14,6 @@ import json
 import os
 import subprocess
 import sys
-import time
 from dataclasses import replace
 
 import pytest
