@@ -8,7 +8,9 @@ time limit stopped says "timed out", never that its answer was wrong.
   item says "timed out" and the canary's message says that it ran out of time, not into a wrong answer; on a
   machine measured 3 times slower it scores full marks with the same limits. The slowdown is fixed here (a sleep
   is wall time whatever the load) so that the outcome is certain; the measurement is the first test's.
-- lesson 08's canary (the one that failed in the issue) beside two CPU-bound processes: full marks.
+- lesson 08's canary (the one that failed in the issue) beside two CPU-bound processes: full marks. (Its 8/10
+  there was not the load: a hidden case that a correct sampler failed by chance in 4 % of secrets, on any machine;
+  tests/test_hidden_checks.py bounds that chance now.)
 
 The corpus of tests/test_adversarial.py holds the other ways a time limit stops an item: a deadline, a cell that
 ignores its interrupt, and a correct answer that never returns (tests/adversarial/slow_*.py, c_level_loop.py).
