@@ -27,8 +27,13 @@ secret, same hidden cases (``tests/test_distributed.py`` kills a worker mid-run 
 
 A worker refuses a task when its checkout would grade differently: the *fingerprint* (:func:`fingerprint`) of
 what decides a lesson's scores (the solution notebook, its reference, hidden and visible checks, the course and
-library versions) must equal the instructor's. Workers grade one notebook at a time per process (a lock:
-``TrustedExecute`` keeps per-notebook state in module globals); start them with ``--nthreads 1 --nworkers N``.
+library versions) must equal the instructor's. Before a worker is given a notebook (at the start, or when it
+joins), it is checked: one that cannot grade (no grading code in its environment, another checkout, no sandbox)
+is named in a warning with its fix, in one line, and the notebooks go to the workers that can; only a cluster
+with none stops the run. A worker finds the grading code in the course's venv (``./course setup`` writes a path
+file there naming the checkout), so Dask's plain ``dask worker ADDRESS``, started from any folder, grades.
+Workers grade one notebook at a time per process (a lock: ``TrustedExecute`` keeps per-notebook state in module
+globals); start them with ``--nthreads 1 --nworkers N`` (``./course worker ADDRESS`` gives one thread).
 """
 
 from __future__ import annotations
@@ -60,7 +65,7 @@ from autograder.nbgrader_plugins import TrustedExecute
 from autograder.pipeline import COURSE_ID, Limits, Outcome
 from autograder.text import shown
 
-__all__ = ["TASK_RETRIES", "ClusterUnavailable", "HeldSecretExecute", "check_scheduler", "fingerprint",
+__all__ = ["TASK_RETRIES", "ClusterUnavailable", "HeldSecretExecute", "check_scheduler", "fingerprint", "fix_for",
            "grade_on_cluster", "grade_remote", "record"]
 
 TASK_RETRIES = 2  # a task that raises (not a lost worker: Dask reschedules those on its own) runs again
@@ -204,7 +209,7 @@ def _grade_remote(task: dict) -> dict:
 
 
 def _worker_ready(lessons: list[str], want: str, sandbox: bool) -> str:
-    """Run on every worker before grading starts: '' when it can grade, else why not."""
+    """Run on every worker before it is given a notebook: '' when it can grade, else why not."""
     try:
         if fingerprint(lessons) != want:
             return f"its checkout grades {', '.join(lessons)} differently from the instructor's (fingerprint)"
@@ -218,6 +223,52 @@ def _worker_ready(lessons: list[str], want: str, sandbox: bool) -> str:
     except Exception as exc:  # a broken checkout: say so rather than fail the run
         return f"{type(exc).__name__}: {exc}"
     return ""
+
+
+def fix_for(why: str) -> str:
+    """What to do about a worker that cannot grade (:func:`_worker_ready`'s answer, or the error its process
+    raised before it could answer), in one line."""
+    if "No module named" in why or "ImportError" in why:  # the function could not even be loaded there
+        return ("start it with the course's environment, from any folder: `./course worker ADDRESS` in a checkout "
+                "(or `.venv/bin/dask worker ADDRESS` after `./course setup`, which lets that venv find the "
+                "grading code)")
+    if "fingerprint" in why:
+        return "update its checkout and venv to the instructor's (`git pull`, `./course setup`), then restart it"
+    if "bubblewrap" in why or "bwrap" in why or "namespace" in why:
+        return "install bubblewrap there and let it create namespaces (docs/INSTRUCTOR.md), then restart it"
+    return "run `./course setup` in its checkout and restart it"
+
+
+class _Workers:
+    """The workers that may be given notebooks: each worker of the cluster is checked once, when first seen (at
+    the start, or when it joins during the run); one that cannot grade is named with its fix and left out, and
+    the run goes on with the others."""
+
+    def __init__(self, client, lessons: list[str], want: str, sandbox: bool):
+        self.client, self.lessons, self.want, self.sandbox = client, lessons, want, sandbox
+        self.verdicts: dict[str, str] = {}  # address -> '' (can grade) or why not
+
+    def usable(self) -> list[str]:
+        from distributed.comm import CommClosedError
+
+        present = set(self.client.nthreads())
+        unseen = sorted(present - set(self.verdicts))
+        if unseen:
+            ready = self.client.run(_worker_ready, self.lessons, self.want, self.sandbox, workers=unseen,
+                                    on_error="return")
+            for address, why in ready.items():
+                if isinstance(why, CommClosedError):
+                    continue  # it left meanwhile: no problem, nothing was given to it
+                why = why if isinstance(why, str) else f"{type(why).__name__}: {why}"
+                self.verdicts[address] = why
+                if why:
+                    log.warning("Dask worker %s cannot grade (%s): %s. The run goes on with the other workers.",
+                                address, shown(why)[:300], fix_for(why))
+        return sorted(address for address in present if self.verdicts.get(address) == "")
+
+    def problems(self) -> str:
+        return "; ".join(f"{address}: {shown(why)[:300]} (fix: {fix_for(why)})"
+                         for address, why in sorted(self.verdicts.items()) if why)
 
 
 # -- the instructor's side --------------------------------------------------------------------------------------
@@ -306,7 +357,6 @@ def grade_on_cluster(jobs, work: Path, db_url: str | None, scheduler: str, progr
     ``tcp://10.0.0.5:8786``, or a scheduler file); outcomes in the order of ``jobs``, scores those of local
     grading. The assignments and canaries must be there already (:func:`autograder.pipeline.prepare`)."""
     from distributed import as_completed
-    from distributed.comm import CommClosedError
     from distributed.scheduler import KilledWorker
 
     jobs = [(student, lesson, Path(notebook)) for student, lesson, notebook in jobs]
@@ -340,14 +390,11 @@ def grade_on_cluster(jobs, work: Path, db_url: str | None, scheduler: str, progr
                 raise ClusterUnavailable(f"the Dask scheduler at {scheduler} has no workers after "
                                          f"{WORKER_TIMEOUT} s: start `dask worker {scheduler}` on the grading "
                                          "machines") from exc
-            ready = client.run(_worker_ready, lessons, want, sandbox, on_error="return")
-            # a worker that left meanwhile is no problem: its tasks go to the others
-            problems = {address: why if isinstance(why, str) else f"{type(why).__name__}: {why}"
-                        for address, why in ready.items() if why and not isinstance(why, CommClosedError)}
-            if problems:
-                raise ClusterUnavailable("these Dask workers cannot grade: " + "; ".join(
-                    f"{address}: {why}" for address, why in sorted(problems.items())))
-            slots = sum(client.nthreads().values()) or 1
+            workers = _Workers(client, lessons, want, sandbox)
+            usable = workers.usable()
+            if not usable:
+                raise ClusterUnavailable(f"no Dask worker of {scheduler} can grade: {workers.problems()}")
+            slots = sum(n for address, n in client.nthreads().items() if address in usable) or 1
             window = max(8, 4 * slots)  # notebooks in flight: enough to keep every worker busy, not the class
             queue = list(range(len(jobs)))
             pending = as_completed()
@@ -367,7 +414,12 @@ def grade_on_cluster(jobs, work: Path, db_url: str | None, scheduler: str, progr
                             "fingerprint": per_lesson[lesson], "sandbox": sandbox, "limits": asdict(limits),
                             "verbose": verbose}
                     key = f"grade-{lesson}-{student}-{uuid.uuid4().hex[:8]}"
-                    future = client.submit(grade_remote, task, key=key, retries=TASK_RETRIES, pure=False)
+                    usable = workers.usable()  # a worker that joined meanwhile is checked first
+                    if not usable:
+                        raise ClusterUnavailable(f"no Dask worker of {scheduler} can grade any more (those that "
+                                                 f"could left): {workers.problems() or 'no worker is left'}")
+                    future = client.submit(grade_remote, task, key=key, retries=TASK_RETRIES, pure=False,
+                                           workers=usable, allow_other_workers=False)
                     futures[future] = i
                     pending.add(future)
                     return True

@@ -32,6 +32,7 @@ from autograder.text import shown
 from decoder_course.harvest import ENV_VAR
 
 HIDDEN_BEGIN, HIDDEN_END = "### BEGIN HIDDEN TESTS", "### END HIDDEN TESTS"
+TIMED_OUT = "timed out"  # in the note of a cell that ran past its limit (the canary's failure message looks for it)
 
 log = logging.getLogger("autograder.grading")
 # (lesson, student) -> what happened while grading that notebook, in words; the pipeline takes them per outcome.
@@ -181,6 +182,7 @@ class TrustedExecute(Execute):
         """Run one cell. A graded test cell's hidden cases, and what it hands in, are in the kernel's view only
         while it runs: no other cell can read the hidden inputs, or the outputs computed from them."""
         self._cell = index
+        self.iopub_timeout = self._grace  # nbconvert's preprocess set the configured one again
         if self.skip_demos and notebooks.untouched_demo(cell):
             # the instructor's demonstration, unedited: no graded item reads it (the builder checks), and a
             # student could have deleted it, so skipping it cannot raise a score; it only saves its time
@@ -229,8 +231,14 @@ class TrustedExecute(Execute):
             self.nb.cells[index] = cell  # nbclient puts the cell it ran in its place: the graded cell stays
             self._hand_in(names)
 
+    def _get_timeout(self, cell):
+        """This notebook's cell limit, stretched by the machine's measured slowdown (see :meth:`preprocess`)."""
+        return self._cell_limit
+
     async def _async_handle_timeout(self, timeout, cell=None):
-        self._note(f"{self._cell_name(self._cell)} ran past the {timeout} s cell limit: interrupted")
+        self._timed_out.add(self._cell)
+        self._note(f"{self._cell_name(self._cell)} {TIMED_OUT}: ran past the {timeout} s cell limit: interrupted"
+                   f"{sandbox.stretch_note(self._limits.cell_timeout, self._slowdown)}")
         return await super()._async_handle_timeout(timeout, cell)
 
     def output(self, outs, msg, display_id, cell_index):
@@ -254,12 +262,18 @@ class TrustedExecute(Execute):
         self._lesson, self._student = info["assignment"], info["student"]
         self._nb = nb
         self._limits = sandbox.Limits(**self.limits)
+        # the time limits are an idle machine's: stretched by how busy this one is now (see sandbox.slowdown)
+        self._slowdown = sandbox.slowdown()
+        self._cell_limit = max(1, round(self._limits.cell_timeout * self._slowdown))
+        self._grace = max(1, round(self._limits.interrupt_grace * self._slowdown))
+        self._timed_out: set[int] = set()  # cells that ran past their limit
         self._cell = -1
         self._output_left, self._output_dropped = self._limits.output_bytes, 0
         scratch = Path(tempfile.mkdtemp(prefix="grade-"))
         self._box = self._sandbox(scratch)
         try:
             if self._box is not None:
+                self._box.slowdown = self._slowdown
                 self._box.prepare()
                 harvest = self._box.harvest
             else:
@@ -279,7 +293,7 @@ class TrustedExecute(Execute):
                 self._box.seal()
             nb, resources = self._run(nb, resources, harvest)
             judged = dataclasses.replace(plan, scratch=self._collected.parent)
-            decided = verdicts.decide(judged)
+            decided = verdicts.decide(judged, self._unfinished())
             verdicts.apply(nb, decided)
             for item, verdict in decided.items():
                 summary = "passed" if verdict.passed else "failed: " + verdict.message.splitlines()[0][:160]
@@ -314,10 +328,12 @@ class TrustedExecute(Execute):
         if self._box is None:
             os.environ[ENV_VAR] = str(harvest)  # unsandboxed: the kernel inherits this process's environment
         stopped = ""
+        self._stopped_early = False
         try:
             nb, resources = super().preprocess(nb, resources)
         except CellTimeoutError:
-            stopped = (f"{self._cell_name(self._cell)} did not stop within {self._limits.interrupt_grace} s of "
+            self._stopped_early = True
+            stopped = (f"{self._cell_name(self._cell)} did not stop within {self._grace} s of "
                        "being interrupted: the kernel was stopped; later cells did not run")
         except DeadKernelError:
             stopped = f"the kernel died during {self._cell_name(self._cell)}; later cells did not run"
@@ -346,6 +362,33 @@ class TrustedExecute(Execute):
                     self._note(f"{self._cell_name(index)} raised {out.get('ename')}: "
                                f"{str(out.get('evalue', ''))[:120]}", logging.INFO)
         return self._nb, resources
+
+    def _unfinished(self) -> dict[str, str]:
+        """The graded items that a time limit stopped, with why: their test cell or their solution cell ran past the
+        cell limit, the notebook's deadline came while it ran or before it, or the kernel stopped after an earlier
+        cell's timeout. Their verdict says so (:func:`autograder.verdicts.decide`), never that the answer was
+        wrong."""
+        deadline = self._box is not None and self._box.deadline_hit
+        stopped = self._cell if self._stopped_early else None  # the timed-out cell whose kernel was stopped
+        how = sandbox.stretch_note(self._limits.cell_timeout, self._slowdown)
+        solved_slowly = {name for index in self._timed_out if index >= 0
+                         for name in verdicts.solved_in(self._nb.cells[index])}
+        why = {}
+        for index, cell in enumerate(self._nb.cells):
+            item = cell.get("metadata", {}).get("nbgrader", {}).get("grade_id")
+            if not item or item not in self._plan.items:
+                continue
+            if index in self._timed_out:
+                why[item] = verdicts.timed_out_cell(self._cell_limit, how)
+            elif item in solved_slowly:
+                why[item] = verdicts.timed_out_solution(self._cell_limit, how)
+            elif deadline and index >= self._cell:
+                why[item] = verdicts.timed_out_notebook(
+                    self._limits.deadline * self._slowdown,
+                    sandbox.stretch_note(self._limits.deadline, self._slowdown))
+            elif stopped is not None and index > stopped:
+                why[item] = verdicts.not_run_after_timeout(self._cell_name(stopped))
+        return why
 
     def _note(self, text: str, level: int = logging.WARNING) -> None:
         note(self._lesson, self._student, text, level)
@@ -380,4 +423,4 @@ class StripHiddenTests(NbGraderPreprocessor):
         return cell, resources
 
 
-__all__ = ["NOTES", "RestoreGradingMetadata", "StripHiddenTests", "TrustedExecute", "note", "strip_hidden"]
+__all__ = ["NOTES", "TIMED_OUT", "RestoreGradingMetadata", "StripHiddenTests", "TrustedExecute", "note", "strip_hidden"]

@@ -47,7 +47,7 @@ from autograder import bugs, intake, nbgrader_plugins, notebooks, parallel
 from autograder.exchange import CourseExchangeCollect
 from autograder.intake import BadSubmission
 from autograder.nbgrader_plugins import RestoreGradingMetadata, StripHiddenTests, TrustedExecute
-from autograder.sandbox import Limits, SandboxUnavailable, check_available, retire_all, retire_warm
+from autograder.sandbox import MAX_SLOWDOWN, Limits, SandboxUnavailable, check_available, retire_all, retire_warm
 from autograder.text import csv_cell, shown
 
 __all__ = ["CANARY", "BadSubmission", "Limits", "Outcome", "SandboxUnavailable", "api", "grade", "grade_many",
@@ -333,9 +333,14 @@ def run_canary(grader: NbGraderAPI, work: Path, lesson: str) -> Outcome:
     """Grade the solution notebook as a student (in the canary's tree): anything short of full marks stops."""
     outcome = grade_one(grader, canary_work(work), None, CANARY, lesson, notebooks.solution_path(lesson))
     if not outcome.ok or outcome.score != outcome.max_score or outcome.max_score == 0:
+        slow = [note for note in outcome.notes if nbgrader_plugins.TIMED_OUT in note or " deadline" in note]
+        advice = ("Fix the checks before grading students." if not slow else
+                  f"It ran out of time, not into a wrong answer: {slow[0]}. The limits already stretch with how "
+                  f"busy this machine is (up to ×{MAX_SLOWDOWN:g}): grade when it is less busy, or give "
+                  "more time (pipeline.Limits: cell_timeout, deadline).")
         raise SystemExit(
             f"canary failed for {lesson}: the reference solutions scored {outcome.score}/{outcome.max_score}"
-            f"{' (' + outcome.message + ')' if outcome.message else ''}. Fix the checks before grading students."
+            f"{' (' + outcome.message + ')' if outcome.message else ''}. {advice}"
         )
     (canary_work(work) / f"{lesson}.passed").write_text(f"{outcome.score:g}/{outcome.max_score:g}\n")
     return outcome

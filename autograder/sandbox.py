@@ -121,7 +121,8 @@ def font_cache() -> Path | None:
 
 @dataclass(frozen=True)
 class Limits:
-    """What one notebook may use. The defaults suit every lesson on a 2-core CPU; tests set tighter ones."""
+    """What one notebook may use. The defaults suit every lesson on a 2-core CPU; tests set tighter ones. The
+    three times are an idle machine's: each notebook stretches them by the machine's :func:`slowdown`."""
 
     cell_timeout: int = 120  # s per cell (nbclient), then the cell is interrupted
     interrupt_grace: int = 4  # s for an interrupted cell to stop before the sandbox is killed
@@ -135,6 +136,37 @@ class Limits:
     inodes: int = 20_000  # files and folders on each writable file system (as root)
     output_bytes: int = 16 << 20  # notebook outputs kept by nbclient; more is dropped with a note
     notebook_bytes: int = 16 << 20  # submitted notebooks larger than this are refused before grading
+
+
+PROBE_CPU_SECONDS = 0.05  # CPU time :func:`slowdown`'s busy loop gets; its wall time is the measurement
+MAX_SLOWDOWN = 8.0  # limits stretch no further: a machine this busy should not grade (a timeout says so)
+
+
+def slowdown(probe_cpu_seconds: float = PROBE_CPU_SECONDS) -> float:
+    """How many times longer than on an idle machine CPU-bound work takes here now, from 1 to
+    :data:`MAX_SLOWDOWN`. Measured before each notebook; its cell timeout, interrupt grace and deadline are
+    stretched by it, so that a machine busy with other work (other graders, a neighbour's CI job) turns no
+    slow-but-correct cell, the canary's above all, into a timeout. ``cpu_seconds`` is not stretched: a busy machine
+    costs no more CPU.
+
+    The busier of two views: the run queue of the last minute (the load average per CPU this process may use:
+    six runnable processes on two CPUs get a third of one each), and this thread's share of a core right now (the
+    wall time of a busy loop over the CPU time it got: a cgroup's CPU quota shows there, and a load that has just
+    begun). Neither alone will do: the scheduler may leave the probe a core of its own while the kernel, another
+    process, shares the other, and the load average lags."""
+    cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+    queued = os.getloadavg()[0] / max(cpus, 1)
+    wall, cpu = time.perf_counter(), time.thread_time()
+    while time.thread_time() - cpu < probe_cpu_seconds:
+        sum(range(2000))
+    share = (time.perf_counter() - wall) / max(time.thread_time() - cpu, 1e-9)
+    return round(min(MAX_SLOWDOWN, max(1.0, queued, share)), 2)
+
+
+def stretch_note(seconds: float, factor: float) -> str:
+    """How a stretched time limit came about, after its value: "" or " (120 s × 2.5, this machine's measured
+    slowdown)"."""
+    return f" ({seconds:g} s × {factor:g}, this machine's measured slowdown)" if factor > 1.0 else ""
 
 
 class SandboxUnavailable(RuntimeError):
@@ -265,6 +297,8 @@ class Sandbox:
     events: list[str] = field(default_factory=list)  # what happened, in words, for the log and the instructor
     process: subprocess.Popen | None = None
     pid_ns: str = ""
+    slowdown: float = 1.0  # this notebook's deadline is limits.deadline times this (see :func:`slowdown`)
+    deadline_hit: bool = False  # this notebook's kernel was killed at its deadline
     _stop: threading.Event = field(default_factory=threading.Event)
     _watchdog: threading.Thread | None = None
     _started: float = 0.0
@@ -474,8 +508,10 @@ class Sandbox:
                 return
             if not self.pid_ns:
                 self.pid_ns = self._find_pid_ns()
-            if time.monotonic() - self._started > lim.deadline:
-                self._kill_for(f"the notebook ran past its {lim.deadline:g} s deadline: the sandbox was stopped")
+            if time.monotonic() - self._started > lim.deadline * self.slowdown:
+                self.deadline_hit = True
+                self._kill_for(f"the notebook ran past its {lim.deadline * self.slowdown:g} s deadline"
+                               f"{stretch_note(lim.deadline, self.slowdown)}: the sandbox was stopped")
                 return
             if self.root_mode:
                 continue  # the caps are the file systems' own (prepare): nothing to watch
@@ -1066,6 +1102,7 @@ class WarmSandbox(Sandbox):
         self.notebooks += 1
         self.wants_torch = wants_torch
         self.events, self.process, self._watchdog, self._limit_hit = [], None, None, False
+        self.slowdown, self.deadline_hit = 1.0, False
         self._stop, self._noted_others = threading.Event(), False
         with open(self.log_path, "wb"):
             pass  # the previous notebook's kernel messages are not this one's

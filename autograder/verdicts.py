@@ -97,18 +97,23 @@ class Plan:
     outputs: dict[str, tuple] = field(default_factory=dict)  # item -> outputs merged over answer rounds
 
 
+def solved_in(cell: NotebookNode) -> set[str]:
+    """The exercises whose solution ``cell`` holds (none for any other cell)."""
+    if cell.cell_type != "code":
+        return set()
+    meta = cell.get("metadata", {})
+    names = list(meta.get("course", {}).get("exercise", []))
+    grade_id = meta.get("nbgrader", {}).get("grade_id", "")
+    if meta.get("nbgrader", {}).get("solution") and grade_id.endswith("_solution"):
+        names.append(grade_id[: -len("_solution")])
+    return set(names)
+
+
 def solution_sources(nb: NotebookNode) -> dict[str, str]:
     """The submitted code of each exercise's solution cell, keyed by exercise name."""
     sources: dict[str, str] = {}
     for cell in nb.cells:
-        if cell.cell_type != "code":
-            continue
-        meta = cell.get("metadata", {})
-        names = list(meta.get("course", {}).get("exercise", []))
-        grade_id = meta.get("nbgrader", {}).get("grade_id", "")
-        if meta.get("nbgrader", {}).get("solution") and grade_id.endswith("_solution"):
-            names.append(grade_id[: -len("_solution")])
-        for name in set(names):
+        for name in solved_in(cell):
             sources[name] = sources.get(name, "") + "\n" + cell.source
     return sources
 
@@ -265,8 +270,41 @@ def _outputs_by_case(outputs: tuple) -> dict[str, tuple[dict, dict]]:
     return by_case
 
 
-def decide(plan: Plan) -> dict[str, Verdict]:
-    """Judge every planned exercise: first the static policy on its submitted source, then its outputs."""
+_TIME_ADVICE = ("Time this cell on your own machine: a Python loop over elements where one tensor operation would "
+                "do, or work repeated on every call, is the usual cause.")
+
+
+def timed_out_cell(seconds: float, how: str = "") -> str:
+    """The verdict of an item whose cell ran past the cell limit (``how``: :func:`autograder.sandbox.stretch_note`)."""
+    return (f"timed out: this cell ran past its {seconds:g} s time limit{how} before your code finished on the "
+            f"hidden cases, so they could not be judged. {_TIME_ADVICE}")
+
+
+def timed_out_solution(seconds: float, how: str = "") -> str:
+    """The verdict of an item whose own solution cell ran past the cell limit (its test cell then failed)."""
+    return (f"timed out: the cell with your code for this exercise ran past its {seconds:g} s time limit{how}, so "
+            f"the exercise could not be judged. {_TIME_ADVICE}")
+
+
+def timed_out_notebook(seconds: float, how: str = "") -> str:
+    """The verdict of an item whose cell was running, or not reached yet, when the notebook's deadline came."""
+    return (f"timed out: the notebook ran past its {seconds:g} s time limit{how} before this cell finished, so "
+            f"its hidden cases could not be judged. {_TIME_ADVICE}")
+
+
+def not_run_after_timeout(cell: str) -> str:
+    """The verdict of an item after a timed-out cell whose kernel had to be stopped."""
+    return (f"not run: {cell} timed out and did not stop when interrupted, so the kernel was stopped before this "
+            "cell ran. Make that cell faster; this one was not judged.")
+
+
+def decide(plan: Plan, unfinished: dict[str, str] | None = None) -> dict[str, Verdict]:
+    """Judge every planned exercise: first the static policy on its submitted source, then its outputs.
+
+    ``unfinished``: items a time limit stopped, with why (``TrustedExecute`` knows which). One that fails says
+    that, not what its unfinished cases look like: a slow answer is not a wrong one (and a correct one on a slow
+    machine must not read as wrong). One whose cases all finished before the limit is judged as usual."""
+    unfinished = unfinished or {}
     decided: dict[str, Verdict] = {}
     sound: dict[str, bool] = {}
     for item, (ex, cases) in plan.items.items():
@@ -285,6 +323,8 @@ def decide(plan: Plan) -> dict[str, Verdict]:
                 "written by the course's hidden checks. Do not write into the grading folder."))
         else:
             decided[item] = run_judge(ex, plan.scratch / "outputs", cases, sound, outputs)
+            if item in unfinished and not decided[item].passed:
+                decided[item] = Verdict(False, unfinished[item])
         # sound: passed, and so did everything it is built on (an item judged relative to a wrong building block
         # can pass while the pieces it calls are wrong: what calls it must not take it for right)
         sound[item] = decided[item].passed and all(sound.get(name, False) for name in getattr(ex, "uses", ()))

@@ -8,6 +8,8 @@ Sections (pick with ``--sections``; default all):
   training    4. lesson 07's toy task: seconds of CPU training to ≥ 99 % held-out exact match (target ≤ 60 s)
   kv-cache    5. lesson 09: KV-cache speed-up at 64/128/256 generated tokens, tokens identical (target ≥ 5×)
   attention   6. reference attention and decoder layer vs SDPA and nn.TransformerDecoderLayer (target ≤ 1.5×)
+  dask        7. section 3's class on a Dask cluster of 2 workers on this machine vs local grading: the same
+              grades.csv (a difference fails the section)
 
 Medians of ``--repeats`` runs (3 by default); what is compared is timed in turn in the same run, so a busy
 machine slows both sides. ``--quick`` is a smoke run: one repeat, a 2-student class, fewer sizes. These are not
@@ -39,6 +41,7 @@ SECTIONS = {
     "training": "4. Lesson 07's toy task: CPU training to ≥ 99 % held-out exact match",
     "kv-cache": "5. Lesson 09: KV-cache speed-up",
     "attention": "6. Reference attention and decoder layer vs PyTorch",
+    "dask": "7. The class on a Dask cluster of two local workers vs local grading",
 }
 
 
@@ -79,6 +82,10 @@ def section(name: str, args) -> str:
         from bench import attention
 
         return attention.run(args.quick, max(args.repeats, 7))
+    if name == "dask":
+        from bench import grading_dask
+
+        return grading_dask.run(args.quick, args.students)
     raise ValueError(name)
 
 
@@ -90,7 +97,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--quick", action="store_true", help="a fast smoke run: one repeat, smaller sizes")
     parser.add_argument("--repeats", type=int, default=3, help="repeats per measurement (median; default 3)")
     parser.add_argument("--students", type=int, default=None,
-                        help="class size for section 3 (default 10, quick 2; the table also scales it to 100)")
+                        help="class size for sections 3 and 7 (default 10, quick 2; section 3 also scales it to 100)")
     parser.add_argument("--workers", type=int, default=2, help="workers for section 3 (default 2)")
     parser.add_argument("--output", type=Path, default=None, help="also write the markdown to this file")
     parser.add_argument("--publish", action="store_true",

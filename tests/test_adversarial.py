@@ -68,10 +68,10 @@ def load_attack(path: Path) -> Attack:
     """An attack file: the cell source; its docstring says the attack, then `key: value` lines say the outcome."""
     source, _, later = path.read_text().partition("\n# %% a later cell\n")
     doc = ast.get_docstring(ast.parse(source)) or ""
-    fields = dict(re.findall(r"^(target|zero|full|log): *(.*)$", doc, re.M))
+    fields = dict(re.findall(r"^(target|zero|full): *(.*)$", doc, re.M))
     return Attack(student=f"x-{path.stem.replace('_', '-')}", doc=doc.splitlines()[0], target=fields["target"],
                   zero=_names(fields.get("zero", "")), full=_names(fields.get("full", "")),
-                  log=(fields["log"],), source=source, later=later)
+                  log=tuple(re.findall(r"^log: *(.*)$", doc, re.M)), source=source, later=later)
 
 
 ATTACKS = [load_attack(path) for path in sorted(ATTACKS_DIR.glob("*.py"))]

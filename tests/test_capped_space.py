@@ -267,3 +267,34 @@ for place in ("/tmp", "/harvest/outputs"):
         assert sandbox.usage(fresh.space).used_inodes == fresh.fresh[f"{sandbox.HOME}, /tmp and /dev/shm inodes"]
     finally:
         fresh.retire()
+
+
+def test_outputs_handed_in_again_replace_the_last_round_across_file_systems(tmp_path):
+    """Answer rounds hand an item's outputs in once per round (``verdicts.answer_rounds``): from the capped outputs
+    (a tmpfs of their own) each copy replaces the last, as the rename on one file system does; a link still
+    arrives as a link (refused when read), and a plain file after it replaces the link, without following it."""
+    from autograder.checks.framework import take_out
+
+    outputs, collected = tmp_path / "outputs", tmp_path / "collected"
+    outputs.mkdir()
+    collected.mkdir()
+    target = tmp_path / "elsewhere"
+    target.write_text("the grader's")
+    sandbox.mount_tmpfs(outputs, MB, 100)
+    try:
+        for round_, kind in enumerate(["plain", "plain", "link", "plain"]):
+            handed_in = outputs / "item.json"
+            if kind == "link":
+                handed_in.symlink_to(target)
+            else:
+                handed_in.write_text(f"round {round_}")
+            take_out(handed_in, collected / "item.json")
+            dest = collected / "item.json"
+            assert not handed_in.exists() and not handed_in.is_symlink()
+            if kind == "link":
+                assert dest.is_symlink() and os.readlink(dest) == "not a plain file"
+            else:
+                assert not dest.is_symlink() and dest.read_text() == f"round {round_}"
+        assert target.read_text() == "the grader's"
+    finally:
+        sandbox.unmount(outputs)

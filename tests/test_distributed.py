@@ -1,7 +1,11 @@
-"""Grading on a Dask cluster (issue 13): a worker killed mid-run loses nothing, and the scores are local grading's.
+"""Grading on a Dask cluster (issues 13, 32): a worker killed mid-run loses nothing, a worker that cannot grade is
+named with its fix while the others grade, and the scores are local grading's.
 
-A Dask scheduler and two workers run as separate processes on 127.0.0.1 (Dask's own ``dask scheduler`` and
-``dask worker`` commands, one thread each). A small class (3 students x 00-setup, 01-masks; each notebook
+A Dask scheduler and three workers run as separate processes on 127.0.0.1 (Dask's own ``dask scheduler`` and
+``dask worker`` commands, one thread each). Two are plain ``dask worker`` commands of the course's venv, started
+in a folder of their own without ``PYTHONPATH``: they find the grading code as a Dask user's worker would, through
+the venv (``./course setup``'s path file). The third cannot import it (its ``sys.path`` lacks the checkout): it is
+named in a warning with its fix, and gets no notebook. A small class (3 students x 00-setup, 01-masks; each notebook
 perfect, untouched or with typical mistakes; one with nbgrader's exchange files) is graded through
 ``pipeline.grade(..., scheduler=address)``. As soon as one worker runs a student's kernel (a ``bwrap`` among its
 processes), its whole process group is killed with SIGKILL. Then: every notebook was graded exactly once (the
@@ -12,12 +16,14 @@ submissions with the same secret, and nothing of the cluster is left running: no
 from __future__ import annotations
 
 import json
+import logging
 import os
 import re
 import shutil
 import signal
 import subprocess
 import sys
+import sysconfig
 import threading
 import time
 from pathlib import Path
@@ -42,6 +48,14 @@ LIMITS = pipeline.Limits(cell_timeout=20, interrupt_grace=2, deadline=60, cpu_se
 TIMESTAMP = "2026-12-01 10:00:00.000000 UTC"  # nbgrader's exchange files beside s0's 01-masks
 SUBMISSION_SECRET = "0123456789abcdef0123456789abcdef"
 BIN = Path(sys.executable).parent
+WITHOUT_CHECKOUT = """import sys
+from pathlib import Path
+root = Path(sys.argv.pop(1)).resolve()
+sys.path[:] = [p for p in sys.path if Path(p or ".").resolve() != root]
+from distributed.cli.dask_worker import main
+sys.argv[0] = "dask-worker"
+main()
+"""
 
 
 @pytest.fixture(scope="module")
@@ -78,7 +92,8 @@ class Cluster:
     def __init__(self, folder: Path):
         self.folder = folder
         self.scheduler_file = folder / "scheduler.json"
-        self.env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1",
+        # no PYTHONPATH, and each process in a folder of its own: the venv alone must bring the grading code
+        self.env = {**{k: v for k, v in os.environ.items() if k != "PYTHONPATH"}, "OMP_NUM_THREADS": "1",
                     "DASK_DISTRIBUTED__WORKER__DAEMON": "False"}
         self.processes: dict[str, subprocess.Popen] = {}
         self.seen: dict[int, psutil.Process] = {}
@@ -86,7 +101,9 @@ class Cluster:
 
     def _start(self, name: str, argv: list[str]) -> None:
         log = open(self.folder / f"{name}.log", "wb")  # noqa: SIM115 - closed with the process
-        self.processes[name] = subprocess.Popen(argv, cwd=ROOT, env=self.env, stdout=log, stderr=subprocess.STDOUT,
+        where = self.folder / name
+        where.mkdir(exist_ok=True)
+        self.processes[name] = subprocess.Popen(argv, cwd=where, env=self.env, stdout=log, stderr=subprocess.STDOUT,
                                                 start_new_session=True)
         log.close()
 
@@ -101,16 +118,20 @@ class Cluster:
         time.sleep(0.2)  # written at once, but be sure it is complete
         address = json.loads(self.scheduler_file.read_text())["address"]
         assert address.startswith("tcp://127.0.0.1:"), address
+        options = ["--scheduler-file", str(self.scheduler_file), "--host", "127.0.0.1", "--nthreads", "1",
+                   "--no-dashboard", "--death-timeout", "60"]
         for name in ("worker-a", "worker-b"):
-            (self.folder / name).mkdir()
-            self._start(name, [str(BIN / "dask"), "worker", "--scheduler-file", str(self.scheduler_file),
-                               "--host", "127.0.0.1", "--nthreads", "1", "--nworkers", "1", "--no-dashboard",
-                               "--name", name, "--local-directory", str(self.folder / name),
-                               "--death-timeout", "60"])
+            self._start(name, [str(BIN / "dask"), "worker", *options, "--nworkers", "1", "--name", name,
+                               "--local-directory", str(self.folder / name)])
+        # Dask's worker command in a process whose sys.path lacks the checkout (no nanny: the worker is this process)
+        self._start("worker-c", [sys.executable, "-c", WITHOUT_CHECKOUT, str(ROOT), *options, "--no-nanny",
+                                 "--name", "worker-c", "--local-directory", str(self.folder / "worker-c")])
         from distributed import Client
 
         with Client(address, timeout=60) as client:
-            client.wait_for_workers(2, timeout=120)
+            client.wait_for_workers(3, timeout=120)
+            workers = client.scheduler_info(n_workers=-1)["workers"]
+            self.addresses = {info["name"]: worker for worker, info in workers.items()}
         return address
 
     def log(self, name: str) -> str:
@@ -196,7 +217,7 @@ def on_cluster(prepared):
     def watch():
         # kill worker-a once a student's kernel runs in it (a task is under way there); keep noting every process
         while not stop.is_set():
-            for name in ("scheduler", "worker-b"):
+            for name in ("scheduler", "worker-b", "worker-c"):
                 cluster.tree(name)
             if not killed:
                 processes = cluster.tree("worker-a")
@@ -208,7 +229,11 @@ def on_cluster(prepared):
             time.sleep(0.05)
 
     watcher = threading.Thread(target=watch, daemon=True)
+    warnings = _Warnings()
+    logging.getLogger("autograder").addHandler(warnings)
     try:
+        assert (Path(sysconfig.get_paths()["purelib"]) / "decoder-course-checkout.pth").read_text().strip() \
+            == str(ROOT), "this venv does not find the grading code from another folder: run ./course setup"
         address = cluster.start()
         watcher.start()
         started = time.monotonic()
@@ -218,6 +243,7 @@ def on_cluster(prepared):
         watcher.join(10)
         logs = {name: cluster.log(name) for name in cluster.processes}
     finally:
+        logging.getLogger("autograder").removeHandler(warnings)
         stop.set()
         cluster.stop()
     print(f"\ngraded on the cluster in {seconds:.1f} s (canaries included); worker-a killed "
@@ -225,7 +251,16 @@ def on_cluster(prepared):
     for o in outcomes:
         print(f"  {o.student}/{o.lesson}: {o.score:g}/{o.max_score:g}{'' if o.ok else ' NOT GRADED: ' + o.message}")
     return {"work": work, "outcomes": outcomes, "killed": killed, "cluster": cluster, "logs": logs,
-            "address": address}
+            "address": address, "warnings": warnings.messages}
+
+
+class _Warnings(logging.Handler):
+    def __init__(self):
+        super().__init__(logging.WARNING)
+        self.messages: list[str] = []
+
+    def emit(self, record):
+        self.messages.append(record.getMessage())
 
 
 # -- the checks -------------------------------------------------------------------------------------------------
@@ -321,6 +356,65 @@ def test_nothing_of_the_cluster_is_left_running(on_cluster):
     folder = str(cluster.folder)
     for process in psutil.process_iter(["cmdline"]):
         assert not any(folder in part for part in process.info["cmdline"] or []), process
+
+
+def test_a_worker_that_cannot_grade_is_named_with_its_fix_and_gets_no_notebook(on_cluster):
+    address = on_cluster["cluster"].addresses["worker-c"]
+    named = [m for m in on_cluster["warnings"] if "cannot grade" in m]
+    assert len(named) == 1, on_cluster["warnings"]  # checked once, named once
+    assert address in named[0] and "No module named 'autograder'" in named[0] and "./course worker" in named[0]
+    assert "\n" not in named[0]
+    # the others graded everything (the tests above); it ran nothing: no grading folder was ever made in it
+    assert not list((on_cluster["cluster"].folder / "worker-c").rglob("course-grading-*"))
+    for name in ("worker-a", "worker-b"):
+        assert on_cluster["cluster"].addresses[name] not in " ".join(named)
+
+
+class _FakeClient:
+    """What :class:`distributed._Workers` asks of a Dask client: the workers there now, and a function run on some."""
+
+    def __init__(self, answers: dict):
+        self.answers, self.present, self.asked = answers, list(answers), []
+
+    def nthreads(self):
+        return dict.fromkeys(self.present, 1)
+
+    def run(self, fn, *args, workers, on_error):
+        self.asked.append(sorted(workers))
+        return {address: self.answers[address] for address in workers}
+
+
+def test_each_worker_is_checked_once_when_first_seen_and_one_that_cannot_grade_is_left_out(caplog):
+    from distributed.comm import CommClosedError
+
+    client = _FakeClient({"tcp://a:1": "", "tcp://b:1": ModuleNotFoundError("No module named 'autograder'"),
+                          "tcp://gone:1": CommClosedError("left")})
+    workers = distributed._Workers(client, LESSONS, "f" * 16, True)
+    with caplog.at_level("WARNING", logger="autograder"):
+        assert workers.usable() == ["tcp://a:1"]
+        client.present.remove("tcp://gone:1")  # it left while it was asked: it was not given anything
+        assert workers.usable() == ["tcp://a:1"]  # nothing new: nothing run again
+        client.answers["tcp://c:1"] = "its checkout grades 00-setup differently from the instructor's (fingerprint)"
+        client.answers["tcp://d:1"] = ""
+        client.present += ["tcp://c:1", "tcp://d:1"]  # two join during the run
+        assert workers.usable() == ["tcp://a:1", "tcp://d:1"]
+    assert client.asked == [["tcp://a:1", "tcp://b:1", "tcp://gone:1"], ["tcp://c:1", "tcp://d:1"]]
+    named = [r.getMessage() for r in caplog.records if "cannot grade" in r.getMessage()]
+    assert len(named) == 2 and "tcp://b:1" in named[0] and "./course worker" in named[0]
+    assert "tcp://c:1" in named[1] and "git pull" in named[1]
+    assert "tcp://b:1" in workers.problems() and "tcp://a:1" not in workers.problems()
+
+
+@pytest.mark.parametrize(("why", "fix"), [
+    ("ModuleNotFoundError: No module named 'autograder'", "./course worker"),
+    ("ImportError: cannot import name 'grade_one' from 'autograder.pipeline'", "./course worker"),
+    ("its checkout grades 01-masks differently from the instructor's (fingerprint)", "git pull"),
+    ("bubblewrap (bwrap) is missing: grading runs student code inside it", "install bubblewrap"),
+    ("OSError: [Errno 28] No space left on device", "./course setup"),
+])
+def test_each_kind_of_unusable_worker_gets_a_one_line_fix(why, fix):
+    said = distributed.fix_for(why)
+    assert fix in said and "\n" not in said
 
 
 def test_the_secret_is_nowhere_on_the_workers(prepared, on_cluster):

@@ -225,3 +225,36 @@ def test_an_item_nothing_of_which_could_be_seen_earns_nothing(monkeypatch):
     verdict = decided["causal_self_attention"]
     assert not verdict.passed and verdict.unobservable, verdict
     assert "`split_heads`" in verdict.message and "nothing of this cell could be checked" in verdict.message
+
+
+def _first_draw_of_bos(model, temperature: float = 1.0, top_k=None, top_p=None) -> float:
+    """The chance that a correct sampler draws BOS as the first token from a scripted model with these settings."""
+    import torch
+
+    from autograder.reference import generation as ref
+    from decoder_course.conventions import BOS
+
+    x = model.next_logits([]).double()[None] / temperature
+    x = ref.top_k_filter(x, top_k) if top_k is not None else x
+    x = ref.top_p_filter(x, top_p) if top_p is not None else x
+    return float(torch.softmax(x, -1)[0, BOS])
+
+
+def test_a_correct_sampler_cannot_fail_sample_by_chance():
+    """No row may start with BOS, so the scripted models of ``sample``'s one-step cases must (practically) never
+    give it: over 300 secrets, the chance that one of a case's rows draws it stays below one in a million. With a
+    floor of 1e-9 at temperature 2 it was 4 %, and lesson 08's canary failed on such a secret."""
+    import numpy as np
+
+    from autograder.checks import l08_generation
+
+    worst = {"temp": 0.0, "filters": 0.0}
+    for seed in range(300):
+        cases = {case.id: case for case in l08_generation.Sample().cases(np.random.default_rng(seed))}
+        temp, filters = cases["temp"], cases["filters"]
+        worst["temp"] = max(worst["temp"], temp.data["B"] * _first_draw_of_bos(
+            temp.data["model"], temp.data["temperature"]))
+        for setting in filters.data["settings"]:
+            worst["filters"] = max(worst["filters"], filters.data["B"] * _first_draw_of_bos(
+                filters.data["model"], **setting))
+    assert worst["temp"] < 1e-6 and worst["filters"] < 1e-6, worst

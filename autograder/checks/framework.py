@@ -289,13 +289,16 @@ def take_out(handed_in: Path, dest: Path) -> None:
     than :func:`read_outputs` would read (so one too large is still refused as too large).
 
     A rename where it can (one file system); else a copy through one descriptor opened without following a link
-    or waiting on a FIFO (as root, the outputs are a capped file system of their own: ``autograder.sandbox``)."""
+    or waiting on a FIFO (as root, the outputs are a capped file system of their own: ``autograder.sandbox``).
+    Either replaces what ``dest`` held: an item whose building block raised hands its outputs in again, once per
+    answer round (``verdicts.answer_rounds``)."""
     try:
         os.replace(handed_in, dest)
         return
     except OSError as exc:
         if exc.errno != errno.EXDEV:
             raise
+    dest.unlink(missing_ok=True)  # the grader's own folder: what is there is the previous round's, as taken out
     try:
         fd = os.open(handed_in, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
     except OSError:

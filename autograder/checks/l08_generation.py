@@ -86,6 +86,9 @@ def _same_tokens(got: np.ndarray, want: np.ndarray, what: str, desc: str, hint: 
 
 
 # -- sample ------------------------------------------------------------------------------------------------------------
+UNDRAWN = 1e-30  # probability of a token a scripted distribution must never give, even tempered (see "temp")
+
+
 def _first_step_tree(rng: np.random.Generator, V: int) -> tuple[dict, dict[int, float]]:
     """A one-step tree: five tokens with clearly different probabilities, then EOS."""
     tokens = [int(t) for t in rng.choice(np.arange(3, V), size=5, replace=False)]
@@ -163,20 +166,23 @@ class Sample(Exercise):
         settings = [{"top_k": int(rng.integers(2, 4))}, {"top_p": float(rng.choice([0.55, 0.7]))},
                     {"temperature": 2.0, "top_k": 4, "top_p": 0.6},
                     {"top_k": 2, "top_p": 0.55}]  # top-k leaves 0.58 on the top token: it alone reaches p
+        model = _scripted(V, tree=tree, floor=1e-9)  # the filters exclude every token but the five
         case = Case("filters", "800 first tokens drawn from a scripted five-token distribution, with top-k, top-p "
                                "and both", data={"first": first, "settings": settings, "B": 800, "max_len": 1,
-                                                 "pad_id": 0})
-        case.let("m", _scripted(V, tree=tree, floor=1e-9).spec)
+                                                 "pad_id": 0, "model": model})
+        case.let("m", model.spec)
         for i, setting in enumerate(settings):
             case.call("sample", {"ref": "m"}, case.tensor(np.zeros((800, 1), np.int64)), 1, BOS, EOS,
                       generator={"generator": int(rng.integers(2**31))}, record=f"s{i}", **setting)
         cases.append(case)
-        # 3. temperature: frequencies of 3000 first tokens
+        # 3. temperature: frequencies of 3000 first tokens. The other tokens (BOS among them) get 1e-30: at
+        # temperature 2 a floor of 1e-9 is 1.5e-5 a draw, and a correct sampler drew a BOS, which no row may start
+        # with, in 4 % of the runs (the canary failed on such a secret)
         tree, first = _first_step_tree(rng, V)
         temperature = float(rng.choice([0.5, 2.0]))
         cases.append(_decode_case(
             "temp", f"3000 first tokens drawn from a scripted five-token distribution, temperature {temperature}",
-            "sample", _scripted(V, tree=tree, floor=1e-9), np.zeros((3000, 1), np.int64), None, 1,
+            "sample", _scripted(V, tree=tree, floor=UNDRAWN), np.zeros((3000, 1), np.int64), None, 1,
             data={"first": first, "temperature": temperature}, temperature=temperature,
             generator={"generator": int(rng.integers(2**31))}))
         # 4. temperature 0 is greedy, on a padded batch

@@ -3,6 +3,7 @@
 target: causal_mask
 zero: causal_mask, mask_to_bias
 log: ran past its [0-9.]+ s deadline
+log: mask_to_bias: failed: timed out: the notebook ran past its [0-9.]+ s time limit
 """
 import time
 
