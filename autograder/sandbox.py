@@ -46,10 +46,14 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from queue import Empty
 
+import zmq
+import zmq.asyncio
 from jupyter_client.asynchronous import AsyncKernelClient
+from jupyter_client.channels import AsyncZMQSocketChannel
 from jupyter_client.kernelspec import KernelSpec
 from jupyter_client.manager import AsyncKernelManager
-from traitlets import Any
+from traitlets import Any, Int, Type, default
+from zmq.utils.monitor import parse_monitor_message
 
 import decoder_course
 
@@ -117,7 +121,8 @@ class Limits:
     file_bytes: int = 128 << 20  # RLIMIT_FSIZE: largest file a sandbox process may write
     tmpfs_bytes: int = 256 << 20  # size of each tmpfs: /home/student, /tmp, /dev/shm
     scratch_bytes: int = 256 << 20  # writable host folders (harvest outputs, kernel sockets, log), watched
-    output_bytes: int = 16 << 20  # notebook outputs kept by nbclient; more is dropped with a note
+    output_bytes: int = 16 << 20  # bytes of kernel messages one notebook may store (outputs, widgets, updates)
+    cell_output_bytes: int = 4 << 20  # the same for one cell; also the largest message frame the grader accepts
     notebook_bytes: int = 16 << 20  # submitted notebooks larger than this are refused before grading
 
 
@@ -507,6 +512,75 @@ def _ppid(pid: int) -> int:
     return int(fields[1]) if len(fields) > 1 else -1
 
 
+# Messages from the kernel that may wait in one of the grader's sockets: what the grader holds unread is at most
+# this many frames of at most cell_output_bytes (more wait in the kernel, whose sends then block or are dropped).
+QUEUED_MESSAGES = 32
+
+
+def capped_context(message_bytes: int) -> zmq.asyncio.Context:
+    """A ZMQ context whose sockets refuse any frame over ``message_bytes``: libzmq reads a frame's length before
+    its body and closes the connection instead of allocating it (``ZMQ_MAXMSGSIZE``), so one message the kernel
+    sends can never be received whole into the grader's memory; at most :data:`QUEUED_MESSAGES` wait unread
+    (``ZMQ_RCVHWM``). Every socket the grader connects to a kernel comes from such a context."""
+    context = zmq.asyncio.Context()
+    context.setsockopt(zmq.MAXMSGSIZE, message_bytes)
+    context.setsockopt(zmq.RCVHWM, QUEUED_MESSAGES)
+    return context
+
+
+class ConnectionDropped(ConnectionError):
+    """libzmq closed a connection to the kernel: a frame over the size cap (see :func:`capped_context`) or the
+    kernel's end. The channel has reconnected; what the kernel sent meanwhile is lost."""
+
+
+class CappedChannel(AsyncZMQSocketChannel):
+    """jupyter_client's channel that says when its connection was closed, and connects again.
+
+    After a frame over ``ZMQ_MAXMSGSIZE`` libzmq drops the connection for good (a protocol error, no reconnect):
+    without this, an IOPub channel would stay silent for the rest of the notebook and each later cell would wait
+    for its idle status. The socket's monitor reports the drop; the channel replaces its socket with a new one to
+    the same endpoint and raises :class:`ConnectionDropped` once, so that its reader can say what was lost."""
+
+    def __init__(self, socket: zmq.asyncio.Socket, session, loop=None) -> None:
+        super().__init__(socket, session)
+        self._monitor = socket.get_monitor_socket(zmq.EVENT_DISCONNECTED)
+
+    async def get_msg(self, timeout: float | None = None) -> dict:
+        assert self.socket is not None
+        poller = zmq.asyncio.Poller()
+        poller.register(self.socket, zmq.POLLIN)
+        poller.register(self._monitor, zmq.POLLIN)
+        ready = dict(await poller.poll(None if timeout is None else int(timeout * 1000)))
+        if self._monitor in ready:
+            event = parse_monitor_message(await self._monitor.recv_multipart())
+            self._reconnect(event["endpoint"].decode())
+            raise ConnectionDropped(f"the kernel's connection {event['endpoint'].decode()} was closed")
+        if self.socket in ready:
+            return await self._recv()
+        raise Empty
+
+    def _reconnect(self, endpoint: str) -> None:
+        old, kind, identity = self.socket, self.socket.socket_type, self.socket.get(zmq.ROUTING_ID)
+        old.disable_monitor()
+        self._monitor.close(linger=0)
+        old.close(linger=0)
+        self.socket = old.context.socket(kind)
+        self.socket.linger = 1000
+        if identity:
+            self.socket.set(zmq.ROUTING_ID, identity)
+        if kind == zmq.SUB:
+            self.socket.setsockopt(zmq.SUBSCRIBE, b"")
+        self._monitor = self.socket.get_monitor_socket(zmq.EVENT_DISCONNECTED)
+        self.socket.connect(endpoint)
+
+    def close(self) -> None:
+        if self.socket is not None:
+            self._monitor.close(linger=0)
+        super().close()
+
+    stop = close
+
+
 class ReadyClient(AsyncKernelClient):
     """jupyter_client's client, but ready as soon as the kernel has answered ``kernel_info`` on both channels.
 
@@ -515,6 +589,17 @@ class ReadyClient(AsyncKernelClient):
     ``kernel_info`` leaves there (its status messages) is skipped when a cell runs. The loop is jupyter_client
     8's ``_async_wait_for_ready`` (a client made by its kernel manager) without that last flush: recheck it when
     jupyter_client changes (tests/test_ready_client.py)."""
+
+    message_bytes = Int(0, help="the largest frame accepted from the kernel (see capped_context); 0: no cap")
+    shell_channel_class = Type(CappedChannel)
+    iopub_channel_class = Type(CappedChannel)
+
+    @default("context")
+    def _context_default(self) -> zmq.asyncio.Context:
+        if not self.message_bytes:
+            return super()._context_default()
+        self._created_context = True
+        return capped_context(self.message_bytes)
 
     async def wait_for_ready(self, timeout: float | None = None) -> None:
         deadline = time.monotonic() + (float("inf") if timeout is None else timeout)
@@ -556,6 +641,14 @@ class SandboxedKernelManager(AsyncKernelManager):
         self._kernel_spec = KernelSpec(
             argv=[sys.executable, "-Xfrozen_modules=off", "-m", "ipykernel_launcher", "-f", "{connection_file}"],
             display_name="Python 3 (sandboxed)", language="python", interrupt_mode="message", metadata={})
+
+    @default("context")
+    def _context_default(self) -> zmq.asyncio.Context:  # its control socket, connected to the kernel too
+        self._created_context = True
+        return capped_context(self.box.limits.cell_output_bytes)
+
+    def client(self, **kwargs) -> ReadyClient:
+        return super().client(message_bytes=self.box.limits.cell_output_bytes, **kwargs)
 
     async def shutdown_kernel(self, now: bool = False, restart: bool = False) -> None:
         self.box.note_others()  # before the kill: what else was still running in the sandbox
