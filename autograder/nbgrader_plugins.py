@@ -285,6 +285,7 @@ class TrustedExecute(Execute):
                                                        task_poll_kernel_alive)
         except sandbox.ConnectionDropped:
             task_poll_output_msg.cancel()
+            task_poll_kernel_alive.cancel()
             if await self._kernel_ended():
                 raise DeadKernelError("Kernel died") from None
             raise sandbox.ConnectionDropped(

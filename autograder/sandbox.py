@@ -560,7 +560,7 @@ class CappedChannel(AsyncZMQSocketChannel):
         raise Empty
 
     def _reconnect(self, endpoint: str) -> None:
-        old, kind, identity = self.socket, self.socket.socket_type, self.socket.get(zmq.ROUTING_ID)
+        old, kind, identity = self.socket, self.socket.type, self.socket.get(zmq.ROUTING_ID)
         old.disable_monitor()
         self._monitor.close(linger=0)
         old.close(linger=0)

@@ -41,7 +41,7 @@ CONTROLS = ("a-honest", "m-honest", "z-honest")  # graded before, among and afte
 # Tight limits so that hangs cost seconds; generous enough for the honest notebook on a loaded 2-core machine.
 LIMITS = pipeline.Limits(cell_timeout=6, interrupt_grace=2, deadline=15, cpu_seconds=60, memory_bytes=1536 << 20,
                          processes=64, file_bytes=16 << 20, tmpfs_bytes=32 << 20, scratch_bytes=48 << 20,
-                         output_bytes=2 << 20, notebook_bytes=2 << 20)
+                         output_bytes=2 << 20, cell_output_bytes=1 << 20, notebook_bytes=2 << 20)
 UNIT = replace(LIMITS, cpu_seconds=2, memory_bytes=512 << 20, processes=24, tmpfs_bytes=4 << 20)
 
 # -- the corpus ------------------------------------------------------------------------------------------------
@@ -789,6 +789,49 @@ def test_the_trusted_side_parses_only_bounded_files(tmp_path):
     print("peak RSS kB:", {attack: result["peak_kb"] for attack, result in got.items()})
     for attack in ("json", "npz"):
         assert got[attack]["peak_kb"] <= 1.5 * got["honest"]["peak_kb"], (attack, got)
+
+
+# The grading process itself, grading the perfect notebook, then each attack that floods it with messages.
+GRADER_RSS_SCRIPT = """
+import json, resource, sys
+from pathlib import Path
+import nbformat
+from autograder import pipeline, samples
+from tests.test_adversarial import ATTACKS, LESSON, LIMITS, attack_notebook
+work, folder = Path(sys.argv[1]), Path(sys.argv[2])
+grader, _ = pipeline.prepare(work, [LESSON], sandbox=True, limits=LIMITS)
+def grade(student, nb):
+    path = folder / student / f"{LESSON}.ipynb"
+    path.parent.mkdir(parents=True)
+    nbformat.write(nb, path)
+    outcome = pipeline.grade_one(grader, work, None, student, LESSON, path)
+    return {"score": outcome.score, "peak_kb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss}
+got = {"honest": grade("a-honest", samples.perfect(LESSON))}
+for attack in ATTACKS:
+    if attack.student.startswith("x-output-"):
+        got[attack.student] = grade(attack.student, attack_notebook(attack))
+pipeline.retire_warm()
+print(json.dumps(got))
+"""
+
+
+def test_the_grading_process_memory_is_bounded_whatever_the_kernel_sends(tmp_path):
+    """Issue 30, point 2: the grading process's peak RSS while it grades every ``output_*`` attack (floods of
+    every kind of message, one 200 MB message, a 64 MB reply) stays within 1.5x what grading an honest notebook
+    takes, in the same process: an honest notebook first, then the attacks (a peak only grows)."""
+    done = subprocess.run([sys.executable, "-c", GRADER_RSS_SCRIPT, str(tmp_path / "work"), str(tmp_path / "in")],
+                          cwd=ROOT, capture_output=True, text=True, timeout=600,
+                          env={**os.environ, "PYTHONPATH": str(ROOT)})
+    assert done.returncode == 0, done.stderr[-3000:]
+    got = json.loads(done.stdout.strip().splitlines()[-1])
+    attacks = [a for a in ATTACKS if a.student.startswith("x-output-")]
+    assert len(attacks) >= 8 and set(got) == {"honest", *(a.student for a in attacks)}
+    assert got["honest"]["score"] == len(ITEMS), got
+    for attack in attacks:
+        assert got[attack.student]["score"] == len(attack.full), (attack.student, got)
+    print("peak RSS kB:", {student: result["peak_kb"] for student, result in got.items()})
+    peak = max(result["peak_kb"] for result in got.values())
+    assert peak <= 1.5 * got["honest"]["peak_kb"], got
 
 
 def _swap_exercise(nb, name: str, source: str, extra: str = "") -> None:
