@@ -247,7 +247,14 @@ class TrustedExecute(Execute):
             if over:
                 self._drop(over, cell, cell_index)
                 return None
-        return super().process_message(msg, cell, cell_index)
+        try:
+            return super().process_message(msg, cell, cell_index)
+        except (AttributeError, KeyError, TypeError, ValueError) as exc:  # nbclient trusts the fields it reads
+            if cell_index not in self._malformed_cells:
+                self._malformed_cells.add(cell_index)
+                self._note(f"{self._cell_name(cell_index)} sent a malformed {shown(str(msg['msg_type']))[:40]} "
+                           f"message ({type(exc).__name__}: {shown(str(exc))[:80]}): ignored")
+            return None
 
     def _drop(self, over: str, cell, cell_index: int) -> None:
         """Say once per cell, in the cell, and once per cell limit or notebook, in the log, that output past a
@@ -348,6 +355,7 @@ class TrustedExecute(Execute):
         self._budget = OutputBudget(self._limits.cell_output_bytes, self._limits.output_bytes)
         self._dropped_cells: set[int] = set()  # cells whose dropped output was noted
         self._dropped_notebook = False  # whether the notebook's limit was noted
+        self._malformed_cells: set[int] = set()  # cells whose malformed message was noted
 
     def _sandbox(self, scratch: Path) -> sandbox.Sandbox | None:
         """This notebook's sandbox: the student's warm one (see :class:`autograder.sandbox.WarmSandbox`), or a

@@ -805,7 +805,8 @@ def grade(student, nb):
     path.parent.mkdir(parents=True)
     nbformat.write(nb, path)
     outcome = pipeline.grade_one(grader, work, None, student, LESSON, path)
-    return {"score": outcome.score, "peak_kb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss}
+    return {"score": outcome.score, "peak_kb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss,
+            "notes": outcome.notes}
 got = {"honest": grade("a-honest", samples.perfect(LESSON))}
 for attack in ATTACKS:
     if attack.student.startswith("x-output-"):
@@ -826,10 +827,10 @@ def test_the_grading_process_memory_is_bounded_whatever_the_kernel_sends(tmp_pat
     got = json.loads(done.stdout.strip().splitlines()[-1])
     attacks = [a for a in ATTACKS if a.student.startswith("x-output-")]
     assert len(attacks) >= 8 and set(got) == {"honest", *(a.student for a in attacks)}
-    assert got["honest"]["score"] == len(ITEMS), got
-    for attack in attacks:
-        assert got[attack.student]["score"] == len(attack.full), (attack.student, got)
     print("peak RSS kB:", {student: result["peak_kb"] for student, result in got.items()})
+    assert got["honest"]["score"] == len(ITEMS), got["honest"]
+    for attack in attacks:
+        assert got[attack.student]["score"] == len(attack.full), (attack.student, got[attack.student])
     peak = max(result["peak_kb"] for result in got.values())
     assert peak <= 1.5 * got["honest"]["peak_kb"], got
 

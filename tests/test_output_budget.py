@@ -151,6 +151,17 @@ def test_widget_state_and_comm_floods_stop_at_the_cell_limit():
     assert [o.text for o in later.outputs] == ["next cell"], "a flooding cell took a later cell's budget"
 
 
+def test_a_malformed_message_is_ignored_with_one_note():
+    execute = _execute(cell_bytes=100_000, notebook_bytes=100_000)
+    malformed = [_msg("comm_open", {"comm_id": "c", "target_name": "jupyter.widget", "data": {"state": {}}}),
+                 _msg("comm_msg", {"data": {"state": {}}}),  # no comm id
+                 _msg("display_data", {"data": {}, "transient": "not a dict"}),
+                 _msg("stream", {"name": "stdout"})]  # no text
+    cell = _feed(execute, 0, malformed + [_msg("stream", {"name": "stdout", "text": "still here"})])
+    assert [o.get("text") for o in cell.outputs] == ["still here"]
+    assert len(_dropped_notes("malformed")) == 1
+
+
 def test_display_updates_are_charged_for_every_display_they_rewrite():
     execute = _execute(cell_bytes=10_000, notebook_bytes=100_000)
     shown = [_msg("display_data", {"data": {"text/plain": "."}, "metadata": {}, "transient": {"display_id": "d"}})

@@ -11,6 +11,7 @@ def mask_to_bias(allowed, dtype=np.float32):
     return np.where(allowed, 0, np.finfo(dtype).min).astype(dtype)
 
 
-widget = create_comm(target_name="jupyter.widget", data={"state": {"_model_name": "X"}, "buffer_paths": []})
+widget = create_comm(target_name="jupyter.widget", data={"state": {"_model_name": "X", "_model_module": "x"},
+                                                         "buffer_paths": []})
 for i in range(2000):
     widget.send({"method": "update", "state": {"value": i}, "buffer_paths": [["data"]]}, buffers=[b"b" * 1024])
