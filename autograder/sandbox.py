@@ -519,9 +519,10 @@ QUEUED_MESSAGES = 32
 
 def capped_context(message_bytes: int) -> zmq.asyncio.Context:
     """A ZMQ context whose sockets refuse any frame over ``message_bytes``: libzmq reads a frame's length before
-    its body and closes the connection instead of allocating it (``ZMQ_MAXMSGSIZE``), so one message the kernel
-    sends can never be received whole into the grader's memory; at most :data:`QUEUED_MESSAGES` wait unread
-    (``ZMQ_RCVHWM``). Every socket the grader connects to a kernel comes from such a context."""
+    its body and closes the connection instead of allocating it (``ZMQ_MAXMSGSIZE``), so no single frame the
+    kernel sends is ever allocated in the grader; at most :data:`QUEUED_MESSAGES` messages wait unread
+    (``ZMQ_RCVHWM``). Every socket the grader connects to a kernel comes from such a context. Not bounded here:
+    the number of frames of one message (libzmq receives a message's frames whole, past its high-water mark)."""
     context = zmq.asyncio.Context()
     context.setsockopt(zmq.MAXMSGSIZE, message_bytes)
     context.setsockopt(zmq.RCVHWM, QUEUED_MESSAGES)
