@@ -300,9 +300,9 @@ class TrustedExecute(Execute):
                 "of a cell on its shell channel, whose connection was closed") from None
 
     async def _kernel_ended(self, seconds: float = 1.0) -> bool:
-        """Whether the kernel ended within ``seconds``: a connection also closes when its kernel dies."""
+        """Whether the kernel (or its relay) ended within ``seconds``: a connection also closes then."""
         deadline = time.monotonic() + seconds
-        while await ensure_async(self.km.is_alive()):
+        while await ensure_async(self.kc.is_alive()):  # the client knows of the relay too
             if time.monotonic() > deadline:
                 return False
             await asyncio.sleep(0.1)

@@ -35,6 +35,7 @@ import atexit
 import functools
 import json
 import os
+import select
 import shutil
 import signal
 import subprocess
@@ -515,6 +516,8 @@ def _ppid(pid: int) -> int:
 # Messages from the kernel that may wait in one of the grader's sockets: what the grader holds unread is at most
 # this many frames of at most cell_output_bytes (more wait in the kernel, whose sends then block or are dropped).
 QUEUED_MESSAGES = 32
+# The relay's memory for messages on their way (see KernelRelay): this many of cell_output_bytes, and 64 MB.
+RELAY_MESSAGES = 16
 
 
 def capped_context(message_bytes: int) -> zmq.asyncio.Context:
@@ -582,6 +585,111 @@ class CappedChannel(AsyncZMQSocketChannel):
     stop = close
 
 
+# The relay (see KernelRelay), run as `python -c _RELAY KERNEL_IP RELAY_IP PORTS FRAME_BYTES SPARE_BYTES`: for each
+# channel a socket bound for the grader (front) and one connected to the kernel (back), and messages copied between
+# them. A back connection libzmq closes (a frame over FRAME_BYTES, or no memory left for a message) is opened
+# again, and the front one with it, so that the grader sees its own connection close. End of stdin ends it.
+_RELAY = r"""
+import json, resource, sys, zmq
+kernel, outer, ports = sys.argv[1], sys.argv[2], json.loads(sys.argv[3])
+frame_bytes, spare = int(sys.argv[4]), int(sys.argv[5])
+context = zmq.Context()
+kinds = {channel: (zmq.XPUB, zmq.XSUB) if channel == "iopub" else (zmq.ROUTER, zmq.DEALER) for channel in ports}
+
+
+def back(channel):
+    sock = context.socket(kinds[channel][1])
+    sock.setsockopt(zmq.MAXMSGSIZE, frame_bytes)
+    sock.setsockopt(zmq.RCVHWM, 32)
+    sock.setsockopt(zmq.RECONNECT_IVL, 10)
+    sock.linger = 0
+    monitor = sock.get_monitor_socket(zmq.EVENT_DISCONNECTED)
+    sock.connect(f"ipc://{kernel}-{ports[channel]}")
+    return sock, monitor
+
+
+def front(channel):
+    sock = context.socket(kinds[channel][0])
+    sock.linger = 0
+    sock.bind(f"ipc://{outer}-{ports[channel]}")
+    return sock
+
+
+links = {channel: [front(channel), *back(channel)] for channel in ports}
+with open("/proc/self/status") as status:
+    mapped = next(int(line.split()[1]) << 10 for line in status if line.startswith("VmSize:"))
+resource.setrlimit(resource.RLIMIT_AS, (mapped + spare, mapped + spare))
+print("ready", flush=True)
+while True:
+    poller = zmq.Poller()
+    poller.register(sys.stdin, zmq.POLLIN)
+    owner = {}
+    for channel, socks in links.items():
+        for sock in socks:
+            poller.register(sock, zmq.POLLIN)
+            owner[sock] = channel
+    for sock, _ in poller.poll():
+        if sock is sys.stdin:
+            sys.exit(0)
+        channel = owner[sock]
+        outer_sock, inner_sock, monitor = links[channel]
+        if sock is monitor:
+            for old in (monitor, inner_sock, outer_sock):
+                old.close()
+            links[channel] = [front(channel), *back(channel)]
+            break  # the poller holds closed sockets
+        target = inner_sock if sock is outer_sock else outer_sock
+        frames = sock.recv_multipart(copy=False)
+        try:
+            target.send_multipart(frames, flags=zmq.NOBLOCK, copy=False)
+        except zmq.Again:  # no peer yet, or a full queue: dropped, as a PUB socket does
+            pass
+"""
+
+
+class KernelRelay:
+    """A process between one kernel's sockets and the grader's, whose memory is capped.
+
+    libzmq caps a frame (``ZMQ_MAXMSGSIZE``), not the number of frames of one message, and receives all of them
+    before its reader sees the first: a kernel sending one message of many capped frames would have it received
+    whole into the memory of whatever connects to it. The grader connects only to this relay. There, such a
+    message runs out of its ``spare`` bytes of address space: libzmq closes the kernel's connection (the relay
+    opens it again, and the grader sees its own close: see :class:`CappedChannel`) or aborts the relay (the
+    grader's client then finds the kernel gone). What fits is passed on as it came."""
+
+    def __init__(self, kernel_ip: str, ports: dict[str, int], frame_bytes: int, spare: int):
+        self.folder = tempfile.mkdtemp(prefix="relay-")  # the grader's own: the kernel never sees it
+        self.ip = os.path.join(self.folder, "r")
+        self.spare = spare
+        env = {**os.environ, "MALLOC_ARENA_MAX": "1"}  # one malloc arena: its address space is what it uses
+        self.process = subprocess.Popen(
+            [sys.executable, "-c", _RELAY, kernel_ip, self.ip, json.dumps(ports), str(frame_bytes), str(spare)],
+            stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, env=env)
+        self.stopped = False
+
+    def wait_ready(self, timeout: float = 30.0) -> None:
+        ready, _, _ = select.select([self.process.stdout], [], [], timeout)
+        if not ready or self.process.stdout.readline().strip() != b"ready":
+            self.stop()
+            raise RuntimeError("the relay between the kernel and the grader did not start")
+
+    def alive(self) -> bool:
+        return self.process.poll() is None
+
+    def died(self) -> bool:
+        """Whether it ended by itself (aborted by libzmq: a message over its memory), not by :meth:`stop`."""
+        return not self.stopped and not self.alive()
+
+    def stop(self) -> None:
+        self.stopped = True
+        if self.alive():
+            self.process.kill()
+        self.process.wait()
+        self.process.stdin.close()
+        self.process.stdout.close()
+        shutil.rmtree(self.folder, ignore_errors=True)
+
+
 class ReadyClient(AsyncKernelClient):
     """jupyter_client's client, but ready as soon as the kernel has answered ``kernel_info`` on both channels.
 
@@ -592,6 +700,7 @@ class ReadyClient(AsyncKernelClient):
     jupyter_client changes (tests/test_ready_client.py)."""
 
     message_bytes = Int(0, help="the largest frame accepted from the kernel (see capped_context); 0: no cap")
+    relay = Any(None, help="the KernelRelay its sockets connect to, if any: the kernel is gone when it is")
     shell_channel_class = Type(CappedChannel)
     iopub_channel_class = Type(CappedChannel)
 
@@ -601,6 +710,9 @@ class ReadyClient(AsyncKernelClient):
             return super()._context_default()
         self._created_context = True
         return capped_context(self.message_bytes)
+
+    async def _async_is_alive(self) -> bool:
+        return (self.relay is None or self.relay.alive()) and await super()._async_is_alive()
 
     async def wait_for_ready(self, timeout: float | None = None) -> None:
         deadline = time.monotonic() + (float("inf") if timeout is None else timeout)
@@ -629,6 +741,7 @@ class SandboxedKernelManager(AsyncKernelManager):
     """jupyter_client's kernel manager, launching the kernel inside a :class:`Sandbox` over ipc sockets."""
 
     box = Any(help="the Sandbox of this notebook")
+    relay = Any(None, help="the KernelRelay between the kernel and the grader, while the kernel runs")
 
     def __init__(self, box: Sandbox, **kwargs):
         super().__init__(**kwargs)
@@ -649,11 +762,32 @@ class SandboxedKernelManager(AsyncKernelManager):
         return capped_context(self.box.limits.cell_output_bytes)
 
     def client(self, **kwargs) -> ReadyClient:
-        return super().client(message_bytes=self.box.limits.cell_output_bytes, **kwargs)
+        relay = {"ip": self.relay.ip, "relay": self.relay} if self.relay is not None else {}
+        return super().client(message_bytes=self.box.limits.cell_output_bytes, **relay, **kwargs)
+
+    def _make_url(self, channel: str) -> str:  # the manager's own control socket goes through the relay too
+        return f"ipc://{self.relay.ip if self.relay is not None else self.ip}-{getattr(self, f'{channel}_port')}"
+
+    def _start_relay(self) -> None:
+        ports = {channel: getattr(self, f"{channel}_port") for channel in ("shell", "iopub", "stdin", "control", "hb")}
+        limit = self.box.limits.cell_output_bytes
+        self.relay = KernelRelay(self.ip, ports, limit, RELAY_MESSAGES * limit + (64 << 20))
 
     async def shutdown_kernel(self, now: bool = False, restart: bool = False) -> None:
         self.box.note_others()  # before the kill: what else was still running in the sandbox
-        await super().shutdown_kernel(now=now, restart=restart)
+        try:
+            await super().shutdown_kernel(now=now, restart=restart)
+        finally:
+            self._stop_relay()
+
+    def _stop_relay(self) -> None:
+        if self.relay is None:
+            return
+        if self.relay.died():
+            self.box.events.append(f"the kernel sent more than {self.relay.spare / 2**20:g} MB at once (one message "
+                                   "of many parts, or many messages left unread): its connection was closed")
+        self.relay.stop()
+        self.relay = None
 
     def write_connection_file(self, **kwargs) -> None:
         super().write_connection_file(**kwargs)
@@ -663,11 +797,13 @@ class SandboxedKernelManager(AsyncKernelManager):
         return self.box.command(super().format_kernel_cmd(extra_arguments))
 
     async def _async_launch_kernel(self, kernel_cmd: list[str], **kw) -> None:
+        self._start_relay()  # it starts while the kernel does
         if isinstance(self.box, WarmSandbox):  # the student's zygote forks the kernel (no command is run)
             process = self.box.fork_kernel(self.connection_file)
             self.provisioner.process, self.provisioner.pid, self.provisioner.pgid = process, process.pid, None
             self._reconcile_connection_info(self.provisioner.connection_info)
             self.box.started(process)
+            self.relay.wait_ready()
             return
         kw["env"] = self.box.outer_env()
         kw["cwd"] = str(self.box.scratch)
@@ -676,6 +812,7 @@ class SandboxedKernelManager(AsyncKernelManager):
             kw["stderr"] = log
             await super()._async_launch_kernel(kernel_cmd, **kw)
         self.box.started(self.provisioner.process)
+        self.relay.wait_ready()
 
 
 # -- warm sandboxes: one per student, a pre-imported zygote forks each notebook's kernel --------------------------

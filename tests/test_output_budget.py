@@ -9,6 +9,8 @@ tests/test_adversarial.py (the ``output_*`` attacks).
 
 from __future__ import annotations
 
+import asyncio
+import os
 import sys
 import time
 
@@ -252,3 +254,63 @@ def test_many_small_messages_cost_only_their_cell():
     assert raised is None, raised
     assert _texts(nb.cells[0])[-1] == plugins._DROPPED["cell"] and _texts(nb.cells[1]) == ["after\n"]
     assert len(nbformat.writes(nb)) < 2 * CAP
+
+
+# -- the relay between a kernel and the grader ---------------------------------------------------------------------
+def _peak_kb(pid: int) -> int | None:
+    """A process's peak resident memory, or None once it has ended."""
+    with open(f"/proc/{pid}/status") as status:
+        return next((int(line.split()[1]) for line in status if line.startswith("VmHWM:")), None)
+
+
+def test_the_relay_passes_messages_and_bounds_what_one_message_costs(tmp_path):
+    """A stand-in kernel (plain sockets) behind a :class:`sandbox.KernelRelay`: messages pass both ways; one
+    message of 400 parts of 512 KB (200 MB, each part under the frame cap) costs the relay at most its spare
+    memory, never the grader, whose connection closes (to be opened again by its channel)."""
+    import zmq
+
+    context = zmq.Context()
+    kernel_ip = str(tmp_path / "k")
+    ports = {"shell": 1, "iopub": 2, "stdin": 3, "control": 4, "hb": 5}
+    pub, shell = context.socket(zmq.PUB), context.socket(zmq.ROUTER)
+    pub.bind(f"ipc://{kernel_ip}-2")
+    shell.bind(f"ipc://{kernel_ip}-1")
+    relay = sandbox.KernelRelay(kernel_ip, ports, CAP, 32 << 20)
+    grader = sandbox.capped_context(CAP)
+
+    async def talk():
+        sub, dealer = grader.socket(zmq.SUB), grader.socket(zmq.DEALER)
+        sub.setsockopt(zmq.SUBSCRIBE, b"")
+        monitor = sub.get_monitor_socket(zmq.EVENT_DISCONNECTED)
+        sub.connect(f"ipc://{relay.ip}-2")
+        dealer.connect(f"ipc://{relay.ip}-1")
+        await dealer.send_multipart([b"<IDS|MSG>", b"request"])
+        assert shell.poll(10_000), "a request did not reach the kernel"
+        *idents, request = shell.recv_multipart()
+        assert request == b"request"
+        shell.send_multipart([*idents, b"reply"])
+        assert await dealer.poll(10_000) and (await dealer.recv_multipart())[-1] == b"reply"
+        deadline = time.monotonic() + 10
+        while not await sub.poll(100):  # a subscription travels through the relay: publish until one arrives
+            pub.send_multipart([b"topic", b"first"])
+            assert time.monotonic() < deadline, "a published message did not reach the grader"
+        assert (await sub.recv_multipart())[-1] == b"first"
+        base_kb = _peak_kb(relay.process.pid)
+        part = b"x" * (512 << 10)
+        pub.send_multipart([b"topic", *[part] * 400], copy=False)
+        assert await monitor.poll(30_000), "the grader's connection stayed open"
+        peak_kb = _peak_kb(relay.process.pid)
+        if peak_kb is not None and relay.alive():  # libzmq closed the kernel's connection, within the memory
+            assert peak_kb - base_kb <= (32 << 20) >> 10, (peak_kb, base_kb)
+        else:  # libzmq aborted it: the grader's client finds the kernel gone
+            assert relay.died()
+        print("the relay", "lives on" if relay.alive() else "was aborted")
+
+    try:
+        relay.wait_ready()
+        asyncio.run(talk())
+    finally:
+        relay.stop()
+        grader.destroy(linger=0)
+        context.destroy(linger=0)
+    assert not relay.alive() and not os.path.exists(relay.folder)
