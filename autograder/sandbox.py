@@ -525,7 +525,8 @@ def capped_context(message_bytes: int) -> zmq.asyncio.Context:
     its body and closes the connection instead of allocating it (``ZMQ_MAXMSGSIZE``), so no single frame the
     kernel sends is ever allocated in the grader; at most :data:`QUEUED_MESSAGES` messages wait unread
     (``ZMQ_RCVHWM``). Every socket the grader connects to a kernel comes from such a context. Not bounded here:
-    the number of frames of one message (libzmq receives a message's frames whole, past its high-water mark)."""
+    the number of frames of one message (libzmq receives a message's frames whole, past its high-water mark); the
+    kernel's sockets are reached through a :class:`KernelRelay` for that."""
     context = zmq.asyncio.Context()
     context.setsockopt(zmq.MAXMSGSIZE, message_bytes)
     context.setsockopt(zmq.RCVHWM, QUEUED_MESSAGES)
@@ -780,6 +781,12 @@ class SandboxedKernelManager(AsyncKernelManager):
         finally:
             self._stop_relay()
 
+    async def cleanup_resources(self, restart: bool = False) -> None:  # nbclient's end for a kernel that died
+        try:
+            await super().cleanup_resources(restart=restart)
+        finally:
+            self._stop_relay()
+
     def _stop_relay(self) -> None:
         if self.relay is None:
             return
@@ -798,12 +805,19 @@ class SandboxedKernelManager(AsyncKernelManager):
 
     async def _async_launch_kernel(self, kernel_cmd: list[str], **kw) -> None:
         self._start_relay()  # it starts while the kernel does
+        try:
+            await self._launch_in_box(kernel_cmd, **kw)
+            self.relay.wait_ready()
+        except BaseException:
+            self._stop_relay()
+            raise
+
+    async def _launch_in_box(self, kernel_cmd: list[str], **kw) -> None:
         if isinstance(self.box, WarmSandbox):  # the student's zygote forks the kernel (no command is run)
             process = self.box.fork_kernel(self.connection_file)
             self.provisioner.process, self.provisioner.pid, self.provisioner.pgid = process, process.pid, None
             self._reconcile_connection_info(self.provisioner.connection_info)
             self.box.started(process)
-            self.relay.wait_ready()
             return
         kw["env"] = self.box.outer_env()
         kw["cwd"] = str(self.box.scratch)
@@ -812,7 +826,6 @@ class SandboxedKernelManager(AsyncKernelManager):
             kw["stderr"] = log
             await super()._async_launch_kernel(kernel_cmd, **kw)
         self.box.started(self.provisioner.process)
-        self.relay.wait_ready()
 
 
 # -- warm sandboxes: one per student, a pre-imported zygote forks each notebook's kernel --------------------------
