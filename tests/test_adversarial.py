@@ -741,8 +741,15 @@ def test_kernel_text_is_escaped_in_the_terminal_the_log_and_the_csv(run):
     assert csv_cell("=HYPERLINK(1)") == "'=HYPERLINK(1)" and csv_cell(2.5) == 2.5
 
 
-RSS_SCRIPT = """
-import json, os, resource, shutil, sys
+# A process's peak resident memory, for the scripts below. Not ru_maxrss: Linux keeps the parent's peak in it
+# across fork and exec, so a child of this (large) test process would report the test's own peak.
+PEAK_KB = """
+def peak_kb():
+    with open("/proc/self/status") as status:
+        return next(int(line.split()[1]) for line in status if line.startswith("VmHWM:"))
+"""
+RSS_SCRIPT = PEAK_KB + """
+import json, os, shutil, sys
 from pathlib import Path
 import nbformat, numpy as np
 from autograder import notebooks, verdicts
@@ -769,7 +776,7 @@ else:
     shutil.rmtree(folder / step / "outputs")
     shutil.copytree(folder / "make" / "outputs", folder / step / "outputs")
     decided = verdicts.decide(plan)
-    print(json.dumps({"peak_kb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss,
+    print(json.dumps({"peak_kb": peak_kb(),
                       "passed": {k: v.passed for k, v in decided.items()}}))
 """
 
@@ -792,7 +799,7 @@ def test_the_trusted_side_parses_only_bounded_files(tmp_path):
 
 
 # The grading process itself, grading the perfect notebook, then each attack that floods it with messages.
-GRADER_RSS_SCRIPT = """
+GRADER_RSS_SCRIPT = PEAK_KB + """
 import json, sys
 from pathlib import Path
 import nbformat
@@ -805,9 +812,7 @@ def grade(student, nb):
     path.parent.mkdir(parents=True)
     nbformat.write(nb, path)
     outcome = pipeline.grade_one(grader, work, None, student, LESSON, path)
-    with open("/proc/self/status") as status:  # VmHWM: ru_maxrss keeps the parent's peak across fork and exec
-        peak_kb = next(int(line.split()[1]) for line in status if line.startswith("VmHWM:"))
-    return {"score": outcome.score, "peak_kb": peak_kb, "notes": outcome.notes}
+    return {"score": outcome.score, "peak_kb": peak_kb(), "notes": outcome.notes}
 got = {"honest": grade("a-honest", samples.perfect(LESSON))}
 for attack in ATTACKS:
     if attack.student.startswith("x-output-"):
