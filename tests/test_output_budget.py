@@ -300,7 +300,9 @@ def test_the_relay_passes_messages_and_bounds_what_one_message_costs(tmp_path):
         pub.send_multipart([b"topic", *[part] * 400], copy=False)
         assert await monitor.poll(30_000), "the grader's connection stayed open"
         peak_kb = _peak_kb(relay.process.pid)
-        if peak_kb is not None and relay.alive():  # libzmq closed the kernel's connection, within the memory
+        if peak_kb is None:  # it is ending
+            relay.process.wait(10)
+        if relay.alive():  # libzmq closed the kernel's connection, within the relay's memory
             assert peak_kb - base_kb <= (32 << 20) >> 10, (peak_kb, base_kb)
         else:  # libzmq aborted it: the grader's client finds the kernel gone
             assert relay.died()
