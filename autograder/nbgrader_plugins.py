@@ -274,14 +274,13 @@ class TrustedExecute(Execute):
                    ": further output dropped")
 
     async def _async_poll_output_msg(self, parent_msg_id, cell, cell_index):
-        """Read the cell's IOPub messages; a frame over the message cap closes the connection (see
-        :class:`sandbox.CappedChannel`): the cell's further output is dropped and reading goes on."""
-        while True:
-            try:
-                return await super()._async_poll_output_msg(parent_msg_id, cell, cell_index)
-            except sandbox.ConnectionDropped:
-                if await self._kernel_ended():
-                    return  # nbclient's own check reports the dead kernel
+        """Read the cell's IOPub messages. A frame over the message cap closes the connection (see
+        :class:`sandbox.CappedChannel`), and what the kernel sent meanwhile is lost, its idle status perhaps: the
+        cell's output ends there, noted, and nbclient waits for its reply alone (a dead kernel it reports itself)."""
+        try:
+            await super()._async_poll_output_msg(parent_msg_id, cell, cell_index)
+        except sandbox.ConnectionDropped:
+            if not await self._kernel_ended():
                 self._budget.close(cell_index)
                 self._drop("message", cell, cell_index)
 

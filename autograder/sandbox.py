@@ -586,14 +586,14 @@ class CappedChannel(AsyncZMQSocketChannel):
     stop = close
 
 
-# The relay (see KernelRelay), run as `python -c _RELAY KERNEL_IP RELAY_IP PORTS FRAME_BYTES SPARE_BYTES`: for each
-# channel a socket bound for the grader (front) and one connected to the kernel (back), and messages copied between
-# them. A back connection libzmq closes (a frame over FRAME_BYTES, or no memory left for a message) is opened
+# The relay (see KernelRelay), run as `python -c _RELAY KERNEL_IP RELAY_IP PORTS FRAME_BYTES SPARE_BYTES QUEUED`:
+# for each channel a socket bound for the grader (front) and one connected to the kernel (back), and messages copied
+# between them. A back connection libzmq closes (a frame over FRAME_BYTES, or no memory left for a message) is opened
 # again, and the front one with it, so that the grader sees its own connection close. End of stdin ends it.
 _RELAY = r"""
 import json, resource, sys, zmq
 kernel, outer, ports = sys.argv[1], sys.argv[2], json.loads(sys.argv[3])
-frame_bytes, spare = int(sys.argv[4]), int(sys.argv[5])
+frame_bytes, spare, queued = int(sys.argv[4]), int(sys.argv[5]), int(sys.argv[6])
 context = zmq.Context()
 kinds = {channel: (zmq.XPUB, zmq.XSUB) if channel == "iopub" else (zmq.ROUTER, zmq.DEALER) for channel in ports}
 
@@ -601,7 +601,7 @@ kinds = {channel: (zmq.XPUB, zmq.XSUB) if channel == "iopub" else (zmq.ROUTER, z
 def back(channel):
     sock = context.socket(kinds[channel][1])
     sock.setsockopt(zmq.MAXMSGSIZE, frame_bytes)
-    sock.setsockopt(zmq.RCVHWM, 32)
+    sock.setsockopt(zmq.RCVHWM, queued)
     sock.setsockopt(zmq.RECONNECT_IVL, 10)
     sock.linger = 0
     monitor = sock.get_monitor_socket(zmq.EVENT_DISCONNECTED)
@@ -616,19 +616,23 @@ def front(channel):
     return sock
 
 
+def watch():
+    poller, owner = zmq.Poller(), {}
+    poller.register(sys.stdin, zmq.POLLIN)
+    for channel, socks in links.items():
+        for sock in socks:
+            poller.register(sock, zmq.POLLIN)
+            owner[sock] = channel
+    return poller, owner
+
+
 links = {channel: [front(channel), *back(channel)] for channel in ports}
+poller, owner = watch()
 with open("/proc/self/status") as status:
     mapped = next(int(line.split()[1]) << 10 for line in status if line.startswith("VmSize:"))
 resource.setrlimit(resource.RLIMIT_AS, (mapped + spare, mapped + spare))
 print("ready", flush=True)
 while True:
-    poller = zmq.Poller()
-    poller.register(sys.stdin, zmq.POLLIN)
-    owner = {}
-    for channel, socks in links.items():
-        for sock in socks:
-            poller.register(sock, zmq.POLLIN)
-            owner[sock] = channel
     for sock, _ in poller.poll():
         if sock is sys.stdin:
             sys.exit(0)
@@ -638,7 +642,8 @@ while True:
             for old in (monitor, inner_sock, outer_sock):
                 old.close()
             links[channel] = [front(channel), *back(channel)]
-            break  # the poller holds closed sockets
+            poller, owner = watch()
+            break  # the events left were polled on closed sockets
         target = inner_sock if sock is outer_sock else outer_sock
         frames = sock.recv_multipart(copy=False)
         try:
@@ -664,7 +669,8 @@ class KernelRelay:
         self.spare = spare
         env = {**os.environ, "MALLOC_ARENA_MAX": "1"}  # one malloc arena: its address space is what it uses
         self.process = subprocess.Popen(
-            [sys.executable, "-c", _RELAY, kernel_ip, self.ip, json.dumps(ports), str(frame_bytes), str(spare)],
+            [sys.executable, "-c", _RELAY, kernel_ip, self.ip, json.dumps(ports), str(frame_bytes), str(spare),
+             str(QUEUED_MESSAGES)],
             stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, env=env)
         self.stopped = False
 
