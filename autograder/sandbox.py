@@ -586,14 +586,15 @@ class CappedChannel(AsyncZMQSocketChannel):
     stop = close
 
 
-# The relay (see KernelRelay), run as `python -c _RELAY KERNEL_IP RELAY_IP PORTS FRAME_BYTES SPARE_BYTES QUEUED`:
-# for each channel a socket bound for the grader (front) and one connected to the kernel (back), and messages copied
-# between them. A back connection libzmq closes (a frame over FRAME_BYTES, or no memory left for a message) is opened
-# again, and the front one with it, so that the grader sees its own connection close. End of stdin ends it.
+# The relay (see KernelRelay), run as `python -c _RELAY KERNEL_IP RELAY_IP PORTS FRAME_BYTES SPARE_BYTES`: for each
+# channel a socket bound for the grader (front) and one connected to the kernel (back), and messages copied between
+# them; it queues what the grader has not read yet (libzmq's default 1000 messages a socket, within its memory). A
+# back connection libzmq closes (a frame over FRAME_BYTES, or no memory left for a message) is opened again, and the
+# front one with it, so that the grader sees its own connection close. End of stdin ends it.
 _RELAY = r"""
 import json, resource, sys, zmq
 kernel, outer, ports = sys.argv[1], sys.argv[2], json.loads(sys.argv[3])
-frame_bytes, spare, queued = int(sys.argv[4]), int(sys.argv[5]), int(sys.argv[6])
+frame_bytes, spare = int(sys.argv[4]), int(sys.argv[5])
 context = zmq.Context()
 kinds = {channel: (zmq.XPUB, zmq.XSUB) if channel == "iopub" else (zmq.ROUTER, zmq.DEALER) for channel in ports}
 
@@ -601,7 +602,6 @@ kinds = {channel: (zmq.XPUB, zmq.XSUB) if channel == "iopub" else (zmq.ROUTER, z
 def back(channel):
     sock = context.socket(kinds[channel][1])
     sock.setsockopt(zmq.MAXMSGSIZE, frame_bytes)
-    sock.setsockopt(zmq.RCVHWM, queued)
     sock.setsockopt(zmq.RECONNECT_IVL, 10)
     sock.linger = 0
     monitor = sock.get_monitor_socket(zmq.EVENT_DISCONNECTED)
@@ -669,8 +669,7 @@ class KernelRelay:
         self.spare = spare
         env = {**os.environ, "MALLOC_ARENA_MAX": "1"}  # one malloc arena: its address space is what it uses
         self.process = subprocess.Popen(
-            [sys.executable, "-c", _RELAY, kernel_ip, self.ip, json.dumps(ports), str(frame_bytes), str(spare),
-             str(QUEUED_MESSAGES)],
+            [sys.executable, "-c", _RELAY, kernel_ip, self.ip, json.dumps(ports), str(frame_bytes), str(spare)],
             stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, env=env)
         self.stopped = False
 
