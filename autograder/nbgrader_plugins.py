@@ -154,10 +154,6 @@ class TrustedExecute(Execute):
                            "WarmSandbox). False: a new sandbox and a fresh interpreter per notebook.").tag(config=True)
     # The kernel is killed, not asked to stop: a hostile kernel may ignore a polite request.
     shutdown_kernel = Enum(["graceful", "immediate"], default_value="immediate").tag(config=True)
-    # A cell whose reply came but whose idle status did not (lost when a flood filled the queues, or with a dropped
-    # connection) ends with the output it has; nbgrader would stop the whole notebook there. Grades come from the
-    # harvest, not from outputs, and the flood is noted by the output budget.
-    raise_on_iopub_timeout = Bool(False).tag(config=True)
     _box: sandbox.Sandbox | None = None
 
     @classmethod
