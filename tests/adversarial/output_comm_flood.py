@@ -1,4 +1,4 @@
-"""Send 2,000 small widget-state updates on one comm, with 1 KB binary buffers: comm messages count too.
+"""Send 400 widget-state updates on one comm, with 4 KB binary buffers: comm messages count too.
 
 target: mask_to_bias
 full: causal_mask, padding_mask, combine_masks, mask_to_bias
@@ -13,5 +13,5 @@ def mask_to_bias(allowed, dtype=np.float32):
 
 widget = create_comm(target_name="jupyter.widget", data={"state": {"_model_name": "X", "_model_module": "x"},
                                                          "buffer_paths": []})
-for i in range(2000):
-    widget.send({"method": "update", "state": {"value": i}, "buffer_paths": [["data"]]}, buffers=[b"b" * 1024])
+for i in range(400):
+    widget.send({"method": "update", "state": {"value": i}, "buffer_paths": [["data"]]}, buffers=[b"b" * 4096])

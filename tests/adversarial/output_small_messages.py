@@ -1,4 +1,4 @@
-"""Send 800 small (3 KB) displays as fast as the kernel can: each message counts; the flood costs only its cell.
+"""Send 500 small (4 KB) displays as fast as the kernel can: each message counts; the flood costs only its cell.
 
 target: mask_to_bias
 full: causal_mask, padding_mask, combine_masks, mask_to_bias
@@ -11,5 +11,5 @@ def mask_to_bias(allowed, dtype=np.float32):
     return np.where(allowed, 0, np.finfo(dtype).min).astype(dtype)
 
 
-for _ in range(800):
-    display({"text/plain": "s" * 3000}, raw=True)
+for _ in range(500):
+    display({"text/plain": "s" * 4000}, raw=True)
