@@ -11,14 +11,18 @@ the instructor's, whatever the student's copy says. What happened to a notebook,
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
+import json
 import logging
 import os
 import re
 import shutil
 import tempfile
+import time
 from pathlib import Path
 
+from jupyter_core.utils import ensure_async
 from nbclient.exceptions import CellTimeoutError, DeadKernelError
 from nbformat import NotebookNode
 from nbgrader.api import Gradebook
@@ -241,34 +245,81 @@ class TrustedExecute(Execute):
                    f"{sandbox.stretch_note(self._limits.cell_timeout, self._slowdown)}")
         return await super()._async_handle_timeout(timeout, cell)
 
-    def output(self, outs, msg, display_id, cell_index):
-        """Keep at most ``output_bytes`` of outputs per notebook; say once that the rest was dropped."""
-        size = _content_size(msg.get("content", {}))
-        if size > self._output_left:
-            if not self._output_dropped:
-                self._note(f"{self._cell_name(cell_index)} printed past the "
-                           f"{self._limits.output_bytes / 2**20:g} MB output limit: further output dropped")
-                outs.append(NotebookNode(output_type="stream", name="stdout",
-                                         text="\n[output limit reached: the rest of this notebook's output was "
-                                              "dropped]\n"))
-            self._output_dropped += size
+    # -- what the kernel sends ----------------------------------------------------------------------------------
+    def process_message(self, msg, cell, cell_index):
+        """Charge every IOPub message of a cell to the output budget before nbclient stores any of it (outputs,
+        display updates, widget state); past the cell's or the notebook's budget it is dropped, with one note.
+        Only what stores nothing passes regardless: a cell's idle status ends it."""
+        if msg["msg_type"] not in _UNSTORED:
+            over = self._budget.refused(cell_index) or self._budget.charge(
+                cell_index, message_charge(msg, self._display_id_map))  # sized only while the cell is open
+            if over:
+                self._drop(over, cell, cell_index)
+                return None
+        try:
+            return super().process_message(msg, cell, cell_index)
+        except (AttributeError, KeyError, TypeError, ValueError) as exc:  # nbclient trusts the fields it reads
+            if cell_index not in self._malformed_cells:
+                self._malformed_cells.add(cell_index)
+                self._note(f"{self._cell_name(cell_index)} sent a malformed {shown(str(msg['msg_type']))[:40]} "
+                           f"message ({type(exc).__name__}: {shown(str(exc))[:80]}): ignored")
             return None
-        self._output_left -= size
-        return super().output(outs, msg, display_id, cell_index)
+
+    def _drop(self, over: str, cell, cell_index: int) -> None:
+        """Say once per cell, in the cell, and once per cell limit or notebook, in the log, that output past a
+        limit was dropped."""
+        if cell_index in self._dropped_cells:
+            return
+        self._dropped_cells.add(cell_index)
+        cell.outputs.append(NotebookNode(output_type="stream", name="stdout", text=_DROPPED[over]))
+        if over == "notebook":
+            if self._dropped_notebook:
+                return
+            self._dropped_notebook = True
+        limit = self._limits.output_bytes if over == "notebook" else self._limits.cell_output_bytes
+        self._note(f"{self._cell_name(cell_index)} sent past the {limit / 2**20:g} MB output limit of "
+                   f"{'the notebook' if over == 'notebook' else 'a cell'}"
+                   f"{' in one message (its connection was closed, then opened again)' if over == 'message' else ''}"
+                   ": further output dropped")
+
+    async def _async_poll_output_msg(self, parent_msg_id, cell, cell_index):
+        """Read the cell's IOPub messages. A frame over the message cap closes the connection (see
+        :class:`sandbox.CappedChannel`), and what the kernel sent meanwhile is lost, its idle status perhaps: the
+        cell's output ends there, noted, and nbclient waits for its reply alone (a dead kernel it reports itself)."""
+        try:
+            await super()._async_poll_output_msg(parent_msg_id, cell, cell_index)
+        except sandbox.ConnectionDropped:
+            if not await self._kernel_ended():
+                self._budget.close(cell_index)
+                self._drop("message", cell, cell_index)
+
+    async def _async_poll_for_reply(self, msg_id, cell, timeout, task_poll_output_msg, task_poll_kernel_alive):
+        """The reply on the shell channel; a frame over the message cap there loses it: the notebook stops."""
+        try:
+            return await super()._async_poll_for_reply(msg_id, cell, timeout, task_poll_output_msg,
+                                                       task_poll_kernel_alive)
+        except sandbox.ConnectionDropped:
+            task_poll_output_msg.cancel()
+            task_poll_kernel_alive.cancel()
+            if await self._kernel_ended():
+                raise DeadKernelError("Kernel died") from None
+            raise sandbox.ConnectionDropped(
+                f"the kernel sent a message over the {self._limits.cell_output_bytes / 2**20:g} MB output limit "
+                "of a cell on its shell channel, whose connection was closed") from None
+
+    async def _kernel_ended(self, seconds: float = 1.0) -> bool:
+        """Whether the kernel (or its relay) ended within ``seconds``: a connection also closes then."""
+        deadline = time.monotonic() + seconds
+        while await ensure_async(self.kc.is_alive()):  # the client knows of the relay too
+            if time.monotonic() > deadline:
+                return False
+            await asyncio.sleep(0.1)
+        return True
 
     # -- one notebook --------------------------------------------------------------------------------------------
     def preprocess(self, nb: NotebookNode, resources: dict):
         info = resources["nbgrader"]
-        self._lesson, self._student = info["assignment"], info["student"]
-        self._nb = nb
-        self._limits = sandbox.Limits(**self.limits)
-        # the time limits are an idle machine's: stretched by how busy this one is now (see sandbox.slowdown)
-        self._slowdown = sandbox.slowdown()
-        self._cell_limit = max(1, round(self._limits.cell_timeout * self._slowdown))
-        self._grace = max(1, round(self._limits.interrupt_grace * self._slowdown))
-        self._timed_out: set[int] = set()  # cells that ran past their limit
-        self._cell = -1
-        self._output_left, self._output_dropped = self._limits.output_bytes, 0
+        self._begin(info["assignment"], info["student"], nb)
         scratch = Path(tempfile.mkdtemp(prefix="grade-"))
         self._box = self._sandbox(scratch)
         try:
@@ -306,6 +357,21 @@ class TrustedExecute(Execute):
             shutil.rmtree(scratch, ignore_errors=True)
             self._box = None
         return nb, resources
+
+    def _begin(self, lesson: str, student: str, nb: NotebookNode) -> None:
+        """What this object knows of one notebook, before it runs."""
+        self._lesson, self._student, self._nb = lesson, student, nb
+        self._limits = sandbox.Limits(**self.limits)
+        # the time limits are an idle machine's: stretched by how busy this one is now (see sandbox.slowdown)
+        self._slowdown = sandbox.slowdown()
+        self._cell_limit = max(1, round(self._limits.cell_timeout * self._slowdown))
+        self._grace = max(1, round(self._limits.interrupt_grace * self._slowdown))
+        self._timed_out: set[int] = set()  # cells that ran past their limit
+        self._cell = -1
+        self._budget = OutputBudget(self._limits.cell_output_bytes, self._limits.output_bytes)
+        self._dropped_cells: set[int] = set()  # cells whose dropped output was noted
+        self._dropped_notebook = False  # whether the notebook's limit was noted
+        self._malformed_cells: set[int] = set()  # cells whose malformed message was noted
 
     def _sandbox(self, scratch: Path) -> sandbox.Sandbox | None:
         """This notebook's sandbox: the student's warm one (see :class:`autograder.sandbox.WarmSandbox`), or a
@@ -404,14 +470,81 @@ class TrustedExecute(Execute):
 _IMPORTS_TORCH = re.compile(r"^\s*(from\s+torch\b|import\s+[^#\n]*\btorch\b)", re.MULTILINE)
 
 
-def _content_size(content: dict) -> int:
-    """Rough size in characters of one output message's content."""
-    size = len(str(content.get("text", "")))
-    for value in (content.get("data") or {}).values():
-        size += len(str(value))
-    for line in content.get("traceback") or []:
-        size += len(str(line))
+# Messages nbclient stores nothing of: a status (its idle ends the cell) and the echo of the code that was sent.
+_UNSTORED = frozenset({"status", "execute_input"})
+_DROPPED = {
+    "cell": "\n[output limit reached: the rest of this cell's output was dropped]\n",
+    "message": "\n[output limit reached: a message larger than a cell's output limit, and the rest of this "
+               "cell's output, were dropped]\n",
+    "notebook": "\n[output limit reached: the rest of this notebook's output was dropped]\n",
+}
+
+
+def message_bytes(msg: dict) -> int:
+    """What storing one kernel message costs: its whole content as JSON (data, text, metadata, transient, a comm's
+    widget state, whatever fields the kernel added), and its binary buffers as nbclient keeps them (base64)."""
+    size = len(json.dumps(msg.get("content") or {}, ensure_ascii=False, default=str))
+    for buffer in msg.get("buffers") or ():
+        size += 4 * -(-memoryview(buffer).nbytes // 3)
     return size
+
+
+def message_charge(msg: dict, displays: dict) -> int:
+    """What one message costs the output budget: its size once per output it writes. A message with a display
+    id rewrites every output with that id (``displays`` is nbclient's ``_display_id_map``: display id -> cell ->
+    output indices), then a ``display_data`` or ``execute_result`` adds one more."""
+    kind = msg["msg_type"]
+    content = msg.get("content") or {}
+    transient = content.get("transient")
+    display_id = transient.get("display_id") if isinstance(transient, dict) else None
+    copies = kind != "update_display_data"
+    if display_id and kind in ("execute_result", "display_data", "update_display_data"):
+        try:
+            copies += sum(len(outputs) for outputs in displays.get(display_id, {}).values())
+        except TypeError:  # an unhashable id names no display
+            pass
+    return message_bytes(msg) * copies
+
+
+class OutputBudget:
+    """What the kernel's messages may still store: ``cell_bytes`` per cell and ``notebook_bytes`` per notebook.
+
+    Charges are taken before anything is stored; once a message is over a limit, that cell (the cell limit) or
+    the notebook (the notebook limit) stores nothing more, so output never has holes. A dropped message costs
+    the notebook nothing: a flooding cell leaves the later cells their budget."""
+
+    def __init__(self, cell_bytes: int, notebook_bytes: int):
+        self.cell_bytes, self.notebook_bytes = cell_bytes, notebook_bytes
+        self.spent: dict[int, int] = {}  # cell index -> bytes stored
+        self.closed: dict[int, str] = {}  # cell index -> the limit that closed it
+        self.full = False
+
+    @property
+    def total(self) -> int:
+        return sum(self.spent.values())
+
+    def charge(self, cell: int, size: int) -> str:
+        """Charge ``size`` bytes to ``cell``: '' when they fit, else the limit they pass ('cell', 'notebook',
+        or 'message' for a cell closed by :meth:`close`), and nothing is charged."""
+        if self.refused(cell):
+            return self.refused(cell)
+        spent = self.spent.get(cell, 0)
+        if spent + size > self.cell_bytes:
+            self.closed[cell] = "cell"
+            return "cell"
+        if self.total + size > self.notebook_bytes:
+            self.full = True
+            return "notebook"
+        self.spent[cell] = spent + size
+        return ""
+
+    def refused(self, cell: int) -> str:
+        """The limit that already closed ``cell`` (see :meth:`charge`), or ''."""
+        return "notebook" if self.full else self.closed.get(cell, "")
+
+    def close(self, cell: int, why: str = "message") -> None:
+        """Store nothing more of ``cell``: it sent something that could not be counted (a message over the cap)."""
+        self.closed.setdefault(cell, why)
 
 
 class StripHiddenTests(NbGraderPreprocessor):
@@ -423,4 +556,5 @@ class StripHiddenTests(NbGraderPreprocessor):
         return cell, resources
 
 
-__all__ = ["NOTES", "TIMED_OUT", "RestoreGradingMetadata", "StripHiddenTests", "TrustedExecute", "note", "strip_hidden"]
+__all__ = ["NOTES", "TIMED_OUT", "OutputBudget", "RestoreGradingMetadata", "StripHiddenTests", "TrustedExecute",
+           "message_bytes", "message_charge", "note", "strip_hidden"]

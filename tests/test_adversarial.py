@@ -41,7 +41,7 @@ CONTROLS = ("a-honest", "m-honest", "z-honest")  # graded before, among and afte
 # Tight limits so that hangs cost seconds; generous enough for the honest notebook on a loaded 2-core machine.
 LIMITS = pipeline.Limits(cell_timeout=6, interrupt_grace=2, deadline=15, cpu_seconds=60, memory_bytes=1536 << 20,
                          processes=64, file_bytes=16 << 20, tmpfs_bytes=32 << 20, scratch_bytes=48 << 20,
-                         output_bytes=2 << 20, notebook_bytes=2 << 20)
+                         output_bytes=2 << 20, cell_output_bytes=1 << 20, notebook_bytes=2 << 20)
 UNIT = replace(LIMITS, cpu_seconds=2, memory_bytes=512 << 20, processes=24, tmpfs_bytes=4 << 20)
 
 # -- the corpus ------------------------------------------------------------------------------------------------
@@ -453,11 +453,11 @@ def test_each_submission_costs_exactly_what_it_should(run, attack):
     assert outcome.max_score == len(ITEMS), "the points of the notebook changed"
     scores = _scores(run, attack.student)
     assert set(scores) == set(ITEMS), f"gradebook items {sorted(scores)}"
-    for item in attack.zero:
-        assert scores[item] == 0, f"{attack.student}: {attack.doc}: {item} scored {scores[item]}"
-    for item in attack.full:
-        assert scores[item] == 1, f"{attack.student}: {attack.doc}: {item} lost its point"
     log = _log(run, attack.student)
+    for item in attack.zero:
+        assert scores[item] == 0, f"{attack.student}: {attack.doc}: {item} scored {scores[item]}:\n{log}"
+    for item in attack.full:
+        assert scores[item] == 1, f"{attack.student}: {attack.doc}: {item} lost its point:\n{log}"
     for pattern in attack.log:
         assert re.search(pattern, log), f"{attack.student}: the log does not say {pattern!r}:\n{log}"
 
@@ -748,8 +748,15 @@ def test_kernel_text_is_escaped_in_the_terminal_the_log_and_the_csv(run):
     assert csv_cell("=HYPERLINK(1)") == "'=HYPERLINK(1)" and csv_cell(2.5) == 2.5
 
 
-RSS_SCRIPT = """
-import json, os, resource, shutil, sys
+# A process's peak resident memory, for the scripts below. Not ru_maxrss: Linux keeps the parent's peak in it
+# across fork and exec, so a child of this (large) test process would report the test's own peak.
+PEAK_KB = """
+def peak_kb():
+    with open("/proc/self/status") as status:
+        return next(int(line.split()[1]) for line in status if line.startswith("VmHWM:"))
+"""
+RSS_SCRIPT = PEAK_KB + """
+import json, os, shutil, sys
 from pathlib import Path
 import nbformat, numpy as np
 from autograder import notebooks, verdicts
@@ -776,7 +783,7 @@ else:
     shutil.rmtree(folder / step / "outputs")
     shutil.copytree(folder / "make" / "outputs", folder / step / "outputs")
     decided = verdicts.decide(plan)
-    print(json.dumps({"peak_kb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss,
+    print(json.dumps({"peak_kb": peak_kb(),
                       "passed": {k: v.passed for k, v in decided.items()}}))
 """
 
@@ -796,6 +803,49 @@ def test_the_trusted_side_parses_only_bounded_files(tmp_path):
     print("peak RSS kB:", {attack: result["peak_kb"] for attack, result in got.items()})
     for attack in ("json", "npz"):
         assert got[attack]["peak_kb"] <= 1.5 * got["honest"]["peak_kb"], (attack, got)
+
+
+# The grading process itself, grading the perfect notebook, then each attack that floods it with messages.
+GRADER_RSS_SCRIPT = PEAK_KB + """
+import json, sys
+from pathlib import Path
+import nbformat
+from autograder import pipeline, samples
+from tests.test_adversarial import ATTACKS, LESSON, LIMITS, attack_notebook
+work, folder = Path(sys.argv[1]), Path(sys.argv[2])
+grader, _ = pipeline.prepare(work, [LESSON], sandbox=True, limits=LIMITS)
+def grade(student, nb):
+    path = folder / student / f"{LESSON}.ipynb"
+    path.parent.mkdir(parents=True)
+    nbformat.write(nb, path)
+    outcome = pipeline.grade_one(grader, work, None, student, LESSON, path)
+    return {"score": outcome.score, "peak_kb": peak_kb(), "notes": outcome.notes}
+got = {"honest": grade("a-honest", samples.perfect(LESSON))}
+for attack in ATTACKS:
+    if attack.student.startswith("x-output-"):
+        got[attack.student] = grade(attack.student, attack_notebook(attack))
+pipeline.retire_warm()
+print(json.dumps(got))
+"""
+
+
+def test_the_grading_process_memory_is_bounded_whatever_the_kernel_sends(tmp_path):
+    """Issue 30, point 2: the grading process's peak RSS while it grades every ``output_*`` attack (floods of
+    every kind of message, one 200 MB message, a 64 MB reply) stays within 1.5x what grading an honest notebook
+    takes, in the same process: an honest notebook first, then the attacks (a peak only grows)."""
+    done = subprocess.run([sys.executable, "-c", GRADER_RSS_SCRIPT, str(tmp_path / "work"), str(tmp_path / "in")],
+                          cwd=ROOT, capture_output=True, text=True, timeout=600,
+                          env={**os.environ, "PYTHONPATH": str(ROOT)})
+    assert done.returncode == 0, done.stderr[-3000:]
+    got = json.loads(done.stdout.strip().splitlines()[-1])
+    attacks = [a for a in ATTACKS if a.student.startswith("x-output-")]
+    assert len(attacks) >= 8 and set(got) == {"honest", *(a.student for a in attacks)}
+    print("peak RSS kB:", {student: result["peak_kb"] for student, result in got.items()})
+    assert got["honest"]["score"] == len(ITEMS), got["honest"]
+    for attack in attacks:
+        assert got[attack.student]["score"] == len(attack.full), (attack.student, got[attack.student])
+    peak = max(result["peak_kb"] for result in got.values())
+    assert peak <= 1.5 * got["honest"]["peak_kb"], got
 
 
 def _swap_exercise(nb, name: str, source: str, extra: str = "") -> None:

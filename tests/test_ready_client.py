@@ -55,8 +55,16 @@ def test_a_kernel_that_never_answers_is_reported():
 def test_the_grading_kernel_manager_uses_it(tmp_path):
     from types import SimpleNamespace
 
-    from autograder.sandbox import SandboxedKernelManager
+    import zmq
 
-    km = SandboxedKernelManager(SimpleNamespace(kernel_dir=tmp_path))
+    from autograder.sandbox import QUEUED_MESSAGES, Limits, SandboxedKernelManager
+
+    km = SandboxedKernelManager(SimpleNamespace(kernel_dir=tmp_path, limits=Limits(cell_output_bytes=123456)))
     assert km.client_factory is ReadyClient
-    assert isinstance(km.client(), ReadyClient)
+    client = km.client()
+    assert isinstance(client, ReadyClient)
+    # every socket connected to the kernel, the client's and the manager's own, refuses frames over the cap
+    for context in (client.context, km.context):
+        socket = context.socket(zmq.SUB)
+        assert (socket.get(zmq.MAXMSGSIZE), socket.get(zmq.RCVHWM)) == (123456, QUEUED_MESSAGES)
+        socket.close()
