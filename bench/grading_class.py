@@ -35,6 +35,31 @@ def make_class(dest: Path, n_students: int, lessons: list[str]) -> list[parallel
     return jobs
 
 
+def fresh_copy(root: Path, name: str) -> Path:
+    """A copy of ``root/base`` (a prepared course) named ``name``: each way of grading starts from the same."""
+    work = root / name
+    shutil.copytree(root / "base", work)
+    return work
+
+
+def grade_in_turn(root: Path, name: str, jobs: list[parallel.Job], sandbox: bool) -> tuple[Path, list, float]:
+    """Grade ``jobs`` one after another in a fresh copy of the course: (its folder, the outcomes, seconds)."""
+    work = fresh_copy(root, name)
+    grader = pipeline.api(work, sandbox=sandbox)
+    started = time.perf_counter()
+    outcomes = [pipeline.grade_one(grader, work, None, *job) for job in jobs]
+    return work, outcomes, time.perf_counter() - started
+
+
+def sandboxing() -> tuple[bool, str]:
+    """Whether this machine grades in bubblewrap sandboxes, and how the bench's table says so."""
+    try:
+        check_available()
+        return True, "each kernel in its bubblewrap sandbox"
+    except SandboxUnavailable:
+        return False, "**without** a sandbox (bubblewrap unavailable here)"
+
+
 def run(quick: bool = False, students: int | None = None, workers: int = 2) -> str:
     n_students = students or (2 if quick else 10)
     # a lesson is graded from its student release: one not released yet cannot be submitted
@@ -44,11 +69,7 @@ def run(quick: bool = False, students: int | None = None, workers: int = 2) -> s
     lessons = released
     if not lessons:
         return NOT_AVAILABLE
-    try:
-        check_available()
-        sandbox, note = True, "each kernel in its bubblewrap sandbox"
-    except SandboxUnavailable:
-        sandbox, note = False, "**without** a sandbox (bubblewrap unavailable here)"
+    sandbox, note = sandboxing()
     logging.getLogger("autograder").setLevel(logging.ERROR)
     with tempfile.TemporaryDirectory(prefix="bench-class-") as tmp:
         root = Path(tmp)
@@ -57,18 +78,9 @@ def run(quick: bool = False, students: int | None = None, workers: int = 2) -> s
         pipeline.prepare(root / "base", lessons, sandbox=sandbox)
         prepare_s = time.perf_counter() - started
 
-        def fresh(name):
-            work = root / name
-            shutil.copytree(root / "base", work)
-            return work
+        work, sequential, sequential_s = grade_in_turn(root, "sequential", jobs, sandbox)
 
-        work = fresh("sequential")
-        grader = pipeline.api(work, sandbox=sandbox)
-        started = time.perf_counter()
-        sequential = [pipeline.grade_one(grader, work, None, *job) for job in jobs]
-        sequential_s = time.perf_counter() - started
-
-        work = fresh("parallel")
+        work = fresh_copy(root, "parallel")
         started = time.perf_counter()
         in_parallel = pipeline.grade_many(jobs, work, None, workers, progress=False, sandbox=sandbox)
         parallel_s = time.perf_counter() - started

@@ -13,7 +13,6 @@ from __future__ import annotations
 import json
 import logging
 import os
-import shutil
 import signal
 import subprocess
 import sys
@@ -23,9 +22,8 @@ from contextlib import contextmanager
 from pathlib import Path
 
 from autograder import notebooks, pipeline
-from autograder.sandbox import SandboxUnavailable, check_available
 from bench.common import NOT_AVAILABLE, seconds, table
-from bench.grading_class import make_class
+from bench.grading_class import fresh_copy, grade_in_turn, make_class, sandboxing
 
 WORKERS = 2
 BIN = Path(sys.executable).parent
@@ -86,11 +84,7 @@ def run(quick: bool = False, students: int | None = None) -> str:
         import distributed  # noqa: F401 - the grader extra's
     except ImportError:
         return "not available (dask and distributed are not installed: `./course setup`)"
-    try:
-        check_available()
-        sandbox, note = True, "each kernel in its bubblewrap sandbox"
-    except SandboxUnavailable:
-        sandbox, note = False, "**without** a sandbox (bubblewrap unavailable here)"
+    sandbox, note = sandboxing()
     from autograder import distributed as on_dask
 
     logging.getLogger("autograder").setLevel(logging.ERROR)
@@ -99,19 +93,10 @@ def run(quick: bool = False, students: int | None = None) -> str:
         jobs = make_class(root / "incoming", n_students, lessons)
         pipeline.prepare(root / "base", lessons, sandbox=sandbox)
 
-        def fresh(name: str) -> Path:
-            work = root / name
-            shutil.copytree(root / "base", work)
-            return work
-
-        local = fresh("local")
-        grader = pipeline.api(local, sandbox=sandbox)
-        started = time.perf_counter()
-        outcomes = [pipeline.grade_one(grader, local, None, *job) for job in jobs]
-        local_s = time.perf_counter() - started
+        local, outcomes, local_s = grade_in_turn(root, "local", jobs, sandbox)
         pipeline.write_csv(local / "grades.csv", outcomes)
 
-        cluster = fresh("cluster")
+        cluster = fresh_copy(root, "cluster")
         (root / "dask").mkdir()
         started = time.perf_counter()
         with local_cluster(root / "dask") as address:

@@ -2,7 +2,7 @@
 
 An exercise that asks you to write X lists PyTorch's X among its rules (``"F.scaled_dot_product_attention"``,
 ``"nn.MultiheadAttention"``), and a NumPy-only one a whole library (``"torch."``). The grader reads the source for
-them first (``autograder.policy``: the early message, with the line that broke the rule); this module is what holds
+them first (its policy module: the early message, with the line that broke the rule); this module is what holds
 however the code got there: a name built at run time, a lookup through another module or this package, a binding
 made in an earlier cell, a file written and imported, an input transformer. The rules travel with the item's cases
 as plain data (they are public: the exercise's docstring states them), and the forked child that runs the cases

@@ -1,9 +1,11 @@
 """Slow every later cell to just under the cell timeout (a pre_run_cell hook): only the deadline stops it.
 
+How far the notebook gets depends on the deadline, which is stretched by the machine's measured slowdown: an item
+reached before it is judged on its answer (mask_to_bias here is right), one not reached says "timed out".
 target: causal_mask
-zero: causal_mask, mask_to_bias
+zero: causal_mask
 log: ran past its [0-9.]+ s deadline
-log: mask_to_bias: failed: timed out: the notebook ran past its [0-9.]+ s time limit
+log: mask_to_bias: (passed|failed: timed out: the notebook ran past its [0-9.]+ s time limit)
 """
 import time
 
