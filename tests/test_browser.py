@@ -46,6 +46,11 @@ RUN_BELOW_JS = """(index) => {
   nb.activeCellIndex = index;
   return window.jupyterapp.commands.execute('notebook:run-all-below');
 }"""
+# Whether the cell at ``index`` has started (running now, or run): the command above only asks JupyterLab to run it.
+STARTED_JS = """(index) => {
+  const cell = window.jupyterapp.shell.currentWidget.content.model.cells.get(index);
+  return cell.executionState === 'running' || cell.executionCount !== null;
+}"""
 SCROLL_TO_JS = """(index) => {
   const nb = window.jupyterapp.shell.currentWidget.content;
   nb.activeCellIndex = index;
@@ -259,7 +264,8 @@ def test_release_runs_in_jupyterlab_with_only_not_implemented_errors(lab, browse
         if not pending:
             break
         page.evaluate(RUN_BELOW_JS, pending[0])
-        page.wait_for_timeout(300)
+        # started before idle counts: on a loaded machine the kernel may still be idle 300 ms after the command
+        page.wait_for_function(STARTED_JS, arg=pending[0], timeout=30_000)
         _wait_idle(page)
         nb = _save(lab, page, relpath)
         cells = _code_cells(nb)
