@@ -968,10 +968,11 @@ class SandboxedKernelManager(AsyncKernelManager):
 
     async def shutdown_kernel(self, now: bool = False, restart: bool = False) -> None:
         self.box.note_others()  # before the kill: what else was still running in the sandbox
+        self._note_relay()  # and before it: a relay that ends as its kernel goes did not end on what it was sent
         try:
             await super().shutdown_kernel(now=now, restart=restart)
         finally:
-            self._stop_relay()
+            self._stop_relay(noted=True)
 
     async def cleanup_resources(self, restart: bool = False) -> None:  # nbclient's end for a kernel that died
         try:
@@ -979,12 +980,17 @@ class SandboxedKernelManager(AsyncKernelManager):
         finally:
             self._stop_relay()
 
-    def _stop_relay(self) -> None:
-        if self.relay is None:
-            return
-        if self.relay.died():
+    def _note_relay(self) -> None:
+        """Say so when the relay ended by itself while its kernel ran: a message over its memory."""
+        if self.relay is not None and self.relay.died():
             self.box.events.append(f"the kernel sent more than {self.relay.spare / 2**20:g} MB at once (one message "
                                    "of many parts, or many messages left unread): its connection was closed")
+
+    def _stop_relay(self, noted: bool = False) -> None:
+        if self.relay is None:
+            return
+        if not noted:
+            self._note_relay()
         self.relay.stop()
         self.relay = None
 
