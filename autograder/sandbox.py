@@ -215,6 +215,39 @@ def unmount(target: Path | str) -> None:
     _LIBC.umount2(os.fsencode(target), _MNT_DETACH)
 
 
+OWNER = ".owner"  # in a scratch folder with capped mounts: the pid and start time of the process that made them
+
+
+def _started(pid: int) -> str:
+    fields = _stat_fields(pid)
+    return fields[19] if len(fields) > 19 else ""
+
+
+def sweep_stale() -> list[str]:
+    """Unmount the capped file systems of sandboxes whose grading process is gone (it was killed before it could
+    retire them): their scratch folder's :data:`OWNER` names a pid that no longer runs, or runs another program.
+    Called as each grading process starts (:func:`check_available`); the mounts it unmounted."""
+    swept = []
+    try:
+        with open("/proc/mounts") as handle:
+            targets = [line.split()[1] for line in handle if line.split()[2:3] == ["tmpfs"]]
+    except OSError:
+        return swept
+    for target in targets:
+        path = Path(target.replace("\\040", " "))
+        for scratch in (path.parent, path.parent.parent):
+            try:
+                pid, started = (scratch / OWNER).read_text().split()
+            except (OSError, ValueError):
+                continue
+            if not pid.isdigit() or _started(int(pid)) == started:
+                break  # its owner still runs
+            _LIBC.umount2(os.fsencode(path), _MNT_DETACH)
+            swept.append(str(path))
+            break
+    return swept
+
+
 @atexit.register
 def unmount_all() -> None:
     """At exit: no tmpfs of this process outlives it, whatever stopped its sandboxes."""
@@ -267,7 +300,10 @@ def _probe() -> str:
 
 
 def check_available() -> None:
-    """Raise :class:`SandboxUnavailable` with a clear message unless a sandbox can start on this machine."""
+    """Raise :class:`SandboxUnavailable` with a clear message unless a sandbox can start on this machine; as root,
+    first unmount what killed grading processes left (:func:`sweep_stale`)."""
+    if os.geteuid() == 0:
+        sweep_stale()
     why = _probe()
     if why:
         raise SandboxUnavailable(f"{UNAVAILABLE}. ({why})")
@@ -355,6 +391,7 @@ class Sandbox:
             if not folder.is_dir():
                 folder.mkdir()
                 if self.root_mode:
+                    (self.scratch / OWNER).write_text(f"{os.getpid()} {_started(os.getpid())}")
                     mount_tmpfs(folder, size, inodes)
         if self.root_mode:
             for name, mode in (("home", 0o700), ("tmp", 0o1777), ("shm", 0o1777)):

@@ -298,3 +298,28 @@ def test_outputs_handed_in_again_replace_the_last_round_across_file_systems(tmp_
         assert target.read_text() == "the grader's"
     finally:
         sandbox.unmount(outputs)
+
+
+def test_mounts_of_a_killed_grading_process_are_swept_by_the_next(tmp_path):
+    """A grading process killed before it retires its sandbox cannot unmount anything: the next one does, and
+    leaves a live process's mounts alone."""
+    code = (f"import sys, time; sys.path.insert(0, {str(sandbox.Path(__file__).parent.parent)!r}); "
+            "from autograder import sandbox; from dataclasses import replace; "
+            f"box = sandbox.Sandbox(sandbox.Path({str(tmp_path / 'killed')!r}), sandbox.Limits()); box.prepare(); "
+            "print('ready', flush=True); time.sleep(600)")
+    process = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True)
+    try:
+        assert process.stdout.readline().strip() == "ready"
+    finally:
+        process.kill()
+        process.wait()
+    live = _box(tmp_path)
+    try:
+        left = [line.split()[1] for line in open("/proc/mounts") if str(tmp_path / "killed") in line]
+        assert len(left) == 4, left
+        swept = sandbox.sweep_stale()
+        assert sorted(swept) == sorted(left), swept
+        mounts = open("/proc/mounts").read()
+        assert str(tmp_path / "killed") not in mounts and str(live.space) in mounts
+    finally:
+        live.release()
