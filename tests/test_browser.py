@@ -174,10 +174,11 @@ def _wait_idle(page, timeout: float = 60.0) -> None:
         page.wait_for_timeout(250)
 
 
-def _open_and_run_all(lab, browser, relpath: str):
-    """Open ``relpath`` in JupyterLab and click Run > Run All Cells; returns the page and the blocked requests."""
-    page = browser.new_page(viewport={"width": 1280, "height": 900})
-    blocked = []
+def loopback_page(browser, lab, width: int) -> tuple:
+    """A new page that may reach only ``lab``'s server: (the page, the list every other URL it asked for goes to,
+    refused)."""
+    page = browser.new_page(viewport={"width": width, "height": 900})
+    blocked: list[str] = []
 
     def only_loopback(route):
         if route.request.url.startswith(lab.base):
@@ -187,6 +188,12 @@ def _open_and_run_all(lab, browser, relpath: str):
             route.abort()
 
     page.route("**/*", only_loopback)
+    return page, blocked
+
+
+def _open_and_run_all(lab, browser, relpath: str):
+    """Open ``relpath`` in JupyterLab and click Run > Run All Cells; returns the page and the blocked requests."""
+    page, blocked = loopback_page(browser, lab, width=1280)
     page.goto(f"{lab.base}/lab/tree/{relpath}?token={lab.token}")
     page.wait_for_selector(".jp-Notebook .jp-Cell", timeout=60_000)
     _wait_idle(page)

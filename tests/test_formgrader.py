@@ -35,7 +35,7 @@ from nbgrader.api import Gradebook
 from autograder import pipeline, samples, sandbox
 from tests import test_browser
 from tests.conftest import ROOT
-from tests.test_browser import Lab, _menu
+from tests.test_browser import Lab, _menu, loopback_page
 
 pytestmark = [pytest.mark.notebook, pytest.mark.pipeline]
 
@@ -153,17 +153,7 @@ def test_formgrader_shows_the_course_grades_and_autograde_keeps_the_sandbox(cour
     autograded = work / "autograded" / "lin" / LESSON / f"{LESSON}.ipynb"
     uid_by_cli = _kernel_uid(nbformat.read(autograded, as_version=4))
 
-    page = browser.new_page(viewport={"width": 1400, "height": 900})
-    blocked = []
-
-    def only_loopback(route):
-        if route.request.url.startswith(lab.base):
-            route.continue_()
-        else:
-            blocked.append(route.request.url)
-            route.abort()
-
-    page.route("**/*", only_loopback)
+    page, blocked = loopback_page(browser, lab, width=1400)
     try:
         page.goto(f"{lab.base}/lab?token={lab.token}")
         page.wait_for_selector(".lm-MenuBar-itemLabel", timeout=60_000)
@@ -254,18 +244,9 @@ def test_formgraders_view_of_a_hostile_submission_runs_no_student_script(course,
     with Gradebook(f"sqlite:///{work / 'gradebook.db'}", pipeline.COURSE_ID) as gb:
         submission = gb.find_submission_notebook(LESSON, LESSON, "ada").id
 
-    page = browser.new_page(viewport={"width": 1400, "height": 900})
-    outside, dialogs = [], []
+    page, outside = loopback_page(browser, lab, width=1400)
+    dialogs = []
     page.on("dialog", lambda dialog: (dialogs.append(dialog.message), dialog.dismiss()))
-
-    def only_loopback(route):
-        if route.request.url.startswith(lab.base):
-            route.continue_()
-        else:
-            outside.append(route.request.url)
-            route.abort()
-
-    page.route("**/*", only_loopback)
     try:
         page.goto(f"{lab.base}/lab?token={lab.token}")  # the instructor's session (its cookie and XSRF token)
         page.wait_for_selector(".lm-MenuBar-itemLabel", timeout=60_000)
