@@ -17,10 +17,19 @@ import argparse
 import logging
 import sys
 import time
+from datetime import datetime
 from pathlib import Path
 
 from autograder import distributed, intake, notebooks, parallel, pipeline, samples
 from autograder.text import shown
+
+
+def _moment(text: str) -> datetime:
+    """An ``--as-of`` time: ISO 8601, with an offset (without one: UTC)."""
+    try:
+        return datetime.fromisoformat(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a time: write 2027-02-01T09:00:00+01:00") from None
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -29,7 +38,14 @@ def main(argv: list[str] | None = None) -> int:
     sub = parser.add_subparsers(dest="command", required=True)
     sub.add_parser("build", help="build solution notebooks from their sources")
     p_release = sub.add_parser("release", help="build the student release into lessons/")
-    p_release.add_argument("--lessons", nargs="*", help="lesson ids (default: all)")
+    p_release.add_argument("--lessons", nargs="*", help="lesson ids (default: all; with a term, those released by "
+                                                        "--as-of)")
+    p_release.add_argument("--term", type=Path, default=None,
+                           help="the term file (default: $DECODER_COURSE_TERM, or term.toml when there): a term's "
+                                "release goes to .grading/lessons and withholds earlier answers still open")
+    p_release.add_argument("--as-of", type=_moment, default=None, metavar="ISO-TIME",
+                           help="the moment the release is made (default: now), e.g. 2027-02-01T09:00:00+01:00")
+    p_release.add_argument("--out", type=Path, default=None, help="where the release goes")
     p_edition = sub.add_parser("student-edition", help="write the student edition into a new folder")
     p_edition.add_argument("dest", type=Path, help="a new or empty folder")
     p_edition.add_argument("--git", action="store_true", help=f"make it a git repository tagged {notebooks.TAG}")
@@ -73,8 +89,21 @@ def main(argv: list[str] | None = None) -> int:
               "bootstrap cells point there")
         return 0
     if args.command == "release":
-        done = pipeline.release(args.lessons)
-        print(f"released {len(done)} lessons into {pipeline.LESSONS_DIR}")
+        from autograder import term as term_module
+
+        try:
+            term = term_module.configured(args.term)
+            out = args.out or (pipeline.TERM_RELEASE if term else pipeline.LESSONS_DIR)
+            done = pipeline.release(args.lessons, out, term_file=term.path if term else None, as_of=args.as_of)
+        except (term_module.TermError, pipeline.ReleaseRefused) as exc:
+            print(f"error: {shown(exc, True)}", file=sys.stderr)
+            return 2
+        if term is None:
+            print(f"released {len(done)} lessons into {out} (no term: the self-study edition, earlier lessons' "
+                  "answers shown as given code; not for graded use)")
+        else:
+            print(f"released {', '.join(done)} into {out} for the term {term.path}, as of "
+                  f"{term_module.shown_time(args.as_of or term_module.now())}")
         return 0
 
     started = time.perf_counter()

@@ -15,7 +15,10 @@ headers understood here, beyond jupytext's plain ``# %%`` and ``# %% [markdown]`
     identical in every cell, stripped from the release and the feedback), then the visible checks written under
     the header.
 ``# %% given=multi_head:attention,MultiHeadAttention``
-    building blocks of an earlier lesson, shown as given code: the references' source without the markers.
+    building blocks of an earlier lesson, shown as given code: the references' source without the markers. The
+    cell is locked (nbgrader's ``locked``): grading runs this code whatever the submission's copy says. A term's
+    release shows a stand-in for an earlier lesson's graded answers until that lesson closes
+    (:mod:`autograder.integrity`).
 ``# %% demo``
     a demonstration (an ablation, a timing sweep, a training run whose result no graded item reads): its metadata
     carries the sha256 of its source (``{"course": {"demo": "<digest>"}}``), and a graded run skips it while its
@@ -136,6 +139,17 @@ def reference_source(lesson: str, name: str, keep_markers: bool = True) -> str:
     """The exact source of a reference object, optionally without the solution markers."""
     source = bugs.strip(textwrap.dedent(inspect.getsource(reference_object(lesson, name))).rstrip() + "\n")
     return source if keep_markers else _MARKERS.sub("", source)
+
+
+def given_names(lesson: str, names: list[str]) -> list[tuple[str, str]]:
+    """(reference module, name) of each name of a ``given=`` cell: ``multi_head:attention,MultiHeadAttention``
+    names two of ``multi_head`` (a module carries over to the names after it), ``train`` one of the lesson's own."""
+    module, resolved = REFERENCE_MODULES[lesson], []
+    for name in names:
+        if ":" in name:
+            module, _, name = name.rpartition(":")
+        resolved.append((module, name))
+    return resolved
 
 
 def bug_regions(lesson: str, names: list[str]) -> list[str | None] | None:
@@ -334,18 +348,16 @@ def build_notebook(lesson: str, text: str) -> NotebookNode:
             cell.metadata["nbgrader"] = _nbgrader(item, solution=False, grade=True, points=points)
         elif "given" in options:
             names = options["given"].split(",")
-            module = None
-            parts = []
-            for name in names:
-                # "multi_head:attention,MultiHeadAttention": the module carries over to the next names
-                if ":" in name:
-                    module, _, name = name.rpartition(":")
-                parts.append(reference_source(lesson, f"{module}:{name}" if module else name, keep_markers=False))
-            modules = [name.split(":")[0] for name in names if ":" in name]
-            own = all(module == REFERENCE_MODULES[lesson] for module in modules)
+            resolved = given_names(lesson, names)
+            parts = [reference_source(lesson, f"{module}:{name}", keep_markers=False) for module, name in resolved]
+            own = all(module == REFERENCE_MODULES[lesson] for module, _ in resolved)
             header = ("# Given: helpers for this lesson (not exercises).\n\n" if own else
-                      "# Given: built in an earlier lesson, shown here so that this lesson runs on its own.\n\n")
+                      "# Given: built in an earlier lesson, shown here so that this lesson runs on its own. A graded "
+                      "term's\n# release shows an earlier lesson's answers here only once that lesson has closed.\n\n")
             cell.source = header + (body + "\n\n\n" if body else "") + "\n\n".join(p.rstrip() for p in parts)
+            # locked: grading runs the course's code here whatever the submitted copy holds (nbgrader's
+            # OverwriteCells), and a term's release may show a stand-in instead (autograder.integrity)
+            cell.metadata["nbgrader"] = _nbgrader(f"given_{cell_id}", solution=False, grade=False)
             cell.metadata["course"] = {"given": names}
             cell.metadata["jupyter"] = {"source_hidden": False}
         if "demo" in options:

@@ -16,11 +16,13 @@ import json
 import logging
 import multiprocessing.util
 import os
+import shutil
 import sys
 import tempfile
 import time
 import warnings
 from dataclasses import asdict, dataclass, field
+from datetime import datetime
 from pathlib import Path
 
 from nbconvert.preprocessors import ClearMetadataPreprocessor
@@ -46,6 +48,7 @@ from traitlets.config import Config
 from autograder import bugs, intake, nbgrader_plugins, notebooks, parallel
 from autograder.exchange import CourseExchangeCollect
 from autograder.intake import BadSubmission
+from autograder.integrity import HoldWhileOpen, WithholdOpenAnswers
 from autograder.nbgrader_plugins import RestoreGradingMetadata, StripHiddenTests, TrustedExecute
 from autograder.sandbox import MAX_SLOWDOWN, Limits, SandboxUnavailable, check_available, retire_all, retire_warm
 from autograder.text import csv_cell, shown
@@ -73,10 +76,17 @@ if _BIN not in os.environ.get("PATH", "").split(os.pathsep):
 
 def nbgrader_config(work: Path, db_url: str | None = None, release_dir: Path | None = None,
                     verbose: bool = False, sandbox: bool = True, limits: Limits | None = None,
-                    secret_file: Path | None = None) -> Config:
-    """nbgrader's configuration for this course, with our trusted execution in place of ``Execute``."""
+                    secret_file: Path | None = None, term_file: Path | None = None,
+                    as_of: datetime | None = None) -> Config:
+    """nbgrader's configuration for this course, with our trusted execution in place of ``Execute``.
+
+    ``term_file`` is the term (:mod:`autograder.term`; None: ``$DECODER_COURSE_TERM`` or ``term.toml`` when
+    there); ``as_of`` the moment a release is made (None: now), which decides what of earlier lessons it withholds
+    (:mod:`autograder.integrity`)."""
     limits = limits or Limits()
     c = Config()
+    c.TermFile.file = str(term_file or "")
+    c.WithholdOpenAnswers.as_of = as_of.isoformat() if as_of else ""
     c.CourseDirectory.root = str(ROOT)
     c.CourseDirectory.course_id = COURSE_ID
     c.CourseDirectory.source_directory = "solutions"
@@ -89,8 +99,12 @@ def nbgrader_config(work: Path, db_url: str | None = None, release_dir: Path | N
     c.Application.log_level = "INFO" if verbose else "WARN"
     c.ClearSolutions.code_stub = {"python": "# YOUR CODE HERE\nraise NotImplementedError()"}
     # A find-the-bug cell is released with its bug where the stub would go (autograder.bugs.ShowBug).
-    c.GenerateAssignment.preprocessors = [bugs.ShowBug if step is ClearSolutions else step
-                                          for step in GenerateAssignment.preprocessors.make_dynamic_default()]
+    # After the solutions are cleared, a term's release withholds earlier lessons' answers still open; the gradebook
+    # keeps the course's code of those (locked) cells, which grading puts back (autograder.integrity).
+    steps = []
+    for step in GenerateAssignment.preprocessors.make_dynamic_default():
+        steps += [bugs.ShowBug, WithholdOpenAnswers] if step is ClearSolutions else [step]
+    c.GenerateAssignment.preprocessors = steps
     # The instructor's grading metadata first: an edited, forged or duplicated cell must not abort the notebook.
     c.Autograde.sanitize_preprocessors = [
         ClearOutput, RestoreGradingMetadata, DeduplicateIds, OverwriteKernelspec, OverwriteCells, CheckCellMetadata,
@@ -110,8 +124,9 @@ def nbgrader_config(work: Path, db_url: str | None = None, release_dir: Path | N
     c.TrustedExecute.limits = asdict(limits)
     c.TrustedExecute.secret_file = str(secret_file or work / "secret")
     # SafeFeedback last: it sanitises everything the student controls and adds the grader's report and verdicts.
+    # HoldWhileOpen first: no page for a lesson whose grading ran answers of a lesson still open
     c.GenerateFeedback.preprocessors = [
-        "nbgrader.preprocessors.GetGrades", StripHiddenTests, "nbconvert.preprocessors.CSSHTMLHeaderPreprocessor",
+        HoldWhileOpen, "nbgrader.preprocessors.GetGrades", StripHiddenTests, "nbconvert.preprocessors.CSSHTMLHeaderPreprocessor",
         "autograder.feedback.SafeFeedback",
     ]
     # nbconvert's HTMLExporter, same template and page, without its BeautifulSoup pass over the whole page.
@@ -121,8 +136,9 @@ def nbgrader_config(work: Path, db_url: str | None = None, release_dir: Path | N
 
 def api(work: Path, db_url: str | None = None, release_dir: Path | None = None,
         verbose: bool = False, sandbox: bool = True, limits: Limits | None = None,
-        secret_file: Path | None = None) -> NbGraderAPI:
-    config = nbgrader_config(work, db_url, release_dir, verbose, sandbox, limits, secret_file)
+        secret_file: Path | None = None, term_file: Path | None = None,
+        as_of: datetime | None = None) -> NbGraderAPI:
+    config = nbgrader_config(work, db_url, release_dir, verbose, sandbox, limits, secret_file, term_file, as_of)
     coursedir = CourseDirectory(config=config)
     return NbGraderAPI(coursedir=coursedir, config=config)
 
@@ -149,7 +165,10 @@ def tools_config(c: Config, work: Path | None = None) -> Config:
     course = nbgrader_config(work, os.environ.get("GRADEBOOK_URL") or None, release_dir=LESSONS_DIR)
     exchange = c.Exchange.root if "root" in c.Exchange else None  # a hub's system-wide config names it
     c.merge(course)
-    c.CourseDirectory.release_directory = "lessons"
+    # a term's release (./course release with a term) is what release_assignment hands out; else the lessons
+    from autograder import term as term_module
+
+    c.CourseDirectory.release_directory = str(work / "lessons") if term_module.path() else "lessons"
     c.Exchange.root = os.environ.get("NBGRADER_EXCHANGE_ROOT") or exchange or "/srv/nbgrader/exchange"
     c.ExchangeFactory.collect = CourseExchangeCollect
     c.CourseExchangeCollect.set_apart_directory = str(work / "set_apart")
@@ -182,6 +201,14 @@ class StagedGenerateAssignment(GenerateAssignment):
                 super().start()
             finally:
                 self._staging = None
+            from autograder import integrity, term as term_module
+
+            term = term_module.from_config(self)
+            at = integrity._as_of(self.config.WithholdOpenAnswers.get("as_of", ""))
+            problems = integrity.check_release(Path(staging), [self.coursedir.assignment_id], term, at)
+            if problems:
+                raise ReleaseRefused("this release would hand out graded answers of lessons still open (nothing "
+                                     "was released):\n" + "\n".join(problems))
             for folder in sorted(p for p in Path(staging).iterdir() if not p.name.startswith(".")):
                 target, old = release / folder.name, Path(staging) / f".{folder.name}.old"
                 if target.exists():
@@ -229,21 +256,45 @@ def quiet_nbgrader(verbose: bool) -> None:
 
 
 # -- release -----------------------------------------------------------------------------------------------------
-def release(lessons: list[str] | None = None, out: Path = LESSONS_DIR, work: Path | None = None) -> list[str]:
+TERM_RELEASE = WORK / "lessons"  # a term's release (nbgrader's release_assignment hands it out): never committed
+
+
+class ReleaseRefused(RuntimeError):
+    """A release that would hand out a graded answer of a lesson still open; the message names each cell."""
+
+
+def release(lessons: list[str] | None = None, out: Path | None = None, work: Path | None = None,
+            term_file: Path | None = None, as_of: datetime | None = None) -> list[str]:
     """Build the solution notebooks, then the student release with ``nbgrader generate_assignment``.
 
-    nbgrader writes into a staging folder beside ``out``; only when every lesson succeeded does each staged
-    lesson replace its folder in ``out`` (a rename, on the same file system). A failure leaves ``out`` as it was.
+    Without a term (:func:`autograder.term.configured`) every lesson goes to ``lessons/``: the self-study edition,
+    earlier lessons' answers shown as given code. With one, the release made at ``as_of`` (default now) holds the
+    lessons released by then (or ``lessons``), goes to ``.grading/lessons`` (or ``out``), shows a stand-in for
+    every earlier answer still open (:mod:`autograder.integrity`), and is refused (:class:`ReleaseRefused`, naming
+    each cell) if any cell still holds a line of one.
+
+    nbgrader writes into a staging folder beside ``out``; only when every lesson succeeded and passed that check
+    does each staged lesson replace its folder in ``out`` (a rename, on the same file system). A failure leaves
+    ``out`` as it was.
     """
+    from autograder import integrity, term as term_module
+
     notebooks.build_all()
+    term = term_module.configured(term_file)
+    at = term_module.as_utc(as_of) if as_of else term_module.now()
+    if term is not None and not lessons:
+        lessons = term.released_by(at)
+        if not lessons:
+            raise ReleaseRefused(f"no lesson of the term {term.path} is released by {term_module.shown_time(at)}: "
+                                 "name the lessons (--lessons) to release one early")
     lessons = lessons or notebooks.lessons()
-    out = Path(out)
+    out = Path(out or (TERM_RELEASE if term is not None else LESSONS_DIR))
     out.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(prefix="release-") as tmp, \
             tempfile.TemporaryDirectory(prefix=".release-", dir=out.parent) as staging:
         work = work or Path(tmp)
         work.mkdir(parents=True, exist_ok=True)
-        grader = api(work, release_dir=Path(staging))
+        grader = api(work, release_dir=Path(staging), term_file=term.path if term else None, as_of=at)
         for lesson in lessons:
             result = grader.generate_assignment(lesson, force=True, create=True)
             if not result["success"]:
@@ -251,6 +302,10 @@ def release(lessons: list[str] | None = None, out: Path = LESSONS_DIR, work: Pat
         for lesson in lessons:
             if not (Path(staging) / lesson).is_dir():
                 raise RuntimeError(f"generate_assignment wrote no {lesson} ({out} is unchanged)")
+        problems = integrity.check_release(Path(staging), lessons, term, at)
+        if problems:
+            raise ReleaseRefused(f"this release would hand out graded answers of lessons still open ({out} is "
+                                 "unchanged):\n" + "\n".join(problems))
         for lesson in lessons:
             target, old = out / lesson, Path(staging) / f"{lesson}.old"
             if target.exists():
@@ -270,6 +325,7 @@ class Outcome:
     message: str = ""
     seconds: float = 0.0
     notes: list[str] = field(default_factory=list)  # what happened while grading it (timeouts, kills, repairs)
+    feedback_held: str = ""  # why no feedback page was written yet (autograder.integrity.HoldWhileOpen)
 
 
 def _score(db_url: str, lesson: str, student: str) -> tuple[float, float]:
@@ -300,9 +356,11 @@ def _grade_one(grader: NbGraderAPI, work: Path, db_url: str | None, student: str
         result = grader.autograde(lesson, student, force=True, create=True)
         if not result["success"]:
             return Outcome(student, lesson, 0.0, 0.0, ok=False, message=_last_error(result["log"]))
-        grader.generate_feedback(lesson, student, force=True)
+        held = _feedback_held(grader, work, student, lesson)
+        if not held:
+            grader.generate_feedback(lesson, student, force=True)
         score, max_score = _score(grader.coursedir.db_url, lesson, student)
-        return Outcome(student, lesson, score, max_score)
+        return Outcome(student, lesson, score, max_score, feedback_held=held)
     except BadSubmission as exc:
         log.warning("%s %s: not graded: %s", student, lesson, shown(exc))
         return Outcome(student, lesson, 0.0, 0.0, ok=False, message=str(exc))
@@ -310,6 +368,19 @@ def _grade_one(grader: NbGraderAPI, work: Path, db_url: str | None, student: str
         return Outcome(student, lesson, 0.0, 0.0, ok=False, message=f"gradebook entry missing: {exc}")
     except Exception as exc:  # one notebook's trouble is reported and the run goes on
         return Outcome(student, lesson, 0.0, 0.0, ok=False, message=f"{type(exc).__name__}: {exc}")
+
+
+def _feedback_held(grader: NbGraderAPI, work: Path, student: str, lesson: str) -> str:
+    """Why ``student``'s feedback for ``lesson`` must wait (:func:`autograder.integrity.feedback_held_until`),
+    with any page an earlier run wrote removed; "" when it may be written now."""
+    from autograder import integrity, term as term_module
+
+    term = term_module.configured(grader.config.TermFile.get("file") or None)
+    until = integrity.feedback_held_until(term, lesson, term_module.now())
+    if until is None:
+        return ""
+    shutil.rmtree(work / "feedback" / student / lesson, ignore_errors=True)
+    return f"feedback held until {term_module.shown_time(until)}, when every lesson it builds on has closed"
 
 
 def _last_error(text: str) -> str:

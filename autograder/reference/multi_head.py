@@ -15,6 +15,10 @@ import torch
 from einops import rearrange
 from torch import nn
 
+# Given helpers that are an earlier lesson's graded answer in another form: a release of a term holds them only
+# after that lesson closes, like its answers (autograder.integrity); until then the student ports their own.
+PORTS = {"attention": "02-attention"}
+
 
 def split_heads(x: np.ndarray | torch.Tensor, H: int) -> np.ndarray | torch.Tensor:
     """Split the model width into H heads and move the head axis before time (einops).
