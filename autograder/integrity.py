@@ -43,7 +43,8 @@ from nbgrader.preprocessors import NbGraderPreprocessor
 from traitlets import Unicode
 
 from autograder import lessons as lessons_registry
-from autograder import notebooks, term as term_module
+from autograder import notebooks
+from autograder import term as term_module
 from autograder.edition import _distinctive
 from autograder.term import Term, shown_time
 

@@ -126,8 +126,8 @@ def nbgrader_config(work: Path, db_url: str | None = None, release_dir: Path | N
     # SafeFeedback last: it sanitises everything the student controls and adds the grader's report and verdicts.
     # HoldWhileOpen first: no page for a lesson whose grading ran answers of a lesson still open
     c.GenerateFeedback.preprocessors = [
-        HoldWhileOpen, "nbgrader.preprocessors.GetGrades", StripHiddenTests, "nbconvert.preprocessors.CSSHTMLHeaderPreprocessor",
-        "autograder.feedback.SafeFeedback",
+        HoldWhileOpen, "nbgrader.preprocessors.GetGrades", StripHiddenTests,
+        "nbconvert.preprocessors.CSSHTMLHeaderPreprocessor", "autograder.feedback.SafeFeedback",
     ]
     # nbconvert's HTMLExporter, same template and page, without its BeautifulSoup pass over the whole page.
     c.GenerateFeedback.exporter_class = "autograder.feedback.FeedbackExporter"
@@ -201,7 +201,8 @@ class StagedGenerateAssignment(GenerateAssignment):
                 super().start()
             finally:
                 self._staging = None
-            from autograder import integrity, term as term_module
+            from autograder import integrity
+            from autograder import term as term_module
 
             term = term_module.from_config(self)
             at = integrity._as_of(self.config.WithholdOpenAnswers.get("as_of", ""))
@@ -277,7 +278,8 @@ def release(lessons: list[str] | None = None, out: Path | None = None, work: Pat
     does each staged lesson replace its folder in ``out`` (a rename, on the same file system). A failure leaves
     ``out`` as it was.
     """
-    from autograder import integrity, term as term_module
+    from autograder import integrity
+    from autograder import term as term_module
 
     notebooks.build_all()
     term = term_module.configured(term_file)
@@ -373,7 +375,8 @@ def _grade_one(grader: NbGraderAPI, work: Path, db_url: str | None, student: str
 def _feedback_held(grader: NbGraderAPI, work: Path, student: str, lesson: str) -> str:
     """Why ``student``'s feedback for ``lesson`` must wait (:func:`autograder.integrity.feedback_held_until`),
     with any page an earlier run wrote removed; "" when it may be written now."""
-    from autograder import integrity, term as term_module
+    from autograder import integrity
+    from autograder import term as term_module
 
     term = term_module.configured(grader.config.TermFile.get("file") or None)
     until = integrity.feedback_held_until(term, lesson, term_module.now())
