@@ -151,7 +151,7 @@ def _as_of(text: str) -> datetime:
 
 
 class WithholdOpenAnswers(NbGraderPreprocessor):
-    """``generate_assignment``'s step (after the solutions are cleared): each given cell with an answer of a lesson
+    """``generate_assignment``'s step (after ``SaveCells``): each given cell with an answer of a lesson
     still open at ``as_of`` shows its stand-in (:func:`stand_in`). Before this step nbgrader saved the course's
     code of the cell in the gradebook, which grading puts back (the cell is locked); the checksum computed after
     it is the stand-in's, so ``nbgrader validate`` sees an untouched cell as untouched."""

@@ -41,6 +41,7 @@ from nbgrader.preprocessors import (
     OverwriteCells,
     OverwriteKernelspec,
     SaveAutoGrades,
+    SaveCells,
 )
 from sqlalchemy.exc import SAWarning
 from traitlets.config import Config
@@ -99,11 +100,12 @@ def nbgrader_config(work: Path, db_url: str | None = None, release_dir: Path | N
     c.Application.log_level = "INFO" if verbose else "WARN"
     c.ClearSolutions.code_stub = {"python": "# YOUR CODE HERE\nraise NotImplementedError()"}
     # A find-the-bug cell is released with its bug where the stub would go (autograder.bugs.ShowBug).
-    # After the solutions are cleared, a term's release withholds earlier lessons' answers still open; the gradebook
-    # keeps the course's code of those (locked) cells, which grading puts back (autograder.integrity).
+    # After the gradebook saved each cell (SaveCells), a term's release withholds earlier lessons' answers still open:
+    # the gradebook keeps the course's code of those (locked) cells, which grading puts back (autograder.integrity).
     steps = []
     for step in GenerateAssignment.preprocessors.make_dynamic_default():
-        steps += [bugs.ShowBug, WithholdOpenAnswers] if step is ClearSolutions else [step]
+        steps += ([bugs.ShowBug] if step is ClearSolutions else
+                  [step, WithholdOpenAnswers] if step is SaveCells else [step])
     c.GenerateAssignment.preprocessors = steps
     # The instructor's grading metadata first: an edited, forged or duplicated cell must not abort the notebook.
     c.Autograde.sanitize_preprocessors = [

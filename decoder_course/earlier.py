@@ -7,10 +7,10 @@ given cell calls::
     use_your_own("03-multi-head", ["split_heads", "merge_heads", "MultiHeadAttention"], globals())
 
 which finds your notebook of lesson 03 and runs its definitions, so this lesson runs on your own blocks. Only
-definitions run: imports, ``def``, ``class``, constants in CAPITALS, and the same kind of call for the lessons that
-one builds on; a training loop, a plot or a check of that lesson does not run again. When the lesson is graded the
-course's own blocks run in that cell instead, so a slip in lesson 03 costs nothing in a later lesson; but the
-visible checks here use yours, and a failure may come from there.
+definitions run: imports, ``def``, ``class``, constants in CAPITALS written out (``WIDTH = 3``), and the same
+kind of call for the lessons that one builds on; a training loop, a plot or a check of that lesson does not run
+again. When the lesson is graded the course's own blocks run in that cell instead, so a slip in lesson 03 costs
+nothing in a later lesson; but the visible checks here use yours, and a failure may come from there.
 
 Where it looks, first found first: ``../<lesson>/<lesson>.ipynb`` (the lessons side by side, as released),
 ``./<lesson>.ipynb`` (Colab: upload it next to this notebook), ``./<lesson>/<lesson>.ipynb``.
@@ -27,7 +27,7 @@ __all__ = ["EarlierLessonError", "candidates", "use_your_own"]
 
 MAX_BYTES = 32 << 20  # a notebook with its outputs; more is not read
 _MAGIC = re.compile(r"^\s*[%!]")  # IPython lines (%pip, !ls): not Python, skipped
-_CONSTANT = re.compile(r"^[A-Z][A-Z0-9_]*$")
+_CONSTANT = re.compile(r"^[A-Z][A-Z0-9_]+$")  # WIDTH = 3, not T = len(tokens) (a dimension of an example)
 _STUB = "raise NotImplementedError()"
 
 
@@ -52,12 +52,22 @@ def _kept(tree: ast.Module) -> list[ast.stmt]:
             kept.append(node)
         elif isinstance(node, (ast.Assign, ast.AnnAssign)):
             targets = node.targets if isinstance(node, ast.Assign) else [node.target]
-            if targets and all(isinstance(t, ast.Name) and _CONSTANT.match(t.id) for t in targets):
+            if targets and all(isinstance(t, ast.Name) and _CONSTANT.match(t.id) for t in targets) \
+                    and node.value is not None and _literal(node.value):
                 kept.append(node)
         elif (isinstance(node, ast.Expr) and isinstance(node.value, ast.Call)
               and isinstance(node.value.func, ast.Name) and node.value.func.id == "use_your_own"):
             kept.append(node)
     return kept
+
+
+def _literal(node: ast.expr) -> bool:
+    """A constant written out (``3``, ``"<pad>"``, ``(1, 2)``, ``-1e9``): nothing that computes."""
+    try:
+        ast.literal_eval(node)
+    except (ValueError, TypeError, SyntaxError, MemoryError, RecursionError):
+        return False
+    return True
 
 
 def _is_stub(node: ast.stmt, source: str) -> bool:
@@ -66,7 +76,8 @@ def _is_stub(node: ast.stmt, source: str) -> bool:
 
 
 def _read(path: Path) -> list[str]:
-    """The code cells' sources of a notebook, read within :data:`MAX_BYTES`."""
+    """The source of each cell of a notebook, "" for a cell that is not code (so that cell numbers are the
+    notebook's own), read within :data:`MAX_BYTES`."""
     with open(path, "rb") as handle:
         raw = handle.read(MAX_BYTES + 1)
     if len(raw) > MAX_BYTES:
@@ -78,9 +89,8 @@ def _read(path: Path) -> list[str]:
         raise EarlierLessonError(f"{path} is not a notebook that can be read (is it saved?)") from None
     sources = []
     for cell in cells if isinstance(cells, list) else []:
-        if isinstance(cell, dict) and cell.get("cell_type") == "code":
-            source = cell.get("source", "")
-            sources.append("".join(source) if isinstance(source, list) else str(source))
+        source = cell.get("source", "") if isinstance(cell, dict) and cell.get("cell_type") == "code" else ""
+        sources.append("".join(source) if isinstance(source, list) else str(source))  # "" keeps the numbering
     return sources
 
 

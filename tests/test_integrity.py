@@ -1,0 +1,364 @@
+"""Lesson integrity during a term (autograder/integrity.py): a release withholds every graded answer of a lesson still
+open, refuses one that holds any, grading still runs the course's blocks, and feedback that ran them waits.
+
+The unit tests run over every given cell of every lesson; the release tests make real releases through nbgrader (a
+few seconds each); one grading run (module fixture) grades lesson 02 of a three-lesson term."""
+
+from __future__ import annotations
+
+import csv
+import json
+import shutil
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+
+import nbformat
+import numpy as np
+import pytest
+
+from autograder import integrity, lessons, notebooks, pipeline, term
+from autograder.__main__ import main
+from decoder_course import earlier
+
+ROOT = Path(__file__).resolve().parent.parent
+NOW = datetime.now(UTC)
+
+
+def _term(tmp_path: Path, dates: dict[str, tuple[datetime, datetime]], extensions: str = "",
+          cutoff_days: float = 2) -> Path:
+    """A term file of ``lesson -> (release, due)`` (UTC), 10% a day, at most 50%, zero after ``cutoff_days``."""
+    lines = ['timezone = "UTC"', "[late]", "grace_minutes = 0", "percent_per_day = 10", "max_percent = 50",
+             f"cutoff_days = {cutoff_days}", "[lessons]"]
+    lines += [f'"{lesson}" = {{ release = {release:%Y-%m-%dT%H:%M:%S}, due = {due:%Y-%m-%dT%H:%M:%S} }}'
+              for lesson, (release, due) in dates.items()]
+    path = tmp_path / "term.toml"
+    path.write_text("\n".join(lines) + "\n[extensions]\n" + extensions)
+    return path
+
+
+def _given_cells(lesson: str):
+    nb = nbformat.read(notebooks.solution_path(lesson), as_version=4)
+    return [(i, list(c.metadata.course["given"])) for i, c in enumerate(nb.cells)
+            if c.cell_type == "code" and "given" in c.metadata.get("course", {})]
+
+
+EVERY_GIVEN = [(lesson, index, names) for lesson in lessons.ids() for index, names in _given_cells(lesson)]
+WEEK = timedelta(days=7)
+# lessons 01-03 one week apart: 01 due a week ago (closes in the past with a 2-day cutoff), 02 due yesterday
+# (closes tomorrow), 03 due in six days
+TERM3 = {"01-masks": (NOW - 2 * WEEK, NOW - WEEK), "02-attention": (NOW - WEEK, NOW - timedelta(days=1)),
+         "03-multi-head": (NOW - timedelta(days=1), NOW + timedelta(days=6))}
+
+
+# -- what is withheld ----------------------------------------------------------------------------------------------
+@pytest.mark.parametrize("lesson,index,names", EVERY_GIVEN, ids=[f"{l}-cell{i}" for l, i, _ in EVERY_GIVEN])
+def test_a_stand_in_holds_no_line_of_what_it_withholds(lesson, index, names):
+    """Every given cell, every lesson open: its stand-in has no line of a withheld answer, loads exactly the
+    withheld answers from the student's own notebook, stubs the ports, and keeps the helpers."""
+    all_open = term.parse({"late": {"percent_per_day": 0, "cutoff_days": 0},
+                           "lessons": {other: {"due": NOW + WEEK} for other in lessons.ids()}})
+    held = integrity.withheld(all_open, NOW, lesson, names)
+    prints = integrity.fingerprints()
+    source = integrity.stand_in(all_open, lesson, names, held)
+    compile(source, f"{lesson} cell {index}", "exec")  # Python, as released
+    for w in held:
+        leaked = [line for line in source.splitlines() if line.strip() in prints[w.of]]
+        assert not leaked, f"{lesson} cell {index}: the stand-in shows {w.of}'s answer: {leaked[:2]}"
+        if w.port:
+            assert f"def {w.name}(" in source and "raise NotImplementedError" in source
+        else:
+            assert f"use_your_own({w.of!r}," in source and repr(w.name) in source
+    kept = {name for _, name in notebooks.given_names(lesson, names)} - {w.name for w in held}
+    for name in kept:
+        assert f"def {name}(" in source or f"class {name}(" in source or f"class {name}:" in source, name
+    answers = integrity.answers(lesson, names)
+    assert held == answers  # every lesson open: every answer is withheld
+
+
+@pytest.mark.parametrize("moment,withheld", [
+    (NOW - 10 * WEEK, {"split_heads", "merge_heads", "MultiHeadAttention", "attention"}),  # 02 open too: its port
+    (NOW + 5 * timedelta(days=1), {"split_heads", "merge_heads", "MultiHeadAttention"}),  # before it
+    (NOW + timedelta(days=7), {"split_heads", "merge_heads", "MultiHeadAttention"}),  # late, within the cutoff
+    (NOW + timedelta(days=8, hours=1), {"split_heads", "merge_heads", "MultiHeadAttention"}),  # bob's extension
+    (NOW + timedelta(days=10, hours=1), set()),  # past bob's extended due date and the cutoff: closed
+])
+def test_what_is_withheld_follows_due_dates_extensions_and_the_cutoff(tmp_path, moment, withheld):
+    path = _term(tmp_path, TERM3, extensions='bob = { "03-multi-head" = 2 }')
+    names = ["multi_head:split_heads", "merge_heads", "attention", "MultiHeadAttention", "load_from_torch_mha"]
+    held = integrity.withheld(term.load(path), moment, "05-decoder-layer", names)
+    assert {w.name for w in held} == withheld
+    due = TERM3["03-multi-head"][1].replace(microsecond=0)
+    assert term.load(path).closes("03-multi-head") == due + timedelta(days=4)  # bob's 2 days, then the cutoff
+
+
+def test_a_port_is_withheld_with_its_lesson_and_a_lesson_outside_the_term_is_not(tmp_path):
+    t = term.load(_term(tmp_path, TERM3))
+    assert [w.name for w in integrity.withheld(t, NOW, "03-multi-head", ["attention"])] == ["attention"]
+    assert integrity.withheld(t, NOW + 3 * timedelta(days=1), "03-multi-head", ["attention"]) == []  # 02 closed
+    # 04 and later are not in this term: not graded, so nothing of theirs is withheld
+    assert integrity.withheld(t, NOW, "06-model", ["cross_attention:CrossAttention"]) == []
+    assert integrity.withheld(None, NOW, "05-decoder-layer", ["multi_head:MultiHeadAttention"]) == []
+
+
+# -- releases ------------------------------------------------------------------------------------------------------
+def _cells(folder: Path, lesson: str):
+    return nbformat.read(folder / lesson / f"{lesson}.ipynb", as_version=4).cells
+
+
+def test_a_term_release_withholds_open_answers_and_shows_closed_ones(tmp_path):
+    path = _term(tmp_path, TERM3)
+    out = tmp_path / "release"
+    done = pipeline.release(None, out, work=tmp_path / "work", term_file=path, as_of=NOW)
+    assert done == ["01-masks", "02-attention", "03-multi-head"]  # released by now, and nothing else
+    assert not (out / "04-cross-attention").exists()
+    prints = integrity.fingerprints()
+    # 01 closed a week ago (+2 days cutoff): lesson 02 shows its masks as code
+    masks = [c for c in _cells(out, "02-attention") if "given" in c.metadata.get("course", {})]
+    assert masks and "def causal_mask" in masks[0].source and "use_your_own" not in masks[0].source
+    # 02 is open (due yesterday, cutoff tomorrow): lesson 03's ported attention is a stub to fill, editable
+    ported = [c for c in _cells(out, "03-multi-head") if c.metadata.get("course", {}).get("given") == ["attention"]]
+    assert ported and "raise NotImplementedError" in ported[0].source and ported[0].metadata["editable"] is True
+    assert ported[0].metadata["nbgrader"]["locked"] is True  # grading puts the course's code back
+    assert not any(line.strip() in prints["02-attention"] for line in ported[0].source.splitlines())
+    # the same term a week later: 02 closed, the course's attention is shown
+    later = pipeline.release(["03-multi-head"], out, work=tmp_path / "work2", term_file=path,
+                             as_of=NOW + WEEK)
+    assert later == ["03-multi-head"]
+    shown = [c for c in _cells(out, "03-multi-head") if c.metadata.get("course", {}).get("given") == ["attention"]]
+    assert "raise NotImplementedError" not in shown[0].source and "torch.softmax" in shown[0].source
+
+
+def test_a_release_holding_an_open_answer_is_refused_naming_the_cell(tmp_path, monkeypatch):
+    path = _term(tmp_path, TERM3)
+    out = tmp_path / "release"
+    (out / "03-multi-head").mkdir(parents=True)
+    (out / "03-multi-head" / "kept.txt").write_text("what students have")
+    monkeypatch.setattr(integrity, "withheld", lambda *args: [])  # the stand-in step broken: answers stay
+    with pytest.raises(pipeline.ReleaseRefused) as refused:
+        pipeline.release(["03-multi-head"], out, work=tmp_path / "work", term_file=path, as_of=NOW)
+    message = str(refused.value)
+    assert "03-multi-head.ipynb, cell" in message and "given=attention" in message and "02-attention" in message
+    assert term.shown_time(term.load(path).closes("02-attention")) in message
+    assert sorted(p.name for p in (out / "03-multi-head").iterdir()) == ["kept.txt"]  # out is unchanged
+
+
+@pytest.mark.parametrize("where", ["demo cell", "markdown", "test cell"])
+def test_the_check_finds_an_answer_in_any_cell(tmp_path, where):
+    """An answer of 01 pasted anywhere into lesson 02 (not a given cell) is found, and the cell is named."""
+    folder = tmp_path / "release"
+    shutil.copytree(ROOT / "lessons" / "02-attention", folder / "02-attention")
+    path = folder / "02-attention" / "02-attention.ipynb"
+    nb = nbformat.read(path, as_version=4)
+    line = sorted(integrity.fingerprints()["01-masks"])[0]
+    cell = (nbformat.v4.new_markdown_cell(f"```python\n{line}\n```") if where == "markdown"
+            else nbformat.v4.new_code_cell(f"# {where}\n{line}\n"))
+    nb.cells.insert(3, cell)
+    nbformat.write(nb, path)
+    t = term.load(_term(tmp_path, {**TERM3, "01-masks": (NOW - WEEK, NOW)}))
+    problems = integrity.check_release(folder, ["02-attention"], t, NOW)
+    assert any("cell 3 " in p and "01-masks" in p for p in problems), problems
+    closed = term.load(_term(tmp_path, TERM3))  # 01 closed: the same line is allowed
+    assert not [p for p in integrity.check_release(folder, ["02-attention"], closed, NOW) if "cell 3 " in p]
+
+
+def test_the_self_study_release_is_refused_for_a_term_with_every_lesson_open(tmp_path, capsys):
+    """lessons/ (no term: every earlier answer shown) is what a term must never hand out before lessons close."""
+    all_open = term.parse({"late": {"percent_per_day": 0, "cutoff_days": 0},
+                           "lessons": {other: {"due": NOW + WEEK} for other in lessons.ids()}})
+    problems = integrity.check_release(ROOT / "lessons", lessons.ids(), all_open, NOW)
+    needing = {lesson for lesson, _, names in EVERY_GIVEN if integrity.answers(lesson, names)}
+    assert {p.split(".ipynb")[0] for p in problems} == needing
+    # and the CLI says so, exit 2, for a real term release whose stand-in step is off
+    path = _term(tmp_path, TERM3)
+    code = main(["release", "--term", str(path), "--out", str(tmp_path / "out"), "--lessons", "01-masks"])
+    assert code == 0 and "for the term" in capsys.readouterr().out
+    code = main(["release", "--term", str(tmp_path / "missing.toml")])
+    assert code == 2 and "cannot read the term file" in capsys.readouterr().err
+
+
+# -- the student's side: use_your_own ------------------------------------------------------------------------------
+def _notebook(path: Path, *sources: str) -> Path:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    nb = nbformat.v4.new_notebook()
+    nb.cells = [nbformat.v4.new_code_cell(s) for s in sources]
+    nbformat.write(nb, path)
+    return path
+
+
+MASKS = """\
+import numpy as np
+%matplotlib inline
+WIDTH = 3
+T = len("computed")  # a dimension of an example, not a constant: not run
+
+def causal_mask(T):
+    return np.tril(np.ones((T, T), dtype=bool))
+"""
+
+
+@pytest.mark.parametrize("layout", ["side by side", "colab upload", "subfolder"])
+def test_use_your_own_runs_only_the_definitions_of_the_students_notebook(tmp_path, layout, capsys):
+    here = tmp_path / "lessons" / "02-attention"
+    here.mkdir(parents=True)
+    where = {"side by side": tmp_path / "lessons" / "01-masks" / "01-masks.ipynb",
+             "colab upload": here / "01-masks.ipynb", "subfolder": here / "01-masks" / "01-masks.ipynb"}[layout]
+    _notebook(where, MASKS, "raise SystemExit('a check of lesson 01 must not run again')",
+              "print('a plot')\nmodel = train()", "def padding_mask(x):\n    # YOUR CODE HERE\n"
+              "    raise NotImplementedError()")
+    namespace: dict = {}
+    earlier.use_your_own("01-masks", ["causal_mask", "padding_mask"], namespace, here=here)
+    assert np.array_equal(namespace["causal_mask"](3), np.tril(np.ones((3, 3), dtype=bool)))
+    assert "model" not in namespace and "WIDTH" not in namespace  # only the names asked for
+    out = capsys.readouterr().out
+    assert "a plot" not in out and "padding_mask in lesson 01-masks still raise NotImplementedError" in out
+
+
+@pytest.mark.parametrize("problem,expected", [
+    ("missing notebook", "no 01-masks.ipynb was found"),
+    ("missing name", "defines no combine_masks"),
+    ("syntax error", "could not be read as Python: cell 0"),
+    ("raises", "raised ZeroDivisionError"),
+    ("not a notebook", "not a notebook that can be read"),
+    ("too big", "over 32 MB"),
+    ("cycle", "builds on itself"),
+])
+def test_use_your_own_says_what_to_do(tmp_path, problem, expected):
+    here = tmp_path / "02-attention"
+    here.mkdir()
+    target = tmp_path / "01-masks" / "01-masks.ipynb"
+    if problem == "missing name":
+        _notebook(target, MASKS)
+    elif problem == "syntax error":
+        _notebook(target, "def combine_masks(:\n    pass", MASKS)
+    elif problem == "raises":
+        _notebook(target, "def combine_masks(a, b=1 / 0):\n    return a & b")  # the default runs at def
+    elif problem == "not a notebook":
+        target.parent.mkdir()
+        target.write_text("not json")
+    elif problem == "too big":
+        target.parent.mkdir()
+        with open(target, "wb") as handle:
+            handle.truncate(earlier.MAX_BYTES + 1)
+    elif problem == "cycle":
+        _notebook(target, "from decoder_course.earlier import use_your_own\n"
+                          "use_your_own('01-masks', ['causal_mask'], globals())\n" + MASKS)
+    with pytest.raises(earlier.EarlierLessonError, match=expected):
+        earlier.use_your_own("01-masks", ["causal_mask", "combine_masks"], {}, here=here)
+
+
+def test_use_your_own_follows_an_earlier_notebooks_own_stand_in(tmp_path):
+    """Lesson 02's notebook ran lesson 01's code through its own stand-in: loading 02 loads 01 behind it."""
+    _notebook(tmp_path / "01-masks" / "01-masks.ipynb", MASKS)
+    _notebook(tmp_path / "02-attention" / "02-attention.ipynb",
+              "from decoder_course.earlier import use_your_own\n\nuse_your_own('01-masks', ['causal_mask'], globals())",
+              "def blocked(T):\n    return ~causal_mask(T)")
+    here = tmp_path / "03-multi-head"
+    here.mkdir()
+    namespace: dict = {}
+    earlier.use_your_own("02-attention", ["blocked"], namespace, here=here)
+    assert namespace["blocked"](2).tolist() == [[False, True], [False, False]]
+
+
+def test_a_released_stand_in_runs_the_students_own_earlier_lesson(tmp_path):
+    """The stand-in lesson 05 ships while 03 is open, run beside a student's solved 03 (whose own ported
+    attention they wrote into 03's stand-in): the names come from the student's notebook."""
+    t = term.parse({"late": {"percent_per_day": 0, "cutoff_days": 0},
+                    "lessons": {other: {"due": NOW + WEEK} for other in lessons.ids()}})
+    lessons_dir = tmp_path / "lessons"
+    for lesson in ("03-multi-head",):
+        nb = nbformat.read(notebooks.solution_path(lesson), as_version=4)
+        for cell in nb.cells:  # the student's notebook: solved, with the stand-ins their release showed
+            names = cell.metadata.get("course", {}).get("given")
+            if names and integrity.withheld(t, NOW, lesson, list(names)):
+                held = integrity.withheld(t, NOW, lesson, list(names))
+                cell.source = integrity.stand_in(t, lesson, list(names), held).replace(
+                    '    raise NotImplementedError("port your own answer of lesson 02-attention here")',
+                    "    return torch.softmax(q @ k.transpose(-2, -1), -1) @ v, None")
+        (lessons_dir / lesson).mkdir(parents=True)
+        nbformat.write(nb, lessons_dir / lesson / f"{lesson}.ipynb")
+    names = ["multi_head:split_heads", "merge_heads", "attention", "MultiHeadAttention", "load_from_torch_mha"]
+    source = integrity.stand_in(t, "05-decoder-layer", names, integrity.withheld(t, NOW, "05-decoder-layer", names))
+    here = lessons_dir / "05-decoder-layer"
+    here.mkdir()
+    import math
+
+    import torch
+
+    # the lesson's own imports, as its first cells give them
+    namespace = {"torch": torch, "nn": torch.nn, "math": math, "np": np, "HERE": here}
+    exec(compile(source.replace("globals())", "globals(), here=HERE)"), "05 stand-in", "exec"), namespace)
+    mha = namespace.get("MultiHeadAttention")
+    assert mha is not None and mha.__module__ == "lesson_03_multi_head"  # the student's own class
+    assert namespace["split_heads"](np.zeros((1, 2, 4)), 2).shape == (1, 2, 2, 2)
+
+
+# -- grading and feedback ------------------------------------------------------------------------------------------
+@pytest.fixture(scope="module")
+def graded(tmp_path_factory):
+    """Lesson 02 of a term where 01 is still open (due tomorrow): released with a stand-in, then graded for a
+    student who solved 02 with no lesson-01 notebook anywhere, and one whose given cell holds a wrong mask."""
+    tmp = tmp_path_factory.mktemp("integrity")
+    path = _term(tmp, {"01-masks": (NOW - WEEK, NOW + timedelta(days=1)),
+                       "02-attention": (NOW - timedelta(days=1), NOW + WEEK)})
+    release = tmp / "release"
+    pipeline.release(["02-attention"], release, work=tmp / "release-work", term_file=path, as_of=NOW)
+    released = nbformat.read(release / "02-attention" / "02-attention.ipynb", as_version=4)
+    solution = nbformat.read(notebooks.solution_path("02-attention"), as_version=4)
+    answers = {c.id: c.source for c in solution.cells if c.metadata.get("nbgrader", {}).get("solution")}
+    submissions = tmp / "submissions"
+    for student, wrong in (("solver", False), ("tamperer", True)):
+        nb = nbformat.from_dict(json.loads(json.dumps(released)))
+        for cell in nb.cells:
+            if cell.id in answers:
+                cell.source = answers[cell.id]
+            if wrong and "given" in cell.metadata.get("course", {}):
+                cell.source = "import numpy as np\ndef causal_mask(T):\n    return np.ones((T, T), dtype=bool)\n"
+        (submissions / student / "02-attention").mkdir(parents=True)
+        nbformat.write(nb, submissions / student / "02-attention" / "02-attention.ipynb")
+    work = tmp / "work"
+    with pytest.MonkeyPatch.context() as env:
+        env.setenv(term.ENV_VAR, str(path))
+        outcomes = pipeline.grade(submissions, work, ["02-attention"])
+        yield {"tmp": tmp, "work": work, "term": path, "released": released,
+               "outcomes": {o.student: o for o in outcomes}}
+
+
+def test_grading_runs_the_courses_blocks_whatever_the_given_cell_holds(graded):
+    stand_in = [c for c in graded["released"].cells if "given" in c.metadata.get("course", {})][0]
+    assert "use_your_own('01-masks'" in stand_in.source  # what the students had: no lesson-01 answer
+    course = notebooks.reference_source("02-attention", "masks:causal_mask", keep_markers=False).strip()
+    for student in ("solver", "tamperer"):
+        outcome = graded["outcomes"][student]
+        assert outcome.ok and outcome.max_score > 0 and outcome.score == outcome.max_score, outcome
+        autograded = nbformat.read(graded["work"] / "autograded" / student / "02-attention" / "02-attention.ipynb",
+                                   as_version=4)
+        ran = [c for c in autograded.cells if c.get("metadata", {}).get("nbgrader", {}).get("grade_id", "")
+               .startswith("given_")]
+        assert len(ran) == 1 and course in ran[0].source and "use_your_own" not in ran[0].source
+        assert "np.ones((T, T), dtype=bool)" not in ran[0].source  # the tampered mask did not run
+        assert not [o for o in ran[0].outputs if o.output_type == "error"]
+
+
+def test_feedback_that_ran_an_open_lessons_answers_waits_until_it_closes(graded):
+    work = graded["work"]
+    for student in ("solver", "tamperer"):
+        outcome = graded["outcomes"][student]
+        assert "feedback held until" in outcome.feedback_held
+        assert term.shown_time(term.load(graded["term"]).closes("01-masks")) in outcome.feedback_held
+        assert not list((work / "feedback").glob(f"{student}/02-attention/*.html"))
+    with open(work / "grades.csv") as handle:
+        rows = {row["student"]: row for row in csv.DictReader(handle)}
+    assert rows["solver"]["status"] == "ok" and float(rows["solver"]["score"]) > 0  # the grade itself is there
+    # nbgrader's own generate_feedback (formgrader, the CLI) is held too
+    grader = pipeline.api(work, term_file=graded["term"])
+    result = grader.generate_feedback("02-attention", "solver", force=True)
+    assert not result["success"] and "held until" in result["log"]
+    # once 01 has closed, the page is written, and shows the course's masks that ran
+    (graded["tmp"] / "later").mkdir()
+    closed = _term(graded["tmp"] / "later", {"01-masks": (NOW - 3 * WEEK, NOW - 2 * WEEK),
+                                             "02-attention": (NOW - timedelta(days=1), NOW + WEEK)})
+    grader = pipeline.api(work, term_file=closed)
+    result = grader.generate_feedback("02-attention", "solver", force=True)
+    assert result["success"], result["log"]
+    page = (work / "feedback" / "solver" / "02-attention" / "02-attention.html").read_text()
+    assert "causal_mask" in page
