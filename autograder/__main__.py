@@ -2,7 +2,10 @@
 
 Commands
   build                      build solutions/<id>/<id>.ipynb from solutions/<id>.py and the references
-  release                    build, then write the student release into lessons/ (nbgrader generate_assignment)
+  release                    build, then write the student release into lessons/ (nbgrader generate_assignment);
+                             with a term (--term, term.toml), the lessons released by now into .grading/lessons,
+                             earlier answers still open withheld (autograder/integrity.py)
+  term                       the term's lessons: release, due, closing dates, extensions, what is open now
   grade SUBMISSIONS          canary, then every student in SUBMISSIONS (nbgrader's layout, or a Canvas, Moodle or
                              Gradescope export: --layout, else found from the files), feedback, grades.csv, roster.csv;
                              --scheduler tcp://HOST:PORT grades them on a Dask cluster
@@ -46,6 +49,9 @@ def main(argv: list[str] | None = None) -> int:
     p_release.add_argument("--as-of", type=_moment, default=None, metavar="ISO-TIME",
                            help="the moment the release is made (default: now), e.g. 2027-02-01T09:00:00+01:00")
     p_release.add_argument("--out", type=Path, default=None, help="where the release goes")
+    p_term = sub.add_parser("term", help="show the term: each lesson's release, due and closing dates")
+    p_term.add_argument("--term", type=Path, default=None, help="the term file (default: $DECODER_COURSE_TERM, "
+                                                                "or term.toml when there)")
     p_edition = sub.add_parser("student-edition", help="write the student edition into a new folder")
     p_edition.add_argument("dest", type=Path, help="a new or empty folder")
     p_edition.add_argument("--git", action="store_true", help=f"make it a git repository tagged {notebooks.TAG}")
@@ -87,6 +93,19 @@ def main(argv: list[str] | None = None) -> int:
               + (f" (a git repository, tag {notebooks.TAG})" if args.git else ""))
         print(f"publish it at https://github.com/{notebooks.REPOSITORY} with that tag: the lessons' badges and "
               "bootstrap cells point there")
+        return 0
+    if args.command == "term":
+        from autograder import integrity, term as term_module
+
+        try:
+            term = term_module.configured(args.term)
+        except term_module.TermError as exc:
+            print(f"error: {shown(exc, True)}", file=sys.stderr)
+            return 2
+        if term is None:
+            print(f"no term: write term.toml (see term.example.toml), set ${term_module.ENV_VAR}, or pass --term")
+            return 2
+        print(integrity.schedule(term, term_module.now()))
         return 0
     if args.command == "release":
         from autograder import term as term_module

@@ -103,7 +103,9 @@ NumPy first, PyTorch from multi-head attention on, einops for heads, matplotlib 
 curves. Every exercise has a visible check under it that tells you which idea broke.
 
 This is the student edition, version {version}: the lessons and their companion package, `decoder_course`
-(conventions, toy data, plots, visible checks). It holds no solutions.
+(conventions, toy data, plots, visible checks). It holds no solutions of a lesson's own exercises, but it is the
+**self-study edition**: later lessons show earlier lessons' blocks as given code, answers included, so it is **not
+for graded use**. A graded course hands out its own release, which shows a lesson's answers only once it closes.
 
 ## The course
 

@@ -259,6 +259,21 @@ def check_release(folder: Path, lessons: list[str], term: Term | None, at: datet
     return problems
 
 
+def schedule(term: Term, at: datetime) -> str:
+    """The term as a markdown table: each lesson's release, due and closing dates, its extensions, and whether
+    its answers are withheld from a release made at ``at``."""
+    rows = ["| lesson | release | due | extensions | closes | answers in a release now |", "|---|---|---|---|---|---|"]
+    for lesson in lessons_registry.ids():
+        if not term.scheduled(lesson):
+            continue
+        extended = ", ".join(f"{student} {shown_time(by_lesson[lesson])}" for student, by_lesson in
+                             sorted(term.extensions.items()) if lesson in by_lesson)
+        state = "withheld (open)" if protected(term, lesson, at) else "shown (closed)"
+        rows.append(f"| {lesson} | {shown_time(term.release(lesson))} | {shown_time(term.due(lesson))} | "
+                    f"{extended} | {shown_time(term.closes(lesson))} | {state} |")
+    return "\n".join(rows) + f"\n\nlate policy: {term.late.describe()}\nnow: {shown_time(at)}"
+
+
 # -- feedback ------------------------------------------------------------------------------------------------------
 class FeedbackHeld(RuntimeError):
     """Feedback that must wait: the notebook ran answers of a lesson still open."""

@@ -176,6 +176,26 @@ def test_the_self_study_release_is_refused_for_a_term_with_every_lesson_open(tmp
     assert code == 2 and "cannot read the term file" in capsys.readouterr().err
 
 
+def test_the_self_study_edition_says_it_is_not_for_graded_use():
+    from autograder import edition
+
+    assert "not\nfor graded use" in edition.readme_text() or "not for graded use" in edition.readme_text()
+    released = nbformat.read(ROOT / "lessons" / "05-decoder-layer" / "05-decoder-layer.ipynb", as_version=4)
+    headers = [c.source.splitlines()[0] for c in released.cells if "given" in c.metadata.get("course", {})]
+    assert any("built in an earlier lesson" in h for h in headers)
+    assert "only once that lesson has closed" in "\n".join(c.source for c in released.cells)
+
+
+def test_the_term_command_shows_what_is_open(tmp_path, capsys):
+    path = _term(tmp_path, TERM3, extensions='bob = { "03-multi-head" = 2 }')
+    assert main(["term", "--term", str(path)]) == 0
+    table = {line.split("|")[1].strip(): line for line in capsys.readouterr().out.splitlines()
+             if line.startswith("| 0")}
+    assert "shown (closed)" in table["01-masks"] and "withheld (open)" in table["02-attention"]
+    assert "bob " + term.shown_time(TERM3["03-multi-head"][1] + timedelta(days=2)) in table["03-multi-head"]
+    assert main(["term", "--term", str(tmp_path / "none.toml")]) == 2
+
+
 # -- the student's side: use_your_own ------------------------------------------------------------------------------
 def _notebook(path: Path, *sources: str) -> Path:
     path.parent.mkdir(parents=True, exist_ok=True)
