@@ -95,7 +95,8 @@ def main(argv: list[str] | None = None) -> int:
               "bootstrap cells point there")
         return 0
     if args.command == "term":
-        from autograder import integrity, term as term_module
+        from autograder import integrity
+        from autograder import term as term_module
 
         try:
             term = term_module.configured(args.term)
