@@ -30,6 +30,7 @@ edition) nothing is withheld and nothing is held.
 from __future__ import annotations
 
 import ast
+import functools
 import importlib
 import inspect
 import json
@@ -39,6 +40,7 @@ from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
 
+import nbformat
 from nbgrader.preprocessors import NbGraderPreprocessor
 from traitlets import Unicode
 
@@ -141,7 +143,8 @@ def stand_in(term: Term | None, lesson: str, names: list[str], held: list[Withhe
     return "\n\n\n".join(parts) + "\n"
 
 
-def _as_of(text: str) -> datetime:
+def as_of_moment(text: str) -> datetime:
+    """A release's moment from its ISO 8601 text (``WithholdOpenAnswers.as_of``); now when empty."""
     if not text:
         return term_module.now()
     try:
@@ -160,7 +163,7 @@ class WithholdOpenAnswers(NbGraderPreprocessor):
 
     def preprocess(self, nb, resources):
         self._term = term_module.from_config(self)
-        self._at = _as_of(self.as_of)
+        self._at = as_of_moment(self.as_of)
         self._lesson = resources["nbgrader"]["assignment"]
         return super().preprocess(nb, resources)
 
@@ -285,17 +288,20 @@ def feedback_held_until(term: Term | None, lesson: str, at: datetime) -> datetim
     nothing holds it back."""
     if term is None:
         return None
-    import nbformat
-
-    nb = nbformat.read(notebooks.solution_path(lesson), as_version=4)
     until = None
-    for cell in nb.cells:
-        names = cell.get("metadata", {}).get("course", {}).get("given")
-        if cell.cell_type == "code" and names:
-            for w in withheld(term, at, lesson, list(names)):
-                closes = term.closes(w.of)
-                until = closes if until is None or closes > until else until
+    for names in _given_cells(lesson):
+        for w in withheld(term, at, lesson, list(names)):
+            closes = term.closes(w.of)
+            until = closes if until is None or closes > until else until
     return until
+
+
+@functools.cache
+def _given_cells(lesson: str) -> tuple[tuple[str, ...], ...]:
+    """The names of each given cell of ``lesson``'s solution notebook, in order."""
+    nb = nbformat.read(notebooks.solution_path(lesson), as_version=4)
+    return tuple(tuple(cell.metadata.course["given"]) for cell in nb.cells
+                 if cell.cell_type == "code" and "given" in cell.get("metadata", {}).get("course", {}))
 
 
 class HoldWhileOpen(NbGraderPreprocessor):

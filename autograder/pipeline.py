@@ -207,7 +207,7 @@ class StagedGenerateAssignment(GenerateAssignment):
             from autograder import term as term_module
 
             term = term_module.from_config(self)
-            at = integrity._as_of(self.config.WithholdOpenAnswers.get("as_of", ""))
+            at = integrity.as_of_moment(self.config.WithholdOpenAnswers.get("as_of", ""))
             problems = integrity.check_release(Path(staging), [self.coursedir.assignment_id], term, at)
             if problems:
                 raise ReleaseRefused("this release would hand out graded answers of lessons still open (nothing "

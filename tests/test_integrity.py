@@ -142,6 +142,25 @@ def test_a_release_holding_an_open_answer_is_refused_naming_the_cell(tmp_path, m
     assert sorted(p.name for p in (out / "03-multi-head").iterdir()) == ["kept.txt"]  # out is unchanged
 
 
+def test_nbgraders_own_generate_withholds_and_refuses_too(tmp_path, monkeypatch):
+    """formgrader's Generate button and ``nbgrader generate_assignment`` (StagedGenerateAssignment) follow the
+    same term: stand-ins while a lesson is open, and nothing moved into place when a cell leaks."""
+    path = _term(tmp_path, TERM3)
+    pipeline._stage_generate_assignment()  # what nbgrader_config.py does for nbgrader's tools
+    release = tmp_path / "release"
+    grader = pipeline.api(tmp_path / "work", release_dir=release, term_file=path)
+    result = grader.generate_assignment("03-multi-head", force=True, create=True)
+    assert result["success"], result["log"]
+    ported = [c for c in _cells(release, "03-multi-head") if c.metadata.get("course", {}).get("given") == ["attention"]]
+    assert "raise NotImplementedError" in ported[0].source
+    before = (release / "03-multi-head" / "03-multi-head.ipynb").read_bytes()
+    monkeypatch.setattr(integrity, "withheld", lambda *args: [])
+    result = grader.generate_assignment("03-multi-head", force=True, create=True)
+    said = result.get("error", "") + result["log"]
+    assert not result["success"] and "given=attention" in said and "02-attention" in said
+    assert (release / "03-multi-head" / "03-multi-head.ipynb").read_bytes() == before
+
+
 @pytest.mark.parametrize("where", ["demo cell", "markdown", "test cell"])
 def test_the_check_finds_an_answer_in_any_cell(tmp_path, where):
     """An answer of 01 pasted anywhere into lesson 02 (not a given cell) is found, and the cell is named."""
