@@ -19,7 +19,7 @@ import sys
 import time
 from pathlib import Path
 
-from autograder import distributed, intake, notebooks, parallel, pipeline, samples
+from autograder import distributed, intake, notebooks, parallel, pipeline, samples, term
 from autograder.text import shown
 
 
@@ -54,6 +54,9 @@ def main(argv: list[str] | None = None) -> int:
                        help="grade on the Dask cluster of this scheduler (an address or a scheduler file), one "
                             "task per notebook; this process stays the gradebook's only writer "
                             "(docs/INSTRUCTOR.md, Grading on a cluster)")
+        p.add_argument("--term", type=Path, default=None, metavar="FILE",
+                       help=f"the term: due dates, late policy, extensions (default: ${term.ENV_VAR}, else term.toml "
+                            "when there; without one nothing is late; term.example.toml shows one)")
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO if getattr(args, "verbose", False) else logging.WARNING,
                         format="%(levelname)s %(name)s: %(message)s")
@@ -78,6 +81,11 @@ def main(argv: list[str] | None = None) -> int:
         return 0
 
     started = time.perf_counter()
+    try:  # before anything is released or graded: a term that cannot be used stops here, saying why
+        term_file = pipeline.term_file_of(args.term)
+    except term.TermError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
     if args.command == "demo":
         pipeline.release(args.lessons)
         print(f"released {len(notebooks.lessons())} lessons into lessons/")
@@ -92,8 +100,9 @@ def main(argv: list[str] | None = None) -> int:
     try:
         outcomes = pipeline.grade(submissions, args.work, args.lessons, args.db_url, args.verbose,
                                   sandbox=not args.no_sandbox, workers=args.workers, progress=True,
-                                  scheduler=args.scheduler, layout=getattr(args, "layout", None))
-    except (pipeline.SandboxUnavailable, distributed.ClusterUnavailable) as exc:
+                                  scheduler=args.scheduler, layout=getattr(args, "layout", None),
+                                  term_file=term_file)
+    except (pipeline.SandboxUnavailable, distributed.ClusterUnavailable, term.TermError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
     print(pipeline.score_table(outcomes))

@@ -52,13 +52,14 @@ import math
 import os
 import tomllib
 from dataclasses import dataclass, field
-from datetime import date, datetime, time, timedelta, timezone
+from datetime import date, datetime, time, timedelta, timezone, tzinfo
 from pathlib import Path
 from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
 from autograder import lessons as lessons_registry
 
-__all__ = ["ENV_VAR", "LatePolicy", "Term", "TermError", "as_utc", "configured", "load", "now", "path"]
+__all__ = ["ENV_VAR", "LatePolicy", "Term", "TermError", "as_utc", "configured", "from_config", "load", "now", "path",
+           "shown_span", "shown_time", "timestamp_text"]
 
 ROOT = lessons_registry.ROOT
 ENV_VAR = "DECODER_COURSE_TERM"
@@ -83,6 +84,23 @@ def as_utc(moment: datetime) -> datetime:
 def shown_time(moment: datetime | None) -> str:
     """``2027-01-25 22:59 UTC``: how a time is written for people (reports, messages, feedback)."""
     return "never" if moment is None else as_utc(moment).strftime("%Y-%m-%d %H:%M UTC")
+
+
+def timestamp_text(moment: datetime) -> str:
+    """``moment`` as nbgrader writes ``timestamp.txt`` (``2027-01-25 22:59:00.000000 UTC``), which ``autograde``
+    reads into the gradebook."""
+    return as_utc(moment).strftime("%Y-%m-%d %H:%M:%S.%f UTC")
+
+
+def shown_span(seconds: float) -> str:
+    """``3 days 4 h``, ``5 h 20 min``, ``12 min``: how late a notebook is, for people (rounded up to a minute)."""
+    minutes = math.ceil(max(0.0, seconds) / 60)
+    days, hours, minutes = minutes // 1440, minutes % 1440 // 60, minutes % 60
+    if days:
+        return f"{days} day{'s' if days != 1 else ''}" + (f" {hours} h" if hours else "")
+    if hours:
+        return f"{hours} h" + (f" {minutes} min" if minutes else "")
+    return f"{minutes} min"
 
 
 @dataclass(frozen=True)
@@ -143,6 +161,7 @@ class Term:
     late: LatePolicy = field(default_factory=LatePolicy)
     extensions: dict[str, dict[str, datetime]] = field(default_factory=dict)  # student -> lesson -> due date
     path: Path | None = None
+    zone: tzinfo = timezone.utc  # the term's timezone: dates without an offset, and a zip's entry times
 
     def scheduled(self, lesson: str) -> bool:
         return lesson in self.lessons
@@ -307,7 +326,7 @@ def parse(data: dict, where: Path | str = "<term>") -> Term:
                     raise TermError(f"{where}: {key} ({shown_time(extended)}) is not after the lesson's due "
                                     f"date ({shown_time(dates[lesson].due)})")
             extensions.setdefault(student, {})[lesson] = extended
-    return Term(lessons=dates, late=policy, extensions=extensions, path=Path(where) if where else None)
+    return Term(lessons=dates, late=policy, extensions=extensions, path=Path(where) if where else None, zone=zone)
 
 
 MISSING = {
@@ -319,13 +338,18 @@ MISSING = {
 
 
 def from_config(parent) -> Term | None:
-    """The term of an nbgrader configuration (``c.TermFile.file``, set by :func:`autograder.pipeline
-    .nbgrader_config`; empty: :func:`path`'s default), for the preprocessors and plugins that nbgrader builds."""
+    """The term of an nbgrader configuration, for the preprocessors and plugins that nbgrader builds:
+    ``c.TermFile.file`` (set by :func:`autograder.pipeline.nbgrader_config`); unset: :func:`path`'s default;
+    ``""``: no term (the canary's tree, a worker told there is none)."""
     from traitlets import Unicode
     from traitlets.config import Configurable
 
     class TermFile(Configurable):
-        file = Unicode("", help="The term file (autograder/term.py); empty: $DECODER_COURSE_TERM or term.toml "
-                                "at the checkout's root when there").tag(config=True)
+        file = Unicode(None, allow_none=True,
+                       help="The term file (autograder/term.py); unset: $DECODER_COURSE_TERM or term.toml at the "
+                            "checkout's root when there; empty: no term").tag(config=True)
 
-    return configured(TermFile(parent=parent).file or None)
+    chosen = TermFile(parent=parent).file
+    if chosen == "":
+        return None
+    return configured(chosen)
