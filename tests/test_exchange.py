@@ -637,3 +637,50 @@ def test_collect_refuses_an_inbound_folder_a_student_owns(classmates, shared, mo
     with pytest.raises(ExchangeError, match="inbound is owned by"):
         _collect_in_process(work, exchange, monkeypatch)
     assert not (work / "submitted").exists()
+
+
+def test_collect_dates_a_submission_no_earlier_than_the_exchange_saw_it_change(classmates, shared, monkeypatch,
+                                                                              caplog):
+    """The collected ``timestamp.txt`` (what autograde dates a submission by, autograder.term's rule): nbgrader's
+    time when the submission last changed within ``SUBMIT_SLACK`` of it (kept as written); else the newest
+    ``ctime`` of the folder and its files, which no student can set back. Variants: an honest submission (kept to
+    the microsecond); a forged name and ``timestamp.txt`` two days early; an honest name with ``timestamp.txt``
+    rewritten three hours early; no ``timestamp.txt`` and a name a day early."""
+    from nbgrader.utils import parse_utc
+
+    from autograder.exchange import SUBMIT_SLACK
+
+    exchange, work, _ = _exchange(shared)
+    alice, bob, carol = (_Account(entry, exchange) for entry in classmates)
+    inbound = _inbound(exchange)
+    inbound.mkdir(parents=True)
+    inbound.chmod(0o2733)
+    notebook = nbformat.writes(samples.perfect(LESSON)).encode()
+    started = datetime.datetime.now(datetime.UTC)
+    submissions = {  # student id -> (account, the name's time, timestamp.txt's or None, kept as written)
+        alice.name: (alice, _stamp(-5), _stamp(-5), True),
+        bob.name: (bob, _stamp(-2 * 86400), _stamp(-2 * 86400), False),
+        carol.name: (carol, _stamp(-1), _stamp(-3 * 3600), False),
+        "ada": (alice, _stamp(-86400), None, False),
+    }
+    for student, (account, named, written, _) in submissions.items():
+        folder = inbound / f"{student}+{LESSON}+{named}+x"
+        account.sh('mkdir "$1" && cd "$1" && cat > "$2" && chmod 644 "$2"', folder, f"{LESSON}.ipynb",
+                   stdin=notebook)
+        if written is not None:
+            account.sh('cd "$1" && printf %s "$2" > timestamp.txt && chmod 644 timestamp.txt', folder, written)
+        account.sh('chmod 777 "$1"', folder)
+    caplog.set_level(logging.WARNING)
+    submitted = _collect_in_process(work, exchange, monkeypatch, unix_users={"ada": alice.name})
+    finished = datetime.datetime.now(datetime.UTC)
+    assert sorted(p.name for p in submitted.iterdir()) == sorted(submissions)
+    for student, (_, named, written, kept) in submissions.items():
+        text = (submitted / student / LESSON / "timestamp.txt").read_text()
+        when = parse_utc(text).replace(tzinfo=datetime.UTC)
+        if kept:
+            assert text == written
+        else:
+            assert started - datetime.timedelta(seconds=1) <= when <= finished, (student, text)
+            assert when - parse_utc(written or named).replace(tzinfo=datetime.UTC) > SUBMIT_SLACK
+            assert any(f"{student}+{LESSON}+" in r.message and "last changed at" in r.message for r in caplog.records)
+    assert not any(f"{alice.name}+{LESSON}+" in r.message and "last changed" in r.message for r in caplog.records)
