@@ -365,7 +365,8 @@ def check_scheduler(scheduler: str) -> None:
 
 def grade_on_cluster(jobs, work: Path, db_url: str | None, scheduler: str, progress: bool = True, *,
                      verbose: bool = False, sandbox: bool = True, limits: Limits | None = None,
-                     term_file: Path | str | None = None, exchange: set[tuple[str, str]] | None = None) -> list[Outcome]:
+                     term_file: Path | str | None = None,
+                     exchange: set[tuple[str, str]] | None = None) -> list[Outcome]:
     """Grade ``(student, lesson, notebook)`` jobs on the Dask cluster at ``scheduler`` (an address such as
     ``tcp://10.0.0.5:8786``, or a scheduler file); outcomes in the order of ``jobs``, scores those of local
     grading. The assignments and canaries must be there already (:func:`autograder.pipeline.prepare`).

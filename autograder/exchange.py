@@ -40,7 +40,7 @@ import re
 import shutil
 import stat
 import uuid
-from datetime import datetime, timedelta, timezone
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 from nbgrader.api import Gradebook, MissingEntry
@@ -317,7 +317,7 @@ class CourseExchangeCollect(ExchangeCollect):
         except (OSError, ValueError, OverflowError, TypeError):
             pass
         claimed = as_utc(claimed)
-        changed = datetime.fromtimestamp(changed_ns / 1e9, timezone.utc)
+        changed = datetime.fromtimestamp(changed_ns / 1e9, UTC)
         submitted = claimed
         if changed > claimed + SUBMIT_SLACK:
             submitted = changed

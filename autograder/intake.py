@@ -40,7 +40,7 @@ import tempfile
 import unicodedata
 import zipfile
 from dataclasses import dataclass, field
-from datetime import datetime, timezone, tzinfo
+from datetime import UTC, datetime, tzinfo
 from pathlib import Path
 
 import nbformat
@@ -104,7 +104,7 @@ def _too_big(size: int, limit: int) -> str:
 
 # -- zip archives ------------------------------------------------------------------------------------------------
 def _unzip(source: Path, dest: Path, max_bytes: int, out: Collected, archive_bytes: int = ARCHIVE_BYTES,
-           zone: tzinfo = timezone.utc) -> None:
+           zone: tzinfo = UTC) -> None:
     """Extract the ``.ipynb`` entries of ``source`` (and nbgrader's side files, Gradescope's metadata), bounded
     before and while copying. Every other plain file becomes an empty placeholder of its name, so that an upload
     that is not a notebook is listed by name instead of missing without a word.
@@ -190,7 +190,7 @@ def _date(path: Path, info: zipfile.ZipInfo, zone: tzinfo) -> None:
 
 
 def _unpack(source: Path, scratch: Path, max_bytes: int, archive_bytes: int, out: Collected,
-            zone: tzinfo = timezone.utc) -> Path | None:
+            zone: tzinfo = UTC) -> Path | None:
     """The folder to read: ``source`` itself, or ``scratch/unzipped`` holding a zip's entries (:func:`_unzip`)."""
     if source.is_file() and zipfile.is_zipfile(source):
         unpacked = scratch / "unzipped"
@@ -542,7 +542,7 @@ LAYOUTS = tuple(READERS)
 
 def collect_submissions(source: Path, lessons: list[str], scratch: Path, max_bytes: int = 16 << 20,
                         archive_bytes: int = ARCHIVE_BYTES, layout: str | None = None,
-                        zone: tzinfo = timezone.utc) -> Collected:
+                        zone: tzinfo = UTC) -> Collected:
     """Read a folder or a zip in ``layout`` (one of :data:`LAYOUTS`; found by :func:`detect_layout` when None):
     nbgrader's ``student/lesson/*.ipynb`` (with flat ``student_anything_<lesson>.ipynb`` files beside it when
     detected), or an LMS's export (Canvas, Moodle, Gradescope). See the module docstring for what is refused.
@@ -647,7 +647,7 @@ def place(submitted: Path, student: str, lesson: str, notebook: Path, max_bytes:
     nb = read_submission(notebook, max_bytes)
     side = _side_files(notebook.parent) if exchange_files and notebook.parent.name == lesson else {}
     if "timestamp.txt" not in side:
-        side["timestamp.txt"] = timestamp_text(datetime.fromtimestamp(os.lstat(notebook).st_mtime, timezone.utc))
+        side["timestamp.txt"] = timestamp_text(datetime.fromtimestamp(os.lstat(notebook).st_mtime, UTC))
     dest = submitted / student / lesson
     dest.parent.mkdir(parents=True, exist_ok=True)
     staged = Path(tempfile.mkdtemp(prefix=f".{lesson}.", dir=dest.parent))

@@ -37,22 +37,22 @@ def naive_utc(moment):
 def sync_gradebook(gb: Gradebook, term: Term | None, lesson: str, student: str | None = None) -> None:
     """Write the term's due date of ``lesson`` into the gradebook's assignment, and ``student``'s extension (or
     none) into their submission when it exists. Without a term, or for a lesson not in it, nothing is written:
-    a due date set by hand in formgrader stays. The caller commits (``with Gradebook(...)`` does)."""
+    a due date set by hand in formgrader stays. Committed here (nbgrader's ``Gradebook`` does not on closing)."""
     if term is None or not term.scheduled(lesson):
         return
     assignment = gb.find_assignment(lesson)
     due = naive_utc(term.due(lesson))
     if assignment.duedate != due:
         assignment.duedate = due
-    if student is None:
-        return
-    try:
-        submission = gb.find_submission(lesson, student)
-    except MissingEntry:
-        return
-    extension = term.extension(lesson, student)
-    if submission.extension != extension:
-        submission.extension = extension
+    if student is not None:
+        try:
+            submission = gb.find_submission(lesson, student)
+        except MissingEntry:
+            submission = None
+        extension = term.extension(lesson, student)
+        if submission is not None and submission.extension != extension:
+            submission.extension = extension
+    gb.db.commit()
 
 
 class TermLatePolicy(LateSubmissionPlugin):
@@ -73,7 +73,8 @@ class TermLatePenalties(AssignLatePenalties):
     shows) follows the term even when the gradebook was made before it, or by nbgrader's own tools."""
 
     plugin_class = Type(TermLatePolicy, klass=LateSubmissionPlugin,
-                        help="The plugin that gives each late notebook its penalty (the term's policy).").tag(config=True)
+                        help="The plugin that gives each late notebook its penalty (the term's policy)."
+                        ).tag(config=True)
 
     def preprocess(self, nb, resources):
         info = resources["nbgrader"]

@@ -25,7 +25,7 @@ import tempfile
 import time
 import warnings
 from dataclasses import asdict, dataclass, field
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from pathlib import Path
 
 from nbconvert.preprocessors import ClearMetadataPreprocessor
@@ -452,7 +452,7 @@ def grade(submissions: Path, work: Path, lessons: list[str] | None = None, db_ur
     grader, outcomes = prepare(work, lessons, db_url, verbose, sandbox, limits, term_file)
     with tempfile.TemporaryDirectory(prefix="collect-") as tmp:
         collected = intake.collect_submissions(submissions, lessons, Path(tmp), limits.notebook_bytes,
-                                               layout=layout, zone=term.zone if term else timezone.utc)
+                                               layout=layout, zone=term.zone if term else UTC)
         log.info("submissions in the %s layout, %d students", collected.layout, len(collected.found))
         for problem in collected.problems:
             log.warning("skipped: %s", problem)

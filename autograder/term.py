@@ -52,7 +52,7 @@ import math
 import os
 import tomllib
 from dataclasses import dataclass, field
-from datetime import date, datetime, time, timedelta, timezone, tzinfo
+from datetime import UTC, date, datetime, time, timedelta, tzinfo
 from pathlib import Path
 from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
@@ -73,12 +73,12 @@ class TermError(ValueError):
 
 def now() -> datetime:
     """The time now, aware, in UTC."""
-    return datetime.now(timezone.utc)
+    return datetime.now(UTC)
 
 
 def as_utc(moment: datetime) -> datetime:
     """``moment`` in UTC, aware; a naive one is taken to be in UTC already (nbgrader's gradebook keeps those)."""
-    return moment.replace(tzinfo=timezone.utc) if moment.tzinfo is None else moment.astimezone(timezone.utc)
+    return moment.replace(tzinfo=UTC) if moment.tzinfo is None else moment.astimezone(UTC)
 
 
 def shown_time(moment: datetime | None) -> str:
@@ -161,7 +161,7 @@ class Term:
     late: LatePolicy = field(default_factory=LatePolicy)
     extensions: dict[str, dict[str, datetime]] = field(default_factory=dict)  # student -> lesson -> due date
     path: Path | None = None
-    zone: tzinfo = timezone.utc  # the term's timezone: dates without an offset, and a zip's entry times
+    zone: tzinfo = UTC  # the term's timezone: dates without an offset, and a zip's entry times
 
     def scheduled(self, lesson: str) -> bool:
         return lesson in self.lessons
@@ -257,9 +257,9 @@ def parse(data: dict, where: Path | str = "<term>") -> Term:
 
     def moment(value, key: str) -> datetime:
         if isinstance(value, datetime):
-            return (value.replace(tzinfo=zone) if value.tzinfo is None else value).astimezone(timezone.utc)
+            return (value.replace(tzinfo=zone) if value.tzinfo is None else value).astimezone(UTC)
         if isinstance(value, date):  # a day alone: its end, in the term's zone
-            return datetime.combine(value, time(23, 59, 59), zone).astimezone(timezone.utc)
+            return datetime.combine(value, time(23, 59, 59), zone).astimezone(UTC)
         raise TermError(f"{where}: {key} = {value!r} is not a date: write it as 2027-01-18T23:59:00")
 
     def number(table: dict, key: str, default: float | None, low: float = 0.0, high: float | None = None) -> float:
