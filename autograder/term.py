@@ -36,11 +36,20 @@ When was a notebook submitted (:mod:`autograder.intake`, :mod:`autograder.exchan
 
 1. through nbgrader's exchange: the later of the time ``nbgrader submit`` wrote (``timestamp.txt``, the student's
    account wrote it) and the last change the exchange's file system saw in that submission (the newest ``ctime``
-   of its folder and files, which no student can set back): a submission can be made to look later, never earlier;
-2. a folder of nbgrader's layout: the ``timestamp.txt`` beside the notebook when there (``nbgrader collect`` wrote
-   it by rule 1), else the notebook file's modification time (copy submissions with ``cp -p`` or ``rsync -t``);
+   of its folder and files, which no student can set back), unless that change is within
+   :data:`~autograder.exchange.SUBMIT_SLACK` (a minute: an honest submit still writing its folder) of nbgrader's
+   time: a submission can be made to look later, never earlier. ``nbgrader collect`` writes it into the collected
+   ``timestamp.txt``;
+2. a folder of nbgrader's layout (``student/lesson/notebook.ipynb``): the well-formed ``timestamp.txt`` beside the
+   notebook when there (``nbgrader collect`` wrote it by rule 1), else the notebook file's modification time (copy
+   submissions with ``cp -p`` or ``rsync -t``);
 3. a flat file or an LMS export: the file's modification time; in a zip, the entry's date and time, which a zip
-   stores without a zone and which this reads in the term's timezone.
+   stores without a zone and which this reads in the term's timezone. A ``timestamp.txt`` in an LMS export (or
+   beside a flat file) is the student's own upload and is never read.
+
+Whatever the rule gives is written into ``submitted/<student>/<lesson>/timestamp.txt``, which nbgrader's
+``autograde`` reads into the gradebook; its late-penalty step (:mod:`autograder.late`) compares it with the
+student's due date there.
 
 Without a term there are no due dates: nothing is late, and a release holds every earlier lesson's answers (the
 self-study edition, which says it is not for graded use).
