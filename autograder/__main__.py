@@ -114,6 +114,9 @@ def main(argv: list[str] | None = None) -> int:
           f"grades: {args.work / 'grades.csv'} (who each id is: {args.work / 'roster.csv'}); "
           f"feedback: {args.work / 'feedback'}")
     print(pipeline.summary(outcomes))
+    late = sum(1 for o in outcomes if o.late)
+    print(f"term: {term_file}, {late} late notebook{'s' if late != 1 else ''} (penalties in grades.csv)" if term_file
+          else f"no term (no ${term.ENV_VAR}, no term.toml, no --term): nothing is late")
     return 1 if bad else 0
 
 
