@@ -221,6 +221,26 @@ def test_the_configured_term_explicit_default_or_none(tmp_path, monkeypatch):
     assert nothing.late_submission_penalty("ada", 4.0, 30 * DAY) is None
 
 
+def test_a_dask_worker_grades_by_the_instructor_s_term_never_its_own(tmp_path, monkeypatch):
+    """The term's bytes travel with each task: a worker whose checkout or environment names another term (or none)
+    still gives the instructor's penalties and feedback; a task without a term is graded without one."""
+    from dataclasses import asdict
+
+    from autograder import distributed
+
+    text = '[late]\npercent_per_day = {}\ncutoff_days = 7\n[lessons]\n"01-masks" = {{ due = 2027-01-18 }}\n'
+    own = tmp_path / "own.toml"
+    own.write_text(text.format(50))
+    monkeypatch.setenv(term.ENV_VAR, str(own))
+    for sent, percent in ((text.format(10).encode(), 10), (None, None)):
+        scratch = tmp_path / f"task-{percent}"
+        scratch.mkdir()
+        task = {"verbose": False, "sandbox": False, "limits": asdict(pipeline.Limits()), "term": sent}
+        config = distributed._worker_api(scratch, task).config
+        found = term.from_config(late.TermLatePenalties(config=config))
+        assert (found and found.late.percent_per_day) == percent
+
+
 def test_the_gradebook_follows_the_term_due_dates_and_extensions(tmp_path):
     """sync_gradebook (what TermLatePenalties and prepare run): the assignment's due date, the student's extension,
     an extension taken out of the term taken out of the gradebook; a lesson not in the term left as it is."""
