@@ -579,10 +579,11 @@ class SafeFeedback(NbGraderPreprocessor):
         policy = term.late if term is not None else None
         penalty = float(info.get("late_penalty") or 0)
         when, due_at = term_module.shown_time(submitted), term_module.shown_time(due)
-        extended = f" (an extension of {term_module.shown_span(extension.total_seconds())} included)" \
+        extension = f"an extension of {term_module.shown_span(extension.total_seconds())} included" \
             if extension else ""
+        extended = f" ({extension})" if extension else ""
         if seconds_late <= 0:
-            text, colour = f"Submitted {when}, on time (due {due_at}{extended}).", GREEN
+            text, colour = f"Submitted {when}, on time (due {due_at}{', ' + extension if extension else ''}).", GREEN
         elif not penalty and policy is not None and seconds_late <= policy.grace.total_seconds():
             text, colour = (f"Submitted {when}, {term_module.shown_span(seconds_late)} after the due date {due_at}"
                             f"{extended}, within the grace of {term_module.shown_span(policy.grace.total_seconds())}:"
