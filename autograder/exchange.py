@@ -310,23 +310,26 @@ class CourseExchangeCollect(ExchangeCollect):
         """Write ``folder/timestamp.txt`` by the rule in the module's docstring: nbgrader's time (the copied
         ``timestamp.txt``, else the folder's name), or the submission's last change when that is later by more
         than :data:`SUBMIT_SLACK`."""
+        path = folder / "timestamp.txt"  # in the staging folder: what the copy wrote, no link
         claimed = record["timestamp"]
         try:
-            with open(folder / "timestamp.txt") as handle:
+            with open(path) as handle:
                 claimed = parse_utc(handle.read(64).strip())
-        except (OSError, ValueError, OverflowError, TypeError):
+        except (OSError, ValueError, OverflowError, TypeError):  # none, a folder, not a time: the name's
             pass
         claimed = as_utc(claimed)
         changed = datetime.fromtimestamp(changed_ns / 1e9, UTC)
         submitted = claimed
-        if changed > claimed + SUBMIT_SLACK:
+        if changed - SUBMIT_SLACK > claimed:
             submitted = changed
             self.log.warning("%s: nbgrader's time is %s, but the submission last changed at %s: it is dated %s",
                              shown(record["filename"]), timestamp_text(claimed), timestamp_text(changed),
                              timestamp_text(changed))
-        (folder / "timestamp.txt").unlink(missing_ok=True)
-        (folder / "timestamp.txt").write_text(timestamp_text(submitted))
-        os.chmod(folder / "timestamp.txt", 0o644)
+        if path.is_dir():
+            shutil.rmtree(path)
+        path.unlink(missing_ok=True)
+        path.write_text(timestamp_text(submitted))
+        os.chmod(path, 0o644)
 
     # -- what is set apart ---------------------------------------------------------------------------------------
     def _set_apart(self, record: dict, chosen: dict | None, instead: str = "") -> None:

@@ -645,7 +645,8 @@ def test_collect_dates_a_submission_no_earlier_than_the_exchange_saw_it_change(c
     time when the submission last changed within ``SUBMIT_SLACK`` of it (kept as written); else the newest
     ``ctime`` of the folder and its files, which no student can set back. Variants: an honest submission (kept to
     the microsecond); a forged name and ``timestamp.txt`` two days early; an honest name with ``timestamp.txt``
-    rewritten three hours early; no ``timestamp.txt`` and a name a day early."""
+    rewritten three hours early; no ``timestamp.txt`` and a name a day early; a ``timestamp.txt`` that is a folder
+    (the name's time, dated by the change); one in the year 9999 (later is the student's own loss)."""
     from nbgrader.utils import parse_utc
 
     from autograder.exchange import SUBMIT_SLACK
@@ -662,16 +663,21 @@ def test_collect_dates_a_submission_no_earlier_than_the_exchange_saw_it_change(c
         bob.name: (bob, _stamp(-2 * 86400), _stamp(-2 * 86400), False),
         carol.name: (carol, _stamp(-1), _stamp(-3 * 3600), False),
         "ada": (alice, _stamp(-86400), None, False),
+        "eve": (bob, _stamp(-3600), "a folder", False),
+        "fay": (carol, _stamp(-2), "9999-12-31 23:59:59.000000 UTC", True),
     }
     for student, (account, named, written, _) in submissions.items():
         folder = inbound / f"{student}+{LESSON}+{named}+x"
         account.sh('mkdir "$1" && cd "$1" && cat > "$2" && chmod 644 "$2"', folder, f"{LESSON}.ipynb",
                    stdin=notebook)
-        if written is not None:
+        if written == "a folder":
+            account.sh('mkdir -m 755 "$1/timestamp.txt"', folder)
+        elif written is not None:
             account.sh('cd "$1" && printf %s "$2" > timestamp.txt && chmod 644 timestamp.txt', folder, written)
         account.sh('chmod 777 "$1"', folder)
     caplog.set_level(logging.WARNING)
-    submitted = _collect_in_process(work, exchange, monkeypatch, unix_users={"ada": alice.name})
+    submitted = _collect_in_process(work, exchange, monkeypatch,
+                                    unix_users={"ada": alice.name, "eve": bob.name, "fay": carol.name})
     finished = datetime.datetime.now(datetime.UTC)
     assert sorted(p.name for p in submitted.iterdir()) == sorted(submissions)
     for student, (_, named, written, kept) in submissions.items():
@@ -681,6 +687,8 @@ def test_collect_dates_a_submission_no_earlier_than_the_exchange_saw_it_change(c
             assert text == written
         else:
             assert started - datetime.timedelta(seconds=1) <= when <= finished, (student, text)
-            assert when - parse_utc(written or named).replace(tzinfo=datetime.UTC) > SUBMIT_SLACK
+            claimed = named if written in (None, "a folder") else written
+            assert when - parse_utc(claimed).replace(tzinfo=datetime.UTC) > SUBMIT_SLACK
             assert any(f"{student}+{LESSON}+" in r.message and "last changed at" in r.message for r in caplog.records)
-    assert not any(f"{alice.name}+{LESSON}+" in r.message and "last changed" in r.message for r in caplog.records)
+    for student in (alice.name, "fay"):
+        assert not any(f"{student}+{LESSON}+" in r.message and "last changed" in r.message for r in caplog.records)
