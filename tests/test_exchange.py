@@ -640,13 +640,17 @@ def test_collect_refuses_an_inbound_folder_a_student_owns(classmates, shared, mo
 
 
 def test_collect_dates_a_submission_no_earlier_than_the_exchange_saw_it_change(classmates, shared, monkeypatch,
-                                                                              caplog):
+                                                                              caplog, tmp_path):
     """The collected ``timestamp.txt`` (what autograde dates a submission by, autograder.term's rule): nbgrader's
     time when the submission last changed within ``SUBMIT_SLACK`` of it (kept as written); else the newest
     ``ctime`` of the folder and its files, which no student can set back. Variants: an honest submission (kept to
     the microsecond); a forged name and ``timestamp.txt`` two days early; an honest name with ``timestamp.txt``
     rewritten three hours early; no ``timestamp.txt`` and a name a day early; a ``timestamp.txt`` that is a folder
-    (the name's time, dated by the change); one in the year 9999 (later is the student's own loss)."""
+    (the name's time, dated by the change); one in the year 9999 (later is the student's own loss).
+
+    Then the collected tree is graded with a term whose due date was two hours ago (alice has an extension): every
+    forgery that claimed to be on time loses a day's 10%, in grades.csv and in the gradebook; alice loses nothing,
+    and the year-9999 notebook scores zero."""
     from nbgrader.utils import parse_utc
 
     from autograder.exchange import SUBMIT_SLACK
@@ -692,3 +696,28 @@ def test_collect_dates_a_submission_no_earlier_than_the_exchange_saw_it_change(c
             assert any(f"{student}+{LESSON}+" in r.message and "last changed at" in r.message for r in caplog.records)
     for student in (alice.name, "fay"):
         assert not any(f"{student}+{LESSON}+" in r.message and "last changed" in r.message for r in caplog.records)
+
+    from nbgrader.api import Gradebook
+
+    from autograder import pipeline
+
+    due = started - datetime.timedelta(hours=2)
+    term_file = tmp_path / "term.toml"
+    term_file.write_text(f'[late]\ngrace_minutes = 10\npercent_per_day = 10\nmax_percent = 50\ncutoff_days = 7\n'
+                         f'[lessons]\n"{LESSON}" = {{ due = {due.strftime("%Y-%m-%dT%H:%M:%SZ")} }}\n'
+                         f'[extensions]\n"{alice.name}" = {{ "{LESSON}" = 1 }}\n')
+    pipeline.grade(submitted, work, [LESSON], term_file=term_file)
+    with open(work / "grades.csv") as handle:
+        rows = {row["student"]: row for row in csv.DictReader(handle)}
+    percent = {student: 0 if student == alice.name else 100 if student == "fay" else 10 for student in submissions}
+    with Gradebook(f"sqlite:///{work / 'gradebook.db'}") as gb:
+        for student, row in rows.items():
+            raw = float(row["raw_score"])
+            assert raw == float(row["max_score"]) > 0 and row["status"] == "ok", row
+            assert float(row["late_penalty"]) == pytest.approx(raw * percent[student] / 100), row
+            assert float(row["score"]) == pytest.approx(raw - float(row["late_penalty"]))
+            notebook = gb.find_submission_notebook(LESSON, LESSON, student)
+            assert (notebook.late_submission_penalty or 0) == pytest.approx(float(row["late_penalty"]))
+            assert gb.find_submission(LESSON, student).timestamp == parse_utc(
+                (submitted / student / LESSON / "timestamp.txt").read_text())
+    assert sorted(rows) == sorted(submissions)
