@@ -219,6 +219,14 @@ def test_the_configured_term_explicit_default_or_none(tmp_path, monkeypatch):
     no_term = pipeline.nbgrader_config(tmp_path, term_file="")
     nothing = late.TermLatePolicy(parent=late.TermLatePenalties(config=no_term))
     assert nothing.late_submission_penalty("ada", 4.0, 30 * DAY) is None
+    # nbgrader's own tools (the CLI, formgrader): the same step, the term from the environment
+    from traitlets.config import Config
+
+    monkeypatch.setenv("DECODER_COURSE_WORK", str(tmp_path / "tools"))
+    tools = pipeline.tools_config(Config())
+    assert late.TermLatePenalties in tools.Autograde.autograde_preprocessors
+    assert not [step for step in tools.Autograde.autograde_preprocessors if step is AssignLatePenalties]
+    assert term.from_config(late.TermLatePenalties(config=tools)).path == path
 
 
 def test_a_dask_worker_grades_by_the_instructor_s_term_never_its_own(tmp_path, monkeypatch):
