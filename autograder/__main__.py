@@ -23,7 +23,7 @@ import time
 from datetime import datetime
 from pathlib import Path
 
-from autograder import distributed, intake, notebooks, parallel, pipeline, samples
+from autograder import distributed, intake, integrity, notebooks, parallel, pipeline, samples, term
 from autograder.text import shown
 
 
@@ -76,6 +76,9 @@ def main(argv: list[str] | None = None) -> int:
                        help="grade on the Dask cluster of this scheduler (an address or a scheduler file), one "
                             "task per notebook; this process stays the gradebook's only writer "
                             "(docs/INSTRUCTOR.md, Grading on a cluster)")
+        p.add_argument("--term", type=Path, default=None, metavar="FILE",
+                       help=f"the term: due dates, late policy, extensions (default: ${term.ENV_VAR}, else term.toml "
+                            "when there; without one nothing is late; term.example.toml shows one)")
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO if getattr(args, "verbose", False) else logging.WARNING,
                         format="%(levelname)s %(name)s: %(message)s")
@@ -95,38 +98,38 @@ def main(argv: list[str] | None = None) -> int:
               "bootstrap cells point there")
         return 0
     if args.command == "term":
-        from autograder import integrity
-        from autograder import term as term_module
-
         try:
-            term = term_module.configured(args.term)
-        except term_module.TermError as exc:
+            chosen = term.configured(args.term)
+        except term.TermError as exc:
             print(f"error: {shown(exc, True)}", file=sys.stderr)
             return 2
-        if term is None:
-            print(f"no term: write term.toml (see term.example.toml), set ${term_module.ENV_VAR}, or pass --term")
+        if chosen is None:
+            print(f"no term: write term.toml (see term.example.toml), set ${term.ENV_VAR}, or pass --term")
             return 2
-        print(integrity.schedule(term, term_module.now()))
+        print(integrity.schedule(chosen, term.now()))
         return 0
     if args.command == "release":
-        from autograder import term as term_module
-
         try:
-            term = term_module.configured(args.term)
-            out = args.out or (pipeline.TERM_RELEASE if term else pipeline.LESSONS_DIR)
-            done = pipeline.release(args.lessons, out, term_file=term.path if term else None, as_of=args.as_of)
-        except (term_module.TermError, pipeline.ReleaseRefused) as exc:
+            chosen = term.configured(args.term)
+            out = args.out or (pipeline.TERM_RELEASE if chosen else pipeline.LESSONS_DIR)
+            done = pipeline.release(args.lessons, out, term_file=chosen.path if chosen else "", as_of=args.as_of)
+        except (term.TermError, pipeline.ReleaseRefused) as exc:
             print(f"error: {shown(exc, True)}", file=sys.stderr)
             return 2
-        if term is None:
+        if chosen is None:
             print(f"released {len(done)} lessons into {out} (no term: the self-study edition, earlier lessons' "
                   "answers shown as given code; not for graded use)")
         else:
-            print(f"released {', '.join(done)} into {out} for the term {term.path}, as of "
-                  f"{term_module.shown_time(args.as_of or term_module.now())}")
+            print(f"released {', '.join(done)} into {out} for the term {chosen.path}, as of "
+                  f"{term.shown_time(args.as_of or term.now())}")
         return 0
 
     started = time.perf_counter()
+    try:  # before anything is released or graded: a term that cannot be used stops here, saying why
+        term_file = pipeline.term_file_of(args.term)
+    except term.TermError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
     if args.command == "demo":
         pipeline.release(args.lessons)
         print(f"released {len(notebooks.lessons())} lessons into lessons/")
@@ -141,8 +144,9 @@ def main(argv: list[str] | None = None) -> int:
     try:
         outcomes = pipeline.grade(submissions, args.work, args.lessons, args.db_url, args.verbose,
                                   sandbox=not args.no_sandbox, workers=args.workers, progress=True,
-                                  scheduler=args.scheduler, layout=getattr(args, "layout", None))
-    except (pipeline.SandboxUnavailable, distributed.ClusterUnavailable) as exc:
+                                  scheduler=args.scheduler, layout=getattr(args, "layout", None),
+                                  term_file=term_file)
+    except (pipeline.SandboxUnavailable, distributed.ClusterUnavailable, term.TermError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
     print(pipeline.score_table(outcomes))
@@ -154,6 +158,13 @@ def main(argv: list[str] | None = None) -> int:
           f"grades: {args.work / 'grades.csv'} (who each id is: {args.work / 'roster.csv'}); "
           f"feedback: {args.work / 'feedback'}")
     print(pipeline.summary(outcomes))
+    late = sum(1 for o in outcomes if o.late)
+    print(f"term: {term_file}, {late} late notebook{'s' if late != 1 else ''} (penalties in grades.csv)" if term_file
+          else f"no term (no ${term.ENV_VAR}, no term.toml, no --term): nothing is late")
+    held = sorted({(o.lesson, o.feedback_held) for o in outcomes if o.feedback_held})
+    for lesson, why in held:
+        print(f"{lesson}: {why} (its given cells ran answers of a lesson still open); grade again after then, or "
+              f"nbgrader generate_feedback {lesson}")
     return 1 if bad else 0
 
 

@@ -7,9 +7,11 @@ machine has the course checkout, its ``.venv`` and bubblewrap (docs/INSTRUCTOR.m
   ``submitted/`` tree (:func:`autograder.intake.place`, as local grading does), sends it with the grading secret
   and the lesson to the cluster, and, as each result comes back, writes it: the autograded notebook and its
   feedback folder into ``autograded/`` and ``feedback/`` (``timestamp.txt`` and ``submission_secret.txt`` kept as
-  local grading keeps them), and the scores into the class gradebook by nbgrader's own ``SaveAutoGrades`` and
-  ``AssignLatePenalties`` run on the returned autograded notebook, the very notebook those steps scored on the
-  worker. It is the gradebook's only writer, so SQLite is fine (PostgreSQL with ``--db-url`` works the same);
+  local grading keeps them), and the scores into the class gradebook by nbgrader's own ``SaveAutoGrades`` and the
+  term's late penalties (:class:`~autograder.late.TermLatePenalties`) run on the returned autograded notebook, the
+  very notebook those steps scored on the worker. It is the gradebook's only writer, so SQLite is fine
+  (PostgreSQL with ``--db-url`` works the same). The term file travels with each task (a worker's checkout may
+  have another, or none), so the worker's feedback states the same due date and penalty;
 - **a worker** (:func:`grade_remote`) grades the notebook with :func:`autograder.pipeline.grade_one`, the function
   sequential and pool grading run, in a scratch nbgrader tree of its own (a private temporary folder: its own
   SQLite gradebook, a copy of one holding the lesson's assignment, made once per worker process by
@@ -55,12 +57,13 @@ import nbformat
 from nbgrader.api import Gradebook
 from nbgrader.apps import NbGraderAPI
 from nbgrader.coursedir import CourseDirectory
-from nbgrader.preprocessors import AssignLatePenalties, SaveAutoGrades
+from nbgrader.preprocessors import SaveAutoGrades
 from tqdm.auto import tqdm
 
 from autograder import intake, notebooks, parallel, pipeline
 from autograder import lessons as lessons_registry
 from autograder.intake import BadSubmission
+from autograder.late import TermLatePenalties
 from autograder.nbgrader_plugins import TrustedExecute
 from autograder.pipeline import COURSE_ID, Limits, Outcome
 from autograder.text import shown
@@ -130,8 +133,12 @@ if not callable(getattr(TrustedExecute, "_secret", None)):  # HeldSecretExecute 
 def _worker_api(scratch: Path, task: dict) -> NbGraderAPI:
     """:func:`autograder.pipeline.api` for the scratch tree, with :class:`HeldSecretExecute` in place of
     ``TrustedExecute``; everything else is the course's configuration."""
+    term_file = ""  # the instructor's term, or none: never this worker's own default
+    if task.get("term") is not None:
+        term_file = scratch / "term.toml"
+        term_file.write_bytes(task["term"])
     config = pipeline.nbgrader_config(scratch, None, verbose=task["verbose"], sandbox=task["sandbox"],
-                                      limits=Limits(**task["limits"]))
+                                      limits=Limits(**task["limits"]), term_file=term_file)
     config.Autograde.autograde_preprocessors = [HeldSecretExecute if step is TrustedExecute else step
                                                 for step in config.Autograde.autograde_preprocessors]
     # never a file: were the secret read from one after all, this path cannot be made, and grading stops
@@ -159,7 +166,7 @@ def _template(lesson: str) -> Path:
     _worker_home()
     template = _HOME["template"]
     if lesson not in _MADE:
-        result = pipeline.api(template).generate_assignment(lesson, force=True, create=True)
+        result = pipeline.api(template, term_file="").generate_assignment(lesson, force=True, create=True)
         if not result["success"]:
             raise RuntimeError(f"generate_assignment failed for {lesson} on this worker:\n{result['log'][-2000:]}")
         _MADE.add(lesson)
@@ -294,9 +301,9 @@ def _replace_folder(dest: Path, files: dict[str, bytes]) -> None:
 def record(grader, work: Path, db_url: str, student: str, lesson: str, result: dict) -> Outcome:
     """Write one worker's result into the instructor's work folder and gradebook (the only writer of both).
 
-    The scores are nbgrader's: ``SaveAutoGrades`` and ``AssignLatePenalties`` on the autograded notebook the worker
-    returned, against this gradebook's submission (made as ``nbgrader autograde`` makes it, with the submission's
-    timestamp). They are checked against the worker's own gradebook's total."""
+    The scores are nbgrader's: ``SaveAutoGrades`` and the term's ``TermLatePenalties`` on the autograded notebook
+    the worker returned, against this gradebook's submission (made as ``nbgrader autograde`` makes it, with the
+    submission's timestamp). They are checked against the worker's own gradebook's (score, penalty, total)."""
     outcome = Outcome(**result["outcome"])
     if not outcome.ok:
         return outcome
@@ -318,19 +325,24 @@ def record(grader, work: Path, db_url: str, student: str, lesson: str, result: d
         nb = nbformat.reads(autograded[name].decode("utf-8"), as_version=nbformat.NO_CONVERT)
         resources = {"nbgrader": {"notebook": name[:-len(".ipynb")], "assignment": lesson, "student": student,
                                   "db_url": db_url}}
-        for step in (SaveAutoGrades, AssignLatePenalties):
+        for step in (SaveAutoGrades, TermLatePenalties):
             nb, resources = step(config=grader.config).preprocess(nb, resources)
-    score, max_score = pipeline._score(db_url, lesson, student)
-    if (score, max_score) != (outcome.score, outcome.max_score):
+    here = pipeline._score(db_url, lesson, student)
+    if (here["score"], here["max_score"], here["late_penalty"]) != \
+            (outcome.score, outcome.max_score, outcome.late_penalty):
         return Outcome(student, lesson, 0.0, 0.0, ok=False, seconds=outcome.seconds, notes=outcome.notes,
-                       message=f"the gradebook says {score:g}/{max_score:g}, worker {result['worker']} said "
-                               f"{outcome.score:g}/{outcome.max_score:g}: grade this notebook again")
-    return outcome
+                       message=f"the gradebook says {here['score']:g}/{here['max_score']:g} (late penalty "
+                               f"{here['late_penalty']:g}), worker {result['worker']} said {outcome.score:g}/"
+                               f"{outcome.max_score:g} (late penalty {outcome.late_penalty:g}): grade this "
+                               "notebook again")
+    return Outcome(student, lesson, **here, seconds=outcome.seconds, notes=outcome.notes)
 
 
-def _stage(work: Path, student: str, lesson: str, notebook: Path, max_bytes: int) -> dict[str, bytes]:
-    """Check and place the notebook into the instructor's ``submitted/`` tree; its files, as the task carries them."""
-    intake.place(work / "submitted", student, lesson, notebook, max_bytes)
+def _stage(work: Path, student: str, lesson: str, notebook: Path, max_bytes: int,
+           exchange_files: bool = True) -> dict[str, bytes]:
+    """Check and place the notebook into the instructor's ``submitted/`` tree; its files, as the task carries them
+    (``timestamp.txt`` among them: the worker dates the submission as the instructor did)."""
+    intake.place(work / "submitted", student, lesson, notebook, max_bytes, exchange_files)
     return _read_tree(work / "submitted" / student / lesson)
 
 
@@ -352,10 +364,13 @@ def check_scheduler(scheduler: str) -> None:
 
 
 def grade_on_cluster(jobs, work: Path, db_url: str | None, scheduler: str, progress: bool = True, *,
-                     verbose: bool = False, sandbox: bool = True, limits: Limits | None = None) -> list[Outcome]:
+                     verbose: bool = False, sandbox: bool = True, limits: Limits | None = None,
+                     term_file: Path | str | None = None,
+                     exchange: set[tuple[str, str]] | None = None) -> list[Outcome]:
     """Grade ``(student, lesson, notebook)`` jobs on the Dask cluster at ``scheduler`` (an address such as
     ``tcp://10.0.0.5:8786``, or a scheduler file); outcomes in the order of ``jobs``, scores those of local
-    grading. The assignments and canaries must be there already (:func:`autograder.pipeline.prepare`)."""
+    grading. The assignments and canaries must be there already (:func:`autograder.pipeline.prepare`).
+    ``term_file`` and ``exchange`` as :func:`autograder.pipeline.grade_many`'s."""
     from distributed import as_completed
     from distributed.scheduler import KilledWorker
 
@@ -368,7 +383,9 @@ def grade_on_cluster(jobs, work: Path, db_url: str | None, scheduler: str, progr
     pipeline.check_prepared(work, lessons)
     limits = limits or Limits()
     db_url = parallel.gradebook_url(work, db_url)
-    grader = pipeline.api(work, db_url, verbose=verbose, sandbox=sandbox, limits=limits)
+    term_file = pipeline.term_file_of(term_file)
+    term = Path(term_file).read_bytes() if term_file else None
+    grader = pipeline.api(work, db_url, verbose=verbose, sandbox=sandbox, limits=limits, term_file=term_file)
     secret = (work / "secret").read_bytes()
     want = fingerprint(lessons)
     per_lesson = {lesson: fingerprint([lesson]) for lesson in lessons}  # what each task's worker must match
@@ -405,14 +422,15 @@ def grade_on_cluster(jobs, work: Path, db_url: str | None, scheduler: str, progr
                     i = queue.pop(0)
                     student, lesson, notebook = jobs[i]
                     try:
-                        files = _stage(work, student, lesson, notebook, limits.notebook_bytes)
+                        files = _stage(work, student, lesson, notebook, limits.notebook_bytes,
+                                       exchange is None or (student, lesson) in exchange)
                     except BadSubmission as exc:
                         log.warning("%s %s: not graded: %s", student, lesson, shown(exc))
                         done(i, Outcome(student, lesson, 0.0, 0.0, ok=False, message=shown(exc)))
                         continue
                     task = {"student": student, "lesson": lesson, "files": files, "secret": secret,
                             "fingerprint": per_lesson[lesson], "sandbox": sandbox, "limits": asdict(limits),
-                            "verbose": verbose}
+                            "verbose": verbose, "term": term}
                     key = f"grade-{lesson}-{student}-{uuid.uuid4().hex[:8]}"
                     usable = workers.usable()  # a worker that joined meanwhile is checked first
                     if not usable:

@@ -18,6 +18,15 @@ account of the student its name claims, no file has a second name (a hard link),
 a socket or a device, and nothing inside is writable by other accounts (nbgrader's submit writes files 0644 and
 folders 0755: a student who opened theirs to a classmate did it by hand). Everything is opened without following
 links, checked on the open descriptor and read from it, so what was checked is what is copied.
+
+When was it submitted (the rule is :mod:`autograder.term`'s)? ``nbgrader submit`` writes the time into the
+folder's name and ``timestamp.txt``, from the student's account: a student can write any time there. The exchange's
+file system also records, in each entry's ``ctime``, the last change to it, and no account but root can set that
+back. The collected ``timestamp.txt`` is the later of the two: nbgrader's time, unless something in the submission
+(its folder, a file in it, ``timestamp.txt`` itself) changed more than :data:`SUBMIT_SLACK` after it, and then
+the newest ``ctime`` (read from the descriptors the copy opens). A submission can be made to look later, never
+earlier. A ``chmod -R`` or ``chown -R`` over the exchange changes every ``ctime``: every submission it touched
+then dates from it.
 """
 
 from __future__ import annotations
@@ -31,6 +40,7 @@ import re
 import shutil
 import stat
 import uuid
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 from nbgrader.api import Gradebook, MissingEntry
@@ -38,6 +48,7 @@ from nbgrader.exchange.default.collect import ExchangeCollect
 from nbgrader.utils import parse_utc
 from traitlets import Dict, Unicode
 
+from autograder.term import as_utc, timestamp_text
 from autograder.text import shown
 
 __all__ = ["CourseExchangeCollect", "Refused"]
@@ -46,6 +57,9 @@ _OPEN = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC  # NONBLOCK: 
 _MAX_ENTRIES = 10_000  # files and folders in one submission: a lesson has a handful
 _MAX_DEPTH = 32
 _CHUNK = 1 << 20
+# How long after nbgrader's time an honest submit may still be changing its folder (copying the files, its chmod):
+# a change later than this dates the submission instead
+SUBMIT_SLACK = timedelta(seconds=60)
 
 
 class Refused(Exception):
@@ -108,6 +122,7 @@ class _Walk:
         self.coursedir, self.log = collect.coursedir, collect.log
         self.uid, self.expected = uid, expected
         self.entries, self.size = 0, 0
+        self.changed_ns = 0  # the newest ctime of the folder and everything in it
         self.max_size = 1000 * self.coursedir.max_dir_size
 
     def folder(self, fd: int, shown_path: str, dest: Path | None, depth: int) -> None:
@@ -121,6 +136,7 @@ class _Walk:
                 raise Refused(f"the submission holds more than {_MAX_ENTRIES} files and folders")
             path = f"{shown_path}/{shown(name)}" if shown_path else shown(name)
             child, st = _open(fd, name, path, self.uid, self.expected, True)
+            self.changed_ns = max(self.changed_ns, st.st_ctime_ns)
             try:
                 excluded = any(fnmatch.fnmatch(name, pattern) for pattern in self.coursedir.ignore or ())
                 target = None if dest is None or excluded else dest / name
@@ -270,22 +286,50 @@ class CourseExchangeCollect(ExchangeCollect):
             raise Refused(f"there is no unix account {shown(user)!r} for student {student_id}: set "
                           "CourseExchangeCollect.unix_user_template or unix_users in nbgrader_config.py") from None
 
-    def _walk(self, record: dict, dest: Path | None) -> None:
+    def _walk(self, record: dict, dest: Path | None) -> _Walk:
         """Check the whole folder of ``record`` (and copy it into ``dest``, which must not exist)."""
         uid, expected = self._expected(record["username"])
         inbound = os.open(self.inbound_path, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
         try:
-            top, _ = _open(inbound, record["filename"], "it", uid, expected, False)
+            top, st = _open(inbound, record["filename"], "it", uid, expected, False)
         finally:
             os.close(inbound)
         try:
             if dest is not None:
                 dest.mkdir(mode=0o700)
-            _Walk(self, uid, expected).folder(top, "", dest, 0)
+            walk = _Walk(self, uid, expected)
+            walk.changed_ns = st.st_ctime_ns
+            walk.folder(top, "", dest, 0)
             if dest is not None:
                 os.chmod(dest, 0o755)
+            return walk
         finally:
             os.close(top)
+
+    def _date(self, record: dict, folder: Path, changed_ns: int) -> None:
+        """Write ``folder/timestamp.txt`` by the rule in the module's docstring: nbgrader's time (the copied
+        ``timestamp.txt``, else the folder's name), or the submission's last change when that is later by more
+        than :data:`SUBMIT_SLACK`."""
+        path = folder / "timestamp.txt"  # in the staging folder: what the copy wrote, no link
+        claimed = record["timestamp"]
+        try:
+            with open(path) as handle:
+                claimed = parse_utc(handle.read(64).strip())
+        except (OSError, ValueError, OverflowError, TypeError):  # none, a folder, not a time: the name's
+            pass
+        claimed = as_utc(claimed)
+        changed = datetime.fromtimestamp(changed_ns / 1e9, UTC)
+        submitted = claimed
+        if changed - SUBMIT_SLACK > claimed:
+            submitted = changed
+            self.log.warning("%s: nbgrader's time is %s, but the submission last changed at %s: it is dated %s",
+                             shown(record["filename"]), timestamp_text(claimed), timestamp_text(changed),
+                             timestamp_text(changed))
+        if path.is_dir():
+            shutil.rmtree(path)
+        path.unlink(missing_ok=True)
+        path.write_text(timestamp_text(submitted))
+        os.chmod(path, 0o644)
 
     # -- what is set apart ---------------------------------------------------------------------------------------
     def _set_apart(self, record: dict, chosen: dict | None, instead: str = "") -> None:
@@ -334,7 +378,8 @@ class CourseExchangeCollect(ExchangeCollect):
         dest = Path(dest)
         staging = dest.parent / f".collect-{uuid.uuid4().hex}"
         try:
-            self._walk(record, staging)
+            walk = self._walk(record, staging)
+            self._date(record, staging, walk.changed_ns)
             staging.rename(dest)
         except Refused as why:
             record["why"] = str(why)

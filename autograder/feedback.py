@@ -77,10 +77,12 @@ from nbconvert.filters.highlight import Highlight2HTML
 from nbconvert.filters.markdown_mistune import IPythonRenderer, MarkdownWithMath
 from nbconvert.filters.widgetsdatatypefilter import WidgetsDataTypeFilter
 from nbformat import NotebookNode
+from nbgrader.api import Gradebook, MissingEntry
 from nbgrader.preprocessors import NbGraderPreprocessor
 from pygments.token import STANDARD_TYPES
 from traitlets import Float, Int
 
+from autograder import term as term_module
 from autograder.checks.framework import PASSED_MESSAGE
 from autograder.nbgrader_plugins import note
 from autograder.text import shown, without_escapes
@@ -555,10 +557,44 @@ class SafeFeedback(NbGraderPreprocessor):
             f'<div style="font-size:19px;font-weight:bold;color:{NAVY}">Grader\'s report · '
             f'{html.escape(lesson)} · {html.escape(student)} · {score} / {total} points{late}</div>'
             f'<div style="font-size:12px;font-weight:bold;color:{NAVY};letter-spacing:0.08em;margin:2px 0 6px 0">'
-            f'SEAL {self._seal}</div>'
+            f'SEAL {self._seal}</div>{self._submitted_line(resources)}'
             f'<p style="margin:0 0 8px 0;font-size:13px">{html.escape(explain)}</p>'
             f'<table style="border-collapse:collapse;width:100%;font-size:13px;background:white">'
             f'<thead><tr>{header}</tr></thead><tbody>{"".join(lines)}</tbody></table></div>')
+
+    def _submitted_line(self, resources: dict) -> str:
+        """The report's line on when the notebook was submitted and what lateness cost, from the gradebook (the
+        submission's time, its due date with the extension) and the term's policy; "" without a due date."""
+        info = resources.get("nbgrader", {})
+        try:
+            with Gradebook(info["db_url"]) as gb:
+                submission = gb.find_submission(info["assignment"], info["student"])
+                submitted, due, extension = submission.timestamp, submission.duedate, submission.extension
+                seconds_late = submission.total_seconds_late
+        except (KeyError, MissingEntry):
+            return ""
+        if submitted is None or due is None:
+            return ""
+        term = term_module.from_config(self)
+        policy = term.late if term is not None else None
+        penalty = float(info.get("late_penalty") or 0)
+        when, due_at = term_module.shown_time(submitted), term_module.shown_time(due)
+        extension = f"an extension of {term_module.shown_span(extension.total_seconds())} included" \
+            if extension else ""
+        extended = f" ({extension})" if extension else ""
+        if seconds_late <= 0:
+            text, colour = f"Submitted {when}, on time (due {due_at}{', ' + extension if extension else ''}).", GREEN
+        elif not penalty and policy is not None and seconds_late <= policy.grace.total_seconds():
+            text, colour = (f"Submitted {when}, {term_module.shown_span(seconds_late)} after the due date {due_at}"
+                            f"{extended}, within the grace of {term_module.shown_span(policy.grace.total_seconds())}:"
+                            " on time."), GREEN
+        else:
+            cost = f"−{_points(penalty)} points" if penalty else "no points lost"
+            rule = f" by the late policy: {policy.describe()}" if policy is not None else ""
+            text, colour = (f"Submitted {when}, {term_module.shown_span(seconds_late)} after the due date {due_at}"
+                            f"{extended}: {cost}{rule}."), RED
+        return (f'<p data-course-grader="submitted" style="margin:0 0 8px 0;font-size:14px;font-weight:bold;'
+                f'color:{colour}">{html.escape(text)}</p>')
 
 
 class SafeFormgrade(SafeFeedback):

@@ -17,8 +17,13 @@ Everything here reads files a student made (or an LMS packed), so nothing is tru
   ``<lesson>.ipynb``; else none, with a message (:func:`_choose`). Nothing is merged or picked without a word;
 - **how big**: a zip entry is judged by its declared size before it is extracted and by its real size while it is
   (at most limit + 1 bytes are copied), with a cap on the whole archive; a notebook is read with the same bound;
-- **what else comes along**: only the notebook, and the two small files nbgrader's exchange puts beside it
-  (``timestamp.txt``, ``submission_secret.txt``), each checked, so that formgrader and ``release_feedback`` work.
+- **what else comes along**: only the notebook, and, in nbgrader's ``student/lesson/`` layout alone, the two small
+  files nbgrader's exchange puts beside it (``timestamp.txt``, ``submission_secret.txt``), each checked, so that
+  formgrader and ``release_feedback`` work. In an LMS export or a flat file such files would be the student's own
+  upload, and are never taken;
+- **when it was submitted** (the rule is :mod:`autograder.term`'s): :func:`place` always writes ``timestamp.txt``,
+  the checked one beside the notebook in nbgrader's layout, else the notebook file's modification time; a zip's
+  entries get theirs from the entry's date and time, read in the term's timezone (:func:`_unzip`).
 
 :func:`collect_submissions` returns what was found, the roster and the problems, in words; :func:`place` checks
 one notebook and writes it into nbgrader's ``submitted/`` tree.
@@ -35,12 +40,13 @@ import tempfile
 import unicodedata
 import zipfile
 from dataclasses import dataclass, field
-from datetime import datetime
+from datetime import UTC, datetime, tzinfo
 from pathlib import Path
 
 import nbformat
 import yaml
 
+from autograder.term import timestamp_text
 from autograder.text import shown
 
 __all__ = ["ARCHIVE_BYTES", "LAYOUTS", "BadSubmission", "Collected", "STUDENT_ID", "collect_submissions",
@@ -82,6 +88,9 @@ class Collected:
     problems: list[str] = field(default_factory=list)
     layout: str = ""
     roster: dict[str, dict[str, str]] = field(default_factory=dict)
+    # (student, lesson) whose notebook is in nbgrader's student/lesson/ layout: only there are the exchange's files
+    # beside it (timestamp.txt, submission_secret.txt) nbgrader's; anywhere else a student could have uploaded them
+    exchange: set[tuple[str, str]] = field(default_factory=set)
 
     def refuse(self, student: str, lesson: str, why: str) -> None:
         self.refused.setdefault(student, {})[lesson] = why
@@ -94,7 +103,8 @@ def _too_big(size: int, limit: int) -> str:
 
 
 # -- zip archives ------------------------------------------------------------------------------------------------
-def _unzip(source: Path, dest: Path, max_bytes: int, out: Collected, archive_bytes: int = ARCHIVE_BYTES) -> None:
+def _unzip(source: Path, dest: Path, max_bytes: int, out: Collected, archive_bytes: int = ARCHIVE_BYTES,
+           zone: tzinfo = UTC) -> None:
     """Extract the ``.ipynb`` entries of ``source`` (and nbgrader's side files, Gradescope's metadata), bounded
     before and while copying. Every other plain file becomes an empty placeholder of its name, so that an upload
     that is not a notebook is listed by name instead of missing without a word.
@@ -103,6 +113,9 @@ def _unzip(source: Path, dest: Path, max_bytes: int, out: Collected, archive_byt
     ``*.too-large`` takes its place, so that the student is told why. No entry replaces another: a second entry
     of the same name, or of one a case-insensitive or normalising file system would take for it, is listed and
     skipped.
+
+    Each extracted file's modification time is its entry's date and time, which a zip stores without a zone: it
+    is read in ``zone`` (the term's), so that :func:`place` dates the submission as the LMS packed it.
     """
     total = 0
     with zipfile.ZipFile(source) as archive:
@@ -137,6 +150,7 @@ def _unzip(source: Path, dest: Path, max_bytes: int, out: Collected, archive_byt
                 target.parent.mkdir(parents=True, exist_ok=True)
                 if name.suffix != ".ipynb" and name.name not in EXTRACTED:
                     target.open("xb").close()
+                    _date(target, info, zone)
                     continue
             except OSError:  # a file of that name is where its folder would be, or the other way round
                 out.problems.append(f"{shown(info.filename)}: clashes with another entry of the zip; skipped")
@@ -161,15 +175,28 @@ def _unzip(source: Path, dest: Path, max_bytes: int, out: Collected, archive_byt
             if written > limit:  # the declared size lied
                 target.unlink()
                 target.with_name(target.name + TOO_LARGE).write_text(str(written))  # at least limit + 1
+            else:
+                _date(target, info, zone)
 
 
-def _unpack(source: Path, scratch: Path, max_bytes: int, archive_bytes: int, out: Collected) -> Path | None:
+def _date(path: Path, info: zipfile.ZipInfo, zone: tzinfo) -> None:
+    """Give ``path`` the entry's date and time as its modification time (read in ``zone``); an impossible date
+    (a zip tool that wrote zeros) leaves the time of extraction."""
+    try:
+        moment = datetime(*info.date_time, tzinfo=zone).timestamp()
+    except (ValueError, OverflowError):
+        return
+    os.utime(path, (moment, moment))
+
+
+def _unpack(source: Path, scratch: Path, max_bytes: int, archive_bytes: int, out: Collected,
+            zone: tzinfo = UTC) -> Path | None:
     """The folder to read: ``source`` itself, or ``scratch/unzipped`` holding a zip's entries (:func:`_unzip`)."""
     if source.is_file() and zipfile.is_zipfile(source):
         unpacked = scratch / "unzipped"
         unpacked.mkdir(parents=True, exist_ok=True)
         try:
-            _unzip(source, unpacked, max_bytes, out, archive_bytes)
+            _unzip(source, unpacked, max_bytes, out, archive_bytes, zone)
         except (zipfile.BadZipFile, OSError, NotImplementedError) as exc:
             out.problems.append(f"{shown(source.name)}: the zip cannot be read ({type(exc).__name__}: "
                                 f"{shown(str(exc))[:200]})")
@@ -193,6 +220,7 @@ class _Upload:
     version: str | None = None  # re-uploads of one file share it; the highest ``order`` is the latest
     order: tuple = ()
     oversized: int | None = None  # its size, when the zip's marker stands for it
+    exchange: bool = False  # in nbgrader's student/lesson/ layout: the exchange's files beside it are kept
 
 
 @dataclass
@@ -303,7 +331,8 @@ def _read_nbgrader(reading: _Reading, shapes: set[int]) -> None:
         if not os.path.isfile(path) or os.path.islink(path):
             out.problems.append(f"{where}: not a plain file; skipped")
             continue
-        reading.uploads.append(_Upload(student, lesson, path, where, name, oversized=oversized))
+        reading.uploads.append(_Upload(student, lesson, path, where, name, oversized=oversized,
+                                       exchange=len(parts) == 3))
     if 3 in shapes:
         reading.seen |= {entry.name for entry in reading.root.iterdir() if entry.is_dir() and not entry.is_symlink()
                          and STUDENT_ID.match(entry.name) and entry.name.lower() not in RESERVED}
@@ -491,6 +520,8 @@ def _choose(reading: _Reading, max_bytes: int) -> None:
             out.refuse(student, lesson, _too_big(chosen.oversized, max_bytes))
         else:
             out.found.setdefault(student, {})[lesson] = chosen.path
+            if chosen.exchange:
+                out.exchange.add((student, lesson))
 
     for student in sorted(reading.seen - set(out.found) - set(out.refused) - set(reading.conflicts)):
         name = out.roster.get(student, {}).get("name")
@@ -510,14 +541,16 @@ LAYOUTS = tuple(READERS)
 
 
 def collect_submissions(source: Path, lessons: list[str], scratch: Path, max_bytes: int = 16 << 20,
-                        archive_bytes: int = ARCHIVE_BYTES, layout: str | None = None) -> Collected:
+                        archive_bytes: int = ARCHIVE_BYTES, layout: str | None = None,
+                        zone: tzinfo = UTC) -> Collected:
     """Read a folder or a zip in ``layout`` (one of :data:`LAYOUTS`; found by :func:`detect_layout` when None):
     nbgrader's ``student/lesson/*.ipynb`` (with flat ``student_anything_<lesson>.ipynb`` files beside it when
-    detected), or an LMS's export (Canvas, Moodle, Gradescope). See the module docstring for what is refused."""
+    detected), or an LMS's export (Canvas, Moodle, Gradescope). See the module docstring for what is refused.
+    ``zone`` is the term's timezone, in which a zip's entry times are read."""
     if layout is not None and layout not in READERS:
         raise ValueError(f"unknown layout {layout!r}: one of {', '.join(LAYOUTS)}")
     out = Collected()
-    root = _unpack(source, scratch, max_bytes, archive_bytes, out)
+    root = _unpack(source, scratch, max_bytes, archive_bytes, out, zone)
     if root is None:
         return out
     from_zip = root == scratch / "unzipped"
@@ -598,15 +631,23 @@ def _side_files(folder: Path) -> dict[str, str]:
     return kept
 
 
-def place(submitted: Path, student: str, lesson: str, notebook: Path, max_bytes: int) -> None:
+def place(submitted: Path, student: str, lesson: str, notebook: Path, max_bytes: int,
+          exchange_files: bool = True) -> None:
     """Check a notebook, then write it into nbgrader's ``submitted/student/lesson/lesson.ipynb`` with nbgrader's
-    exchange files (if any), and nothing else of the student's folder.
+    exchange files, and nothing else of the student's folder.
+
+    The exchange's files are taken from beside the notebook only with ``exchange_files`` (the notebook is in
+    nbgrader's ``student/lesson/`` layout: :attr:`Collected.exchange`), and only from a folder named for the
+    lesson. ``timestamp.txt`` is always written (what ``autograde`` dates the submission by): the checked one
+    taken, else the notebook file's modification time, in UTC.
 
     Everything is read before the destination is replaced, and the new folder is written beside it and swapped
     in by renames: the source may be that very folder (a ``nbgrader collect`` into the work tree), and a failure
     while writing leaves it as it was."""
     nb = read_submission(notebook, max_bytes)
-    side = _side_files(notebook.parent) if notebook.parent.name == lesson else {}
+    side = _side_files(notebook.parent) if exchange_files and notebook.parent.name == lesson else {}
+    if "timestamp.txt" not in side:
+        side["timestamp.txt"] = timestamp_text(datetime.fromtimestamp(os.lstat(notebook).st_mtime, UTC))
     dest = submitted / student / lesson
     dest.parent.mkdir(parents=True, exist_ok=True)
     staged = Path(tempfile.mkdtemp(prefix=f".{lesson}.", dir=dest.parent))

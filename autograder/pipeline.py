@@ -7,6 +7,10 @@ Everything the pipeline writes goes into a work folder (default ``.grading/``, n
 Every student's kernel runs in a bubblewrap sandbox (:mod:`autograder.sandbox`) under :class:`Limits`; grading
 refuses to start without one unless ``sandbox=False`` (``--no-sandbox``) says so. A submission is checked before
 nbgrader sees it (size, JSON, notebook structure): a bad one is reported with a message and the run goes on.
+
+With a term (:mod:`autograder.term`) each lesson has a due date: the gradebook gets it, and each student's
+extension, and a late notebook loses points by the term's policy, through nbgrader's own late-penalty step
+(:mod:`autograder.late`); ``grades.csv`` shows the raw score, the penalty and the final score.
 """
 
 from __future__ import annotations
@@ -22,7 +26,7 @@ import tempfile
 import time
 import warnings
 from dataclasses import asdict, dataclass, field
-from datetime import datetime
+from datetime import UTC, datetime
 from pathlib import Path
 
 from nbconvert.preprocessors import ClearMetadataPreprocessor
@@ -31,7 +35,6 @@ from nbgrader.apps import NbGraderAPI
 from nbgrader.converters import GenerateAssignment
 from nbgrader.coursedir import CourseDirectory
 from nbgrader.preprocessors import (
-    AssignLatePenalties,
     CheckCellMetadata,
     ClearOutput,
     ClearSolutions,
@@ -46,10 +49,12 @@ from nbgrader.preprocessors import (
 from sqlalchemy.exc import SAWarning
 from traitlets.config import Config
 
-from autograder import bugs, intake, nbgrader_plugins, notebooks, parallel
+from autograder import bugs, intake, integrity, nbgrader_plugins, notebooks, parallel
+from autograder import term as term_module
 from autograder.exchange import CourseExchangeCollect
 from autograder.intake import BadSubmission
 from autograder.integrity import HoldWhileOpen, WithholdOpenAnswers
+from autograder.late import TermLatePenalties, TermLatePolicy, sync_gradebook
 from autograder.nbgrader_plugins import RestoreGradingMetadata, StripHiddenTests, TrustedExecute
 from autograder.sandbox import MAX_SLOWDOWN, Limits, SandboxUnavailable, check_available, retire_all, retire_warm
 from autograder.text import csv_cell, shown
@@ -77,16 +82,15 @@ if _BIN not in os.environ.get("PATH", "").split(os.pathsep):
 
 def nbgrader_config(work: Path, db_url: str | None = None, release_dir: Path | None = None,
                     verbose: bool = False, sandbox: bool = True, limits: Limits | None = None,
-                    secret_file: Path | None = None, term_file: Path | None = None,
+                    secret_file: Path | None = None, term_file: Path | str | None = None,
                     as_of: datetime | None = None) -> Config:
-    """nbgrader's configuration for this course, with our trusted execution in place of ``Execute``.
-
-    ``term_file`` is the term (:mod:`autograder.term`; None: ``$DECODER_COURSE_TERM`` or ``term.toml`` when
-    there); ``as_of`` the moment a release is made (None: now), which decides what of earlier lessons it withholds
+    """nbgrader's configuration for this course, with our trusted execution in place of ``Execute`` and the
+    term's late penalties in place of ``AssignLatePenalties``. ``term_file``: the term (:mod:`autograder.term`);
+    None: the default one (``$DECODER_COURSE_TERM``, ``term.toml``) when there; ``""``: none. ``as_of``: the
+    moment a release is made (None: now), which decides what of earlier lessons it withholds
     (:mod:`autograder.integrity`)."""
     limits = limits or Limits()
     c = Config()
-    c.TermFile.file = str(term_file or "")
     c.WithholdOpenAnswers.as_of = as_of.isoformat() if as_of else ""
     c.CourseDirectory.root = str(ROOT)
     c.CourseDirectory.course_id = COURSE_ID
@@ -113,8 +117,12 @@ def nbgrader_config(work: Path, db_url: str | None = None, release_dir: Path | N
     ]
     c.Autograde.autograde_preprocessors = [
         TrustedExecute, IgnorePattern, ClearMetadataPreprocessor, LimitOutput, SaveAutoGrades,
-        AssignLatePenalties, CheckCellMetadata,
+        TermLatePenalties, CheckCellMetadata,
     ]
+    # The term's due dates and policy, for every late-penalty step nbgrader runs (ours, and its own class).
+    if term_file is not None:
+        c.TermFile.file = str(Path(term_file).resolve()) if str(term_file) else ""
+    c.AssignLatePenalties.plugin_class = TermLatePolicy
     c.Autograde.create_student = True
     # A deleted test cell comes back (the instructor's copy, its first line a comment) and is graded as usual.
     c.OverwriteCells.add_missing_cells = True
@@ -138,7 +146,7 @@ def nbgrader_config(work: Path, db_url: str | None = None, release_dir: Path | N
 
 def api(work: Path, db_url: str | None = None, release_dir: Path | None = None,
         verbose: bool = False, sandbox: bool = True, limits: Limits | None = None,
-        secret_file: Path | None = None, term_file: Path | None = None,
+        secret_file: Path | None = None, term_file: Path | str | None = None,
         as_of: datetime | None = None) -> NbGraderAPI:
     config = nbgrader_config(work, db_url, release_dir, verbose, sandbox, limits, secret_file, term_file, as_of)
     coursedir = CourseDirectory(config=config)
@@ -161,15 +169,15 @@ def tools_config(c: Config, work: Path | None = None) -> Config:
     same hidden cases and the same scores), feedback and formgrader's view of a submission go through the same
     sanitiser within its bound (:class:`~autograder.feedback.BoundedExporter`), and a notebook over the size limit
     stops the run with a message naming ``./course grade`` before a byte of it is parsed. The canary is not in this
-    gradebook (it has its own tree), so it is never a student in ``export`` or formgrader's averages.
+    gradebook (it has its own tree), so it is never a student in ``export`` or formgrader's averages. The term is
+    ``./course grade``'s default one (``$DECODER_COURSE_TERM``, else ``term.toml``): ``nbgrader autograde`` and
+    formgrader give the same due dates, extensions and late penalties.
     """
     work = Path(os.environ.get("DECODER_COURSE_WORK") or work or WORK)
     course = nbgrader_config(work, os.environ.get("GRADEBOOK_URL") or None, release_dir=LESSONS_DIR)
     exchange = c.Exchange.root if "root" in c.Exchange else None  # a hub's system-wide config names it
     c.merge(course)
     # a term's release (./course release with a term) is what release_assignment hands out; else the lessons
-    from autograder import term as term_module
-
     c.CourseDirectory.release_directory = str(work / "lessons") if term_module.path() else "lessons"
     c.Exchange.root = os.environ.get("NBGRADER_EXCHANGE_ROOT") or exchange or "/srv/nbgrader/exchange"
     c.ExchangeFactory.collect = CourseExchangeCollect
@@ -203,9 +211,6 @@ class StagedGenerateAssignment(GenerateAssignment):
                 super().start()
             finally:
                 self._staging = None
-            from autograder import integrity
-            from autograder import term as term_module
-
             term = term_module.from_config(self)
             at = integrity.as_of_moment(self.config.WithholdOpenAnswers.get("as_of", ""))
             problems = integrity.check_release(Path(staging), [self.coursedir.assignment_id], term, at)
@@ -280,11 +285,8 @@ def release(lessons: list[str] | None = None, out: Path | None = None, work: Pat
     does each staged lesson replace its folder in ``out`` (a rename, on the same file system). A failure leaves
     ``out`` as it was.
     """
-    from autograder import integrity
-    from autograder import term as term_module
-
     notebooks.build_all()
-    term = term_module.configured(term_file)
+    term = None if term_file == "" else term_module.configured(term_file)  # "": none, None: the default one
     at = term_module.as_utc(as_of) if as_of else term_module.now()
     if term is not None and not lessons:
         lessons = term.released_by(at)
@@ -298,7 +300,7 @@ def release(lessons: list[str] | None = None, out: Path | None = None, work: Pat
             tempfile.TemporaryDirectory(prefix=".release-", dir=out.parent) as staging:
         work = work or Path(tmp)
         work.mkdir(parents=True, exist_ok=True)
-        grader = api(work, release_dir=Path(staging), term_file=term.path if term else None, as_of=at)
+        grader = api(work, release_dir=Path(staging), term_file=term.path if term else "", as_of=at)
         for lesson in lessons:
             result = grader.generate_assignment(lesson, force=True, create=True)
             if not result["success"]:
@@ -323,28 +325,47 @@ def release(lessons: list[str] | None = None, out: Path | None = None, work: Pat
 class Outcome:
     student: str
     lesson: str
-    score: float
+    score: float  # the final score: the raw score less the late penalty
     max_score: float
     ok: bool = True
     message: str = ""
     seconds: float = 0.0
     notes: list[str] = field(default_factory=list)  # what happened while grading it (timeouts, kills, repairs)
+    raw_score: float | None = None  # what the notebook earned (None: the score, no penalty)
+    late_penalty: float = 0.0
+    submitted: datetime | None = None  # when it was submitted (UTC; the rule: autograder.term)
+    due: datetime | None = None  # the student's due date, extension included (None: no term, or not in it)
     feedback_held: str = ""  # why no feedback page was written yet (autograder.integrity.HoldWhileOpen)
 
+    def __post_init__(self):
+        if self.raw_score is None:
+            self.raw_score = self.score + self.late_penalty
 
-def _score(db_url: str, lesson: str, student: str) -> tuple[float, float]:
+    @property
+    def late(self) -> bool:
+        return self.late_penalty > 0
+
+
+def _score(db_url: str, lesson: str, student: str) -> dict:
+    """What the gradebook says of one submission: the final score, the raw score and penalty (nbgrader's
+    ``SubmittedNotebook.score`` is raw, ``late_submission_penalty`` is taken from it), when, and its due date."""
     with Gradebook(db_url, COURSE_ID) as gb:
         submission = gb.find_submission(lesson, student)
-        return float(submission.score), float(submission.max_score)
+        raw, penalty = float(submission.score), float(submission.late_submission_penalty or 0.0)
+        return {"score": raw - penalty, "max_score": float(submission.max_score), "raw_score": raw,
+                "late_penalty": penalty,
+                "submitted": submission.timestamp and term_module.as_utc(submission.timestamp),
+                "due": submission.duedate and term_module.as_utc(submission.duedate)}
 
 
 def grade_one(grader: NbGraderAPI, work: Path, db_url: str | None, student: str, lesson: str,
-              notebook: Path) -> Outcome:
-    """Check one notebook (:func:`autograder.intake.place`), autograde it and write its feedback; a failure is
-    reported, never raised. Every text that came from the kernel is escaped (:func:`autograder.text.shown`)."""
+              notebook: Path, exchange_files: bool = True) -> Outcome:
+    """Check one notebook (:func:`autograder.intake.place`; ``exchange_files``: it is in nbgrader's layout, so the
+    exchange's files beside it are taken), autograde it and write its feedback; a failure is reported, never
+    raised. Every text that came from the kernel is escaped (:func:`autograder.text.shown`)."""
     started = time.perf_counter()
     nbgrader_plugins.NOTES.pop((lesson, student), None)
-    outcome = _grade_one(grader, work, db_url, student, lesson, notebook)
+    outcome = _grade_one(grader, work, db_url, student, lesson, notebook, exchange_files)
     outcome.notes = nbgrader_plugins.NOTES.pop((lesson, student), [])  # escaped by nbgrader_plugins.note
     outcome.message = shown(outcome.message)
     outcome.seconds = time.perf_counter() - started
@@ -352,10 +373,10 @@ def grade_one(grader: NbGraderAPI, work: Path, db_url: str | None, student: str,
 
 
 def _grade_one(grader: NbGraderAPI, work: Path, db_url: str | None, student: str, lesson: str,
-               notebook: Path) -> Outcome:
+               notebook: Path, exchange_files: bool) -> Outcome:
     try:
         max_bytes = grader.config.TrustedExecute.limits.get("notebook_bytes") or Limits().notebook_bytes
-        intake.place(work / "submitted", student, lesson, notebook, max_bytes)
+        intake.place(work / "submitted", student, lesson, notebook, max_bytes, exchange_files)
         nbgrader_plugins.TrustedExecute.prestart(grader.config, student)  # its zygote imports meanwhile
         result = grader.autograde(lesson, student, force=True, create=True)
         if not result["success"]:
@@ -363,8 +384,7 @@ def _grade_one(grader: NbGraderAPI, work: Path, db_url: str | None, student: str
         held = _feedback_held(grader, work, student, lesson)
         if not held:
             grader.generate_feedback(lesson, student, force=True)
-        score, max_score = _score(grader.coursedir.db_url, lesson, student)
-        return Outcome(student, lesson, score, max_score, feedback_held=held)
+        return Outcome(student, lesson, **_score(grader.coursedir.db_url, lesson, student), feedback_held=held)
     except BadSubmission as exc:
         log.warning("%s %s: not graded: %s", student, lesson, shown(exc))
         return Outcome(student, lesson, 0.0, 0.0, ok=False, message=str(exc))
@@ -377,11 +397,7 @@ def _grade_one(grader: NbGraderAPI, work: Path, db_url: str | None, student: str
 def _feedback_held(grader: NbGraderAPI, work: Path, student: str, lesson: str) -> str:
     """Why ``student``'s feedback for ``lesson`` must wait (:func:`autograder.integrity.feedback_held_until`),
     with any page an earlier run wrote removed; "" when it may be written now."""
-    from autograder import integrity
-    from autograder import term as term_module
-
-    term = term_module.configured(grader.config.TermFile.get("file") or None)
-    until = integrity.feedback_held_until(term, lesson, term_module.now())
+    until = integrity.feedback_held_until(term_module.from_config(grader), lesson, term_module.now())
     if until is None:
         return ""
     shutil.rmtree(work / "feedback" / student / lesson, ignore_errors=True)
@@ -397,12 +413,14 @@ def _last_error(text: str) -> str:
 # -- the canary --------------------------------------------------------------------------------------------------
 def canary_work(work: Path) -> Path:
     """The canary's own nbgrader tree and SQLite gradebook: it is graded like a student, but never one of the
-    class (not in the class gradebook, so not in ``nbgrader export``, formgrader's averages or grades.csv)."""
+    class (not in the class gradebook, so not in ``nbgrader export``, formgrader's averages or grades.csv), and
+    without a term (no due date can cost the reference solutions a point)."""
     return work / "canary"
 
 
 def canary_api(work: Path, verbose: bool = False, sandbox: bool = True, limits: Limits | None = None) -> NbGraderAPI:
-    return api(canary_work(work), None, verbose=verbose, sandbox=sandbox, limits=limits, secret_file=work / "secret")
+    return api(canary_work(work), None, verbose=verbose, sandbox=sandbox, limits=limits, secret_file=work / "secret",
+               term_file="")
 
 
 def run_canary(grader: NbGraderAPI, work: Path, lesson: str) -> Outcome:
@@ -426,12 +444,28 @@ def canary_passed(work: Path, lesson: str) -> bool:
     return (canary_work(work) / f"{lesson}.passed").exists()
 
 
+def term_file_of(term_file: Path | str | None) -> str:
+    """The term file a grading run uses, read and checked before anything is graded (a :class:`~autograder.term
+    .TermError` says what is wrong): ``term_file``, else the default (:func:`autograder.term.path`), as an
+    absolute path; ``""`` when there is none (or ``term_file`` is ``""``)."""
+    if term_file is not None and not str(term_file):
+        return ""
+    where = term_module.path(term_file)
+    if where is None:
+        return ""
+    term_module.load(where)
+    return str(Path(where).resolve())
+
+
 def prepare(work: Path, lessons: list[str], db_url: str | None = None, verbose: bool = False, sandbox: bool = True,
-            limits: Limits | None = None) -> tuple[NbGraderAPI, list[Outcome]]:
-    """What happens once before any student: the assignments in both gradebooks, then each lesson's canary.
+            limits: Limits | None = None, term_file: Path | str | None = None) -> tuple[NbGraderAPI, list[Outcome]]:
+    """What happens once before any student: the assignments in both gradebooks (with the term's due dates in the
+    class's), then each lesson's canary.
 
     Raises ``SystemExit`` when a canary fails, :class:`SandboxUnavailable` without a sandbox (unless
-    ``sandbox=False``)."""
+    ``sandbox=False``), :class:`~autograder.term.TermError` for a term file that cannot be used."""
+    term_file = term_file_of(term_file)
+    term = term_module.load(term_file) if term_file else None
     quiet_nbgrader(verbose)
     if sandbox:
         check_available()
@@ -440,37 +474,45 @@ def prepare(work: Path, lessons: list[str], db_url: str | None = None, verbose: 
                     "gradebook, and harm this machine")
     work.mkdir(parents=True, exist_ok=True)
     notebooks.build_all()
-    grader = api(work, db_url, verbose=verbose, sandbox=sandbox, limits=limits)
+    grader = api(work, db_url, verbose=verbose, sandbox=sandbox, limits=limits, term_file=term_file)
     canary = canary_api(work, verbose=verbose, sandbox=sandbox, limits=limits)
     for lesson in lessons:
         for each in (grader, canary):
             result = each.generate_assignment(lesson, force=True, create=True)
             if not result["success"]:
                 raise SystemExit(f"generate_assignment failed for {lesson}:\n{shown(result['log'], True)}")
+    with Gradebook(grader.coursedir.db_url, COURSE_ID) as gb:
+        for lesson in lessons:
+            sync_gradebook(gb, term, lesson)
     return grader, [run_canary(canary, work, lesson) for lesson in lessons]
 
 
 def grade(submissions: Path, work: Path, lessons: list[str] | None = None, db_url: str | None = None,
           verbose: bool = False, sandbox: bool = True, limits: Limits | None = None, workers: int = 1,
-          progress: bool = False, scheduler: str | None = None, layout: str | None = None) -> list[Outcome]:
+          progress: bool = False, scheduler: str | None = None, layout: str | None = None,
+          term_file: Path | str | None = None) -> list[Outcome]:
     """Canary first, then every student (``workers`` at a time, or one Dask task each on the cluster at
     ``scheduler``: :mod:`autograder.distributed`), feedback, CSV: the one way into grading.
 
     Each kernel runs in a sandbox under ``limits``; without bubblewrap this raises :class:`SandboxUnavailable`
     unless ``sandbox=False`` (unsafe: student code then runs with the grader's rights). ``layout`` is the
     submissions' layout (:data:`autograder.intake.LAYOUTS`), found from the files when None; the roster an LMS
-    export gave goes to ``roster.csv`` beside ``grades.csv``.
+    export gave goes to ``roster.csv`` beside ``grades.csv``. ``term_file`` is the term (None: the default one
+    when there, ``""``: none); it is read first, and a term that cannot be used stops the run before any grading
+    (:class:`~autograder.term.TermError`).
     """
     lessons = lessons or notebooks.lessons()
     limits = limits or Limits()
+    term_file = term_file_of(term_file)
+    term = term_module.load(term_file) if term_file else None
     if scheduler:
         from autograder import distributed  # imports this module: only when asked for
 
         distributed.check_scheduler(scheduler)  # before the canaries: an unreachable cluster fails at once
-    grader, outcomes = prepare(work, lessons, db_url, verbose, sandbox, limits)
+    grader, outcomes = prepare(work, lessons, db_url, verbose, sandbox, limits, term_file)
     with tempfile.TemporaryDirectory(prefix="collect-") as tmp:
         collected = intake.collect_submissions(submissions, lessons, Path(tmp), limits.notebook_bytes,
-                                               layout=layout)
+                                               layout=layout, zone=term.zone if term else UTC)
         log.info("submissions in the %s layout, %d students", collected.layout, len(collected.found))
         for problem in collected.problems:
             log.warning("skipped: %s", problem)
@@ -478,14 +520,16 @@ def grade(submissions: Path, work: Path, lessons: list[str] | None = None, db_ur
                 for student in sorted(collected.found) for lesson in lessons if lesson in collected.found[student]]
         if scheduler:
             outcomes += distributed.grade_on_cluster(jobs, work, db_url, scheduler, progress, verbose=verbose,
-                                                     sandbox=sandbox, limits=limits)
+                                                     sandbox=sandbox, limits=limits, term_file=term_file,
+                                                     exchange=collected.exchange)
         elif workers > 1:
             outcomes += grade_many(jobs, work, db_url, workers, progress, verbose=verbose, sandbox=sandbox,
-                                   limits=limits)
+                                   limits=limits, term_file=term_file, exchange=collected.exchange)
         else:
             try:
                 for student, lesson, notebook in jobs:
-                    outcome = grade_one(grader, work, db_url, student, lesson, notebook)
+                    outcome = grade_one(grader, work, db_url, student, lesson, notebook,
+                                        (student, lesson) in collected.exchange)
                     log.info("%s %s: %s/%s", student, lesson, outcome.score, outcome.max_score)
                     outcomes.append(outcome)
             finally:
@@ -504,7 +548,8 @@ _GRADER = None  # a pool worker's NbGraderAPI, built once by _init_worker
 _SETTINGS: dict = {}
 
 
-def _init_worker(work: str, db_url: str, verbose: bool, sandbox: bool, limits: dict, threads: int) -> None:
+def _init_worker(work: str, db_url: str, verbose: bool, sandbox: bool, limits: dict, threads: int, term_file: str,
+                 exchange: set | None) -> None:
     global _GRADER
     # workers share the cores: each kernel (it inherits this) and this process's own checks get their share
     os.environ.setdefault("OMP_NUM_THREADS", str(threads))
@@ -513,15 +558,17 @@ def _init_worker(work: str, db_url: str, verbose: bool, sandbox: bool, limits: d
     logging.basicConfig(level=logging.INFO if verbose else logging.WARNING,
                         format="%(levelname)s %(name)s: %(message)s")
     quiet_nbgrader(verbose)
-    _SETTINGS.update(work=Path(work), db_url=db_url)
-    _GRADER = api(Path(work), db_url, verbose=verbose, sandbox=sandbox, limits=Limits(**limits))
+    _SETTINGS.update(work=Path(work), db_url=db_url, exchange=exchange)
+    _GRADER = api(Path(work), db_url, verbose=verbose, sandbox=sandbox, limits=Limits(**limits), term_file=term_file)
     # a pool worker leaves by os._exit (no atexit): its last student's warm sandbox is retired here
     multiprocessing.util.Finalize(None, retire_all, exitpriority=10)
 
 
 def _grade_job(job: parallel.Job) -> Outcome:
     student, lesson, notebook = job
-    return grade_one(_GRADER, _SETTINGS["work"], _SETTINGS["db_url"], student, lesson, Path(notebook))
+    exchange = _SETTINGS["exchange"]
+    return grade_one(_GRADER, _SETTINGS["work"], _SETTINGS["db_url"], student, lesson, Path(notebook),
+                     exchange is None or (student, lesson) in exchange)
 
 
 def _student(job: parallel.Job) -> str:
@@ -533,9 +580,12 @@ def _failed(job: parallel.Job, why: str) -> Outcome:
 
 
 def grade_many(jobs, work: Path, db_url: str | None = None, workers: int | None = None, progress: bool = True, *,
-               verbose: bool = False, sandbox: bool = True, limits: Limits | None = None) -> list[Outcome]:
+               verbose: bool = False, sandbox: bool = True, limits: Limits | None = None,
+               term_file: Path | str | None = None, exchange: set[tuple[str, str]] | None = None) -> list[Outcome]:
     """Grade ``(student, lesson, notebook)`` jobs in ``workers`` processes (:func:`autograder.parallel.run_pool`);
     outcomes in the order of ``jobs``, scores those of sequential grading (each job runs :func:`grade_one`).
+    ``term_file`` as :func:`grade`'s; ``exchange``: the (student, lesson) whose notebooks are in nbgrader's layout
+    (:attr:`autograder.intake.Collected.exchange`; None: all).
 
     The assignments and canaries must be there already (:func:`prepare`); every student's gradebook row is made
     here, once, before the pool starts (two workers creating the same new student collide on its key).
@@ -550,7 +600,8 @@ def grade_many(jobs, work: Path, db_url: str | None = None, workers: int | None 
             gb.update_or_create_student(student)
     workers = max(1, min(workers or parallel.default_workers(), len(jobs)))
     threads = max(1, parallel.default_workers() // workers)
-    init_args = (str(work), db_url, verbose, sandbox, asdict(limits or Limits()), threads)
+    init_args = (str(work), db_url, verbose, sandbox, asdict(limits or Limits()), threads, term_file_of(term_file),
+                 exchange)
     # a student's notebooks go to one worker as far as the work allows: one warm sandbox serves them all
     return parallel.run_pool(jobs, _grade_job, _failed, workers, _init_worker, init_args, progress=progress,
                              status=summary, group=_student)
@@ -587,17 +638,26 @@ def summary(outcomes) -> str:
 
 
 # -- reports -----------------------------------------------------------------------------------------------------
+def _csv_time(moment: datetime | None) -> str:
+    """grades.csv's times: ISO 8601, UTC; empty for none."""
+    return "" if moment is None else term_module.as_utc(moment).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
 def write_csv(path: Path, outcomes: list[Outcome]) -> None:
-    """One row per student's notebook (never the canary); every text escaped, never read as a formula."""
+    """One row per student's notebook (never the canary): the raw score, the late penalty, the final score
+    (``score``), when it was submitted and was due (UTC, empty without a term); every text escaped, never read as
+    a formula."""
     with open(path, "w", newline="") as handle:
         writer = csv.writer(handle)
-        writer.writerow(["student", "lesson", "score", "max_score", "status", "message"])
+        writer.writerow(["student", "lesson", "raw_score", "late_penalty", "score", "max_score", "submitted", "due",
+                         "status", "message"])
         for o in outcomes:
             if o.student == CANARY:
                 continue
-            writer.writerow([csv_cell(o.student), csv_cell(o.lesson), o.score, o.max_score,
+            writer.writerow([csv_cell(o.student), csv_cell(o.lesson), o.raw_score, o.late_penalty, o.score,
+                             o.max_score, _csv_time(o.submitted), _csv_time(o.due),
                              "ok" if o.ok else "needs attention",
-                             csv_cell("; ".join(filter(None, [o.message, *o.notes])))])
+                             csv_cell("; ".join(filter(None, [o.message, *o.notes, o.feedback_held])))])
 
 
 def write_roster(path: Path, roster: dict[str, dict[str, str]]) -> None:
@@ -613,7 +673,8 @@ def write_roster(path: Path, roster: dict[str, dict[str, str]]) -> None:
 
 
 def score_table(outcomes: list[Outcome]) -> str:
-    """A markdown table: one row per student, one column per lesson."""
+    """A markdown table: one row per student, one column per lesson; a late notebook's final score is marked with
+    its penalty."""
     lessons = sorted({o.lesson for o in outcomes})
     students = sorted({o.student for o in outcomes}, key=lambda s: (s != CANARY, s))
     cell = {(o.student, o.lesson): o for o in outcomes}
@@ -622,6 +683,7 @@ def score_table(outcomes: list[Outcome]) -> str:
         row = []
         for lesson in lessons:
             o = cell.get((student, lesson))
-            row.append("" if o is None else (f"{o.score:g}/{o.max_score:g}" if o.ok else "needs attention"))
+            row.append("" if o is None else "needs attention" if not o.ok else
+                       f"{o.score:g}/{o.max_score:g}" + (f" (late, −{o.late_penalty:g})" if o.late else ""))
         lines.append(f"| {shown(student)} | " + " | ".join(row) + " |")
     return "\n".join(lines)

@@ -36,11 +36,20 @@ When was a notebook submitted (:mod:`autograder.intake`, :mod:`autograder.exchan
 
 1. through nbgrader's exchange: the later of the time ``nbgrader submit`` wrote (``timestamp.txt``, the student's
    account wrote it) and the last change the exchange's file system saw in that submission (the newest ``ctime``
-   of its folder and files, which no student can set back): a submission can be made to look later, never earlier;
-2. a folder of nbgrader's layout: the ``timestamp.txt`` beside the notebook when there (``nbgrader collect`` wrote
-   it by rule 1), else the notebook file's modification time (copy submissions with ``cp -p`` or ``rsync -t``);
+   of its folder and files, which no student can set back), unless that change is within
+   :data:`~autograder.exchange.SUBMIT_SLACK` (a minute: an honest submit still writing its folder) of nbgrader's
+   time: a submission can be made to look later, never earlier. ``nbgrader collect`` writes it into the collected
+   ``timestamp.txt``;
+2. a folder of nbgrader's layout (``student/lesson/notebook.ipynb``): the well-formed ``timestamp.txt`` beside the
+   notebook when there (``nbgrader collect`` wrote it by rule 1), else the notebook file's modification time (copy
+   submissions with ``cp -p`` or ``rsync -t``);
 3. a flat file or an LMS export: the file's modification time; in a zip, the entry's date and time, which a zip
-   stores without a zone and which this reads in the term's timezone.
+   stores without a zone and which this reads in the term's timezone. A ``timestamp.txt`` in an LMS export (or
+   beside a flat file) is the student's own upload and is never read.
+
+Whatever the rule gives is written into ``submitted/<student>/<lesson>/timestamp.txt``, which nbgrader's
+``autograde`` reads into the gradebook; its late-penalty step (:mod:`autograder.late`) compares it with the
+student's due date there.
 
 Without a term there are no due dates: nothing is late, and a release holds every earlier lesson's answers (the
 self-study edition, which says it is not for graded use).
@@ -52,13 +61,14 @@ import math
 import os
 import tomllib
 from dataclasses import dataclass, field
-from datetime import UTC, date, datetime, time, timedelta
+from datetime import UTC, date, datetime, time, timedelta, tzinfo
 from pathlib import Path
 from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
 from autograder import lessons as lessons_registry
 
-__all__ = ["ENV_VAR", "LatePolicy", "Term", "TermError", "as_utc", "configured", "load", "now", "path"]
+__all__ = ["ENV_VAR", "LatePolicy", "Term", "TermError", "as_utc", "configured", "from_config", "load", "now", "path",
+           "shown_span", "shown_time", "timestamp_text"]
 
 ROOT = lessons_registry.ROOT
 ENV_VAR = "DECODER_COURSE_TERM"
@@ -83,6 +93,23 @@ def as_utc(moment: datetime) -> datetime:
 def shown_time(moment: datetime | None) -> str:
     """``2027-01-25 22:59 UTC``: how a time is written for people (reports, messages, feedback)."""
     return "never" if moment is None else as_utc(moment).strftime("%Y-%m-%d %H:%M UTC")
+
+
+def timestamp_text(moment: datetime) -> str:
+    """``moment`` as nbgrader writes ``timestamp.txt`` (``2027-01-25 22:59:00.000000 UTC``), which ``autograde``
+    reads into the gradebook."""
+    return as_utc(moment).strftime("%Y-%m-%d %H:%M:%S.%f UTC")
+
+
+def shown_span(seconds: float) -> str:
+    """``3 days 4 h``, ``5 h 20 min``, ``12 min``: how late a notebook is, for people (rounded up to a minute)."""
+    minutes = math.ceil(max(0.0, seconds) / 60)
+    days, hours, minutes = minutes // 1440, minutes % 1440 // 60, minutes % 60
+    if days:
+        return f"{days} day{'s' if days != 1 else ''}" + (f" {hours} h" if hours else "")
+    if hours:
+        return f"{hours} h" + (f" {minutes} min" if minutes else "")
+    return f"{minutes} min"
 
 
 @dataclass(frozen=True)
@@ -143,6 +170,7 @@ class Term:
     late: LatePolicy = field(default_factory=LatePolicy)
     extensions: dict[str, dict[str, datetime]] = field(default_factory=dict)  # student -> lesson -> due date
     path: Path | None = None
+    zone: tzinfo = UTC  # the term's timezone: dates without an offset, and a zip's entry times
 
     def scheduled(self, lesson: str) -> bool:
         return lesson in self.lessons
@@ -307,7 +335,7 @@ def parse(data: dict, where: Path | str = "<term>") -> Term:
                     raise TermError(f"{where}: {key} ({shown_time(extended)}) is not after the lesson's due "
                                     f"date ({shown_time(dates[lesson].due)})")
             extensions.setdefault(student, {})[lesson] = extended
-    return Term(lessons=dates, late=policy, extensions=extensions, path=Path(where) if where else None)
+    return Term(lessons=dates, late=policy, extensions=extensions, path=Path(where) if where else None, zone=zone)
 
 
 MISSING = {
@@ -319,13 +347,18 @@ MISSING = {
 
 
 def from_config(parent) -> Term | None:
-    """The term of an nbgrader configuration (``c.TermFile.file``, set by :func:`autograder.pipeline
-    .nbgrader_config`; empty: :func:`path`'s default), for the preprocessors and plugins that nbgrader builds."""
+    """The term of an nbgrader configuration, for the preprocessors and plugins that nbgrader builds:
+    ``c.TermFile.file`` (set by :func:`autograder.pipeline.nbgrader_config`); unset: :func:`path`'s default;
+    ``""``: no term (the canary's tree, a worker told there is none)."""
     from traitlets import Unicode
     from traitlets.config import Configurable
 
     class TermFile(Configurable):
-        file = Unicode("", help="The term file (autograder/term.py); empty: $DECODER_COURSE_TERM or term.toml "
-                                "at the checkout's root when there").tag(config=True)
+        file = Unicode(None, allow_none=True,
+                       help="The term file (autograder/term.py); unset: $DECODER_COURSE_TERM or term.toml at the "
+                            "checkout's root when there; empty: no term").tag(config=True)
 
-    return configured(TermFile(parent=parent).file or None)
+    chosen = TermFile(parent=parent).file
+    if chosen == "":
+        return None
+    return configured(chosen)

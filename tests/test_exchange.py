@@ -637,3 +637,87 @@ def test_collect_refuses_an_inbound_folder_a_student_owns(classmates, shared, mo
     with pytest.raises(ExchangeError, match="inbound is owned by"):
         _collect_in_process(work, exchange, monkeypatch)
     assert not (work / "submitted").exists()
+
+
+def test_collect_dates_a_submission_no_earlier_than_the_exchange_saw_it_change(classmates, shared, monkeypatch,
+                                                                              caplog, tmp_path):
+    """The collected ``timestamp.txt`` (what autograde dates a submission by, autograder.term's rule): nbgrader's
+    time when the submission last changed within ``SUBMIT_SLACK`` of it (kept as written); else the newest
+    ``ctime`` of the folder and its files, which no student can set back. Variants: an honest submission (kept to
+    the microsecond); a forged name and ``timestamp.txt`` two days early; an honest name with ``timestamp.txt``
+    rewritten three hours early; no ``timestamp.txt`` and a name a day early; a ``timestamp.txt`` that is a folder
+    (the name's time, dated by the change); one in the year 9999 (later is the student's own loss).
+
+    Then the collected tree is graded with a term whose due date was two hours ago (alice has an extension): every
+    forgery that claimed to be on time loses a day's 10%, in grades.csv and in the gradebook; alice loses nothing,
+    and the year-9999 notebook scores zero."""
+    from nbgrader.utils import parse_utc
+
+    from autograder.exchange import SUBMIT_SLACK
+
+    exchange, work, _ = _exchange(shared)
+    alice, bob, carol = (_Account(entry, exchange) for entry in classmates)
+    inbound = _inbound(exchange)
+    inbound.mkdir(parents=True)
+    inbound.chmod(0o2733)
+    notebook = nbformat.writes(samples.perfect(LESSON)).encode()
+    started = datetime.datetime.now(datetime.UTC)
+    submissions = {  # student id -> (account, the name's time, timestamp.txt's or None, kept as written)
+        alice.name: (alice, _stamp(-5), _stamp(-5), True),
+        bob.name: (bob, _stamp(-2 * 86400), _stamp(-2 * 86400), False),
+        carol.name: (carol, _stamp(-1), _stamp(-3 * 3600), False),
+        "ada": (alice, _stamp(-86400), None, False),
+        "eve": (bob, _stamp(-3600), "a folder", False),
+        "fay": (carol, _stamp(-2), "9999-12-31 23:59:59.000000 UTC", True),
+    }
+    for student, (account, named, written, _) in submissions.items():
+        folder = inbound / f"{student}+{LESSON}+{named}+x"
+        account.sh('mkdir "$1" && cd "$1" && cat > "$2" && chmod 644 "$2"', folder, f"{LESSON}.ipynb",
+                   stdin=notebook)
+        if written == "a folder":
+            account.sh('mkdir -m 755 "$1/timestamp.txt"', folder)
+        elif written is not None:
+            account.sh('cd "$1" && printf %s "$2" > timestamp.txt && chmod 644 timestamp.txt', folder, written)
+        account.sh('chmod 777 "$1"', folder)
+    caplog.set_level(logging.WARNING)
+    submitted = _collect_in_process(work, exchange, monkeypatch,
+                                    unix_users={"ada": alice.name, "eve": bob.name, "fay": carol.name})
+    finished = datetime.datetime.now(datetime.UTC)
+    assert sorted(p.name for p in submitted.iterdir()) == sorted(submissions)
+    for student, (_, named, written, kept) in submissions.items():
+        text = (submitted / student / LESSON / "timestamp.txt").read_text()
+        when = parse_utc(text).replace(tzinfo=datetime.UTC)
+        if kept:
+            assert text == written
+        else:
+            assert started - datetime.timedelta(seconds=1) <= when <= finished, (student, text)
+            claimed = named if written in (None, "a folder") else written
+            assert when - parse_utc(claimed).replace(tzinfo=datetime.UTC) > SUBMIT_SLACK
+            assert any(f"{student}+{LESSON}+" in r.message and "last changed at" in r.message for r in caplog.records)
+    for student in (alice.name, "fay"):
+        assert not any(f"{student}+{LESSON}+" in r.message and "last changed" in r.message for r in caplog.records)
+
+    from nbgrader.api import Gradebook
+
+    from autograder import pipeline
+
+    due = started - datetime.timedelta(hours=2)
+    term_file = tmp_path / "term.toml"
+    term_file.write_text(f'[late]\ngrace_minutes = 10\npercent_per_day = 10\nmax_percent = 50\ncutoff_days = 7\n'
+                         f'[lessons]\n"{LESSON}" = {{ due = {due.strftime("%Y-%m-%dT%H:%M:%SZ")} }}\n'
+                         f'[extensions]\n"{alice.name}" = {{ "{LESSON}" = 1 }}\n')
+    pipeline.grade(submitted, work, [LESSON], term_file=term_file)
+    with open(work / "grades.csv") as handle:
+        rows = {row["student"]: row for row in csv.DictReader(handle)}
+    percent = {student: 0 if student == alice.name else 100 if student == "fay" else 10 for student in submissions}
+    with Gradebook(f"sqlite:///{work / 'gradebook.db'}") as gb:
+        for student, row in rows.items():
+            raw = float(row["raw_score"])
+            assert raw == float(row["max_score"]) > 0 and row["status"] == "ok", row
+            assert float(row["late_penalty"]) == pytest.approx(raw * percent[student] / 100), row
+            assert float(row["score"]) == pytest.approx(raw - float(row["late_penalty"]))
+            notebook = gb.find_submission_notebook(LESSON, LESSON, student)
+            assert (notebook.late_submission_penalty or 0) == pytest.approx(float(row["late_penalty"]))
+            assert gb.find_submission(LESSON, student).timestamp == parse_utc(
+                (submitted / student / LESSON / "timestamp.txt").read_text())
+    assert sorted(rows) == sorted(submissions)

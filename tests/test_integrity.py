@@ -355,11 +355,8 @@ def graded(tmp_path_factory):
         (submissions / student / "02-attention").mkdir(parents=True)
         nbformat.write(nb, submissions / student / "02-attention" / "02-attention.ipynb")
     work = tmp / "work"
-    with pytest.MonkeyPatch.context() as env:
-        env.setenv(term.ENV_VAR, str(path))
-        outcomes = pipeline.grade(submissions, work, ["02-attention"])
-        yield {"tmp": tmp, "work": work, "term": path, "released": released,
-               "outcomes": {o.student: o for o in outcomes}}
+    outcomes = pipeline.grade(submissions, work, ["02-attention"], term_file=path)
+    return {"tmp": tmp, "work": work, "term": path, "released": released, "outcomes": {o.student: o for o in outcomes}}
 
 
 def test_grading_runs_the_courses_blocks_whatever_the_given_cell_holds(graded):
@@ -388,6 +385,7 @@ def test_feedback_that_ran_an_open_lessons_answers_waits_until_it_closes(graded)
     with open(work / "grades.csv") as handle:
         rows = {row["student"]: row for row in csv.DictReader(handle)}
     assert rows["solver"]["status"] == "ok" and float(rows["solver"]["score"]) > 0  # the grade itself is there
+    assert "feedback held until" in rows["solver"]["message"]
     # nbgrader's own generate_feedback (formgrader, the CLI) is held too
     grader = pipeline.api(work, term_file=graded["term"])
     result = grader.generate_feedback("02-attention", "solver", force=True)
