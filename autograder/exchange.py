@@ -11,10 +11,11 @@ so whoever knows its name can put files into it after it was submitted.
 
 :class:`CourseExchangeCollect` replaces nbgrader's collect class (``ExchangeFactory.collect``, set by
 :func:`autograder.pipeline.tools_config`). For each student it takes the latest submission (before the due date
-with ``--before-duedate``, as nbgrader does) that passes, and sets apart every one that does not, with a warning in
-collect's log and a file in ``set_apart_directory`` naming the folder and why; the student's own earlier submission
-is collected instead. A submission passes when its folder and every file and folder in it are owned by the unix
-account of the student its name claims, no file has a second name (a hard link), nothing is a symbolic link, a FIFO,
+with ``--before-duedate``, as nbgrader does; the student's own due date in the term, extension included, when
+there is one) that passes, and sets apart every one that does not, with a warning in collect's log and a file in
+``set_apart_directory`` naming the folder and why; the student's own earlier submission is collected instead. A
+submission passes when its folder and every file and folder in it are owned by the unix account of the student
+its name claims, no file has a second name (a hard link), nothing is a symbolic link, a FIFO,
 a socket or a device, and nothing inside is writable by other accounts (nbgrader's submit writes files 0644 and
 folders 0755: a student who opened theirs to a classmate did it by hand). Everything is opened without following
 links, checked on the open descriptor and read from it, so what was checked is what is copied.
@@ -48,6 +49,8 @@ from nbgrader.exchange.default.collect import ExchangeCollect
 from nbgrader.utils import parse_utc
 from traitlets import Dict, Unicode
 
+from autograder import term as term_module
+from autograder.late import naive_utc
 from autograder.term import as_utc, timestamp_text
 from autograder.text import shown
 
@@ -259,11 +262,17 @@ class CourseExchangeCollect(ExchangeCollect):
         return {"username": parts[0], "filename": filename, "timestamp": timestamp}
 
     def _in_order(self, records: list[dict]) -> list[dict]:
-        """Latest first; with ``--before-duedate`` those before the due date come first, as nbgrader picks."""
+        """Latest first; with ``--before-duedate`` those before the due date come first, as nbgrader picks. The due
+        date is the student's own in the term (their extension included), else the gradebook's."""
         latest = sorted(records, key=lambda record: record["timestamp"], reverse=True)
-        if self.duedate is None or not self.before_duedate:
+        if not self.before_duedate or not latest:
             return latest
-        return sorted(latest, key=lambda record: record["timestamp"] > self.duedate)  # stable: latest first
+        term = term_module.from_config(self)
+        lesson, student = self.coursedir.assignment_id, latest[0]["username"]
+        due = naive_utc(term.due(lesson, student)) if term and term.scheduled(lesson) else self.duedate
+        if due is None:
+            return latest
+        return sorted(latest, key=lambda record: record["timestamp"] > due)  # stable: latest first
 
     def _examine(self, record: dict) -> str | None:
         """Why ``record``'s folder may not be collected, or ``None``: a check of everything in it, nothing copied."""

@@ -721,3 +721,35 @@ def test_collect_dates_a_submission_no_earlier_than_the_exchange_saw_it_change(c
             assert gb.find_submission(LESSON, student).timestamp == parse_utc(
                 (submitted / student / LESSON / "timestamp.txt").read_text())
     assert sorted(rows) == sorted(submissions)
+
+
+@pytest.mark.parametrize("student,chosen", [("alice", "on time"), ("bob", "extended"), ("carol", "on time")])
+def test_collect_before_duedate_takes_each_students_own_due_date_from_the_term(tmp_path, monkeypatch, student,
+                                                                                chosen):
+    """``nbgrader collect --before-duedate`` with a term: the latest submission before the student's own due date
+    (bob's extension moves his), not the gradebook's one date for everybody."""
+    from datetime import UTC, datetime, timedelta
+
+    from nbgrader.auth import Authenticator
+    from nbgrader.coursedir import CourseDirectory
+    from traitlets.config import Config
+
+    from autograder.exchange import CourseExchangeCollect
+    from autograder.pipeline import tools_config
+
+    due = datetime(2027, 1, 18, 12, tzinfo=UTC)
+    term_file = tmp_path / "term.toml"
+    term_file.write_text(f'[late]\npercent_per_day = 10\ncutoff_days = 7\n[lessons]\n"{LESSON}" = {{ due = '
+                         f'{due:%Y-%m-%dT%H:%M:%S}Z }}\n[extensions]\nbob = {{ "{LESSON}" = 2 }}\n')
+    monkeypatch.setenv("DECODER_COURSE_WORK", str(tmp_path / "work"))
+    monkeypatch.setenv("DECODER_COURSE_TERM", str(term_file))
+    config = tools_config(Config())
+    coursedir = CourseDirectory(config=config)
+    coursedir.assignment_id = LESSON
+    collect = CourseExchangeCollect(coursedir=coursedir, authenticator=Authenticator(config=config), config=config)
+    collect.before_duedate, collect.duedate = True, None  # the gradebook has no due date: the term decides
+    naive = due.replace(tzinfo=None)
+    records = [{"username": student, "filename": name, "timestamp": naive + offset} for name, offset in
+               (("on time", -timedelta(hours=1)), ("extended", timedelta(days=1)),
+                ("too late", timedelta(days=3)))]
+    assert collect._in_order(records)[0]["filename"] == chosen
