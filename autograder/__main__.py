@@ -163,7 +163,7 @@ def main(argv: list[str] | None = None) -> int:
           else f"no term (no ${term.ENV_VAR}, no term.toml, no --term): nothing is late")
     held = sorted({(o.lesson, o.feedback_held) for o in outcomes if o.feedback_held})
     for lesson, why in held:
-        print(f"{lesson}: {why} (its given cells ran answers of a lesson still open); grade again after then, or "
+        print(f"{lesson}: {why} (grading ran their answers in its given cells); grade again after then, or run "
               f"nbgrader generate_feedback {lesson}")
     return 1 if bad else 0
 

@@ -52,7 +52,8 @@ _ = torch.manual_seed(0)  # reproducible demos; the exercises do not depend on i
 # The next cells hold the course's versions of what you built before: lesson 02's NumPy attention, lesson 03's
 # head splitting and `MultiHeadAttention`, lesson 04's `CrossAttention`. They are given (not your own answers) so
 # that this lesson runs, and is graded, on its own: a slip in lesson 03 costs nothing here. Read them once; the
-# decoder layer calls them.
+# decoder layer calls them. (In a graded course, a release made while one of those lessons is still open runs
+# your own code from it instead, and says so in the cell; grading still runs the course's versions.)
 
 # %% given=attention:softmax,masked_softmax,scaled_dot_product_attention
 

@@ -54,7 +54,9 @@ device = decoder_course.device()
 # ## Building blocks from earlier lessons
 #
 # Lessons 03–05's blocks, given so that this lesson runs, and is graded, on its own: a slip in an earlier lesson
-# costs nothing here. `DecoderLayer` is the layer you wrote in lesson 05; the others are what it is made of.
+# costs nothing here. `DecoderLayer` is the layer you wrote in lesson 05; the others are what it is made of. (In a
+# graded course, a release made while one of those lessons is still open runs your own code from it instead, and
+# says so in the cell; grading still runs the course's versions.)
 
 # %% given=multi_head:split_heads,merge_heads,attention,MultiHeadAttention,load_from_torch_mha
 

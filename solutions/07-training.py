@@ -71,7 +71,9 @@ print("graded run: every training run is cut to 3 s" if GRADING else "full run: 
 # %% [markdown]
 # ## Building blocks from earlier lessons
 #
-# Lesson 06's model and everything it is made of, given so that this lesson runs, and is graded, on its own.
+# Lesson 06's model and everything it is made of, given so that this lesson runs, and is graded, on its own. (In a
+# graded course, a release made while one of those lessons is still open runs your own code from it instead, and
+# says so in the cell; grading still runs the course's versions.)
 
 # %% given=multi_head:split_heads,merge_heads,attention,MultiHeadAttention
 

@@ -42,7 +42,9 @@ GRADING = decoder_course.grading()  # True while nbgrader grades this notebook: 
 # ## Building blocks from earlier lessons
 #
 # The model of lessons 03–06 and lesson 08's `greedy_decode`, given so that this lesson runs on its own. You will
-# read `DecoderLayer.forward` closely: `decode_step` repeats its wiring, one new position at a time.
+# read `DecoderLayer.forward` closely: `decode_step` repeats its wiring, one new position at a time. (In a graded
+# course, a release made while one of those lessons is still open runs your own code from it instead, and says so
+# in the cell; grading still runs the course's versions.)
 
 # %% given=multi_head:split_heads,merge_heads,attention,MultiHeadAttention
 
