@@ -304,6 +304,9 @@ def release(lessons: list[str] | None = None, out: Path | None = None, work: Pat
         for lesson in lessons:
             result = grader.generate_assignment(lesson, force=True, create=True)
             if not result["success"]:
+                refused = str(result.get("error", "")).partition(f"{ReleaseRefused.__name__}: ")[2]
+                if refused:  # nbgrader's Generate, staged (tools_config ran in this process), refused it itself
+                    raise ReleaseRefused(refused.replace("(nothing was released)", f"({out} is unchanged)").strip())
                 raise RuntimeError(f"generate_assignment failed for {lesson} ({out} is unchanged):\n{result['log']}")
         for lesson in lessons:
             if not (Path(staging) / lesson).is_dir():

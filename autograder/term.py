@@ -193,8 +193,8 @@ class Term:
 
     def closes(self, lesson: str) -> datetime | None:
         """When the last submission of ``lesson`` that could earn a point is past: the latest due date (extensions
-        included), the grace and the cutoff after. None for a lesson not in the term: it never closes, so its
-        answers are never handed out in a release of this term."""
+        included), the grace and the cutoff after. None for a lesson not in the term: it is not graded this term,
+        so nothing of it is withheld (:mod:`autograder.integrity`)."""
         if lesson not in self.lessons:
             return None
         latest = max([self.lessons[lesson].due] + [by_lesson[lesson] for by_lesson in self.extensions.values()

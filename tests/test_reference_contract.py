@@ -44,7 +44,7 @@ def _call_with_nones(func, self_obj=None):
     return func(self_obj, *args) if self_obj is not None else func(*args)
 
 
-_DATA = (ast.Constant, ast.Tuple, ast.List, ast.Name, ast.Load, ast.Store, ast.BinOp, ast.Add, ast.Starred,
+_DATA = (ast.Constant, ast.Tuple, ast.List, ast.Dict, ast.Name, ast.Load, ast.Store, ast.BinOp, ast.Add, ast.Starred,
          ast.JoinedStr, ast.FormattedValue, ast.Attribute)
 
 
@@ -61,7 +61,8 @@ def _is_data(node: ast.AST) -> bool:
 
 def check_module_contract(lesson):
     """Top level: only imports and definitions, so each definition is a self-contained cell, then the known mistakes
-    as plain data (``MISTAKES``); the exercises are those that mark the student's part (autograder.lessons), the
+    (``MISTAKES``) and the helpers that port an earlier answer (``PORTS``, autograder.integrity) as plain data; the
+    exercises are those that mark the student's part (autograder.lessons), the
     rest is given code."""
     module = lessons.module(lesson, "reference")
     exercises, given = lessons.exercises(lesson), lessons.given(lesson)

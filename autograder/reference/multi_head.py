@@ -15,10 +15,6 @@ import torch
 from einops import rearrange
 from torch import nn
 
-# Given helpers that are an earlier lesson's graded answer in another form: a release of a term holds them only
-# after that lesson closes, like its answers (autograder.integrity); until then the student ports their own.
-PORTS = {"attention": "02-attention"}
-
 
 def split_heads(x: np.ndarray | torch.Tensor, H: int) -> np.ndarray | torch.Tensor:
     """Split the model width into H heads and move the head axis before time (einops).
@@ -210,6 +206,10 @@ def causal_self_attention(mha: MultiHeadAttention, x: torch.Tensor, is_real: tor
 # moves a line breaks its mistake loudly). (item, what is wrong) alone is the bug a find-the-bug exercise's release
 # shows. Every one must cost its own item and no other, in both layers of checks (tests/test_hidden_checks.py,
 # tests/test_visible_catch_rate.py); whole wrong answers of another structure live in autograder/mutants/.
+
+# Given helpers that are an earlier lesson's graded answer in another form: a release of a term holds them only
+# after that lesson closes, like its answers (autograder.integrity); until then the student ports their own.
+PORTS = {"attention": "02-attention"}
 
 ATTEND = "out, weights = attention(q, k, v, allowed, dropout=self.dropout)"
 MERGED = "return self.out_proj(merge_heads(out)), weights"
