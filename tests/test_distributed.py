@@ -47,6 +47,17 @@ LIMITS = pipeline.Limits(cell_timeout=20, interrupt_grace=2, deadline=60, cpu_se
                          output_bytes=2 << 20, notebook_bytes=2 << 20)
 TIMESTAMP = "2026-12-01 10:00:00.000000 UTC"  # nbgrader's exchange files beside s0's 01-masks
 SUBMISSION_SECRET = "0123456789abcdef0123456789abcdef"
+# A term both runs grade by: 01-masks long overdue (every late notebook capped at 50%), s0 extended past its
+# timestamp (on time); 00-setup not in it (never late). The workers get it from their tasks, not their checkout.
+TERM = f"""[late]
+percent_per_day = 10
+max_percent = 50
+cutoff_days = 100000
+[lessons]
+"{LESSONS[1]}" = {{ due = 2026-01-01T00:00:00Z }}
+[extensions]
+s0 = {{ "{LESSONS[1]}" = 2026-12-02T00:00:00Z }}
+"""
 BIN = Path(sys.executable).parent
 WITHOUT_CHECKOUT = """import sys
 from pathlib import Path
@@ -72,14 +83,15 @@ def prepared(tmp_path_factory):
     (incoming / "s0" / LESSONS[0] / "timestamp.txt").write_text(TIMESTAMP)
     (incoming / "s0" / LESSONS[0] / "submission_secret.txt").write_text(SUBMISSION_SECRET)
     pipeline.prepare(root / "base", LESSONS, limits=LIMITS)  # the secret both runs share
-    return {"root": root, "incoming": incoming, "jobs": jobs}
+    (root / "term.toml").write_text(TERM)
+    return {"root": root, "incoming": incoming, "jobs": jobs, "term": root / "term.toml"}
 
 
 @pytest.fixture(scope="module")
 def local(prepared):
     work = prepared["root"] / "local"
     shutil.copytree(prepared["root"] / "base", work)
-    grader = pipeline.api(work, limits=LIMITS)
+    grader = pipeline.api(work, limits=LIMITS, term_file=prepared["term"])
     outcomes = [pipeline.grade_one(grader, work, None, *job) for job in prepared["jobs"]]
     return {"work": work, "outcomes": outcomes}
 
@@ -237,7 +249,8 @@ def on_cluster(prepared):
         address = cluster.start()
         watcher.start()
         started = time.monotonic()
-        outcomes = pipeline.grade(prepared["incoming"], work, LESSONS, limits=LIMITS, scheduler=address)
+        outcomes = pipeline.grade(prepared["incoming"], work, LESSONS, limits=LIMITS, scheduler=address,
+                                  term_file=prepared["term"])
         seconds = time.monotonic() - started
         stop.set()
         watcher.join(10)
@@ -292,18 +305,23 @@ def test_a_worker_was_killed_while_it_graded(on_cluster):
 
 
 def test_every_notebook_is_graded_exactly_once_with_local_scores(prepared, local, on_cluster):
-    want = [(o.student, o.lesson, o.score, o.max_score, o.ok) for o in local["outcomes"]]
+    want = [(o.student, o.lesson, o.raw_score, o.max_score, o.ok, o.late_penalty, o.score, o.due)
+            for o in local["outcomes"]]
     assert all(o.ok for o in local["outcomes"]), [o.message for o in local["outcomes"]]
-    got = [(o.student, o.lesson, o.score, o.max_score, o.ok) for o in on_cluster["outcomes"]
-           if o.student != pipeline.CANARY]
+    got = [(o.student, o.lesson, o.raw_score, o.max_score, o.ok, o.late_penalty, o.score, o.due)
+           for o in on_cluster["outcomes"] if o.student != pipeline.CANARY]
     assert sorted(got) == sorted(want)
     assert len({(o.student, o.lesson) for o in on_cluster["outcomes"] if o.student != pipeline.CANARY}) == len(want)
     notes = {(o.student, o.lesson): o.notes for o in local["outcomes"]}
     assert {(o.student, o.lesson): o.notes for o in on_cluster["outcomes"] if o.student != pipeline.CANARY} == notes
-    for student, lesson, score, top, _ in want:  # agreeing with local grading means something only if it is right
+    for student, lesson, score, top, _, penalty, final, _ in want:  # agreeing locally means something only if right
         kind = MAKERS[(STUDENTS.index(student) + LESSONS.index(lesson)) % len(MAKERS)]
         expected = {samples.perfect: score == top, samples.untouched: score == 0}.get(kind, 0 < score < top)
         assert top > 0 and expected, (student, lesson, kind.__name__, score, top)
+        # the term, on both: 01-masks is late by most of a year (capped at 50%), but for s0's extension
+        late = lesson == LESSONS[1] and student != "s0"
+        assert penalty == pytest.approx(score / 2 if late else 0.0) and final == pytest.approx(score - penalty)
+    assert any(penalty > 0 for *_, penalty, _, _ in want)
 
 
 def test_the_gradebook_has_the_rows_of_local_grading_once_each(prepared, local, on_cluster):
