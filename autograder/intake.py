@@ -221,6 +221,7 @@ class _Upload:
     order: tuple = ()
     oversized: int | None = None  # its size, when the zip's marker stands for it
     exchange: bool = False  # in nbgrader's student/lesson/ layout: the exchange's files beside it are kept
+    submitted: datetime | None = None  # when the LMS itself says it was submitted (Gradescope's :created_at)
 
 
 @dataclass
@@ -232,6 +233,7 @@ class _Reading:
     from_zip: bool
     lessons: list[str]
     out: Collected
+    zone: tzinfo = UTC  # the term's: an LMS's time without a zone is read in it
     uploads: list[_Upload] = field(default_factory=list)
     seen: set[str] = field(default_factory=set)
     conflicts: dict[str, str] = field(default_factory=dict)
@@ -268,7 +270,7 @@ class _Reading:
         return None
 
     def add(self, student: str, parts: tuple[str, ...], path: Path, name: str, base: str | None = None,
-            version: str | None = None, order: tuple = ()) -> None:
+            version: str | None = None, order: tuple = (), submitted: datetime | None = None) -> None:
         """One file of ``student``'s upload (``name`` as the student gave it): a notebook for a lesson, or listed as
         not graded."""
         where = shown("/".join(parts))
@@ -282,7 +284,8 @@ class _Reading:
             return
         lesson = self.lesson_of(name, where)
         if lesson:
-            self.uploads.append(_Upload(student, lesson, path, where, base or name, version, order, oversized))
+            self.uploads.append(_Upload(student, lesson, path, where, base or name, version, order, oversized,
+                                        submitted=submitted))
 
 
 def _walk(source: Path):
@@ -398,11 +401,13 @@ def _read_gradescope(reading: _Reading) -> None:
         return
     members: dict[str, list[str]] = {}
     in_submissions: dict[str, list[str]] = {}
+    created: dict[str, datetime | None] = {}
     for key, record in records.items():
         if not isinstance(key, str) or not GRADESCOPE_FOLDER.match(key) or not isinstance(record, dict):
             out.problems.append(f"{GRADESCOPE_METADATA}: entry {shown(str(key))[:80]!r} is not a submission; "
                                 "skipped")
             continue
+        created[key] = _gradescope_time(record.get(":created_at", record.get("created_at")), reading.zone)
         submitters = record.get(":submitters", record.get("submitters"))
         for submitter in submitters if isinstance(submitters, list) else []:
             submitter = submitter if isinstance(submitter, dict) else {}
@@ -434,7 +439,47 @@ def _read_gradescope(reading: _Reading) -> None:
                                 f"{GRADESCOPE_METADATA} names; not graded")
             continue
         for student in members[parts[0]]:
-            reading.add(student, parts, path, parts[-1])
+            reading.add(student, parts, path, parts[-1], submitted=created.get(parts[0]))
+
+
+def _gradescope_time(value, zone: tzinfo) -> datetime | None:
+    """A submission's ``:created_at`` (``2027-01-18 14:02:03.123456789 -08:00``, which YAML may already have
+    read as a time), aware; a time without a zone is in the term's; None when it is not a time."""
+    if isinstance(value, datetime):
+        moment = value
+    elif isinstance(value, str) and len(value) < 64:
+        match = re.fullmatch(r"(\d{4}-\d\d-\d\d)[ T](\d\d:\d\d:\d\d)(?:\.(\d+))?\s*(Z|[+-]\d\d:?\d\d)?",
+                             value.strip())
+        if not match:
+            return None
+        day, clock, fraction, offset = match.groups()
+        text = f"{day}T{clock}" + (f".{fraction[:6]}" if fraction else "") + (
+            "+00:00" if offset == "Z" else offset or "")
+        try:
+            moment = datetime.fromisoformat(text)
+        except ValueError:
+            return None
+    else:
+        return None
+    return moment.replace(tzinfo=zone) if moment.tzinfo is None else moment
+
+
+def _dated(path: Path, moment: datetime, scratch: Path, max_bytes: int) -> Path:
+    """A copy of ``path`` in ``scratch`` whose modification time is ``moment`` (the LMS's own time of the
+    submission, which place() then writes as its timestamp); ``path`` itself when it is too big to copy (place()
+    refuses it) or cannot be read. The instructor's folder is never touched."""
+    try:
+        with open(path, "rb") as handle:
+            data = handle.read(max_bytes + 1)
+    except OSError:
+        return path
+    if len(data) > max_bytes:
+        return path
+    scratch.mkdir(parents=True, exist_ok=True)
+    copy = Path(tempfile.mkdtemp(prefix="dated-", dir=scratch)) / path.name
+    copy.write_bytes(data)
+    os.utime(copy, (moment.timestamp(), moment.timestamp()))
+    return copy
 
 
 def safe_id(prefix: str, lms_id: str) -> str:
@@ -561,9 +606,12 @@ def collect_submissions(source: Path, lessons: list[str], scratch: Path, max_byt
         out.layout, read = layout, READERS[layout]
         if layout in ("canvas", "moodle", "gradescope"):
             root = detect_layout(root)[1]  # unwrapped from its one folder, if it is
-    reading = _Reading(root, from_zip, lessons, out)
+    reading = _Reading(root, from_zip, lessons, out, zone=zone)
     read(reading)
     _choose(reading, max_bytes)
+    for upload in reading.uploads:  # the LMS's own time of a graded submission dates it, not its file's
+        if upload.submitted is not None and out.found.get(upload.student, {}).get(upload.lesson) == upload.path:
+            out.found[upload.student][upload.lesson] = _dated(upload.path, upload.submitted, scratch, max_bytes)
     return out
 
 

@@ -45,7 +45,8 @@ When was a notebook submitted (:mod:`autograder.intake`, :mod:`autograder.exchan
    submissions with ``cp -p`` or ``rsync -t``);
 3. a flat file or an LMS export: the file's modification time; in a zip, the entry's date and time, which a zip
    stores without a zone and which this reads in the term's timezone. A ``timestamp.txt`` in an LMS export (or
-   beside a flat file) is the student's own upload and is never read.
+   beside a flat file) is the student's own upload and is never read. Where the LMS records the time itself
+   (Gradescope's ``:created_at`` in ``submission_metadata.yml``), that time dates the submission instead.
 
 Whatever the rule gives is written into ``submitted/<student>/<lesson>/timestamp.txt``, which nbgrader's
 ``autograde`` reads into the gradebook; its late-penalty step (:mod:`autograder.late`) compares it with the

@@ -324,6 +324,35 @@ def test_a_zipped_submission_is_dated_by_its_entry_in_the_term_s_zone(tmp_path, 
         assert parse_utc(written) == datetime(*ENTRY_TIME, tzinfo=ZoneInfo(zone)).astimezone(UTC).replace(tzinfo=None)
 
 
+@pytest.mark.parametrize("created_at, expected", [
+    ("2027-01-18 14:02:03.123456789 -08:00", datetime(2027, 1, 18, 22, 2, 3, 123456)),  # Gradescope's own form
+    ("'2027-01-18T22:02:03Z'", datetime(2027, 1, 18, 22, 2, 3)),  # a string
+    ("2027-01-18 23:02:03", datetime(2027, 1, 18, 22, 2, 3)),  # no zone: the term's (Berlin, +01:00)
+    ("not a time", datetime(*ENTRY_TIME, tzinfo=ZoneInfo("Europe/Berlin")).astimezone(UTC).replace(tzinfo=None)),
+])
+@pytest.mark.parametrize("packed", ["zip", "folder"])
+def test_a_gradescope_submission_is_dated_by_gradescope_s_own_time(tmp_path, created_at, expected, packed):
+    """Gradescope's metadata says when each submission was made (``:created_at``): that dates it, not the export's
+    file times; a value that is not a time leaves the file's. The instructor's folder is never touched."""
+    meta = GRADESCOPE_META + f"  :created_at: {created_at}\n"
+    entries = {"submission_metadata.yml": meta, "submission_301/01-masks.ipynb": _notebook()}
+    source = _zip(tmp_path / "export.zip", entries)
+    if packed == "folder":
+        with zipfile.ZipFile(source) as archive:
+            archive.extractall(tmp_path / "export")
+        for path in (tmp_path / "export").rglob("*"):
+            moment = datetime(*ENTRY_TIME, tzinfo=ZoneInfo("Europe/Berlin")).timestamp()
+            os.utime(path, (moment, moment))
+        source = tmp_path / "export"
+    before = {p: p.stat().st_mtime_ns for p in source.rglob("*")} if source.is_dir() else {}
+    collected = intake.collect_submissions(source, [LESSON], tmp_path / "scratch", zone=ZoneInfo("Europe/Berlin"))
+    assert collected.layout == "gradescope", collected.problems
+    found = collected.found["gs-301"][LESSON]
+    intake.place(tmp_path / "submitted", "gs-301", LESSON, found, 16 << 20, False)
+    assert parse_utc((tmp_path / "submitted" / "gs-301" / LESSON / "timestamp.txt").read_text()) == expected
+    assert {p: p.stat().st_mtime_ns for p in source.rglob("*")} == before if source.is_dir() else True
+
+
 def test_a_folder_submission_is_dated_by_its_file_unless_nbgrader_s_layout_has_a_timestamp(tmp_path):
     """nbgrader's layout: the checked timestamp.txt beside the notebook, else the notebook's modification time (a
     malformed timestamp.txt is not one); a flat file in a folder named for the lesson: its modification time,
