@@ -216,6 +216,9 @@ def make_repository(dest: Path) -> str:
 
 
 # -- leak checks ------------------------------------------------------------------------------------------------
+SOLUTION_BLOCK = re.compile(r"### BEGIN SOLUTION\n(.*?)### END SOLUTION", re.S)  # what the student writes
+
+
 def _distinctive(lines) -> set[str]:
     """Code lines long enough to be a fingerprint (``return out`` occurs in any code), comments dropped."""
     out = set()
@@ -229,7 +232,7 @@ def _distinctive(lines) -> set[str]:
 def _solution_lines(module_name: str) -> set[str]:
     """The distinctive lines between a reference module's solution markers: what the student must write."""
     source = (ROOT / "autograder" / "reference" / f"{module_name}.py").read_text()
-    return _distinctive(m for block in re.findall(r"### BEGIN SOLUTION\n(.*?)### END SOLUTION", source, re.S)
+    return _distinctive(m for block in SOLUTION_BLOCK.findall(source)
                         for m in block.splitlines())
 
 
@@ -322,7 +325,7 @@ def reference_bodies() -> dict[str, str]:
     for lesson, module_name in notebooks.REFERENCE_MODULES.items():
         for name in lessons_registry.exercises(lesson):
             source = textwrap.dedent(inspect.getsource(notebooks.reference_object(lesson, name)))
-            match = re.search(r"### BEGIN SOLUTION\n(.*?)### END SOLUTION", source, re.S)
+            match = SOLUTION_BLOCK.search(source)
             if match:
                 out[f"{module_name}:{name}"] = match.group(1)
     return out

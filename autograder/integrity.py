@@ -34,7 +34,6 @@ import functools
 import importlib
 import inspect
 import json
-import re
 import textwrap
 from dataclasses import dataclass
 from datetime import datetime
@@ -47,7 +46,7 @@ from traitlets import Unicode
 from autograder import lessons as lessons_registry
 from autograder import notebooks
 from autograder import term as term_module
-from autograder.edition import _distinctive
+from autograder.edition import SOLUTION_BLOCK, _distinctive
 from autograder.term import Term, shown_time
 
 __all__ = ["FeedbackHeld", "HoldWhileOpen", "Withheld", "WithholdOpenAnswers", "check_release", "feedback_held_until",
@@ -95,19 +94,22 @@ def withheld(term: Term | None, at: datetime, lesson: str, names: list[str]) -> 
     return [w for w in answers(lesson, names) if protected(term, w.of, at)]
 
 
-def _signature_stub(module: str, name: str, of: str, closes: datetime | None) -> str:
-    """A port's stand-in: its signature and docstring, and a body that says what to write."""
+def _definition(module: str, name: str) -> tuple[list[str], int]:
+    """A reference definition's source lines, and how many of them are its head: the signature and docstring."""
     source = textwrap.dedent(inspect.getsource(notebooks.reference_object(LESSON_OF_MODULE[module],
                                                                            f"{module}:{name}")))
     node = ast.parse(source).body[0]
-    keep = node.body[0] if (node.body and isinstance(node.body[0], ast.Expr)
-                            and isinstance(node.body[0].value, ast.Constant)) else None
-    lines = source.splitlines()
-    head_end = (keep.end_lineno if keep else node.body[0].lineno - 1)
-    head = "\n".join(lines[:head_end])
-    return (f"{head}\n    # YOUR CODE HERE (not graded): your own lesson {of} answer, in this lesson's form. The "
-            f"course's version\n    # appears here once lesson {of} closes ({shown_time(closes)}).\n"
-            f"    raise NotImplementedError(\"port your own answer of lesson {of} here\")")
+    first = node.body[0]
+    has_docstring = isinstance(first, ast.Expr) and isinstance(first.value, ast.Constant)
+    return source.splitlines(), first.end_lineno if has_docstring else first.lineno - 1
+
+
+def _signature_stub(module: str, name: str, of: str, closes: datetime | None) -> str:
+    """A port's stand-in: its signature and docstring, and a body that says what to write."""
+    lines, head = _definition(module, name)
+    return ("\n".join(lines[:head]) + f"\n    # YOUR CODE HERE (not graded): your own answer of lesson {of}, written "
+            f"for this signature. The course's\n    # version appears here once lesson {of} closes "
+            f"({shown_time(closes)}).\n    raise NotImplementedError(\"port your own answer of lesson {of} here\")")
 
 
 def stand_in(term: Term | None, lesson: str, names: list[str], held: list[Withheld]) -> str:
@@ -128,8 +130,8 @@ def stand_in(term: Term | None, lesson: str, names: list[str], held: list[Withhe
                      f"(../{of}/{of}.ipynb beside this lesson's folder; in Colab, upload {of}.ipynb next to this "
                      f"notebook). Grading runs the course's versions here, so a slip there costs nothing here.")
         if ported:
-            text += (f" {', '.join(w.name for w in ported)}: lesson {of}'s answer in this lesson's form; port your "
-                     "own below (not graded: grading runs the course's version here).")
+            text += (f" {', '.join(w.name for w in ported)} is lesson {of}'s answer written for this lesson: port "
+                     "your own answer into it below (not graded: grading runs the course's version here).")
         lines = [textwrap.fill(text, 110, initial_indent="# ", subsequent_indent="# ")]
         if loaded:
             lines += ["from decoder_course.earlier import use_your_own", "",
@@ -183,12 +185,8 @@ class WithholdOpenAnswers(NbGraderPreprocessor):
 # -- the release check ---------------------------------------------------------------------------------------------
 def _body_lines(module: str, name: str) -> set[str]:
     """A port's distinctive lines, its signature and docstring left out (its stand-in shows those)."""
-    source = textwrap.dedent(inspect.getsource(notebooks.reference_object(LESSON_OF_MODULE[module],
-                                                                           f"{module}:{name}")))
-    node = ast.parse(source).body[0]
-    body = [n for n in node.body if not (isinstance(n, ast.Expr) and isinstance(n.value, ast.Constant))]
-    lines = source.splitlines()
-    return _distinctive(line for n in body for line in lines[n.lineno - 1:n.end_lineno])
+    lines, head = _definition(module, name)
+    return _distinctive(lines[head:])
 
 
 def _own_lines(lesson: str) -> dict[str, str]:
@@ -196,7 +194,7 @@ def _own_lines(lesson: str) -> dict[str, str]:
     found: dict[str, str] = {}
     for name in lessons_registry.exercises(lesson):
         source = textwrap.dedent(inspect.getsource(notebooks.reference_object(lesson, name)))
-        for block in re.findall(r"### BEGIN SOLUTION\n(.*?)### END SOLUTION", source, re.S):
+        for block in SOLUTION_BLOCK.findall(source):
             for line in _distinctive(block.splitlines()):
                 found.setdefault(line, name)
     for other in notebooks.REFERENCE_MODULES.values():
@@ -288,12 +286,8 @@ def feedback_held_until(term: Term | None, lesson: str, at: datetime) -> datetim
     nothing holds it back."""
     if term is None:
         return None
-    until = None
-    for names in _given_cells(lesson):
-        for w in withheld(term, at, lesson, list(names)):
-            closes = term.closes(w.of)
-            until = closes if until is None or closes > until else until
-    return until
+    closing = [term.closes(w.of) for names in _given_cells(lesson) for w in withheld(term, at, lesson, list(names))]
+    return max(closing, default=None)
 
 
 @functools.cache

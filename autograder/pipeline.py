@@ -46,6 +46,7 @@ from nbgrader.preprocessors import (
     SaveAutoGrades,
     SaveCells,
 )
+from nbgrader.utils import capture_log, temp_attrs
 from sqlalchemy.exc import SAWarning
 from traitlets.config import Config
 
@@ -286,7 +287,7 @@ def release(lessons: list[str] | None = None, out: Path | None = None, work: Pat
     ``out`` as it was.
     """
     notebooks.build_all()
-    term = None if term_file == "" else term_module.configured(term_file)  # "": none, None: the default one
+    term = term_module.configured(term_file)
     at = term_module.as_utc(as_of) if as_of else term_module.now()
     if term is not None and not lessons:
         lessons = term.released_by(at)
@@ -302,12 +303,15 @@ def release(lessons: list[str] | None = None, out: Path | None = None, work: Pat
         work.mkdir(parents=True, exist_ok=True)
         grader = api(work, release_dir=Path(staging), term_file=term.path if term else "", as_of=at)
         for lesson in lessons:
-            result = grader.generate_assignment(lesson, force=True, create=True)
+            # nbgrader's own class, as its API runs it: this function stages and checks the release itself, whatever
+            # class the API was given in this process (tools_config gives it StagedGenerateAssignment)
+            with temp_attrs(grader.coursedir, assignment_id=lesson):
+                generate = GenerateAssignment(coursedir=grader.coursedir, parent=grader)
+                generate.force, generate.create_assignment = True, True
+                result = capture_log(generate)
             if not result["success"]:
-                refused = str(result.get("error", "")).partition(f"{ReleaseRefused.__name__}: ")[2]
-                if refused:  # nbgrader's Generate, staged (tools_config ran in this process), refused it itself
-                    raise ReleaseRefused(refused.replace("(nothing was released)", f"({out} is unchanged)").strip())
-                raise RuntimeError(f"generate_assignment failed for {lesson} ({out} is unchanged):\n{result['log']}")
+                raise RuntimeError(f"generate_assignment failed for {lesson} ({out} is unchanged):\n"
+                                   f"{result['log']}{result.get('error', '')}")
         for lesson in lessons:
             if not (Path(staging) / lesson).is_dir():
                 raise RuntimeError(f"generate_assignment wrote no {lesson} ({out} is unchanged)")
@@ -451,8 +455,6 @@ def term_file_of(term_file: Path | str | None) -> str:
     """The term file a grading run uses, read and checked before anything is graded (a :class:`~autograder.term
     .TermError` says what is wrong): ``term_file``, else the default (:func:`autograder.term.path`), as an
     absolute path; ``""`` when there is none (or ``term_file`` is ``""``)."""
-    if term_file is not None and not str(term_file):
-        return ""
     where = term_module.path(term_file)
     if where is None:
         return ""

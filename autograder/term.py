@@ -219,7 +219,9 @@ class Term:
 
 def path(explicit: Path | str | None = None) -> Path | None:
     """The term file in use: ``explicit``, else ``$DECODER_COURSE_TERM``, else ``term.toml`` at the root when
-    there; None when there is none (no due dates)."""
+    there; None when there is none (no due dates). ``explicit=""`` says there is none, whatever the default."""
+    if explicit is not None and not str(explicit):
+        return None
     if explicit:
         return Path(explicit)
     if os.environ.get(ENV_VAR):
@@ -359,7 +361,4 @@ def from_config(parent) -> Term | None:
                        help="The term file (autograder/term.py); unset: $DECODER_COURSE_TERM or term.toml at the "
                             "checkout's root when there; empty: no term").tag(config=True)
 
-    chosen = TermFile(parent=parent).file
-    if chosen == "":
-        return None
-    return configured(chosen)
+    return configured(TermFile(parent=parent).file)

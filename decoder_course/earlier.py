@@ -108,7 +108,9 @@ def use_your_own(lesson: str, names: list[str], namespace: dict, *, here: Path |
             f"this lesson needs your {', '.join(names)} from lesson {lesson}, and no {lesson}.ipynb was found "
             f"(looked in: {looked}). Keep the lessons side by side as released (lessons/{lesson}/{lesson}.ipynb), "
             f"or in Colab upload your {lesson}.ipynb next to this notebook; then run this cell again.")
-    own: dict = {"__name__": f"lesson_{lesson.replace('-', '_')}"}
+    # an earlier notebook's own stand-in loads relative to that notebook, with this call's chain against cycles
+    own: dict = {"__name__": f"lesson_{lesson.replace('-', '_')}", "use_your_own": _nested(found.parent,
+                                                                                          (*_seen, lesson))}
     stubs, broken = set(), []
     for index, source in enumerate(_read(found)):
         code = "\n".join("" if _MAGIC.match(line) else line for line in source.splitlines())
@@ -125,7 +127,6 @@ def use_your_own(lesson: str, names: list[str], namespace: dict, *, here: Path |
                 stubs.discard(node.name)
         if not kept:
             continue
-        own["use_your_own"] = _nested(found.parent, (*_seen, lesson))
         try:
             exec(compile(ast.Module(body=kept, type_ignores=[]), f"{found} (cell {index})", "exec"), own)
         except Exception as exc:  # your code of that lesson: say where, and let it be fixed there

@@ -130,8 +130,8 @@ def test_a_term_release_withholds_open_answers_and_shows_closed_ones(tmp_path):
 
 @pytest.mark.parametrize("generate", ["nbgrader's", "staged"])
 def test_a_release_holding_an_open_answer_is_refused_naming_the_cell(tmp_path, monkeypatch, generate):
-    """Refused by ./course release's own check, or by nbgrader's Generate as tools_config stages it (once a process
-    has read nbgrader_config.py, nbgrader's API generates through it)."""
+    """Refused by ./course release's own check, whichever class nbgrader's API generates with in this process
+    (nbgrader's, or StagedGenerateAssignment once the process has read nbgrader_config.py)."""
     from nbgrader.apps import api as nbgrader_api
     from nbgrader.converters import GenerateAssignment
 

@@ -210,6 +210,7 @@ def test_the_configured_term_explicit_default_or_none(tmp_path, monkeypatch):
     monkeypatch.setenv(term.ENV_VAR, str(path))
     assert term.from_config(late.TermLatePenalties(config=unset)).path == path  # the default: the environment's
     assert pipeline.term_file_of(None) == str(path.resolve()) and pipeline.term_file_of("") == ""
+    assert term.configured("") is None and term.configured(None).path == path  # "": none, whatever the default
     # nbgrader's own AssignLatePenalties, configured so, uses the term's policy too
     from nbgrader.preprocessors import AssignLatePenalties
 
