@@ -13,6 +13,7 @@ from __future__ import annotations
 import argparse
 import os
 import sys
+import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -98,6 +99,11 @@ def notes_on_other_cells(nb: Any) -> list[str]:
     return notes
 
 
+def printable(text: str) -> str:
+    """``text`` with every control character (an escape sequence's ESC among them) shown as ``?``."""
+    return "".join(c if c.isprintable() else "?" for c in text)
+
+
 def execute(path: Path, timeout: int = DEFAULT_TIMEOUT, kernel_name: str | None = None) -> tuple[Any, str]:
     """Run the notebook at ``path`` top to bottom in a fresh kernel; return it executed and a note if it stopped.
 
@@ -119,10 +125,17 @@ def execute(path: Path, timeout: int = DEFAULT_TIMEOUT, kernel_name: str | None 
                             # the kernel's start-up warnings ("running over TCP without encryption") are noise here
                             extra_arguments=["--IPKernelApp.log_level=ERROR"])
     stopped = ""
-    try:
-        client.execute(env=env)
-    except DeadKernelError as exc:
-        stopped = f"the kernel died ({exc}): out of memory, or a crash in native code"
+    # The kernel process's own stderr (not a cell's output, which comes back in the notebook) holds only the
+    # kernel's machinery: a shutdown race in ipykernel can log a traceback there after every cell has run. It is
+    # kept aside and shown only when the kernel died, where its last lines say why.
+    with tempfile.TemporaryFile(mode="w+", encoding="utf-8", errors="replace") as kernel_stderr:
+        try:
+            client.execute(env=env, stderr=kernel_stderr)
+        except DeadKernelError as exc:
+            kernel_stderr.seek(0)
+            last = [line for line in kernel_stderr.read()[-4000:].splitlines() if line.strip()][-3:]
+            stopped = f"the kernel died ({exc}): out of memory, or a crash in native code" + "".join(
+                f"\n      kernel: {printable(line[:200])}" for line in last)
     return nb, stopped
 
 

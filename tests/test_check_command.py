@@ -148,3 +148,23 @@ def test_unusable_input_exits_2_and_help_works(tmp_path, capsys):
     assert exit_.value.code == 0
     out = capsys.readouterr().out
     assert "check" in out and "without nbgrader" in out
+
+
+def test_the_kernels_own_stderr_is_kept_aside_unless_the_kernel_dies(tmp_path):
+    """The kernel process's stderr is machinery (ipykernel can log a traceback there while it shuts down): it must
+    not reach the student's report; when the kernel dies its last lines say why, with control characters shown."""
+    noisy = samples.perfect(LESSON)
+    noisy.cells.append(nbformat.v4.new_code_cell(
+        "import os\nos.write(2, b'Traceback (most recent call last):\\nZMQError: Socket operation on non-socket\\n')"))
+    nbformat.write(noisy, tmp_path / "noisy.ipynb")
+    code, out, err = run_check(tmp_path / "noisy.ipynb")
+    assert code == 0, out + err
+    assert "Traceback" not in out + err and "ZMQError" not in out + err, err
+
+    dying = samples.perfect(LESSON)
+    dying.cells.append(nbformat.v4.new_code_cell(
+        "import os\nos.write(2, b'out of pinned memory \\x1b[31mred\\n')\nos._exit(9)"))
+    nbformat.write(dying, tmp_path / "dying.ipynb")
+    code, out, err = run_check(tmp_path / "dying.ipynb")
+    assert "the kernel died" in out, out + err
+    assert "kernel: out of pinned memory ?[31mred" in out and "\x1b" not in out + err, out
