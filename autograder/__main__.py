@@ -52,6 +52,9 @@ def main(argv: list[str] | None = None) -> int:
     p_term = sub.add_parser("term", help="show the term: each lesson's release, due and closing dates")
     p_term.add_argument("--term", type=Path, default=None, help="the term file (default: $DECODER_COURSE_TERM, "
                                                                 "or term.toml when there)")
+    p_term.add_argument("--out", type=Path, default=None,
+                        help="the term's release folder, beside which releases record when each lesson's answers went "
+                             "out (default .grading/lessons)")
     p_edition = sub.add_parser("student-edition", help="write the student edition into a new folder")
     p_edition.add_argument("dest", type=Path, help="a new or empty folder")
     p_edition.add_argument("--git", action="store_true", help=f"make it a git repository tagged {notebooks.TAG}")
@@ -106,7 +109,11 @@ def main(argv: list[str] | None = None) -> int:
         if chosen is None:
             print(f"no term: write term.toml (see term.example.toml), set ${term.ENV_VAR}, or pass --term")
             return 2
-        print(integrity.schedule(chosen, term.now()))
+        try:
+            print(integrity.schedule(chosen, term.now(), integrity.ledger_of(args.out or pipeline.TERM_RELEASE)))
+        except term.TermError as exc:
+            print(f"error: {shown(exc, True)}", file=sys.stderr)
+            return 2
         return 0
     if args.command == "release":
         try:
@@ -122,14 +129,20 @@ def main(argv: list[str] | None = None) -> int:
         else:
             print(f"released {', '.join(done)} into {out} for the term {chosen.path}, as of "
                   f"{term.shown_time(args.as_of or term.now())}")
+            for warning in integrity.extensions_after_answers(chosen, integrity.ledger_of(out)):
+                print(f"warning: {shown(warning)}")
         return 0
 
     started = time.perf_counter()
     try:  # before anything is released or graded: a term that cannot be used stops here, saying why
         term_file = pipeline.term_file_of(args.term)
+        late_extensions = (integrity.extensions_after_answers(term.load(term_file), integrity.ledger_of(
+            args.work / pipeline.TERM_RELEASE.name)) if term_file else [])
     except term.TermError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
+    for warning in late_extensions:  # said before grading and again after the scores, where it is read
+        print(f"warning: {shown(warning)}", file=sys.stderr)
     if args.command == "demo":
         pipeline.release(args.lessons)
         print(f"released {len(notebooks.lessons())} lessons into lessons/")
@@ -158,6 +171,8 @@ def main(argv: list[str] | None = None) -> int:
           f"grades: {args.work / 'grades.csv'} (who each id is: {args.work / 'roster.csv'}); "
           f"feedback: {args.work / 'feedback'}")
     print(pipeline.summary(outcomes))
+    for warning in late_extensions:
+        print(f"warning: {shown(warning)}")
     late = sum(1 for o in outcomes if o.late)
     print(f"term: {term_file}, {late} late notebook{'s' if late != 1 else ''} (penalties in grades.csv)" if term_file
           else f"no term (no ${term.ENV_VAR}, no term.toml, no --term): nothing is late")

@@ -49,7 +49,8 @@ from autograder import term as term_module
 from autograder.edition import SOLUTION_BLOCK, _distinctive
 from autograder.term import Term, shown_time
 
-__all__ = ["FeedbackHeld", "HoldWhileOpen", "Withheld", "WithholdOpenAnswers", "check_release", "feedback_held_until",
+__all__ = ["FeedbackHeld", "HoldWhileOpen", "Withheld", "WithholdOpenAnswers", "answers_shown", "check_release",
+           "extensions_after_answers", "feedback_held_until", "handed_out", "ledger_of", "record_handed_out",
            "stand_in", "withheld"]
 
 LESSON_OF_MODULE = {module: lesson for lesson, module in notebooks.REFERENCE_MODULES.items()}
@@ -260,19 +261,102 @@ def check_release(folder: Path, lessons: list[str], term: Term | None, at: datet
     return problems
 
 
-def schedule(term: Term, at: datetime) -> str:
-    """The term as a markdown table: each lesson's release, due and closing dates, its extensions, and whether
-    its answers are withheld from a release made at ``at``."""
-    rows = ["| lesson | release | due | extensions | closes | answers in a release now |", "|---|---|---|---|---|---|"]
+def schedule(term: Term, at: datetime, ledger: Path | None = None) -> str:
+    """The term as a markdown table: each lesson's release, due and closing dates, its extensions, whether its
+    answers are withheld from a release made at ``at``, and when a release first showed them (``ledger``); then a
+    warning for each extension that came too late (:func:`extensions_after_answers`)."""
+    out = handed_out(ledger) if ledger is not None else {}
+    rows = ["| lesson | release | due | extensions | closes | answers in a release now | answers first out |",
+            "|---|---|---|---|---|---|---|"]
     for lesson in lessons_registry.ids():
         if not term.scheduled(lesson):
             continue
         extended = ", ".join(f"{student} {shown_time(by_lesson[lesson])}" for student, by_lesson in
                              sorted(term.extensions.items()) if lesson in by_lesson)
         state = "withheld (open)" if protected(term, lesson, at) else "shown (closed)"
+        first = (f"{shown_time(out[lesson][0])} ({out[lesson][1]})"
+                 if lesson in out and out[lesson][0] >= term.release(lesson) else "")
         rows.append(f"| {lesson} | {shown_time(term.release(lesson))} | {shown_time(term.due(lesson))} | "
-                    f"{extended} | {shown_time(term.closes(lesson))} | {state} |")
-    return "\n".join(rows) + f"\n\nlate policy: {term.late.describe()}\nnow: {shown_time(at)}"
+                    f"{extended} | {shown_time(term.closes(lesson))} | {state} | {first} |")
+    warnings = [f"warning: {text}" for text in (extensions_after_answers(term, ledger) if ledger is not None else [])]
+    return "\n".join(rows + [""] + warnings) + f"\n\nlate policy: {term.late.describe()}\nnow: {shown_time(at)}"
+
+
+# -- what went out ---------------------------------------------------------------------------------------------------
+HANDED_OUT = "handed-out.json"  # beside the term's release folder: .grading/handed-out.json by default
+MAX_LEDGER_BYTES = 1 << 20
+
+
+def ledger_of(release_folder: Path) -> Path:
+    """Where the record of what releases into ``release_folder`` handed out is kept: beside that folder (nbgrader's
+    ``release_assignment`` hands out the lessons' folders in it, never this file)."""
+    return Path(release_folder).parent / HANDED_OUT
+
+
+def answers_shown(term: Term, lesson: str, at: datetime) -> list[str]:
+    """The lessons of ``term`` whose graded answers a release of ``lesson`` made at ``at`` shows as given code."""
+    shown = {w.of for names in _given_cells(lesson) for w in answers(lesson, list(names))
+             if term.scheduled(w.of) and not protected(term, w.of, at)}
+    return [other for other in lessons_registry.ids() if other in shown]
+
+
+def handed_out(ledger: Path) -> dict[str, tuple[datetime, str]]:
+    """lesson -> (when its answers first went out, in which release), as :func:`record_handed_out` kept them;
+    {} when nothing was recorded. A ledger that cannot be read is an error that says what to do."""
+    try:
+        with open(ledger, "rb") as handle:
+            raw = handle.read(MAX_LEDGER_BYTES + 1)
+    except FileNotFoundError:
+        return {}
+    try:
+        if len(raw) > MAX_LEDGER_BYTES:
+            raise ValueError(f"over {MAX_LEDGER_BYTES >> 10} kB")
+        return {lesson: (term_module.as_utc(datetime.fromisoformat(entry["at"])), str(entry["by"]))
+                for lesson, entry in json.loads(raw).items() if lesson in lessons_registry.ids()}
+    except (ValueError, TypeError, KeyError, AttributeError) as exc:
+        raise term_module.TermError(f"{ledger} (when each lesson's answers went out) cannot be read ({exc}): restore "
+                                    "it from a backup, or delete it to start the record again") from None
+
+
+def record_handed_out(ledger: Path, term: Term | None, lessons: list[str], at: datetime) -> dict[str, str]:
+    """Keep, for each lesson whose answers the release of ``lessons`` made at ``at`` shows, the first such moment
+    (an extension granted after it comes too late: :func:`extensions_after_answers`). Returns what it added."""
+    if term is None:
+        return {}
+    kept = handed_out(ledger)
+    added = {}
+    for lesson in lessons:
+        for other in answers_shown(term, lesson, at):
+            if other not in kept or at < kept[other][0]:
+                kept[other] = (term_module.as_utc(at), f"the release of {lesson}")
+                added[other] = kept[other][1]
+    if added:
+        text = json.dumps({lesson: {"at": when.isoformat(), "by": by} for lesson, (when, by) in sorted(kept.items())},
+                          indent=1)
+        partial = Path(ledger).with_name(f".{HANDED_OUT}.partial")
+        partial.write_text(text + "\n")
+        partial.replace(ledger)
+    return added
+
+
+def extensions_after_answers(term: Term, ledger: Path) -> list[str]:
+    """Each extension of ``term`` that lets a student earn points on a lesson after its answers went out (the
+    ledger), as a warning that says what to do; [] when none. An entry from before the lesson's release date is an
+    earlier term's, and ignored."""
+    out = handed_out(ledger)
+    warnings = []
+    for student, by_lesson in sorted(term.extensions.items()):
+        for lesson in sorted(by_lesson):
+            if lesson not in out or out[lesson][0] < term.release(lesson):
+                continue
+            when, by = out[lesson]
+            if term.due(lesson, student) + term.late.grace + term.late.cutoff > when:
+                warnings.append(
+                    f"{student}'s extension of {lesson} (due {shown_time(term.due(lesson, student))}) lets them earn points after "
+                    f"{lesson}'s answers went out ({by}, {shown_time(when)}): they may have seen them. Shorten it "
+                    f"so that, with the grace and the cutoff, it ends by then, or grade {student}'s {lesson} by "
+                    f"other means; until it ends, a new release shows stand-ins for {lesson} again")
+    return warnings
 
 
 # -- feedback ------------------------------------------------------------------------------------------------------

@@ -205,6 +205,9 @@ class StagedGenerateAssignment(GenerateAssignment):
     def start(self) -> None:
         notebooks.build_all()
         release = Path(self.coursedir.root) / self.coursedir.release_directory
+        term = term_module.from_config(self)
+        if term is not None:
+            integrity.handed_out(integrity.ledger_of(release))  # unreadable: stop before anything is generated
         release.mkdir(parents=True, exist_ok=True)
         with tempfile.TemporaryDirectory(prefix=".generate-", dir=release.parent) as staging:
             self._staging = staging
@@ -212,7 +215,6 @@ class StagedGenerateAssignment(GenerateAssignment):
                 super().start()
             finally:
                 self._staging = None
-            term = term_module.from_config(self)
             at = integrity.as_of_moment(self.config.WithholdOpenAnswers.get("as_of", ""))
             problems = integrity.check_release(Path(staging), [self.coursedir.assignment_id], term, at)
             if problems:
@@ -223,6 +225,7 @@ class StagedGenerateAssignment(GenerateAssignment):
                 if target.exists():
                     target.rename(old)
                 folder.rename(target)
+            integrity.record_handed_out(integrity.ledger_of(release), term, [self.coursedir.assignment_id], at)
 
 
 def _stage_generate_assignment() -> None:
@@ -284,7 +287,8 @@ def release(lessons: list[str] | None = None, out: Path | None = None, work: Pat
 
     nbgrader writes into a staging folder beside ``out``; only when every lesson succeeded and passed that check
     does each staged lesson replace its folder in ``out`` (a rename, on the same file system). A failure leaves
-    ``out`` as it was.
+    ``out`` as it was. A release during a term then records, beside ``out``, the first moment each lesson's answers
+    went out (:func:`autograder.integrity.record_handed_out`): an extension granted after it comes too late.
     """
     notebooks.build_all()
     term = term_module.configured(term_file)
@@ -296,6 +300,8 @@ def release(lessons: list[str] | None = None, out: Path | None = None, work: Pat
                                  "name the lessons (--lessons) to release one early")
     lessons = lessons or notebooks.lessons()
     out = Path(out or (TERM_RELEASE if term is not None else LESSONS_DIR))
+    if term is not None:
+        integrity.handed_out(integrity.ledger_of(out))  # a record that cannot be read stops here, before anything
     out.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(prefix="release-") as tmp, \
             tempfile.TemporaryDirectory(prefix=".release-", dir=out.parent) as staging:
@@ -324,6 +330,7 @@ def release(lessons: list[str] | None = None, out: Path | None = None, work: Pat
             if target.exists():
                 target.rename(old)
             (Path(staging) / lesson).rename(target)
+    integrity.record_handed_out(integrity.ledger_of(out), term, lessons, at)
     return lessons
 
 

@@ -126,6 +126,9 @@ def test_a_term_release_withholds_open_answers_and_shows_closed_ones(tmp_path):
     assert later == ["03-multi-head"]
     shown = [c for c in _cells(out, "03-multi-head") if c.metadata.get("course", {}).get("given") == ["attention"]]
     assert "raise NotImplementedError" not in shown[0].source and "torch.softmax" in shown[0].source
+    # each lesson's answers went out with the first release that showed them, and that moment is kept
+    assert integrity.handed_out(integrity.ledger_of(out)) == {
+        "01-masks": (NOW, "the release of 02-attention"), "02-attention": (NOW + WEEK, "the release of 03-multi-head")}
 
 
 @pytest.mark.parametrize("generate", ["nbgrader's", "staged"])
@@ -159,6 +162,9 @@ def test_nbgraders_own_generate_withholds_and_refuses_too(tmp_path, monkeypatch)
     grader = pipeline.api(tmp_path / "work", release_dir=release, term_file=path)
     result = grader.generate_assignment("03-multi-head", force=True, create=True)
     assert result["success"], result["log"]
+    assert not integrity.ledger_of(release).exists()  # 02 is open: lesson 03 handed out no answer
+    assert grader.generate_assignment("02-attention", force=True, create=True)["success"]
+    assert list(integrity.handed_out(integrity.ledger_of(release))) == ["01-masks"]  # 01 closed: shown in 02
     ported = [c for c in _cells(release, "03-multi-head") if c.metadata.get("course", {}).get("given") == ["attention"]]
     assert "raise NotImplementedError" in ported[0].source
     before = (release / "03-multi-head" / "03-multi-head.ipynb").read_bytes()
@@ -215,12 +221,105 @@ def test_the_self_study_edition_says_it_is_not_for_graded_use():
 
 def test_the_term_command_shows_what_is_open(tmp_path, capsys):
     path = _term(tmp_path, TERM3, extensions='bob = { "03-multi-head" = 2 }')
-    assert main(["term", "--term", str(path)]) == 0
+    assert main(["term", "--term", str(path), "--out", str(tmp_path / "lessons")]) == 0
     table = {line.split("|")[1].strip(): line for line in capsys.readouterr().out.splitlines()
              if line.startswith("| 0")}
     assert "shown (closed)" in table["01-masks"] and "withheld (open)" in table["02-attention"]
     assert "bob " + term.shown_time(TERM3["03-multi-head"][1] + timedelta(days=2)) in table["03-multi-head"]
     assert main(["term", "--term", str(tmp_path / "none.toml")]) == 2
+
+
+# -- what went out, and extensions that come after it --------------------------------------------------------------
+# Lesson 02's answers went out an hour ago, with lesson 03's release; 02 was due three days before that, so with
+# the 2-day cutoff it had closed a day before, as a release requires.
+OUT = (NOW - timedelta(hours=1)).replace(microsecond=0)
+TERM_OUT = {"01-masks": (NOW - 3 * WEEK, NOW - 2 * WEEK), "02-attention": (NOW - 2 * WEEK, OUT - timedelta(days=3)),
+            "03-multi-head": (OUT, NOW + WEEK)}
+
+
+def _ledger(tmp_path: Path, text: str | None = None) -> Path:
+    ledger = tmp_path / integrity.HANDED_OUT
+    ledger.write_text(text if text is not None else json.dumps(
+        {"02-attention": {"at": OUT.isoformat(), "by": "the release of 03-multi-head"}}))
+    return ledger
+
+
+@pytest.mark.parametrize("extension,warned", [
+    ("{ \"02-attention\" = 2 }", True),  # due OUT - 1 day, + 2 days cutoff: can still earn points after OUT
+    (f"{{ \"02-attention\" = {OUT - timedelta(days=2):%Y-%m-%dT%H:%M:%S} }}", False),  # closes exactly at OUT
+    (f"{{ \"02-attention\" = {OUT - timedelta(days=2, seconds=-1):%Y-%m-%dT%H:%M:%S} }}", True),  # a second after
+    ("{ \"03-multi-head\" = 2 }", False),  # 03's answers never went out
+    ("{ \"01-masks\" = 30 }", False),  # nothing recorded for 01
+])
+def test_an_extension_that_lets_a_student_submit_after_the_answers_went_out_is_flagged(tmp_path, extension, warned):
+    chosen = term.load(_term(tmp_path, TERM_OUT, extensions=f"alice = {extension}\n"))
+    ledger = _ledger(tmp_path)
+    found = integrity.extensions_after_answers(chosen, ledger)
+    assert bool(found) == warned, found
+    if warned:
+        assert found[0].startswith("alice's extension of 02-attention") and "the release of 03-multi-head" in found[0]
+        assert term.shown_time(OUT) in found[0] and "Shorten it so that" in found[0]
+
+
+def test_a_record_from_before_the_lesson_was_released_is_an_earlier_terms(tmp_path):
+    chosen = term.load(_term(tmp_path, TERM_OUT, extensions='alice = { "02-attention" = 2 }\n'))
+    earlier = json.dumps({"02-attention": {"at": (NOW - 60 * WEEK).isoformat(), "by": "the release of 03-multi-head"}})
+    assert integrity.extensions_after_answers(chosen, _ledger(tmp_path, earlier)) == []
+
+
+def test_a_release_keeps_the_first_moment_and_records_nothing_without_a_term(tmp_path):
+    chosen = term.load(_term(tmp_path, TERM_OUT))
+    ledger = tmp_path / "handed-out.json"
+    assert integrity.record_handed_out(ledger, None, ["03-multi-head"], NOW) == {} and not ledger.exists()
+    assert integrity.record_handed_out(ledger, chosen, ["03-multi-head"], NOW) == {
+        "02-attention": "the release of 03-multi-head"}
+    assert integrity.record_handed_out(ledger, chosen, ["03-multi-head", "02-attention"], NOW + WEEK) == {
+        "01-masks": "the release of 02-attention"}  # 02's first moment is kept
+    assert integrity.handed_out(ledger)["02-attention"] == (NOW, "the release of 03-multi-head")
+    assert integrity.record_handed_out(ledger, chosen, ["03-multi-head"], NOW - timedelta(minutes=5)) == {
+        "02-attention": "the release of 03-multi-head"}  # an earlier moment replaces it
+    assert integrity.handed_out(ledger)["02-attention"][0] == NOW - timedelta(minutes=5)
+
+
+@pytest.mark.parametrize("text", ["{ not json", "[1, 2]", json.dumps({"02-attention": {"at": "yesterday", "by": "x"}}),
+                                  json.dumps({"02-attention": {"by": "x"}}), " " * (integrity.MAX_LEDGER_BYTES + 1)])
+def test_a_record_that_cannot_be_read_stops_a_release_before_anything_changes(tmp_path, capsys, text):
+    path = _term(tmp_path, TERM_OUT)
+    out = tmp_path / "lessons"
+    _ledger(tmp_path, text)
+    with pytest.raises(term.TermError, match="delete it to start the record again"):
+        integrity.handed_out(integrity.ledger_of(out))
+    assert main(["release", "--term", str(path), "--out", str(out), "--lessons", "03-multi-head"]) == 2
+    assert "cannot be read" in capsys.readouterr().err and not out.exists()
+    assert main(["term", "--term", str(path), "--out", str(out)]) == 2
+
+
+def test_the_term_command_shows_when_answers_went_out_and_warns_of_late_extensions(tmp_path, capsys):
+    path = _term(tmp_path, TERM_OUT, extensions='alice = { "02-attention" = 2 }\n')
+    _ledger(tmp_path)
+    assert main(["term", "--term", str(path), "--out", str(tmp_path / "lessons")]) == 0
+    printed = capsys.readouterr().out
+    row = next(line for line in printed.splitlines() if line.startswith("| 02-attention"))
+    assert row.rstrip(" |").endswith(f"{term.shown_time(OUT)} (the release of 03-multi-head)"), row
+    assert "warning: alice's extension of 02-attention" in printed
+
+
+def test_grading_warns_of_late_extensions_from_the_record_in_its_work_folder(tmp_path, capsys, monkeypatch):
+    """``./course grade --work W`` reads W/handed-out.json, the record ``./course release`` keeps beside W/lessons;
+    the warning comes before grading and again under the scores. (Grading itself is stubbed: this is the wiring.)"""
+    path = _term(tmp_path, TERM_OUT, extensions='alice = { "02-attention" = 2 }\n')
+    work = tmp_path / "work"
+    work.mkdir()
+    _ledger(work)
+    (tmp_path / "incoming").mkdir()
+    monkeypatch.setattr(pipeline, "grade", lambda *args, **kwargs: [])
+    assert main(["grade", str(tmp_path / "incoming"), "--work", str(work), "--term", str(path)]) == 0
+    said = capsys.readouterr()
+    assert "warning: alice's extension of 02-attention" in said.err
+    assert "warning: alice's extension of 02-attention" in said.out.split("graded 0 notebooks")[1]
+    (work / integrity.HANDED_OUT).unlink()
+    assert main(["grade", str(tmp_path / "incoming"), "--work", str(work), "--term", str(path)]) == 0
+    assert "warning" not in str(capsys.readouterr())
 
 
 # -- the student's side: use_your_own ------------------------------------------------------------------------------
