@@ -279,7 +279,7 @@ def schedule(term: Term, at: datetime, ledger: Path | None = None) -> str:
         rows.append(f"| {lesson} | {shown_time(term.release(lesson))} | {shown_time(term.due(lesson))} | "
                     f"{extended} | {shown_time(term.closes(lesson))} | {state} | {first} |")
     warnings = [f"warning: {text}" for text in (extensions_after_answers(term, ledger) if ledger is not None else [])]
-    return "\n".join(rows + [""] + warnings) + f"\n\nlate policy: {term.late.describe()}\nnow: {shown_time(at)}"
+    return "\n".join(rows + ([""] + warnings if warnings else [])) + f"\n\nlate policy: {term.late.describe()}\nnow: {shown_time(at)}"
 
 
 # -- what went out ---------------------------------------------------------------------------------------------------
