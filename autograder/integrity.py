@@ -34,6 +34,8 @@ import functools
 import importlib
 import inspect
 import json
+import os
+import tempfile
 import textwrap
 from dataclasses import dataclass
 from datetime import datetime
@@ -318,9 +320,11 @@ def handed_out(ledger: Path) -> dict[str, tuple[datetime, str]]:
                                     "it from a backup, or delete it to start the record again") from None
 
 
-def record_handed_out(ledger: Path, term: Term | None, lessons: list[str], at: datetime) -> dict[str, str]:
-    """Keep, for each lesson whose answers the release of ``lessons`` made at ``at`` shows, the first such moment
-    (an extension granted after it comes too late: :func:`extensions_after_answers`). Returns what it added."""
+def record_handed_out(ledger: Path, term: Term | None, lessons: list[str], at: datetime,
+                      how: str = "the release of") -> dict[str, str]:
+    """Keep, for each lesson whose answers a release of ``lessons`` made at ``at`` shows (or their feedback pages,
+    ``how="the feedback of"``: the same given cells), the first such moment (an extension granted after it comes
+    too late: :func:`extensions_after_answers`). Returns what it added."""
     if term is None:
         return {}
     kept = handed_out(ledger)
@@ -328,14 +332,16 @@ def record_handed_out(ledger: Path, term: Term | None, lessons: list[str], at: d
     for lesson in lessons:
         for other in answers_shown(term, lesson, at):
             if other not in kept or at < kept[other][0]:
-                kept[other] = (term_module.as_utc(at), f"the release of {lesson}")
+                kept[other] = (term_module.as_utc(at), f"{how} {lesson}")
                 added[other] = kept[other][1]
     if added:
         text = json.dumps({lesson: {"at": when.isoformat(), "by": by} for lesson, (when, by) in sorted(kept.items())},
                           indent=1)
-        partial = Path(ledger).with_name(f".{HANDED_OUT}.partial")
-        partial.write_text(text + "\n")
-        partial.replace(ledger)
+        # a whole file or none: written beside it, then renamed over it (two writers never share a partial file)
+        with tempfile.NamedTemporaryFile("w", dir=Path(ledger).parent, prefix=f".{HANDED_OUT}.",
+                                         delete=False) as partial:
+            partial.write(text + "\n")
+        os.replace(partial.name, ledger)
     return added
 
 
@@ -384,13 +390,20 @@ def _given_cells(lesson: str) -> tuple[tuple[str, ...], ...]:
 
 class HoldWhileOpen(NbGraderPreprocessor):
     """``generate_feedback``'s first step: no feedback page while :func:`feedback_held_until` holds it back, in
-    ``./course grade`` and in nbgrader's own tools alike."""
+    ``./course grade`` and in nbgrader's own tools alike. With a ``ledger`` (nbgrader's own tools:
+    :func:`autograder.pipeline.tools_config`), a page written records the answers it shows
+    (:func:`record_handed_out`); ``./course grade`` records its pages itself, where they land."""
+
+    ledger = Unicode("", help="the record of when each lesson's answers went out ('': none)").tag(config=True)
 
     def preprocess(self, nb, resources):
         lesson = resources["nbgrader"]["assignment"]
-        until = feedback_held_until(term_module.from_config(self), lesson, term_module.now())
+        term, at = term_module.from_config(self), term_module.now()
+        until = feedback_held_until(term, lesson, at)
         if until is not None:
             raise FeedbackHeld(f"feedback for {lesson} is held until {shown_time(until)}: its grading ran the "
                                "course's code of an earlier lesson still open, which the student's code could "
                                "have printed; generate it again after then")
+        if self.ledger:
+            record_handed_out(Path(self.ledger), term, [lesson], at, "the feedback of")
         return nb, resources

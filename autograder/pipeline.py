@@ -184,6 +184,7 @@ def tools_config(c: Config, work: Path | None = None) -> Config:
     c.ExchangeFactory.collect = CourseExchangeCollect
     c.CourseExchangeCollect.set_apart_directory = str(work / "set_apart")
     c.Autograde.pre_convert_hook = refuse_oversized
+    c.HoldWhileOpen.ledger = str(integrity.ledger_of(work / TERM_RELEASE.name))  # beside the term's release
     _stage_generate_assignment()
     _sanitise_formgrader()
     return c
@@ -517,6 +518,9 @@ def grade(submissions: Path, work: Path, lessons: list[str] | None = None, db_ur
     limits = limits or Limits()
     term_file = term_file_of(term_file)
     term = term_module.load(term_file) if term_file else None
+    ledger = integrity.ledger_of(work / TERM_RELEASE.name)  # what went out: the releases' record, and feedback's
+    if term is not None:
+        integrity.handed_out(ledger)  # a record that cannot be read stops the run here, before any grading
     if scheduler:
         from autograder import distributed  # imports this module: only when asked for
 
@@ -550,6 +554,9 @@ def grade(submissions: Path, work: Path, lessons: list[str] | None = None, db_ur
         for lesson, why in sorted(refused.items()):
             outcomes.append(Outcome(student, lesson, 0.0, 0.0, ok=False, message=shown(why)))
     write_csv(work / "grades.csv", outcomes)
+    # a feedback page shows the course's code of its given cells: answers of the lessons closed by now
+    fed = [o.lesson for o in outcomes if o.student != CANARY and (work / "feedback" / o.student / o.lesson).is_dir()]
+    integrity.record_handed_out(ledger, term, sorted(set(fed)), term_module.now(), "the feedback of")
     write_roster(work / "roster.csv", collected.roster)
     (work / "problems.json").write_text(json.dumps([shown(p) for p in collected.problems], indent=2))
     return outcomes

@@ -13,6 +13,8 @@ from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 import nbformat
+from nbgrader.apps import NbGraderAPI
+from nbgrader.coursedir import CourseDirectory
 import numpy as np
 import pytest
 
@@ -482,7 +484,7 @@ def test_grading_runs_the_courses_blocks_whatever_the_given_cell_holds(graded):
         assert not [o for o in ran[0].outputs if o.output_type == "error"]
 
 
-def test_feedback_that_ran_an_open_lessons_answers_waits_until_it_closes(graded):
+def test_feedback_that_ran_an_open_lessons_answers_waits_until_it_closes(graded, monkeypatch):
     work = graded["work"]
     for student in ("solver", "tamperer"):
         outcome = graded["outcomes"][student]
@@ -501,8 +503,13 @@ def test_feedback_that_ran_an_open_lessons_answers_waits_until_it_closes(graded)
     (graded["tmp"] / "later").mkdir()
     closed = _term(graded["tmp"] / "later", {"01-masks": (NOW - 3 * WEEK, NOW - 2 * WEEK),
                                              "02-attention": (NOW - timedelta(days=1), NOW + WEEK)})
-    grader = pipeline.api(work, term_file=closed)
+    ledger = integrity.ledger_of(work / "lessons")
+    assert not ledger.exists()  # nothing went out while it was held
+    monkeypatch.setenv(term.ENV_VAR, str(closed))
+    config = pipeline.tools_config(pipeline.Config(), work)  # nbgrader's own tools: they record what their pages show
+    grader = NbGraderAPI(coursedir=CourseDirectory(config=config), config=config)
     result = grader.generate_feedback("02-attention", "solver", force=True)
     assert result["success"], result["log"]
     page = (work / "feedback" / "solver" / "02-attention" / "02-attention.html").read_text()
     assert "causal_mask" in page
+    assert integrity.handed_out(ledger)["01-masks"][1] == "the feedback of 02-attention"  # the page is recorded

@@ -170,3 +170,14 @@ def test_the_canaries_are_never_late(run):
     canaries = [o for o in run["outcomes"] if o.student == pipeline.CANARY]
     assert {o.lesson for o in canaries} == set(LESSONS)
     assert all(o.score == o.max_score and not o.late and o.due is None for o in canaries)
+
+
+def test_feedback_pages_record_the_answers_they_show(run):
+    """Lesson 02's pages show lesson 01's masks (closed): grading records that moment beside the term's release,
+    where ./course term and the next release read it. Lesson 01's pages show no graded answer of another lesson."""
+    from autograder import integrity
+
+    out = integrity.handed_out(integrity.ledger_of(run["work"] / "lessons"))
+    assert set(out) == {"01-masks"}, out
+    when, by = out["01-masks"]
+    assert by == "the feedback of 02-attention" and abs((when - datetime.now(UTC)).total_seconds()) < 3600
