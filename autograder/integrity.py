@@ -53,7 +53,7 @@ from autograder.term import Term, shown_time
 
 __all__ = ["FeedbackHeld", "HoldWhileOpen", "Withheld", "WithholdOpenAnswers", "answers_shown", "check_release",
            "extensions_after_answers", "feedback_held_until", "handed_out", "ledger_of", "record_handed_out",
-           "stand_in", "withheld"]
+           "stand_in", "submitted_after_answers", "withheld"]
 
 LESSON_OF_MODULE = {module: lesson for lesson, module in notebooks.REFERENCE_MODULES.items()}
 MAX_NOTEBOOK_BYTES = 64 << 20  # a released notebook the check reads (the instructor's own output)
@@ -363,6 +363,17 @@ def extensions_after_answers(term: Term, ledger: Path) -> list[str]:
                     f"so that, with the grace and the cutoff, it ends by then, or grade {student}'s {lesson} by "
                     f"other means; until it ends, a new release shows stand-ins for {lesson} again")
     return warnings
+
+
+def submitted_after_answers(term: Term, out: dict[str, tuple[datetime, str]], lesson: str,
+                            submitted: datetime | None) -> str:
+    """A note for a submission of ``lesson`` made after its answers went out (``out``: :func:`handed_out`), which
+    only a late extension allows; '' otherwise."""
+    if submitted is None or lesson not in out or out[lesson][0] < term.release(lesson) or submitted <= out[lesson][0]:
+        return ""
+    when, by = out[lesson]
+    return (f"submitted {shown_time(submitted)}, after {lesson}'s answers went out ({by}, {shown_time(when)}): "
+            "check that this work is the student's own")
 
 
 # -- feedback ------------------------------------------------------------------------------------------------------

@@ -553,6 +553,11 @@ def grade(submissions: Path, work: Path, lessons: list[str] | None = None, db_ur
     for student, refused in sorted(collected.refused.items()):
         for lesson, why in sorted(refused.items()):
             outcomes.append(Outcome(student, lesson, 0.0, 0.0, ok=False, message=shown(why)))
+    if term is not None:  # work that earned points after its answers went out (a late extension): look at it
+        out = integrity.handed_out(ledger)
+        for o in outcomes:
+            after = integrity.submitted_after_answers(term, out, o.lesson, o.submitted) if o.ok and o.score else ""
+            o.notes += [after] if after else []
     write_csv(work / "grades.csv", outcomes)
     # a feedback page shows the course's code of its given cells: answers of the lessons closed by now
     fed = [o.lesson for o in outcomes if o.student != CANARY and (work / "feedback" / o.student / o.lesson).is_dir()]

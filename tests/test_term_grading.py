@@ -11,6 +11,7 @@ late-penalty step (``SubmittedNotebook.late_submission_penalty``), which formgra
 
 import csv
 import html
+import json
 import os
 import re
 from dataclasses import dataclass
@@ -84,6 +85,10 @@ def run(tmp_path_factory):
         else:
             os.utime(path, (when.timestamp(), when.timestamp()))
     work = root / "work"
+    work.mkdir()
+    # lesson 00's answers went out a day after its due date (as if a release had shown them): within the cutoff
+    (work / "handed-out.json").write_text(json.dumps(
+        {"00-setup": {"at": (DUE["00-setup"] + timedelta(days=1)).isoformat(), "by": "the release of 01-masks"}}))
     outcomes = pipeline.grade(incoming, work, LESSONS, workers=2, term_file=term_file)
     with open(work / "grades.csv") as handle:
         rows = {(row["student"], row["lesson"]): row for row in csv.DictReader(handle)}
@@ -178,6 +183,18 @@ def test_feedback_pages_record_the_answers_they_show(run):
     from autograder import integrity
 
     out = integrity.handed_out(integrity.ledger_of(run["work"] / "lessons"))
-    assert set(out) == {"01-masks"}, out
+    assert set(out) == {"00-setup", "01-masks"}, out
+    assert out["00-setup"] == (DUE["00-setup"] + timedelta(days=1), "the release of 01-masks")  # kept as it was
     when, by = out["01-masks"]
     assert by == "the feedback of 02-attention" and abs((when - datetime.now(UTC)).total_seconds()) < 3600
+
+
+def test_work_that_earned_points_after_its_answers_went_out_needs_attention(run):
+    """00-setup's answers went out a day after its due date: the two submissions after that which still earn
+    points are flagged in grades.csv (and counted as needing attention); the one before, and lessons whose
+    answers never went out, are not."""
+    flagged = {key for key, row in run["rows"].items() if "answers went out" in row["message"]}
+    assert flagged == {("lin", "00-setup"), ("max", "00-setup")}, flagged
+    message = run["rows"][("lin", "00-setup")]["message"]
+    assert "the release of 01-masks" in message and "check that this work is the student's own" in message
+    assert "needs attention 2" in pipeline.summary(run["outcomes"])
