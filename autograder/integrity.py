@@ -281,7 +281,8 @@ def schedule(term: Term, at: datetime, ledger: Path | None = None) -> str:
         rows.append(f"| {lesson} | {shown_time(term.release(lesson))} | {shown_time(term.due(lesson))} | "
                     f"{extended} | {shown_time(term.closes(lesson))} | {state} | {first} |")
     warnings = [f"warning: {text}" for text in (extensions_after_answers(term, ledger) if ledger is not None else [])]
-    return "\n".join(rows + ([""] + warnings if warnings else [])) + f"\n\nlate policy: {term.late.describe()}\nnow: {shown_time(at)}"
+    tail = f"\n\nlate policy: {term.late.describe()}\nnow: {shown_time(at)}"
+    return "\n".join(rows + ([""] + warnings if warnings else [])) + tail
 
 
 # -- what went out ---------------------------------------------------------------------------------------------------
@@ -357,8 +358,9 @@ def extensions_after_answers(term: Term, ledger: Path) -> list[str]:
                 continue
             when, by = out[lesson]
             if term.due(lesson, student) + term.late.grace + term.late.cutoff > when:
+                due = shown_time(term.due(lesson, student))
                 warnings.append(
-                    f"{student}'s extension of {lesson} (due {shown_time(term.due(lesson, student))}) lets them earn points after "
+                    f"{student}'s extension of {lesson} (due {due}) lets them earn points after "
                     f"{lesson}'s answers went out ({by}, {shown_time(when)}): they may have seen them. Shorten it "
                     f"so that, with the grace and the cutoff, it ends by then, or grade {student}'s {lesson} by "
                     f"other means; until it ends, a new release shows stand-ins for {lesson} again")
@@ -399,13 +401,25 @@ def _given_cells(lesson: str) -> tuple[tuple[str, ...], ...]:
                  if cell.cell_type == "code" and "given" in cell.get("metadata", {}).get("course", {}))
 
 
+def ledger_from_config(parent) -> Path | None:
+    """The record nbgrader's own tools add to (``c.HandedOutFile.file``, which
+    :func:`autograder.pipeline.tools_config` sets beside the term's release): their Generate writes what students
+    get, and their feedback pages go to students. None elsewhere: ``./course release`` and ``./course grade`` record
+    themselves, and the trees ``./course grade`` generates for its gradebook are handed to no one."""
+    from traitlets.config import Configurable
+
+    class HandedOutFile(Configurable):
+        file = Unicode("", help="the record of when each lesson's answers went out ('': none)").tag(config=True)
+
+    file = HandedOutFile(parent=parent).file
+    return Path(file) if file else None
+
+
 class HoldWhileOpen(NbGraderPreprocessor):
     """``generate_feedback``'s first step: no feedback page while :func:`feedback_held_until` holds it back, in
-    ``./course grade`` and in nbgrader's own tools alike. With a ``ledger`` (nbgrader's own tools:
-    :func:`autograder.pipeline.tools_config`), a page written records the answers it shows
-    (:func:`record_handed_out`); ``./course grade`` records its pages itself, where they land."""
-
-    ledger = Unicode("", help="the record of when each lesson's answers went out ('': none)").tag(config=True)
+    ``./course grade`` and in nbgrader's own tools alike. In nbgrader's own tools (:func:`ledger_from_config`), a
+    page written records the answers it shows (:func:`record_handed_out`); ``./course grade`` records its pages
+    itself, where they land."""
 
     def preprocess(self, nb, resources):
         lesson = resources["nbgrader"]["assignment"]
@@ -415,6 +429,7 @@ class HoldWhileOpen(NbGraderPreprocessor):
             raise FeedbackHeld(f"feedback for {lesson} is held until {shown_time(until)}: its grading ran the "
                                "course's code of an earlier lesson still open, which the student's code could "
                                "have printed; generate it again after then")
-        if self.ledger:
-            record_handed_out(Path(self.ledger), term, [lesson], at, "the feedback of")
+        ledger = ledger_from_config(self)
+        if ledger is not None:
+            record_handed_out(ledger, term, [lesson], at, "the feedback of")
         return nb, resources

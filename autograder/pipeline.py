@@ -184,7 +184,8 @@ def tools_config(c: Config, work: Path | None = None) -> Config:
     c.ExchangeFactory.collect = CourseExchangeCollect
     c.CourseExchangeCollect.set_apart_directory = str(work / "set_apart")
     c.Autograde.pre_convert_hook = refuse_oversized
-    c.HoldWhileOpen.ledger = str(integrity.ledger_of(work / TERM_RELEASE.name))  # beside the term's release
+    # what their Generate and feedback hand out is recorded beside the term's release (integrity.ledger_from_config)
+    c.HandedOutFile.file = str(integrity.ledger_of(work / TERM_RELEASE.name))
     _stage_generate_assignment()
     _sanitise_formgrader()
     return c
@@ -206,9 +207,9 @@ class StagedGenerateAssignment(GenerateAssignment):
     def start(self) -> None:
         notebooks.build_all()
         release = Path(self.coursedir.root) / self.coursedir.release_directory
-        term = term_module.from_config(self)
-        if term is not None:
-            integrity.handed_out(integrity.ledger_of(release))  # unreadable: stop before anything is generated
+        term, ledger = term_module.from_config(self), integrity.ledger_from_config(self)
+        if term is not None and ledger is not None:
+            integrity.handed_out(ledger)  # unreadable: stop before anything is generated
         release.mkdir(parents=True, exist_ok=True)
         with tempfile.TemporaryDirectory(prefix=".generate-", dir=release.parent) as staging:
             self._staging = staging
@@ -226,7 +227,8 @@ class StagedGenerateAssignment(GenerateAssignment):
                 if target.exists():
                     target.rename(old)
                 folder.rename(target)
-            integrity.record_handed_out(integrity.ledger_of(release), term, [self.coursedir.assignment_id], at)
+            if ledger is not None:  # nbgrader's own tools: this release is what students get
+                integrity.record_handed_out(ledger, term, [self.coursedir.assignment_id], at)
 
 
 def _stage_generate_assignment() -> None:

@@ -13,10 +13,10 @@ from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 import nbformat
-from nbgrader.apps import NbGraderAPI
-from nbgrader.coursedir import CourseDirectory
 import numpy as np
 import pytest
+from nbgrader.apps import NbGraderAPI
+from nbgrader.coursedir import CourseDirectory
 
 from autograder import integrity, lessons, notebooks, pipeline, term
 from autograder.__main__ import main
@@ -164,9 +164,6 @@ def test_nbgraders_own_generate_withholds_and_refuses_too(tmp_path, monkeypatch)
     grader = pipeline.api(tmp_path / "work", release_dir=release, term_file=path)
     result = grader.generate_assignment("03-multi-head", force=True, create=True)
     assert result["success"], result["log"]
-    assert not integrity.ledger_of(release).exists()  # 02 is open: lesson 03 handed out no answer
-    assert grader.generate_assignment("02-attention", force=True, create=True)["success"]
-    assert list(integrity.handed_out(integrity.ledger_of(release))) == ["01-masks"]  # 01 closed: shown in 02
     ported = [c for c in _cells(release, "03-multi-head") if c.metadata.get("course", {}).get("given") == ["attention"]]
     assert "raise NotImplementedError" in ported[0].source
     before = (release / "03-multi-head" / "03-multi-head.ipynb").read_bytes()
@@ -175,6 +172,25 @@ def test_nbgraders_own_generate_withholds_and_refuses_too(tmp_path, monkeypatch)
     said = result.get("error", "") + result["log"]
     assert not result["success"] and "given=attention" in said and "02-attention" in said
     assert (release / "03-multi-head" / "03-multi-head.ipynb").read_bytes() == before
+
+
+def test_nbgraders_own_generate_records_what_it_hands_out_and_gradings_trees_do_not(tmp_path, monkeypatch):
+    """nbgrader's Generate, configured by the repository's nbgrader_config.py (tools_config), writes the term's
+    release, which students get: it records each lesson whose answers it shows. The trees ./course grade generates
+    for its gradebook (the same class, once tools_config ran in the process) go to no one: nothing recorded."""
+    path = _term(tmp_path, TERM3)
+    monkeypatch.setenv(term.ENV_VAR, str(path))
+    work = tmp_path / "work"
+    config = pipeline.tools_config(pipeline.Config(), work)
+    grader = NbGraderAPI(coursedir=CourseDirectory(config=config), config=config)
+    ledger = integrity.ledger_of(work / "lessons")
+    assert grader.generate_assignment("03-multi-head", force=True, create=True)["success"]
+    assert (work / "lessons" / "03-multi-head").is_dir() and not ledger.exists()  # 02 is open: no answer shown
+    assert grader.generate_assignment("02-attention", force=True, create=True)["success"]
+    assert list(integrity.handed_out(ledger)) == ["01-masks"]  # 01 closed: lesson 02 shows its masks
+    grading = tmp_path / "grading"
+    assert pipeline.api(grading, term_file=path).generate_assignment("02-attention", force=True, create=True)["success"]
+    assert (grading / "release" / "02-attention").is_dir() and not integrity.ledger_of(grading / "release").exists()
 
 
 @pytest.mark.parametrize("where", ["demo cell", "markdown", "test cell"])
