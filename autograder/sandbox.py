@@ -18,7 +18,10 @@ Inside the sandbox
     - writable: ``/home/student`` (cwd and ``$HOME``), ``/tmp`` and ``/dev/shm``, the harvest folder's
       ``outputs/`` (``cases/`` is read-only) and the kernel's socket folder: nothing else, and each of them on a
       file system with its own cap (see *The writable space* below);
-    - a clean environment (``--clearenv``): no secret, no path of the grading process.
+    - a clean environment (``--clearenv``): no secret, no path of the grading process;
+    - no new user namespace, by a seccomp filter the launcher installs before anything of the notebook runs
+      (:func:`no_new_namespaces_filter`): in one, a process would hold every capability and could mount a file
+      system of its own past every cap below.
 
 The writable space
     Grading as root, every path the kernel can write lies on a tmpfs that the grader mounts for this sandbox
@@ -309,7 +312,53 @@ def check_available() -> None:
         raise SandboxUnavailable(f"{UNAVAILABLE}. ({why})")
 
 
-# The sandbox's first process: rlimits, then (as root) an unprivileged uid, then exec the kernel.
+# -- no new namespaces (seccomp) ---------------------------------------------------------------------------------
+# An unprivileged process may create a user namespace, in which it holds every capability: with a mount namespace
+# it could mount a tmpfs of its own over /tmp, with no size or inode cap (the caps above would no longer bound
+# what the notebook takes from the machine's memory). So every process of a sandbox runs under this seccomp filter:
+# unshare and clone with CLONE_NEWUSER fail with EPERM, setns fails with EPERM, clone3 (whose flags a filter
+# cannot read) fails with ENOSYS, on which the C library falls back to clone; any other ABI (x32, i386 on x86_64)
+# fails with EPERM. The filter is inherited by every child and across exec, and cannot be removed.
+_SYSCALLS = {  # machine -> (AUDIT_ARCH, clone, unshare, setns, clone3)
+    "x86_64": (0xC000003E, 56, 272, 308, 435),
+    "aarch64": (0xC00000B7, 220, 97, 268, 435),
+}
+CLONE_NEWUSER = 0x10000000
+
+
+def no_new_namespaces_filter(machine: str | None = None) -> bytes:
+    """The classic-BPF seccomp program (``struct sock_filter`` array, native byte order) described above."""
+    import platform
+    import struct
+
+    machine = machine or platform.machine()
+    if machine not in _SYSCALLS:
+        raise SandboxUnavailable(f"the sandbox's seccomp filter knows x86_64 and aarch64, not {machine}")
+    arch, clone, unshare, setns, clone3 = _SYSCALLS[machine]
+    ld, jeq, jge, jset, ret = 0x20, 0x15, 0x35, 0x45, 0x06  # BPF_LD|W|ABS, BPF_JMP|JEQ|JGE|JSET|K, BPF_RET|K
+    allow, eperm, enosys = 0x7FFF0000, 0x00050000 | 1, 0x00050000 | 38  # SECCOMP_RET_ALLOW, _ERRNO(EPERM, ENOSYS)
+    program = [
+        # (code, jump if true, jump if false, k): a jump skips that many instructions after its own
+        (ld, 0, 0, 4),                # 0: A = seccomp_data.arch
+        (jeq, 0, 11, arch),           # 1: another ABI: 13 (EPERM)
+        (ld, 0, 0, 0),                # 2: A = seccomp_data.nr
+        (jge, 9, 0, 0x40000000),      # 3: an x32 call: 13
+        (jeq, 7, 0, clone3),          # 4: 12 (ENOSYS)
+        (jeq, 7, 0, setns),           # 5: 13
+        (jeq, 2, 0, unshare),         # 6: 9 (its flags)
+        (jeq, 1, 0, clone),           # 7: 9 (its flags)
+        (ret, 0, 0, allow),           # 8
+        (ld, 0, 0, 16),               # 9: A = the low 32 bits of args[0]: the flags of clone and unshare
+        (jset, 2, 0, CLONE_NEWUSER),  # 10: a new user namespace: 13
+        (ret, 0, 0, allow),           # 11
+        (ret, 0, 0, enosys),          # 12
+        (ret, 0, 0, eperm),           # 13
+    ]
+    return b"".join(struct.pack("=HBBI", *instruction) for instruction in program)
+
+
+# The sandbox's first process: rlimits, then (as root) an unprivileged uid, then the seccomp filter above (it
+# refuses to run anything without it), then exec the kernel.
 # argv: -c CODE LIMITS_JSON KERNEL_ARGV...
 _LAUNCHER = r"""
 import ctypes, json, os, resource, sys
@@ -323,7 +372,13 @@ if os.getuid() == 0 and not cfg.get("zygote"):  # a zygote stays root: each kern
     os.setgroups([])
     os.setresgid(uid, uid, uid)
     os.setresuid(uid, uid, uid)
-ctypes.CDLL(None, use_errno=True).prctl(38, 1, 0, 0, 0)  # PR_SET_NO_NEW_PRIVS: no setuid binary helps
+libc = ctypes.CDLL(None, use_errno=True)
+libc.prctl(38, 1, 0, 0, 0)  # PR_SET_NO_NEW_PRIVS: no setuid binary helps (and a filter may be set without root)
+program = bytes.fromhex(cfg["seccomp"])
+class Program(ctypes.Structure):
+    _fields_ = [("len", ctypes.c_ushort), ("filter", ctypes.c_char_p)]
+if libc.prctl(22, 2, ctypes.byref(Program(len(program) // 8, program)), 0, 0) != 0:  # PR_SET_SECCOMP, FILTER
+    sys.exit(f"sandbox: the seccomp filter was refused ({os.strerror(ctypes.get_errno())}): nothing runs without it")
 os.umask(0o077)
 os.execv(sys.argv[2], sys.argv[2:])
 """
@@ -501,7 +556,8 @@ class Sandbox:
             args += ["--setenv", name, value]
         rlimits = {"RLIMIT_CPU": lim.cpu_seconds, "RLIMIT_AS": lim.memory_bytes, "RLIMIT_NPROC": lim.processes,
                    "RLIMIT_FSIZE": lim.file_bytes, "RLIMIT_CORE": 0}
-        launcher = json.dumps({"rlimits": rlimits, "uid": self.uid, "zygote": zygote})
+        launcher = json.dumps({"rlimits": rlimits, "uid": self.uid, "zygote": zygote,
+                               "seccomp": no_new_namespaces_filter().hex()})
         return args + ["--", sys.executable, "-s", "-c", _LAUNCHER, launcher] + list(kernel_argv)
 
     @staticmethod
