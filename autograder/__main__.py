@@ -136,8 +136,8 @@ def main(argv: list[str] | None = None) -> int:
     started = time.perf_counter()
     try:  # before anything is released or graded: a term that cannot be used stops here, saying why
         term_file = pipeline.term_file_of(args.term)
-        late_extensions = (integrity.extensions_after_answers(term.load(term_file), integrity.ledger_of(
-            args.work / pipeline.TERM_RELEASE.name)) if term_file else [])
+        ledger = pipeline.handed_out_ledger(args.work)
+        late_extensions = integrity.extensions_after_answers(term.load(term_file), ledger) if term_file else []
     except term.TermError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2

@@ -52,8 +52,8 @@ from autograder.edition import SOLUTION_BLOCK, _distinctive
 from autograder.term import Term, shown_time
 
 __all__ = ["FeedbackHeld", "HoldWhileOpen", "Withheld", "WithholdOpenAnswers", "answers_shown", "check_release",
-           "extensions_after_answers", "feedback_held_until", "handed_out", "ledger_of", "record_handed_out",
-           "stand_in", "submitted_after_answers", "withheld"]
+           "extensions_after_answers", "feedback_held_until", "handed_out", "handed_out_in", "ledger_of",
+           "record_handed_out", "stand_in", "submitted_after_answers", "withheld"]
 
 LESSON_OF_MODULE = {module: lesson for lesson, module in notebooks.REFERENCE_MODULES.items()}
 MAX_NOTEBOOK_BYTES = 64 << 20  # a released notebook the check reads (the instructor's own output)
@@ -267,7 +267,7 @@ def schedule(term: Term, at: datetime, ledger: Path | None = None) -> str:
     """The term as a markdown table: each lesson's release, due and closing dates, its extensions, whether its
     answers are withheld from a release made at ``at``, and when a release first showed them (``ledger``); then a
     warning for each extension that came too late (:func:`extensions_after_answers`)."""
-    out = handed_out(ledger) if ledger is not None else {}
+    out = handed_out_in(term, ledger)
     rows = ["| lesson | release | due | extensions | closes | answers in a release now | answers first out |",
             "|---|---|---|---|---|---|---|"]
     for lesson in lessons_registry.ids():
@@ -276,8 +276,7 @@ def schedule(term: Term, at: datetime, ledger: Path | None = None) -> str:
         extended = ", ".join(f"{student} {shown_time(by_lesson[lesson])}" for student, by_lesson in
                              sorted(term.extensions.items()) if lesson in by_lesson)
         state = "withheld (open)" if protected(term, lesson, at) else "shown (closed)"
-        first = (f"{shown_time(out[lesson][0])} ({out[lesson][1]})"
-                 if lesson in out and out[lesson][0] >= term.release(lesson) else "")
+        first = f"{shown_time(out[lesson][0])} ({out[lesson][1]})" if lesson in out else ""
         rows.append(f"| {lesson} | {shown_time(term.release(lesson))} | {shown_time(term.due(lesson))} | "
                     f"{extended} | {shown_time(term.closes(lesson))} | {state} | {first} |")
     warnings = [f"warning: {text}" for text in (extensions_after_answers(term, ledger) if ledger is not None else [])]
@@ -321,6 +320,15 @@ def handed_out(ledger: Path) -> dict[str, tuple[datetime, str]]:
                                     "it from a backup, or delete it to start the record again") from None
 
 
+def handed_out_in(term: Term, ledger: Path | None) -> dict[str, tuple[datetime, str]]:
+    """:func:`handed_out` for the lessons of ``term``, without an entry dated before its lesson's release date (an
+    earlier term's); {} without a ledger."""
+    if ledger is None:
+        return {}
+    return {lesson: entry for lesson, entry in handed_out(ledger).items()
+            if term.scheduled(lesson) and entry[0] >= term.release(lesson)}
+
+
 def record_handed_out(ledger: Path, term: Term | None, lessons: list[str], at: datetime,
                       how: str = "the release of") -> dict[str, str]:
     """Keep, for each lesson whose answers a release of ``lessons`` made at ``at`` shows (or their feedback pages,
@@ -348,13 +356,12 @@ def record_handed_out(ledger: Path, term: Term | None, lessons: list[str], at: d
 
 def extensions_after_answers(term: Term, ledger: Path) -> list[str]:
     """Each extension of ``term`` that lets a student earn points on a lesson after its answers went out (the
-    ledger), as a warning that says what to do; [] when none. An entry from before the lesson's release date is an
-    earlier term's, and ignored."""
-    out = handed_out(ledger)
+    ledger), as a warning that says what to do; [] when none (:func:`handed_out_in`: this term's entries)."""
+    out = handed_out_in(term, ledger)
     warnings = []
     for student, by_lesson in sorted(term.extensions.items()):
         for lesson in sorted(by_lesson):
-            if lesson not in out or out[lesson][0] < term.release(lesson):
+            if lesson not in out:
                 continue
             when, by = out[lesson]
             if term.due(lesson, student) + term.late.grace + term.late.cutoff > when:
@@ -367,11 +374,11 @@ def extensions_after_answers(term: Term, ledger: Path) -> list[str]:
     return warnings
 
 
-def submitted_after_answers(term: Term, out: dict[str, tuple[datetime, str]], lesson: str,
+def submitted_after_answers(out: dict[str, tuple[datetime, str]], lesson: str,
                             submitted: datetime | None) -> str:
-    """A note for a submission of ``lesson`` made after its answers went out (``out``: :func:`handed_out`), which
+    """A note for a submission of ``lesson`` made after its answers went out (``out``: :func:`handed_out_in`), which
     only a late extension allows; '' otherwise."""
-    if submitted is None or lesson not in out or out[lesson][0] < term.release(lesson) or submitted <= out[lesson][0]:
+    if submitted is None or lesson not in out or submitted <= out[lesson][0]:
         return ""
     when, by = out[lesson]
     return (f"submitted {shown_time(submitted)}, after {lesson}'s answers went out ({by}, {shown_time(when)}): "

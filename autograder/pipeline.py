@@ -185,7 +185,7 @@ def tools_config(c: Config, work: Path | None = None) -> Config:
     c.CourseExchangeCollect.set_apart_directory = str(work / "set_apart")
     c.Autograde.pre_convert_hook = refuse_oversized
     # what their Generate and feedback hand out is recorded beside the term's release (integrity.ledger_from_config)
-    c.HandedOutFile.file = str(integrity.ledger_of(work / TERM_RELEASE.name))
+    c.HandedOutFile.file = str(handed_out_ledger(work))
     _stage_generate_assignment()
     _sanitise_formgrader()
     return c
@@ -272,6 +272,12 @@ def quiet_nbgrader(verbose: bool) -> None:
 
 # -- release -----------------------------------------------------------------------------------------------------
 TERM_RELEASE = WORK / "lessons"  # a term's release (nbgrader's release_assignment hands it out): never committed
+
+
+def handed_out_ledger(work: Path) -> Path:
+    """The record of what went out (:mod:`autograder.integrity`) of a work folder: beside its term release,
+    ``work/lessons``, where ``./course release`` writes by default; feedback pages add to it too."""
+    return integrity.ledger_of(work / TERM_RELEASE.name)
 
 
 class ReleaseRefused(RuntimeError):
@@ -520,7 +526,7 @@ def grade(submissions: Path, work: Path, lessons: list[str] | None = None, db_ur
     limits = limits or Limits()
     term_file = term_file_of(term_file)
     term = term_module.load(term_file) if term_file else None
-    ledger = integrity.ledger_of(work / TERM_RELEASE.name)  # what went out: the releases' record, and feedback's
+    ledger = handed_out_ledger(work)
     if term is not None:
         integrity.handed_out(ledger)  # a record that cannot be read stops the run here, before any grading
     if scheduler:
@@ -556,9 +562,9 @@ def grade(submissions: Path, work: Path, lessons: list[str] | None = None, db_ur
         for lesson, why in sorted(refused.items()):
             outcomes.append(Outcome(student, lesson, 0.0, 0.0, ok=False, message=shown(why)))
     if term is not None:  # work that earned points after its answers went out (a late extension): look at it
-        out = integrity.handed_out(ledger)
+        out = integrity.handed_out_in(term, ledger)
         for o in outcomes:
-            after = integrity.submitted_after_answers(term, out, o.lesson, o.submitted) if o.ok and o.score else ""
+            after = integrity.submitted_after_answers(out, o.lesson, o.submitted) if o.ok and o.score else ""
             o.notes += [after] if after else []
     write_csv(work / "grades.csv", outcomes)
     # a feedback page shows the course's code of its given cells: answers of the lessons closed by now

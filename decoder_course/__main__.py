@@ -19,6 +19,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from decoder_course.text import shown
+
 DEFAULT_TIMEOUT = 300  # seconds per cell: the longest lesson cell (training) takes about two minutes on a laptop
 HARVEST_ENV = "DECODER_COURSE_HARVEST"  # set only during a grading run (decoder_course.harvest)
 NOT_IMPLEMENTED = "is not implemented yet"  # how decoder_course.checks words an unwritten exercise
@@ -94,14 +96,9 @@ def notes_on_other_cells(nb: Any) -> list[str]:
             continue
         where = f"your cell for {meta['grade_id'].removesuffix('_solution')}" if meta.get("solution") \
             else f"cell {i + 1}"
-        first_line = (error[1].splitlines() or [""])[0][:200]
+        first_line = shown((error[1].splitlines() or [""])[0][:200])
         notes.append(f"{where} raised {error[0]}: {first_line}")
     return notes
-
-
-def printable(text: str) -> str:
-    """``text`` with every control character (an escape sequence's ESC among them) shown as ``?``."""
-    return "".join(c if c.isprintable() else "?" for c in text)
 
 
 def execute(path: Path, timeout: int = DEFAULT_TIMEOUT, kernel_name: str | None = None) -> tuple[Any, str]:
@@ -135,7 +132,7 @@ def execute(path: Path, timeout: int = DEFAULT_TIMEOUT, kernel_name: str | None 
             kernel_stderr.seek(0)
             last = [line for line in kernel_stderr.read()[-4000:].splitlines() if line.strip()][-3:]
             stopped = f"the kernel died ({exc}): out of memory, or a crash in native code" + "".join(
-                f"\n      kernel: {printable(line[:200])}" for line in last)
+                f"\n      kernel: {shown(line[:200])}" for line in last)
     return nb, stopped
 
 

@@ -279,10 +279,20 @@ def test_an_extension_that_lets_a_student_submit_after_the_answers_went_out_is_f
         assert term.shown_time(OUT) in found[0] and "Shorten it so that" in found[0]
 
 
-def test_a_record_from_before_the_lesson_was_released_is_an_earlier_terms(tmp_path):
+def test_a_record_from_before_the_lesson_was_released_or_of_a_lesson_outside_the_term_is_an_earlier_terms(tmp_path):
     chosen = term.load(_term(tmp_path, TERM_OUT, extensions='alice = { "02-attention" = 2 }\n'))
-    earlier = json.dumps({"02-attention": {"at": (NOW - 60 * WEEK).isoformat(), "by": "the release of 03-multi-head"}})
-    assert integrity.extensions_after_answers(chosen, _ledger(tmp_path, earlier)) == []
+    earlier = json.dumps({"02-attention": {"at": (NOW - 60 * WEEK).isoformat(), "by": "the release of 03-multi-head"},
+                          "05-decoder-layer": {"at": OUT.isoformat(), "by": "the release of 06-model"}})
+    ledger = _ledger(tmp_path, earlier)
+    assert integrity.handed_out_in(chosen, ledger) == {}
+    assert integrity.extensions_after_answers(chosen, ledger) == []
+    table = integrity.schedule(chosen, NOW, ledger)
+    assert "answers first out" in table and "the release of" not in table
+    # this term's entry is kept, and a submission after it is noted
+    this = integrity.handed_out_in(chosen, _ledger(tmp_path))
+    assert integrity.submitted_after_answers(this, "02-attention", OUT + timedelta(minutes=1)).startswith(
+        f"submitted {term.shown_time(OUT + timedelta(minutes=1))}, after 02-attention's answers went out")
+    assert integrity.submitted_after_answers(this, "02-attention", OUT) == ""
 
 
 def test_a_release_keeps_the_first_moment_and_records_nothing_without_a_term(tmp_path):
