@@ -268,7 +268,8 @@ def _ledger(tmp_path: Path, text: str | None = None) -> Path:
     (f"{{ \"02-attention\" = {OUT - timedelta(days=2, seconds=-1):%Y-%m-%dT%H:%M:%S} }}", True),  # a second after
     ("{ \"03-multi-head\" = 2 }", False),  # 03's answers never went out
     ("{ \"01-masks\" = 30 }", False),  # nothing recorded for 01
-])
+], ids=["2-days-after-the-cutoff", "closes-exactly-then", "closes-a-second-after", "a-lesson-never-out",
+        "a-lesson-not-recorded"])  # ids name the case: the values hold clock times, and xdist's workers must agree
 def test_an_extension_that_lets_a_student_submit_after_the_answers_went_out_is_flagged(tmp_path, extension, warned):
     chosen = term.load(_term(tmp_path, TERM_OUT, extensions=f"alice = {extension}\n"))
     ledger = _ledger(tmp_path)
