@@ -15,7 +15,7 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from autograder.checks import judges, spec
+from autograder.checks import judges, relative, spec
 from autograder.checks.framework import Case, Exercise, Fail, Result, exercise
 from autograder.reference import generation as ref
 from decoder_course.conventions import BOS, EOS
@@ -36,7 +36,7 @@ def _run(fn, model, src: np.ndarray, is_real: np.ndarray | None, *args, **kwargs
 
 def _decode_case(case_id: str, desc: str, fn: str, model, src: np.ndarray, is_real: np.ndarray | None, max_len: int,
                  *, n: int | None = None, keep: tuple[str, ...] = (), data: dict | None = None, reference=None,
-                 **kwargs) -> Case:
+                 bos_id: int = BOS, **kwargs) -> Case:
     """``fn(m, src_ids, [n,] max_len, BOS, EOS, src_is_real=..., **kwargs)`` on a stand-in ``model`` (built in the
     kernel from its ``spec``), recorded as ``out``; ``src_is_real`` is passed only when given, ``keep`` names the
     inputs (``src_ids``, ``src_is_real``) to find unchanged after the call, and the ``reference`` decoder (if given)
@@ -44,13 +44,13 @@ def _decode_case(case_id: str, desc: str, fn: str, model, src: np.ndarray, is_re
     case = Case(case_id, desc, data={"B": len(src), "max_len": max_len, "pad_id": kwargs.get("pad_id", 0), "n": n,
                                      "src": src, "is_real": is_real, "model": model, **(data or {})})
     if reference is not None:
-        case.data["want"] = _run(reference, model, src, is_real, max_len, BOS, EOS, **kwargs)
+        case.data["want"] = _run(reference, model, src, is_real, max_len, bos_id, EOS, **kwargs)
     case.let("m", model.spec)
     case.let("src_ids", case.tensor(src))
     if is_real is not None:
         case.let("src_is_real", case.tensor(is_real))
         kwargs["src_is_real"] = {"ref": "src_is_real"}
-    case.call(fn, {"ref": "m"}, {"ref": "src_ids"}, *(() if n is None else (n,)), max_len, BOS, EOS, record="out",
+    case.call(fn, {"ref": "m"}, {"ref": "src_ids"}, *(() if n is None else (n,)), max_len, bos_id, EOS, record="out",
               **kwargs)
     judges.record_after(case, keep)
     case.data["kept"] = {name: {"src_ids": src, "src_is_real": is_real}[name] for name in keep}
@@ -97,13 +97,16 @@ def _first_step_tree(rng: np.random.Generator, V: int) -> tuple[dict, dict[int, 
                                                                                        strict=True))
 
 
-def _looping(rng: np.random.Generator, best: float, runner_up: tuple[float, float]) -> ScriptedModel:
+def _looping(rng: np.random.Generator, best: float, runner_up: tuple[float, float],
+             bos_is_best: bool = False) -> tuple[ScriptedModel, int]:
     """A scripted model over 8 tokens that gives two tokens the logits ``best`` and about ``runner_up`` at every
-    step (every other token -9): it loops on one token unless penalised."""
+    step (every other token -9): it loops on one token unless penalised. Returns it with its bos_id: BOS, or with
+    ``bos_is_best`` the favourite itself (a token the model also generates, as GPT-2's one special token is)."""
     a, b = (int(t) for t in rng.choice(np.arange(3, 8), size=2, replace=False))
     loop = [-9.0] * 8
     loop[a], loop[b] = best, float(rng.uniform(*runner_up))
-    return _scripted(8, table=[[[], loop]], default_logits=loop)
+    bos_id = a if bos_is_best else BOS
+    return _scripted(8, table=[[[], loop]], default_logits=loop, bos_id=bos_id), bos_id
 
 
 def _allowed_tokens(logits: torch.Tensor, prev: list[int], temperature: float, top_k, top_p, penalty: float):
@@ -193,15 +196,21 @@ class Sample(Exercise):
         cases.append(_decode_case("greedy", f"B=4 padded sources, pad_id={pad_id}, temperature 0", "sample", model,
                                   src, is_real, 9, data={"want": greedy}, temperature=0, pad_id=pad_id))
         # 5. repetition penalty at temperature 0 on a looping model: two tokens neck and neck
-        model = _looping(rng, 1.0, (0.8, 0.9))
+        model, _ = _looping(rng, 1.0, (0.8, 0.9))
         penalty = float(rng.choice([1.5, 2.0]))
         cases.append(_decode_case("penalty", f"a scripted model that loops on one token, temperature 0, "
                                   f"repetition_penalty={penalty}", "sample", model, np.zeros((2, 2), np.int64), None,
                                   6, reference=ref.sample, temperature=0, repetition_penalty=penalty))
+        # 5a. BOS is not a generated token: the favourite is bos_id itself, so penalising BOS moves the first token
+        model, bos_id = _looping(rng, 1.0, (0.8, 0.9), bos_is_best=True)
+        cases.append(_decode_case("bos", f"a scripted model that loops on one token, which is also bos_id={bos_id}, "
+                                  f"temperature 0, repetition_penalty={penalty}", "sample", model,
+                                  np.zeros((2, 2), np.int64), None, 6, reference=ref.sample, bos_id=bos_id,
+                                  temperature=0, repetition_penalty=penalty))
         # 5b. the repetition penalty when sampling: a strong favourite, a runner-up, a heavy penalty
         cases.append(_decode_case("penalty_t", "400 rows of two tokens sampled at temperature 1 from a scripted model "
                                   "that prefers one token, repetition_penalty=10", "sample",
-                                  _looping(rng, 8.0, (6.8, 7.2)), np.zeros((400, 1), np.int64), None, 2,
+                                  _looping(rng, 8.0, (6.8, 7.2))[0], np.zeros((400, 1), np.int64), None, 2,
                                   temperature=1.0, repetition_penalty=10.0,
                                   generator={"generator": int(rng.integers(2**31))}))
         # 6. every knob on a padded batch: EOS and padding per row, no draw outside the filters
@@ -231,7 +240,7 @@ class Sample(Exercise):
             _raise_with_dependencies(result, case, "sample runs your top_k_filter, top_p_filter and "
                                                    "apply_repetition_penalty")
         # the most specific diagnosis first: the temperature before the filters that depend on it
-        for case_id in ("repro", "temp", "greedy", "penalty", "penalty_t", "filters", "knobs"):
+        for case_id in ("repro", "temp", "greedy", "penalty", "bos", "penalty_t", "filters", "knobs"):
             getattr(self, f"_judge_{case_id}")(result, result.cases[case_id])
 
     def _judge_repro(self, result: Result, case: Case):
@@ -293,6 +302,14 @@ class Sample(Exercise):
         _same_tokens(got, d["want"], "sample(..., temperature=0, repetition_penalty=...)", case.desc,
                      "Apply the penalty before choosing, with the tokens generated so far (BOS excluded); a token "
                      "seen several times is penalised once.")
+
+    def _judge_bos(self, result: Result, case: Case):
+        d = case.data
+        got = _tokens(result, case, "sample(..., bos_id=...)")
+        _same_tokens(got, d["want"], "sample(..., temperature=0, repetition_penalty=...)", case.desc,
+                     "BOS is excluded from the repetition penalty: it reads the tokens generated so far (tgt[:, 1:]), "
+                     "and BOS is the decoder's first input, not a generated token; here bos_id is also a token the "
+                     "model generates, so penalising it changes the first token.")
 
     def _judge_penalty_t(self, result: Result, case: Case):
         got = _tokens(result, case, "sample(..., repetition_penalty=10)")
@@ -429,7 +446,25 @@ class SampleN(Exercise):
         for case_id in ("sampled", "b1"):
             case = result.cases[case_id]
             self._check_draws(self._samples(result, case), case)
+        self._check_layout(result, result.cases["sampled"])
         judges.unchanged(result, "greedy", result.cases["greedy"].data["kept"], "sample_n")
+
+    @staticmethod
+    def _check_layout(result: Result, case: Case) -> None:
+        """The batch handed to the student's sample (as the kernel recorded the call): row b * n + j holds source b
+        and its padding. Only the layout the docstring gives decides which draw of the generator lands where."""
+        calls = relative.arguments_of(result, case.id, "sample")
+        if not calls:
+            return  # sample was not called by that name: the outputs above were judged all the same
+        args, kwargs = calls[0]
+        rows = args[1] if len(args) > 1 else kwargs.get("src_ids")
+        rows_real = kwargs.get("src_is_real", args[10] if len(args) > 10 else None)
+        if rows is None or isinstance(rows, (int, float, str)) or not hasattr(rows, "shape"):
+            return
+        d = case.data
+        with spec.shared():
+            visible.expect_sample_layout(rows, rows_real if hasattr(rows_real, "shape") else None, d["src"],
+                                         d["is_real"], d["n"], case.desc)
 
     @staticmethod
     def _check_draws(got: np.ndarray, case: Case) -> None:

@@ -104,6 +104,12 @@ def _recorded_calls(result: Result, case_id: str) -> dict[str, list[_Call]]:
     return calls  # each label's calls in call order (the report keeps the kernel's order)
 
 
+def arguments_of(result: Result, case_id: str, label: str) -> list[tuple[list, dict]]:
+    """The arguments (positional, by name) of each recorded call of the student's ``label`` on a case, in call
+    order: what an item handed its building block, for a check of what its docstring promises about that."""
+    return [(call.args, call.kwargs) for call in _recorded_calls(result, case_id).get(label, [])]
+
+
 # -- comparing values ------------------------------------------------------------------------------------------
 def _as_array(value: Any) -> np.ndarray | None:
     if isinstance(value, np.ndarray):

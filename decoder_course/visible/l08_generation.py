@@ -237,7 +237,13 @@ def _beam_properties(args: dict, got: np.ndarray, desc: str) -> None:
         every = _complete(args["model"], source, args["max_len"], K)
         best = every and max(every, key=lambda item: _gnmt(item, alpha))[0]
         if every and got[b, : lengths[b]].tolist() != best:
-            raw = got[b, : lengths[b]].tolist() == max(every, key=lambda item: item[1])[0]
+            row = got[b, : lengths[b]].tolist()
+            raw = row == max(every, key=lambda item: item[1])[0]
+            if not raw and alpha and row == max(every, key=lambda item: item[1] / len(item[0]) ** alpha)[0]:
+                raise CheckFailed(
+                    f"row {b} of {what} is not the best sequence ({desc}): it is the best by log_prob / len ** "
+                    "length_penalty. The length penalty is GNMT's: divide by ((5 + len) / 6) ** length_penalty, "
+                    "len counting tokens up to and including EOS")
             raise CheckFailed(
                 f"row {b} of {what} is not the best sequence ({desc}), though the beam is wide enough to keep every "
                 "candidate. " + ("Yours is the best by raw log-probability: pick each row's winner by log_prob / "
@@ -259,8 +265,9 @@ def _beam_rows(rng: np.random.Generator) -> list:
         ranked = [sorted(_complete(model, s, 4, 128), key=lambda item: -_gnmt(item, alpha))
                   for s in _sources({"src_ids": src, "src_is_real": is_real})]
         if all(_gnmt(r[0], alpha) - _gnmt(r[1], alpha) > 1e-3 and r[0][0][-1] == EOS for r in ranked) and any(
-                r[0][0] != max(r, key=lambda item: item[1])[0] for r in ranked):
-            break  # clear winners, and the length penalty changes one
+                r[0][0] != max(r, key=lambda item: item[1])[0] for r in ranked) and any(
+                r[0][0] != max(r, key=lambda item: item[1] / len(item[0]) ** alpha)[0] for r in ranked):
+            break  # clear winners; the length penalty changes one, and GNMT's differs from dividing by len ** alpha
     rows.append((f"B=2, V=6, beam_size=128 (wide enough to keep every candidate), max_len=4, length_penalty={alpha}",
                  _decoding(model, src, 4, is_real, beam_size=128, length_penalty=alpha)))
     src, is_real = padded_source(rng, rng.integers(1, 7, size=6), 6, 12, pad_id)
@@ -587,6 +594,16 @@ def check_sample(sample) -> None:
                      repetition_penalty=2.0)
         expect_close(out, torch.tensor([[3, 4, 3, 3]] * 2), "sample(..., temperature=0, repetition_penalty=2)",
                      hint="apply the penalty first, with the tokens generated so far (without BOS), then choose")
+    with check("BOS is not a generated token: with bos_id=3, a token the model also generates, the output starts 3, 4"):
+        loop = [-9.0, -9.0, -9.0, 1.0, 0.9, -9.0]
+        model = ScriptedModel(6, table={(): loop}, default_logits=loop, bos_id=3)
+        out = sample(model, torch.zeros(2, 2, dtype=torch.long), 4, 3, EOS, temperature=0, repetition_penalty=2.0)
+        if out.tolist() == [[4, 3, 3, 3]] * 2:
+            raise CheckFailed("with bos_id=3 the first token was 4: token 3 was penalised before anything was "
+                              "generated. The repetition penalty reads the tokens generated so far, BOS excluded "
+                              "(tgt[:, 1:]): BOS is the decoder's first input, not a repeat")
+        expect_close(out, torch.tensor([[3, 4, 3, 3]] * 2), "sample(..., bos_id=3, temperature=0, "
+                     "repetition_penalty=2)", hint="penalise only the tokens generated so far, without BOS")
     with check("the repetition penalty also applies when sampling (temperature 1): a token rarely follows itself"):
         loop = [-9.0, -9.0, -9.0, 8.0, 7.0, -9.0]  # 3 is likely (73 %), 4 the runner-up, EOS never
         model = ScriptedModel(6, table={(): loop}, default_logits=loop)
@@ -623,6 +640,42 @@ def _trimmed(row) -> list[int]:
     """A generated row up to and including its first EOS."""
     row = row.tolist()
     return row[: row.index(EOS) + 1] if EOS in row else row
+
+
+class _SeenSources(HashedLogitsModel):
+    """A HashedLogitsModel that keeps the source batches ``encode`` was given (what ``sample`` hands it)."""
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.batches: list[tuple[torch.Tensor, torch.Tensor | None]] = []
+
+    def encode(self, src_ids, src_is_real=None):
+        self.batches.append((src_ids.clone(), None if src_is_real is None else src_is_real.clone()))
+        return super().encode(src_ids, src_is_real)
+
+
+def expect_sample_layout(rows, rows_real, src, is_real, n: int, desc: str = "") -> None:
+    """The batch ``sample_n`` hands ``sample``: row b * n + j holds source b and its own padding (the docstring's
+    layout, the one beam search gives its beams)."""
+    at = f" ({desc})" if desc else ""
+    rows, src = to_numpy(rows), to_numpy(src)
+    B = len(src)
+    if rows.shape != (B * n, *src.shape[1:]):
+        raise CheckFailed(f"sample_n handed sample a batch of shape {tuple(rows.shape)}, not (B * n, S) = "
+                          f"({B * n}, {src.shape[1]}){at}")
+    holds = [next((b for b in range(B) if np.array_equal(row, src[b])), None) for row in rows]
+    want = [r // n for r in range(B * n)]
+    if holds != want:
+        tiled = holds == [r % B for r in range(B * n)]
+        raise CheckFailed(f"row b * n + j of the batch sample_n hands sample must hold source b (n copies of each "
+                          f"source side by side, as the docstring says){at}; rows 0..{B * n - 1} hold sources "
+                          f"{holds}" + (": the batch is tiled (repeat). Copy each source n times side by side "
+                                        "(repeat_interleave), and read the output back with view(B, n)" if tiled
+                                        else ""))
+    if is_real is not None and rows_real is not None:
+        if not np.array_equal(to_numpy(rows_real), np.repeat(to_numpy(is_real), n, axis=0)):
+            raise CheckFailed(f"row b * n + j of the src_is_real sample_n hands sample must be source b's own "
+                              f"padding{at}: copy src_is_real the way the sources are copied")
 
 
 def check_sample_n(sample_n) -> None:
@@ -670,3 +723,9 @@ def check_sample_n(sample_n) -> None:
         if all(len({tuple(_trimmed(out[b, j])) for j in range(4)}) == 1 for b in range(3)):
             raise CheckFailed("the 4 samples of every source are identical: n samples are n draws, not one draw "
                               "copied n times")
+    with check("the batch handed to sample: row b * n + j holds source b and its padding, n copies side by side"):
+        seen = _SeenSources(12, seed=6, eos_bias=0.4)
+        sample_n(seen, src, 2, 8, BOS, EOS, top_k=2, generator=torch.Generator().manual_seed(5), src_is_real=is_real)
+        if not seen.batches:
+            raise CheckFailed("sample_n never encoded a source: hand sample the batch of n copies of every source")
+        expect_sample_layout(*seen.batches[0], src, is_real, 2)
