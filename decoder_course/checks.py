@@ -18,6 +18,8 @@ from __future__ import annotations
 
 import contextlib
 import copy
+import inspect
+import io
 import sys
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
@@ -113,6 +115,26 @@ def run_checks(*checks: Callable[[], Any] | tuple[str, Callable[[], Any]]) -> in
     if len(checks) > 1:
         print(f"all {len(checks)} checks passed")
     return len(checks)
+
+
+def expect_building_blocks(item: Callable[..., Any], checks: Mapping[str, Callable[[Any], Any]]) -> None:
+    """Before an item's own checks: each of the student's exercises it calls by name (found where ``item`` was
+    defined: the notebook, behind any decorator) passes its own visible check, run quietly; else fail naming it.
+
+    An item built on a wrong building block fails too, and its own messages would send the student looking for the
+    cause in the item; the building block's cell above says what is wrong. ``checks`` maps each name, in the order
+    to try them, to its visible check; a name the notebook does not define is skipped.
+    """
+    namespace = getattr(inspect.unwrap(item), "__globals__", None) or {}  # a decorator's wrapper: its function's
+    for name, check_block in checks.items():
+        block = namespace.get(name)
+        if block is None:
+            continue
+        try:
+            with contextlib.redirect_stdout(io.StringIO()):  # its ✓ lines belong to its own cell
+                check_block(block)
+        except Exception:  # noqa: BLE001 - whatever stops a building block's check, its own cell shows it
+            raise CheckFailed(f"this uses your `{name}`: its check above fails; fix it first") from None
 
 
 def not_implemented_message(exc: BaseException | None = None, name: str | None = None) -> str:

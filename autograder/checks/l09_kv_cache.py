@@ -88,22 +88,31 @@ def _stepping(case: Case, model, state: dict, norm_first: bool, src: np.ndarray,
     return memory_kv
 
 
-def _full(model, src: np.ndarray, mask, tgt: np.ndarray, cross_mask: bool = True) -> np.ndarray:
+def _full(model, src: np.ndarray, mask, tgt: np.ndarray, cross_mask: bool = True,
+          seed: int | None = None) -> np.ndarray:
     """The full, uncached decoder's logits (B, T, V) for ``tgt``; without ``cross_mask`` its cross-attention sees the
-    source padding (a known mistake)."""
-    with torch.no_grad():
+    source padding (a known mistake); with a ``seed``, in training mode right after ``torch.manual_seed(seed)``
+    (the memory is encoded in eval mode, as the kernel's memory_kv was)."""
+    with torch.no_grad(), torch.random.fork_rng():
         memory = model.encode(_tensor(src), _tensor(mask))
-        return model.decode(_tensor(tgt), memory, src_is_real=_tensor(mask) if cross_mask else None).numpy()
+        if seed is not None:
+            model.train()
+            torch.manual_seed(seed)
+        try:
+            return model.decode(_tensor(tgt), memory, src_is_real=_tensor(mask) if cross_mask else None).numpy()
+        finally:
+            model.eval()
 
 
-def _raise_with_dependencies(result: Result, case: Case, uses: tuple[str, ...]) -> None:
-    """An exception on a case of an exercise built on others: show it, and say which of the student's own pieces
-    ran inside it (their bugs surface here too)."""
+def _raise_with_dependencies(result: Result, case: Case, uses: tuple[str, ...], own: str = "") -> None:
+    """An exception on a case of an exercise built on others: show it, say what of the item's own code to look at
+    (``own``), and which of the student's own pieces ran inside it (their bugs surface here too)."""
     error = result.error(case.id)
     if error is not None:
         runs = ", ".join(uses[:-1]) + f" and {uses[-1]}"
         raise Fail(f"your code raised an exception on a case with {case.desc}:\n    {error.splitlines()[-1]}\n"
-                   f"This exercise runs your {runs}: if one of their checks fails, fix it first.")
+                   + (f"{own} " if own else "")
+                   + f"This exercise runs your {runs}: if one of their checks fails, fix it first.")
 
 
 # -- KVCache -----------------------------------------------------------------------------------------------------------
@@ -159,9 +168,7 @@ class KVCacheCheck(Exercise):
         return cases
 
     def judge(self, result: Result):
-        if "reorder" in result.cases:
-            self._judge_reorder(result)
-        for case_id in ("layers", "single"):
+        for case_id in ("layers", "single"):  # appending first: reorder's case appends too
             case = result.cases[case_id]
             d = case.data
             error = result.error(case.id) or ""
@@ -185,6 +192,8 @@ class KVCacheCheck(Exercise):
             if positions.tolist() != list(range(total)):
                 raise Fail(f"cache.positions should be the absolute positions 0 .. {total - 1} ({case.desc}).")
             judges.unchanged(result, case.id, {"k": d["ks"][0][0]}, "update")
+        if "reorder" in result.cases:
+            self._judge_reorder(result)
 
     @staticmethod
     def _judge_update(result: Result, case: Case, name: str, layer: int, s: int, total: int) -> None:
@@ -214,6 +223,10 @@ class KVCacheCheck(Exercise):
         d = case.data
         error = result.error(case.id)
         if error is not None:
+            if "Sizes of tensors must match" in error:
+                raise Fail(f"after reorder(index), update raised an exception ({case.desc}):\n    "
+                           f"{error.splitlines()[-1]}\nA layer's keys or values kept their old batch rows: reorder "
+                           "every layer, keys and values, along the batch axis: k.index_select(0, index).")
             raise Fail(f"reorder raised an exception ({case.desc}):\n    {error.splitlines()[-1]}\nreorder(index) "
                        "keeps batch rows index of every layer's keys and values: k.index_select(0, index).")
         if int(result.get(case.id, "len", what="cache.length after reorder", kind="any")) != 4:
@@ -235,6 +248,32 @@ class KVCacheCheck(Exercise):
 UNMASKED = ("the logits of a decoder whose cross-attention sees the source padding: pass src_is_real to every "
             "layer's cross-attention as allowed=src_is_real[:, None, None, :] (B, 1, 1, S), so that no query attends "
             "to padded memory positions")
+
+
+IN_TRAINING = ("In training mode the docstring applies dropout as in the layers, where they apply it and in their "
+               "order: the positional encoding's dropout on the embeddings, the self-attention weights' dropout, "
+               "then dropout1, dropout2, dropout3 after the sublayers (the cross-attention and the feed-forward drop "
+               "out inside their own modules).")
+
+
+def _known_in_training(case: Case, got: np.ndarray) -> str:
+    """The known mistake of decode_step whose training-mode logits on this case, after the case's seed, are the
+    student's; or ""."""
+    d = case.data
+    model = d["model"]
+
+    def produce(wrong):
+        with torch.no_grad(), torch.random.fork_rng():
+            memory = model.encode(_tensor(d["src"]), _tensor(d["is_real"]))
+            memory_kv = [layer.cross_attn.project_memory(memory) for layer in model.decoder.layers]
+            model.train()
+            torch.manual_seed(d["seed"])
+            try:
+                return wrong(model, _tensor(d["tgt"]), memory_kv, ref.KVCache(LAYERS), 0, _tensor(d["is_real"]))[0]
+            finally:
+                model.eval()
+
+    return spec.known_mistake(LESSON, "decode_step", got, produce, 1e-4, 1e-4)
 
 
 @exercise(LESSON, "decode_step")
@@ -263,6 +302,23 @@ class DecodeStep(Exercise):
                 case.let("cache", {"index": [f"r{i}", 1]})  # the returned cache goes into the next step
             case.record("length", {"attr": ["cache", "length"]})
             cases.append(case)
+        # training mode: dropout acts where the layers apply it, so after one seed a prefill draws the very masks the
+        # full decoder draws (the same tensors, shapes and order)
+        model, state, src, mask, situation = _setup(rng, bool(rng.integers(2)), 2, 6)
+        T, seed = 5, int(rng.integers(2**31))
+        tgt = np.concatenate([np.full((2, 1), BOS), rng.integers(3, V, size=(2, T - 1))], axis=1)  # (B, T)
+        case = Case("train", f"{situation}, training mode (dropout 0.1), a prefill of {T} tokens right after "
+                    "torch.manual_seed", data={"model": model, "src": src, "is_real": mask, "tgt": tgt,
+                                                "steps": [(0, T)], "seed": seed})
+        _stepping(case, model, state, model.decoder.layers[0].norm_first, src, mask)
+        case.call({"attr": ["m", "train"]})
+        case.seed(seed)
+        case.call("decode_step", {"ref": "m"}, case.tensor(tgt), {"ref": "mkv"}, {"ref": "cache"}, 0,
+                  src_is_real=case.tensor(mask), let="r0")
+        case.record("logits0", {"index": ["r0", 0]})
+        case.let("cache", {"index": ["r0", 1]})
+        case.record("length", {"attr": ["cache", "length"]})
+        cases.append(case)
         return cases
 
     def judge(self, result: Result):
@@ -270,8 +326,17 @@ class DecodeStep(Exercise):
             _raise_with_dependencies(result, case, self.uses)
             d = case.data
             B, T = d["tgt"].shape
-            full = _full(d["model"], d["src"], d["is_real"], d["tgt"])
-            unmasked = None if d["is_real"] is None else _full(d["model"], d["src"], d["is_real"], d["tgt"], False)
+            full = _full(d["model"], d["src"], d["is_real"], d["tgt"], seed=d.get("seed"))
+            unmasked = None if d["is_real"] is None else _full(d["model"], d["src"], d["is_real"], d["tgt"], False,
+                                                               seed=d.get("seed"))
+            if d.get("seed") is not None:  # training mode
+                got = result.get(case.id, "logits0", what="decode_step's logits", kind="tensor", dtype="float",
+                                 shape=(B, V))
+                known = "" if np.allclose(got, full[:, -1], rtol=1e-4, atol=1e-4) else _known_in_training(case, got)
+                hint = f"Your values are those of a known mistake: {known}. " if known else ""
+                expect_close(got, full[:, -1], f"decode_step's logits at position {T - 1} in training mode (vs the "
+                             "full decoder after the same seed)", case.desc, rtol=1e-4, atol=1e-4,
+                             hint=hint + IN_TRAINING)
             for i, (a, b) in enumerate(d["steps"]):
                 got = result.get(case.id, f"logits{i}", what="decode_step's logits", kind="tensor", dtype="float",
                                  shape=(B, V))
@@ -292,13 +357,14 @@ class DecodeStep(Exercise):
 
 
 # -- greedy_decode_cached and beam_search_cached: one case maker, one judge ------------------------------------------
-def _decoding_case(case_id: str, desc: str, fn: str, state: dict, norm_first: bool, src: np.ndarray, mask,
+def _decoding_case(case_id: str, desc: str, fn: str, model, state: dict, norm_first: bool, src: np.ndarray, mask,
                    max_len: int, eos_id: int, want: np.ndarray, **kwargs) -> Case:
     """``fn(m, src_ids, max_len, BOS, eos_id, src_is_real=mask, **kwargs)`` on the notebook's model, recorded as
     ``out``, with a CallCounter on each layer's ``cross_attn.k_proj`` (``calls{i}``) and ``src_ids`` recorded again
     after the call."""
     case = Case(case_id, desc, data={"want": want, "src": src, "B": len(src), "eos_id": eos_id, "max_len": max_len,
-                                     "pad_id": kwargs.get("pad_id", 0)})
+                                     "pad_id": kwargs.get("pad_id", 0), "model": model, "mask": mask,
+                                     "kwargs": kwargs})
     _build(case, state, norm_first)
     case.let("layers", {"attr": ["m", "decoder", "layers"]})
     for i in range(LAYERS):
@@ -314,15 +380,32 @@ def _decoding_case(case_id: str, desc: str, fn: str, state: dict, norm_first: bo
     return case
 
 
+def _known_decoding_mistake(fn: str, case: Case, got: np.ndarray) -> str:
+    """The known mistake of ``fn`` (its reference's MISTAKES) whose tokens on this case are the student's, or ""."""
+    d = case.data
+
+    def produce(wrong):
+        with torch.no_grad():
+            return wrong(d["model"], _tensor(d["src"]), d["max_len"], BOS, d["eos_id"], src_is_real=_tensor(d["mask"]),
+                         **d["kwargs"])
+
+    return spec.known_mistake(LESSON, fn, got, produce, 0.0, 0.0)
+
+
 def _judge_decoding(result: Result, uses: tuple[str, ...], fn: str, like: str, outputs: str, hint, run: str,
-                    memory: str) -> None:
+                    memory: str, raised: str = "") -> None:
     """Each :func:`_decoding_case`: the ids of a generated batch (the public property), then the ``outputs`` of
-    ``like`` (``hint(got, want)`` says what to look at), the memory projected once per layer in one ``run``,
-    ``src_ids`` unchanged."""
+    ``like`` (``hint(got, want)`` says what to look at, unless they are a known mistake's), the memory projected
+    once per layer in one ``run``, ``src_ids`` unchanged; ``raised`` says where to look when it raised."""
     for case in result.cases.values():
-        _raise_with_dependencies(result, case, uses)
+        _raise_with_dependencies(result, case, uses, raised)
         d = case.data
         got = result.get(case.id, "out", what=f"{fn}(...)", kind="tensor", dtype="int")
+        known = "" if got.shape == d["want"].shape and np.array_equal(got, d["want"]) else (
+            _known_decoding_mistake(fn, case, got))
+        if known:  # the mistake itself, before what its tokens happen to break (EOS and padding, say)
+            raise Fail(f"{fn} does not give {like}'s {outputs} ({case.desc}): yours are those of a known mistake, "
+                       f"{known}.")
         with spec.shared():
             expect_generated(got, d["B"], d["max_len"], d["pad_id"], f"{fn}'s output", case.desc, d["eos_id"],
                              special=False)  # pad_id may be a token the model generates
@@ -366,8 +449,8 @@ class GreedyDecodeCached(Exercise):
                 desc = (f"{situation}, max_len={max_len}, pad_id={pad_id}, "
                         f"{'an EOS id never generated' if eos_id == 1 else 'rows ending at different steps'}")
                 cases.append(_decoding_case(f"{_wiring(norm_first)}_{B}_{eos_id}_{max_len}", desc,
-                                            "greedy_decode_cached", state, norm_first, src, mask, max_len, eos_id,
-                                            want, pad_id=pad_id))
+                                            "greedy_decode_cached", model, state, norm_first, src, mask, max_len,
+                                            eos_id, want, pad_id=pad_id))
         return cases
 
     def judge(self, result: Result):
@@ -418,15 +501,18 @@ class BeamSearchCached(Exercise):
                     break
             desc = (f"{situation}, beam_size={K}, length_penalty={alpha}, max_len={max_len}, pad_id={pad_id}, "
                     f"{'an EOS id never generated' if eos_id == 1 else 'beams ending at different steps'}")
-            cases.append(_decoding_case(f"beam{index}", desc, "beam_search_cached", state, norm_first, src, mask,
-                                        max_len, eos_id, want, beam_size=K, length_penalty=alpha, pad_id=pad_id))
+            cases.append(_decoding_case(f"beam{index}", desc, "beam_search_cached", model, state, norm_first, src,
+                                        mask, max_len, eos_id, want, beam_size=K, length_penalty=alpha,
+                                        pad_id=pad_id))
         return cases
 
     def judge(self, result: Result):
         _judge_decoding(result, self.uses, "beam_search_cached", "beam_search", "beams", lambda got, want: (
             "Feed each beam's newest token only, at position = the step; after the top-k, reorder the token "
             "histories and the cache with the same parent rows (cache.reorder(rows)); rank, stop and pad as "
-            "beam_search does."), "search", "(repeated) memory")
+            "beam_search does."), "search", "(repeated) memory",
+            raised="Every tensor decode_step gets has B * K rows, row b * K + j for beam j of sequence b: the "
+                   "memory and src_is_real too, both repeated with repeat_interleave(beam_size, dim=0).")
 
 
 # -- prefill: find the bug (autograder.bugs), judged relative to the student's decode_step, KVCache, mask --------------

@@ -16,6 +16,7 @@ import torch.nn.functional as F
 from decoder_course.checks import (
     CheckFailed,
     check,
+    expect_building_blocks,
     expect_close,
     expect_dtype,
     expect_inputs_unchanged,
@@ -263,9 +264,14 @@ def _expect_contract(before, batch, model, who):
                           "(model.train(was_training))")
 
 
+BUILDING_BLOCKS = {"shift_right": check_shift_right, "sequence_loss": check_sequence_loss}  # what both items call
+
+
 def check_train_step(train_step, Seq2SeqTransformer) -> None:
     """Returns the pre-step loss as a float (teacher forcing, source padding, padding ignored); the update uses
     gradients of this batch only, clipped to clip_norm before one optimizer step; the model's mode is kept."""
+    with check("train_step's building blocks, shift_right and sequence_loss, pass their own checks"):
+        expect_building_blocks(train_step, BUILDING_BLOCKS)
     batch = _loss_batch([6, 4, 2], [5, 3, 5], S=6, T=5, seed=7)  # one target ends early: EOS, then padding
     torch.manual_seed(3)
     start = Seq2SeqTransformer(11, 11, 16, 4, 32, 1, dropout=0.0, tie_weights=False).train()
@@ -315,6 +321,8 @@ def _rows(batch, rows):
 def check_validation_loss(validation_loss, Seq2SeqTransformer) -> None:
     """Find the bug: the same pairs cut into other batches give the same loss; PyTorch's own mean over every
     real token of the set; eval mode, the mode put back, the batches unchanged."""
+    with check("validation_loss's building blocks, your shift_right and sequence_loss, pass their own checks"):
+        expect_building_blocks(validation_loss, BUILDING_BLOCKS)
     torch.manual_seed(5)
     model = Seq2SeqTransformer(11, 11, 16, 4, 32, 1, dropout=0.3, tie_weights=False).train()  # dropout, train mode
     whole = _loss_batch([6, 4, 5, 2], [6, 2, 5, 3], S=6, T=6, seed=11)  # 4 pairs, 16 real target tokens

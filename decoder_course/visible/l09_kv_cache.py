@@ -9,12 +9,15 @@ is projected once per layer, not once per step.
 
 from __future__ import annotations
 
+import inspect
+
 import numpy as np
 import torch
 
 from decoder_course.checks import (
     CheckFailed,
     check,
+    expect_building_blocks,
     expect_close,
     expect_dtype,
     expect_inputs_unchanged,
@@ -70,6 +73,18 @@ class CallCounter:
         self.calls += 1
 
 
+def _updated(cache, k, v, layer_idx: int, when: str):
+    """``cache.update(k, v, layer_idx)`` with the caller's k and v found unchanged; an update that raises (two
+    tensors that cannot be joined) fails naming the axis."""
+    try:
+        return expect_inputs_unchanged(cache.update, k, v, layer_idx)
+    except RuntimeError as exc:
+        raise CheckFailed(f"cache.update raised at {when}, layer {layer_idx}, with k of shape {tuple(k.shape)}: "
+                          f"{type(exc).__name__}: {str(exc).splitlines()[0]}. New positions are appended on the "
+                          "sequence axis, dim 2 of (B, H, S, Dh): the only size that differs between the cached "
+                          "keys and the new ones") from None
+
+
 def check_kv_cache(KVCache) -> None:
     """Appending along the sequence axis, per layer; length and positions; update(k, v) of a one-layer cache."""
     g = torch.Generator().manual_seed(0)
@@ -83,7 +98,7 @@ def check_kv_cache(KVCache) -> None:
         ks = [torch.randn(B, H, t, Dh, generator=g) for t in (3, 1, 1)]  # a prefill of 3, then one per step
         vs = [torch.randn(B, H, t, Dh, generator=g) for t in (3, 1, 1)]
         for step, (k, v) in enumerate(zip(ks, vs, strict=True)):
-            out = expect_inputs_unchanged(cache.update, k, v, 0)
+            out = _updated(cache, k, v, 0, f"update {step + 1} (a prefill of 3 positions, then 1 per update)")
             expect_type(out, tuple, "cache.update(k, v, 0)")
             k_all, v_all = out
             n = 3 + step
@@ -126,7 +141,13 @@ def check_kv_cache_reorder(KVCache) -> None:
                               "rows (dim 0); the positions stay")
         for layer in range(2):
             new = torch.full((4, 2, 1, 5), float(layer + 1))
-            k_all, v_all = cache.update(new, -new, layer)
+            try:
+                k_all, v_all = cache.update(new, -new, layer)
+            except RuntimeError as exc:
+                raise CheckFailed(f"after reorder(index) with 4 rows, update of layer {layer} raised "
+                                  f"{type(exc).__name__}: {str(exc).splitlines()[0]}. Layer {layer}'s keys and "
+                                  "values kept their old batch rows: reorder every layer, keys and values "
+                                  "(k.index_select(0, index))") from None
             expect_close(k_all, torch.cat([ks[layer][index], new], dim=2), f"layer {layer}'s keys after reorder",
                          hint="reorder every layer along the batch axis: k.index_select(0, index)")
             expect_close(v_all, torch.cat([vs[layer][index], -new], dim=2), f"layer {layer}'s values after reorder",
@@ -236,11 +257,43 @@ def check_decode_step(decode_step, KVCache, Seq2SeqTransformer) -> None:
                                   "residual/norm wiring follows the layer's norm_first")
             if cache.length != 7:
                 raise CheckFailed(f"after 7 positions the cache holds {cache.length}: update it in every layer")
+    with check("in training mode dropout acts as in the layers: after one seed, a prefill gives the full decoder's "
+               "logits in training mode"):
+        model = _small_model(Seq2SeqTransformer, True).train()  # dropout 0.1
+        src, is_real = _source()
+        tgt = _target(5, seed=3)  # (B, 5)
+        with torch.no_grad():
+            memory = model.encode(src, is_real)
+            kv = _memory_kv(model, memory)
+            torch.manual_seed(11)
+            full = model.decode(tgt, memory, src_is_real=is_real)[:, -1]  # (B, V): dropout drawn by the layers
+            torch.manual_seed(11)
+            logits, _ = decode_step(model, tgt, kv, KVCache(len(model.decoder.layers)), 0, src_is_real=is_real)
+        expect_close(logits, full, "the logits of a prefill of 5 tokens in training mode, after torch.manual_seed(11)",
+                     atol=1e-4, hint="in training mode the docstring applies dropout as in the layers, where they "
+                                     "apply it and in their order: the positional encoding's dropout on the "
+                                     "embeddings, the self-attention weights' dropout, then dropout1, dropout2, "
+                                     "dropout3 after the sublayers (the cross-attention and the feed-forward drop "
+                                     "out inside their own modules)")
 
 
-def _check_as_uncached(cached, uncached, Seq2SeqTransformer, name, what, B, rows, hint, **endless) -> None:
+def _building_blocks(item, Seq2SeqTransformer, reorder: bool = False) -> None:
+    """The student's KVCache (with reorder, for beam search), cached_causal_mask and decode_step pass their own
+    checks before ``item``'s are run: a wrong one is named, not blamed on ``item``."""
+    KVCache = (getattr(inspect.unwrap(item), "__globals__", None) or {}).get("KVCache")  # the notebook's
+    blocks = {"KVCache": (lambda block: (check_kv_cache(block), check_kv_cache_reorder(block))) if reorder
+              else check_kv_cache, "cached_causal_mask": check_cached_causal_mask,
+              "decode_step": lambda block: check_decode_step(block, KVCache, Seq2SeqTransformer)}
+    *first, last = blocks
+    names = f"{', '.join(first)} and {last}"
+    with check(f"{item.__name__}'s building blocks, your {names}, pass their own checks"):
+        expect_building_blocks(item, blocks)
+
+
+def _check_as_uncached(cached, uncached, Seq2SeqTransformer, name, what, B, rows, hint, raised, **endless) -> None:
     """cached(...) gives uncached(...)'s tokens, for both norms, two EOS ids the model emits, and each row of
-    keyword arguments (max_len among them)."""
+    keyword arguments (max_len among them); ``raised`` says where to look when it raises (its building blocks
+    passed their checks: the shapes it hands them)."""
     for norm_first, norm in _NORMS:
         with check(f"{norm}: the same {what}"):
             model = _small_model(Seq2SeqTransformer, norm_first, seed=1)
@@ -251,7 +304,11 @@ def _check_as_uncached(cached, uncached, Seq2SeqTransformer, name, what, B, rows
                     args = (model, src, row["max_len"], BOS, eos_id)
                     kwargs = {key: value for key, value in row.items() if key != "max_len"}
                     want = uncached(*args, src_is_real=is_real, **kwargs)
-                    got = expect_inputs_unchanged(cached, *args, src_is_real=is_real, **kwargs)
+                    try:
+                        got = expect_inputs_unchanged(cached, *args, src_is_real=is_real, **kwargs)
+                    except RuntimeError as exc:
+                        raise CheckFailed(f"{name} raised {type(exc).__name__} on B={B} padded sources: "
+                                          f"{str(exc).splitlines()[0]}. {raised}") from None
                     expect_type(got, torch.Tensor, f"{name}(...)")
                     setting = ", ".join(f"{key}={value}" for key, value in row.items())
                     expect_close(got, want, f"{name} with eos_id={eos_id}, {setting}", hint=hint)
@@ -278,10 +335,13 @@ def _check_memory_projected_once(cached, Seq2SeqTransformer, name, memory="memor
 
 def check_greedy_decode_cached(greedy_decode_cached, greedy_decode, Seq2SeqTransformer) -> None:
     """Exactly greedy_decode's tokens (several EOS ids and lengths, both norms), and the memory projected once."""
+    _building_blocks(greedy_decode_cached, Seq2SeqTransformer)
     _check_as_uncached(greedy_decode_cached, greedy_decode, Seq2SeqTransformer, "greedy_decode_cached",
                        "tokens as greedy_decode for several EOS ids and max_len", 4, [{"max_len": 1}, {"max_len": 8}],
                        hint="feed only the newest token each step, at position = tokens generated so far; finished "
-                            "rows get pad_id; stop when every row has finished")
+                            "rows get pad_id; stop when every row has finished",
+                       raised="decode_step takes the newest token (B, 1), memory_kv from project_memory once per "
+                              "layer, one KVCache with a slot per layer, and src_is_real (B, S)")
     _check_memory_projected_once(greedy_decode_cached, Seq2SeqTransformer, "greedy_decode_cached")
 
 
@@ -289,10 +349,14 @@ def check_beam_search_cached(beam_search_cached, beam_search, Seq2SeqTransformer
     """Exactly beam_search's beams (several EOS ids, beam sizes, both norms), and the memory projected once."""
     rows = [dict(max_len=8, beam_size=3, length_penalty=0.6, pad_id=0),
             dict(max_len=8, beam_size=2, length_penalty=1.0, pad_id=5)]
+    _building_blocks(beam_search_cached, Seq2SeqTransformer, reorder=True)
     _check_as_uncached(beam_search_cached, beam_search, Seq2SeqTransformer, "beam_search_cached",
                        "beams as beam_search for several EOS ids and beam sizes", 3, rows, beam_size=2,
                        hint="feed each beam's newest token only; after the top-k reorder the histories and the cache "
-                            "by the same parent rows b * K + beam_idx (cache.reorder)")
+                            "by the same parent rows b * K + beam_idx (cache.reorder)",
+                       raised="Every tensor decode_step gets has B * K rows, row b * K + j for beam j of sequence "
+                              "b: the memory (before project_memory) and src_is_real too, both repeated with "
+                              "repeat_interleave(beam_size, dim=0)")
     with check("beams that change places for 10 steps: the cache follows its beams (cache.reorder)"):
         model = _small_model(Seq2SeqTransformer, True, seed=4)
         src, is_real = _source(B=3, seed=1)
@@ -329,6 +393,7 @@ def check_beam_search_cached(beam_search_cached, beam_search, Seq2SeqTransformer
 def check_prefill(prefill, decode_step, KVCache, Seq2SeqTransformer) -> None:
     """Find the bug: the probe first (every chunk size gives the full decoder's logits at the prefix's last
     position), then the cache it leaves (one more token after it), its length, and the prefix unchanged."""
+    _building_blocks(prefill, Seq2SeqTransformer)
     model = _small_model(Seq2SeqTransformer, True, seed=4)
     src, is_real = _source(seed=3)
     prefix = _target(8, seed=5)  # (B, 8)
