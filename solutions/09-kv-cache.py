@@ -160,7 +160,7 @@ aligned = F.scaled_dot_product_attention(new_q, k_all, v_all, attn_mask=bottom_r
 print("is_causal=True with T=3, S=7   : max error", (top_left - full[:, :, 4:]).abs().max().item())
 print("mask aligned to positions 4..6 : max error", (aligned - full[:, :, 4:]).abs().max().item())
 plot_masks([torch.ones(3, 7).tril().bool(), bottom_right],
-           titles=["is_causal=True: top-left (wrong)", "aligned to positions 4, 5, 6"]);
+           titles=["is_causal=True: top-left (wrong)", "aligned to positions 4, 5, 6"], query_labels=[4, 5, 6]);
 
 # %% [markdown]
 # With the top-left triangle, the query at position 4 sees only key 0: it has lost positions 1–4 of its own past.
@@ -246,7 +246,8 @@ from decoder_course.visible import l09_kv_cache as visible
 visible.check_greedy_decode_cached(greedy_decode_cached, greedy_decode, Seq2SeqTransformer)
 
 # %% [markdown]
-# The same tokens, on 64 random sources of different lengths, both LayerNorm placements:
+# The same tokens, on 64 random sources of different lengths, both LayerNorm placements. EOS is made a little more
+# likely than the untrained model makes it, so that rows end at different steps and the finished ones are padded:
 
 # %% demo
 g = torch.Generator().manual_seed(1)
@@ -254,6 +255,8 @@ many_src = torch.randint(3, 20, (64, 8), generator=g)  # (B, S)
 many_real = torch.arange(8)[None, :] < torch.randint(1, 9, (64, 1), generator=g)  # (B, S): random lengths
 for norm_first in (True, False):
     net = small_model(norm_first, seed=3)
+    with torch.no_grad():
+        net.out_proj.bias[EOS] += 2.0  # without it no row of this untrained model ends within 12 tokens
     plain = greedy_decode(net, many_src, 12, BOS, EOS, src_is_real=many_real, pad_id=PAD)
     cached = greedy_decode_cached(net, many_src, 12, BOS, EOS, src_is_real=many_real, pad_id=PAD)
     print(f"norm_first={norm_first}: identical tokens: {torch.equal(plain, cached)}, output shape "

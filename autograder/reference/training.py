@@ -305,14 +305,18 @@ def train(
         return score
 
     bar = tqdm(total=steps if steps is not None else None, disable=not progress, desc=f"train {task.name}")
-    # train_step returns the loss only; a forward hook keeps its logits for the token accuracy (no second pass)
+    # train_step returns the loss only; a forward hook keeps its logits for the token accuracy (no second pass).
+    # It sits on the output layer, which every path to the logits ends in (model(...), or model.encode then
+    # model.decode), so the accuracy does not depend on how train_step calls the model
     seen = {}
-    hook = model.register_forward_hook(lambda module, inputs, logits: seen.__setitem__("logits", logits.detach()))
+    head = getattr(model, "out_proj", model)
+    hook = head.register_forward_hook(lambda module, inputs, logits: seen.__setitem__("logits", logits.detach()))
     model.train()
     step, training_time, started = 0, 0.0, clock()
     while (steps is None or step < steps) and (seconds is None or training_time < seconds):
         batch = {name: tensor.to(device) for name, tensor in next(batches).items()}  # made on the CPU
         tgt = batch["tgt_ids"]  # (B, T): the target followed by EOS, then PAD
+        seen.clear()  # an evaluation's generation also ran the output layer
         loss = train_step(model, batch, optimizer, grad_clip, label_smoothing)  # your step: a float
         schedule.step()
         step += 1

@@ -1,0 +1,97 @@
+"""Lessons 07 to 09 as a student meets them: each promise a docstring makes is checked, and each message names the
+step that broke.
+
+Every known mistake below is also run by ``test_hidden_checks`` (it loses its own item and no other) and
+``test_visible_catch_rate`` (the visible cell catches it); here each one's *message* must name the promise or the
+step: the hidden verdict, and the visible cell's failure. A visible check of an item built on an earlier exercise
+names the earlier one when that one is wrong ("this uses your `shift_right`"). The given ``train`` reads the token
+accuracy however ``train_step`` calls the model.
+"""
+
+import math
+
+import pytest
+import torch
+
+from autograder import samples, verdicts
+from autograder.reference import training
+from decoder_course import data
+from tests.test_visible_catch_rate import _run, _test_cells
+
+# (lesson, item, a fragment of the mistake's description, what the hidden verdict must say)
+HIDDEN = [
+    ("08-generation", "sample", "counts BOS", "BOS is excluded from the repetition penalty"),
+    ("08-generation", "sample_n", "tiled and read back as (n, B)", "row b * n + j of the batch sample_n hands"),
+    ("08-generation", "beam_search", "len ** length_penalty", "len ** length_penalty"),
+    ("09-kv-cache", "decode_step", "no dropout of its own", "known mistake: no dropout of its own in training mode"),
+    ("09-kv-cache", "greedy_decode_cached", "position never advances", "the position never advances"),
+    ("09-kv-cache", "KVCache", "heads axis (dim 1)", "sequence axis"),
+    ("09-kv-cache", "KVCache", "layer 0 only", "reorder every layer"),
+    ("09-kv-cache", "beam_search_cached", "unrepeated src_is_real", "repeat_interleave(beam_size"),
+]
+
+# (lesson, the item whose visible cell runs, the wrong item, a fragment of its mistake, what the cell must say)
+VISIBLE = [
+    ("08-generation", "sample", "sample", "counts BOS", "BOS excluded"),
+    ("08-generation", "sample_n", "sample_n", "tiled and read back as (n, B)", "row b * n + j of the batch"),
+    ("08-generation", "beam_search", "beam_search", "len ** length_penalty", "GNMT's: divide by ((5 + len) / 6)"),
+    ("09-kv-cache", "decode_step", "decode_step", "no dropout of its own", "applies dropout as in the layers"),
+    ("09-kv-cache", "KVCache", "KVCache", "heads axis (dim 1)", "appended on the sequence axis"),
+    ("09-kv-cache", "KVCache", "KVCache", "layer 0 only", "reorder every layer"),
+    ("09-kv-cache", "beam_search_cached", "beam_search_cached", "unrepeated src_is_real", "repeat_interleave(beam"),
+    # an item built on a wrong earlier exercise names that exercise
+    ("07-training", "train_step", "shift_right", "", "this uses your `shift_right`: its check above fails"),
+    ("07-training", "train_step", "sequence_loss", "", "this uses your `sequence_loss`: its check above fails"),
+    ("07-training", "validation_loss", "shift_right", "", "this uses your `shift_right`: its check above fails"),
+    ("09-kv-cache", "prefill", "decode_step", "src_is_real ignored", "this uses your `decode_step`"),
+    ("09-kv-cache", "prefill", "KVCache", "heads axis (dim 1)", "this uses your `KVCache`"),
+    ("09-kv-cache", "beam_search_cached", "KVCache", "layer 0 only", "this uses your `KVCache`"),
+]
+
+
+def _mistake(lesson: str, item: str, fragment: str) -> tuple[str, dict]:
+    found = [(description, replacement) for name, description, replacement in samples.mutants_of(lesson)
+             if name == item and fragment in description]
+    assert found, f"no known mistake of {item} in {lesson} says {fragment!r}"
+    return found[0]
+
+
+@pytest.mark.parametrize("lesson,item,fragment,says", HIDDEN, ids=[f"{r[1]}:{r[2]}" for r in HIDDEN])
+def test_the_hidden_verdict_names_the_promise(lesson, item, fragment, says):
+    description, replacement = _mistake(lesson, item, fragment)
+    verdict = verdicts.judge_namespace(lesson, samples.notebook_namespace(lesson, replacement))[item]  # as graded
+    assert not verdict.passed, f"'{description}' passed {item}"
+    assert says in verdict.message, (description, verdict.message)
+
+
+@pytest.mark.parametrize("lesson,cell,item,fragment,says", VISIBLE, ids=[f"{r[1]}<-{r[2]}:{r[3]}" for r in VISIBLE])
+def test_the_visible_check_names_the_step_that_broke(lesson, cell, item, fragment, says):
+    description, replacement = _mistake(lesson, item, fragment)
+    failure = _run(lesson, cell, replacement, _test_cells(lesson)[cell])
+    assert failure is not None, f"the visible cell of {cell} passed with '{description}' in {item}"
+    assert says in failure, (description, failure)
+
+
+def test_train_reads_the_token_accuracy_whichever_way_train_step_calls_the_model(monkeypatch):
+    """A train_step that calls model.encode and model.decode meets its docstring; the given train must still see
+    its logits (the accuracy curve and the no-causal-mask ablation read them)."""
+
+    def train_step(model, batch, optimizer, clip_norm, label_smoothing=0.0):
+        memory = model.encode(batch["src_ids"], batch["src_is_real"])
+        logits = model.decode(training.shift_right(batch["tgt_ids"], 1), memory, src_is_real=batch["src_is_real"])
+        loss = training.sequence_loss(logits, batch["tgt_ids"], 0, label_smoothing)
+        optimizer.zero_grad()
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), clip_norm)
+        optimizer.step()
+        return loss.item()
+
+    monkeypatch.setattr(training, "train_step", train_step)
+    task = data.get_task("reverse")
+    V = len(task.tgt_vocab)
+    torch.manual_seed(0)
+    model = training.Seq2SeqTransformer(V, V, 16, 2, 32, 1, dropout=0.0, tie_weights=False)
+    history = training.train(model, task, steps=3, batch_size=8, eval_every=2, eval_pairs=4, progress=False,
+                             live=False)
+    accuracy = history["token_accuracy"][1]
+    assert len(accuracy) == 3 and all(math.isfinite(a) for a in accuracy), accuracy
