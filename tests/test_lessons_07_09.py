@@ -18,34 +18,33 @@ from autograder.reference import training
 from decoder_course import data
 from tests.test_visible_catch_rate import _run, _test_cells
 
-# (lesson, item, a fragment of the mistake's description, what the hidden verdict must say)
-HIDDEN = [
-    ("08-generation", "sample", "counts BOS", "BOS is excluded from the repetition penalty"),
-    ("08-generation", "sample_n", "tiled and read back as (n, B)", "row b * n + j of the batch sample_n hands"),
-    ("08-generation", "beam_search", "len ** length_penalty", "len ** length_penalty"),
-    ("09-kv-cache", "decode_step", "no dropout of its own", "known mistake: no dropout of its own in training mode"),
-    ("09-kv-cache", "greedy_decode_cached", "position never advances", "the position never advances"),
-    ("09-kv-cache", "KVCache", "heads axis (dim 1)", "sequence axis"),
-    ("09-kv-cache", "KVCache", "layer 0 only", "reorder every layer"),
-    ("09-kv-cache", "beam_search_cached", "unrepeated src_is_real", "repeat_interleave(beam_size"),
+# (lesson, item, a fragment of its known mistake's description, what the hidden verdict says, what its visible
+# cell says)
+NAMED = [
+    ("08-generation", "sample", "counts BOS", "BOS is excluded from the repetition penalty", "BOS excluded"),
+    ("08-generation", "sample_n", "tiled and read back as (n, B)", "row b * n + j of the batch sample_n hands",
+     "row b * n + j of the batch"),
+    ("08-generation", "beam_search", "len ** length_penalty", "len ** length_penalty",
+     "GNMT's: divide by ((5 + len) / 6)"),
+    ("09-kv-cache", "decode_step", "no dropout of its own", "known mistake: no dropout of its own in training mode",
+     "applies dropout as in the layers"),
+    ("09-kv-cache", "greedy_decode_cached", "position never advances", "the position never advances",
+     "at position = tokens generated so far"),
+    ("09-kv-cache", "KVCache", "heads axis (dim 1)", "sequence axis", "appended on the sequence axis"),
+    ("09-kv-cache", "KVCache", "layer 0 only", "reorder every layer", "reorder every layer"),
+    ("09-kv-cache", "beam_search_cached", "unrepeated src_is_real", "repeat_interleave(beam_size",
+     "repeat_interleave(beam"),
 ]
 
-# (lesson, the item whose visible cell runs, the wrong item, a fragment of its mistake, what the cell must say)
-VISIBLE = [
-    ("08-generation", "sample", "sample", "counts BOS", "BOS excluded"),
-    ("08-generation", "sample_n", "sample_n", "tiled and read back as (n, B)", "row b * n + j of the batch"),
-    ("08-generation", "beam_search", "beam_search", "len ** length_penalty", "GNMT's: divide by ((5 + len) / 6)"),
-    ("09-kv-cache", "decode_step", "decode_step", "no dropout of its own", "applies dropout as in the layers"),
-    ("09-kv-cache", "KVCache", "KVCache", "heads axis (dim 1)", "appended on the sequence axis"),
-    ("09-kv-cache", "KVCache", "KVCache", "layer 0 only", "reorder every layer"),
-    ("09-kv-cache", "beam_search_cached", "beam_search_cached", "unrepeated src_is_real", "repeat_interleave(beam"),
-    # an item built on a wrong earlier exercise names that exercise
-    ("07-training", "train_step", "shift_right", "", "this uses your `shift_right`: its check above fails"),
-    ("07-training", "train_step", "sequence_loss", "", "this uses your `sequence_loss`: its check above fails"),
-    ("07-training", "validation_loss", "shift_right", "", "this uses your `shift_right`: its check above fails"),
-    ("09-kv-cache", "prefill", "decode_step", "src_is_real ignored", "this uses your `decode_step`"),
-    ("09-kv-cache", "prefill", "KVCache", "heads axis (dim 1)", "this uses your `KVCache`"),
-    ("09-kv-cache", "beam_search_cached", "KVCache", "layer 0 only", "this uses your `KVCache`"),
+# (lesson, the item whose visible cell runs, the earlier exercise made wrong, a fragment of its mistake): the cell
+# names the earlier exercise
+BUILT_ON = [
+    ("07-training", "train_step", "shift_right", ""),
+    ("07-training", "train_step", "sequence_loss", ""),
+    ("07-training", "validation_loss", "shift_right", ""),
+    ("09-kv-cache", "prefill", "decode_step", "src_is_real ignored"),
+    ("09-kv-cache", "prefill", "KVCache", "heads axis (dim 1)"),
+    ("09-kv-cache", "beam_search_cached", "KVCache", "layer 0 only"),
 ]
 
 
@@ -56,20 +55,32 @@ def _mistake(lesson: str, item: str, fragment: str) -> tuple[str, dict]:
     return found[0]
 
 
-@pytest.mark.parametrize("lesson,item,fragment,says", HIDDEN, ids=[f"{r[1]}:{r[2]}" for r in HIDDEN])
-def test_the_hidden_verdict_names_the_promise(lesson, item, fragment, says):
+@pytest.mark.parametrize("lesson,item,fragment,hidden,visible", NAMED, ids=[f"{r[1]}:{r[2]}" for r in NAMED])
+def test_the_hidden_verdict_names_the_promise(lesson, item, fragment, hidden, visible):
     description, replacement = _mistake(lesson, item, fragment)
     verdict = verdicts.judge_namespace(lesson, samples.notebook_namespace(lesson, replacement))[item]  # as graded
     assert not verdict.passed, f"'{description}' passed {item}"
-    assert says in verdict.message, (description, verdict.message)
+    assert hidden in verdict.message, (description, verdict.message)
 
 
-@pytest.mark.parametrize("lesson,cell,item,fragment,says", VISIBLE, ids=[f"{r[1]}<-{r[2]}:{r[3]}" for r in VISIBLE])
-def test_the_visible_check_names_the_step_that_broke(lesson, cell, item, fragment, says):
+def _visible_failure(lesson: str, cell: str, item: str, fragment: str) -> tuple[str, str]:
+    """The visible cell of ``cell`` run on the known mistake of ``item``: the mistake, and what the cell raised."""
     description, replacement = _mistake(lesson, item, fragment)
     failure = _run(lesson, cell, replacement, _test_cells(lesson)[cell])
     assert failure is not None, f"the visible cell of {cell} passed with '{description}' in {item}"
-    assert says in failure, (description, failure)
+    return description, failure
+
+
+@pytest.mark.parametrize("lesson,item,fragment,hidden,visible", NAMED, ids=[f"{r[1]}:{r[2]}" for r in NAMED])
+def test_the_visible_check_names_the_promise(lesson, item, fragment, hidden, visible):
+    description, failure = _visible_failure(lesson, item, item, fragment)
+    assert visible in failure, (description, failure)
+
+
+@pytest.mark.parametrize("lesson,cell,item,fragment", BUILT_ON, ids=[f"{r[1]}<-{r[2]}" for r in BUILT_ON])
+def test_a_visible_check_names_the_wrong_earlier_exercise_it_uses(lesson, cell, item, fragment):
+    description, failure = _visible_failure(lesson, cell, item, fragment)
+    assert f"this uses your `{item}`: its check above fails; fix it first" in failure, (description, failure)
 
 
 def test_train_reads_the_token_accuracy_whichever_way_train_step_calls_the_model(monkeypatch):
