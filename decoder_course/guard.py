@@ -33,6 +33,7 @@ kernel (replacing ``collect``) is outside what a guard in the kernel can hold.
 from __future__ import annotations
 
 import _thread
+import functools
 import importlib
 import importlib.abc
 import importlib.util
@@ -126,8 +127,8 @@ def _library(root: str) -> tuple[str, ...] | None:
     return None
 
 
-def _codes(obj: Any) -> list[types.CodeType]:
-    """The code objects a Python function, or the functions a class defines itself, run (never inherited ones:
+def _functions(obj: Any) -> list[types.FunctionType]:
+    """A Python function (and the one it wraps), or the functions a class defines itself (never inherited ones:
     ``nn.MultiheadAttention``'s rule does not forbid ``nn.Module.__call__``)."""
     if isinstance(obj, type):
         found = []
@@ -135,11 +136,25 @@ def _codes(obj: Any) -> list[types.CodeType]:
             parts = [value.fget, value.fset, value.fdel] if isinstance(value, property) else \
                 [getattr(value, "__func__", value)]
             for part in parts:
-                found += _codes(part) if isinstance(part, types.FunctionType) else []
+                found += _functions(part) if isinstance(part, types.FunctionType) else []
         return found
     if isinstance(obj, types.FunctionType):
-        return list({obj.__code__, inspect.unwrap(obj).__code__})
+        unwrapped = inspect.unwrap(obj)
+        return [obj] if unwrapped is obj or not isinstance(unwrapped, types.FunctionType) else [obj, unwrapped]
     return []
+
+
+def _codes(obj: Any) -> list[types.CodeType]:
+    """The code objects :func:`_functions` run."""
+    return list(dict.fromkeys(function.__code__ for function in _functions(obj)))
+
+
+# What a forbidden Python function runs once the guard is armed, whoever holds it and from whichever thread: its own
+# code is replaced by this (the function object stays, so every reference to it, a partial's or another thread's,
+# reaches the report). The report comes in as a keyword default: the code names nothing a caller could replace, and
+# a caller that passes its own computes nothing forbidden either.
+_REPORTING = compile("def forbidden(*args, _guard_report=None, **kwargs):\n    _guard_report()\n", "<guard>", "exec")
+_REPORTING_CODE = next(const for const in _REPORTING.co_consts if isinstance(const, types.CodeType))
 
 
 # The fused operators a forbidden class runs that no forbidden function names (nn.MultiheadAttention's fast path runs
@@ -234,6 +249,7 @@ class Guard:
         self.libraries: list[tuple[str, str]] = []  # (rule, root) of the libraries forbidden whole
         self.folders: list[tuple[str, str]] = []  # (folder, rule): where their code lives
         self.replaced: dict[int, tuple[Any, Any]] = {}  # id(original) -> (original, its stand-in)
+        self.functions: dict[types.FunctionType, str] = {}  # a forbidden Python function -> its rule
         self.operators: dict[str, str] = {}  # a forbidden dispatcher operator ("aten::name.overload") -> its rule
         self.every_operator: str | None = None  # the rule that forbids every operator (torch, whole)
         self.dispatcher: list[Any] = []  # the torch.library registrations, kept: dropping one unregisters it
@@ -268,6 +284,8 @@ class Guard:
         codes = _codes(obj)
         for code in codes:
             self.codes.setdefault(code, text)
+        for function in _functions(obj):
+            self.functions.setdefault(function, text)
         if not codes and not isinstance(obj, type):
             self.builtins.setdefault(id(obj), text)
         report = self.report
@@ -281,6 +299,18 @@ class Guard:
     @property
     def armed(self) -> bool:
         return bool(self.builtins or self.codes or self.libraries or self.operators)
+
+    def replace_code(self) -> None:
+        """Give every forbidden Python function the reporting code (:data:`_REPORTING_CODE`), for the whole
+        process: a thread the profile function does not watch (one started before it) reaches the report too
+        (``F.multi_head_attention_forward`` computes with ``bmm`` and ``softmax``, which the dispatcher lets
+        through). A function with a closure keeps its code: the profile function still reports it."""
+        for function, rule in self.functions.items():
+            if function.__closure__:
+                continue
+            function.__code__ = _REPORTING_CODE
+            function.__defaults__ = None
+            function.__kwdefaults__ = {"_guard_report": functools.partial(self.report, rule)}
 
     # -- the dispatcher ---------------------------------------------------------------------------------------------
     def arm_dispatcher(self) -> None:
@@ -330,6 +360,7 @@ class Guard:
         if not self.armed:
             return
         self.arm_dispatcher()  # first: it runs PyTorch's own code, which the profile function would report
+        self.replace_code()
         original_setprofile, start_thread, report = sys.setprofile, _thread.start_new_thread, self.report
         if getattr(original_setprofile, "__self__", None) is not sys or original_setprofile.__name__ != "setprofile":
             report(TAMPER)  # replaced before the cases ran: the profile function could not be started

@@ -426,16 +426,21 @@ class MultiHeadAttention(_ByHand):
 _NATIVE_ARGS = ("_x = query.detach().float(); _d = _x.shape[-1]; _w = (torch.ones(3 * _d, _d), torch.zeros(3 * _d), "
                 "torch.ones(_d, _d), torch.zeros(_d))")
 DISPATCHER_MHA_ATTACKS = {  # (the rule reported, the cells before, the use)
-    "nn.MultiheadAttention kept from an earlier cell, in an at-fork thread": (  # its fast path, or its slow one
-        ("nn.MultiheadAttention", "F.multi_head_attention_forward"),
-        AT_FORK_HELPER + "_kept = (torch.nn.MultiheadAttention,)",
+    "nn.MultiheadAttention kept from an earlier cell, in an at-fork thread": (
+        "nn.MultiheadAttention", AT_FORK_HELPER + "_kept = (torch.nn.MultiheadAttention,)",
         "_x = torch.ones(1, 3, 8); _jobs.put(lambda: _kept[0](8, 2, batch_first=True).eval()"
         ".requires_grad_(False)(_x, _x, _x, need_weights=False)); _answers.get(timeout=30)"),  # its fast path
     "F.multi_head_attention_forward through functools.partial": (
         "F.multi_head_attention_forward", "import functools, torch\n_mhaf = functools.partial("
         "torch.nn.functional.multi_head_attention_forward)",
-        "_x = query.detach().float().transpose(0, 1); _d = _x.shape[-1]; _m = torch.nn.Linear(_d, 3 * _d); "
-        "_mhaf(_x, _x, _x, _d, 1, _m.weight, _m.bias, None, None, False, 0.0, _m.weight[:_d], _m.bias[:_d])"),
+        "_x = query.detach().float().transpose(0, 1); _d = _x.shape[-1]; _w = torch.ones(3 * _d, _d); "
+        "_b = torch.zeros(3 * _d); _mhaf(_x, _x, _x, _d, 1, _w, _b, None, None, False, 0.0, _w[:_d], _b[:_d])"),
+    "F.multi_head_attention_forward kept from an earlier cell, in an at-fork thread": (  # bmm and softmax only
+        "F.multi_head_attention_forward",
+        AT_FORK_HELPER + "_kept = (torch.nn.functional.multi_head_attention_forward,)",
+        "_x = query.detach().float().transpose(0, 1); _d = _x.shape[-1]; _w = torch.ones(3 * _d, _d); "
+        "_b = torch.zeros(3 * _d); _jobs.put(lambda: _kept[0](_x, _x, _x, _d, 1, _w, _b, None, None, False, 0.0, "
+        "_w[:_d], _b[:_d])); _answers.get(timeout=30)"),
     "torch._native_multi_head_attention through functools.partial": (
         "nn.MultiheadAttention", "import functools, torch\n_native = functools.partial("
         "torch._native_multi_head_attention)", _NATIVE_ARGS + "; _native(_x, _x, _x, _d, 1, *_w)"),
@@ -451,8 +456,17 @@ def test_the_dispatcher_refuses_pytorchs_multi_head_attention(how):
     rule, before, use = DISPATCHER_MHA_ATTACKS[how]
     verdict = _attack_keeping("03-multi-head", before + "\n" + MHA + MHA_FORWARD.format(use=use),
                               "MultiHeadAttention")
-    assert any(_stopped_by_guard(verdict, one) for one in ([rule] if isinstance(rule, str) else rule)), \
-        verdict.message
+    assert _stopped_by_guard(verdict, rule), verdict.message
+
+
+def test_without_the_reporting_code_this_thread_passes(monkeypatch):
+    """A forbidden Python function run by a thread the profile function does not watch, computing with operators
+    the dispatcher lets through (bmm, softmax): only its replaced code reports it."""
+    monkeypatch.setattr(guard.Guard, "replace_code", lambda self: None)
+    _, before, use = DISPATCHER_MHA_ATTACKS["F.multi_head_attention_forward kept from an earlier cell, in an at-fork "
+                                            "thread"]
+    assert _attack_keeping("03-multi-head", before + "\n" + MHA + MHA_FORWARD.format(use=use),
+                           "MultiHeadAttention").passed
 
 
 TENSOR_OPERATORS = ("import numpy as np, torch\n_by_hand = numpy_decoder_layer\n_ones = torch.ones(3)\n"
