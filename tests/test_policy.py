@@ -209,7 +209,10 @@ def _attack(lesson: str, source: str, item: str, guarded: bool = True, monkeypat
     exec(compile(source, "<attack cells>", "exec"), namespace)  # noqa: S102 - the test's own attack
     if not guarded:
         monkeypatch.setattr(guard.Guard, "install", lambda self, namespace: None)
-    return verdicts.judge_namespace(lesson, namespace, items=[item])[item]
+    try:
+        return verdicts.judge_namespace(lesson, namespace, items=[item])[item]
+    finally:  # hooks cannot be unregistered: an attack's own (AT_FORK_HELPER) do nothing from now on
+        namespace.get("_helping", [False])[0] = False
 
 
 def _stopped_by_guard(verdict: verdicts.Verdict, rule: str) -> bool:
@@ -307,7 +310,7 @@ def test_honest_answers_keep_their_marks_under_the_guard():
 # TorchScript, the JIT's operator table, and threads that run without the profile function because they started
 # before the guard was armed (an os.register_at_fork hook, an audit hook on the child's first file read). PyTorch's
 # dispatcher refuses the forbidden operator for the whole process, whoever calls it. The hooks stay registered in
-# this process after the test (neither kind can be removed): each does its work only while its list holds True.
+# this process after the test (neither kind can be removed): each does its work only while `_helping` holds True.
 AT_FORK_HELPER = """
 import os, queue, threading, torch
 _jobs, _answers, _helping = queue.Queue(), queue.Queue(), [True]
@@ -361,11 +364,9 @@ DISPATCHER_SDPA_ATTACKS = {
     "torch.ops.aten through map": ("import torch\n_op = (torch.ops.aten.scaled_dot_product_attention.default._op,)",
                                    "list(map(_op[0], [q], [k], [v]))"),
     "a thread an os.register_at_fork hook starts": (
-        AT_FORK_HELPER + KEPT, "_jobs.put(lambda: _kept[0](q, k, v)); "
-                        "_answers.get(timeout=30)"),
+        AT_FORK_HELPER + KEPT, "_jobs.put(lambda: _kept[0](q, k, v)); _answers.get(timeout=30)"),
     "a thread started before arming (an audit hook)": (
-        AUDIT_HELPER + KEPT, "_jobs.put(lambda: _kept[0](q, k, v)); "
-                      "_answers.get(timeout=30)"),
+        AUDIT_HELPER + KEPT, "_jobs.put(lambda: _kept[0](q, k, v)); _answers.get(timeout=30)"),
 }
 
 
@@ -374,33 +375,11 @@ def _without_dispatcher(monkeypatch) -> None:
     monkeypatch.setattr(guard.Guard, "arm_dispatcher", lambda self: None)
 
 
-def _stop_helpers() -> None:
-    """Hooks cannot be unregistered: tell the test's own to do nothing from now on (see AT_FORK_HELPER)."""
-    for namespace in _HELPED:
-        namespace["_helping"][0] = False
-    _HELPED.clear()
-
-
-_HELPED: list[dict] = []
-
-
-def _attack_keeping(lesson: str, source: str, item: str) -> verdicts.Verdict:
-    """:func:`_attack`, the notebook's namespace remembered so that its hooks can be stopped afterwards."""
-    namespace = samples.notebook_namespace(lesson)
-    exec(compile(source, "<attack cells>", "exec"), namespace)  # noqa: S102 - the test's own attack
-    if "_helping" in namespace:
-        _HELPED.append(namespace)
-    try:
-        return verdicts.judge_namespace(lesson, namespace, items=[item])[item]
-    finally:
-        _stop_helpers()
-
-
 @pytest.mark.parametrize("how", list(DISPATCHER_SDPA_ATTACKS))
 def test_the_dispatcher_refuses_sdpa_from_any_caller_or_thread(how, monkeypatch):
     before, use = DISPATCHER_SDPA_ATTACKS[how]
     source = before + "\n" + CHEAT.format(use=use)
-    verdict = _attack_keeping("10-numerics", source, "robust_attention")
+    verdict = _attack("10-numerics", source, "robust_attention")
     assert _stopped_by_guard(verdict, "F.scaled_dot_product_attention"), verdict.message
     assert "write it yourself" in verdict.message
 
@@ -411,7 +390,7 @@ def test_without_the_dispatcher_these_routes_pass(how, monkeypatch):
     """The attacks above are real: with only the profile function and the stand-ins, they keep full marks."""
     _without_dispatcher(monkeypatch)
     before, use = DISPATCHER_SDPA_ATTACKS[how]
-    assert _attack_keeping("10-numerics", before + "\n" + CHEAT.format(use=use), "robust_attention").passed
+    assert _attack("10-numerics", before + "\n" + CHEAT.format(use=use), "robust_attention").passed
 
 
 MHA_FORWARD = """
@@ -454,7 +433,7 @@ DISPATCHER_MHA_ATTACKS = {  # (the rule reported, the cells before, the use)
 @pytest.mark.parametrize("how", list(DISPATCHER_MHA_ATTACKS))
 def test_the_dispatcher_refuses_pytorchs_multi_head_attention(how):
     rule, before, use = DISPATCHER_MHA_ATTACKS[how]
-    verdict = _attack_keeping("03-multi-head", before + "\n" + MHA + MHA_FORWARD.format(use=use),
+    verdict = _attack("03-multi-head", before + "\n" + MHA + MHA_FORWARD.format(use=use),
                               "MultiHeadAttention")
     assert _stopped_by_guard(verdict, rule), verdict.message
 
@@ -465,7 +444,7 @@ def test_without_the_reporting_code_this_thread_passes(monkeypatch):
     monkeypatch.setattr(guard.Guard, "replace_code", lambda self: None)
     _, before, use = DISPATCHER_MHA_ATTACKS["F.multi_head_attention_forward kept from an earlier cell, in an at-fork "
                                             "thread"]
-    assert _attack_keeping("03-multi-head", before + "\n" + MHA + MHA_FORWARD.format(use=use),
+    assert _attack("03-multi-head", before + "\n" + MHA + MHA_FORWARD.format(use=use),
                            "MultiHeadAttention").passed
 
 
@@ -481,11 +460,11 @@ NUMPY_DISPATCHER_ATTACKS = {
 @pytest.mark.parametrize("how", list(NUMPY_DISPATCHER_ATTACKS))
 def test_a_numpy_only_item_fails_when_any_torch_operator_runs(how, monkeypatch):
     source = (AT_FORK_HELPER if "thread" in how else "") + TENSOR_OPERATORS.format(use=NUMPY_DISPATCHER_ATTACKS[how])
-    verdict = _attack_keeping("05-decoder-layer", source, "numpy_decoder_layer")
+    verdict = _attack("05-decoder-layer", source, "numpy_decoder_layer")
     assert _stopped_by_guard(verdict, "torch."), verdict.message
     assert "written without torch" in verdict.message
     _without_dispatcher(monkeypatch)  # the profile function sees no call in either: only the dispatcher does
-    assert _attack_keeping("05-decoder-layer", source, "numpy_decoder_layer").passed
+    assert _attack("05-decoder-layer", source, "numpy_decoder_layer").passed
 
 
 def test_torch_imported_during_the_cases_is_refused_as_its_import_ends():
