@@ -467,6 +467,26 @@ def test_a_numpy_only_item_fails_when_any_torch_operator_runs(how, monkeypatch):
     assert _attack("05-decoder-layer", source, "numpy_decoder_layer").passed
 
 
+@pytest.mark.parametrize("lesson, item, source", [
+    ("10-numerics", "robust_attention", DISPATCHER_SDPA_ATTACKS["a thread an os.register_at_fork hook starts"][0] +
+     "\n" + CHEAT.format(use=DISPATCHER_SDPA_ATTACKS["a thread an os.register_at_fork hook starts"][1])),
+    ("05-decoder-layer", "numpy_decoder_layer",
+     AT_FORK_HELPER + TENSOR_OPERATORS.format(use=NUMPY_DISPATCHER_ATTACKS["a tensor operator in an at-fork thread"])),
+], ids=["sdpa", "numpy-only"])
+def test_a_refusal_costs_its_item_and_no_other(lesson, item, source):
+    """The at-fork helper thread runs in every item's child and the refusal holds for a whole child: each item's
+    cases run in a child of their own, so only the item whose code used the helper loses its point."""
+    namespace = samples.notebook_namespace(lesson)
+    exec(compile(source, "<attack cells>", "exec"), namespace)  # noqa: S102 - the test's own attack
+    try:
+        decided = verdicts.judge_namespace(lesson, namespace)
+    finally:
+        namespace["_helping"][0] = False
+    assert _stopped_by_guard(decided[item], "torch." if "numpy" in item else "F.scaled_dot_product_attention")
+    assert all(v.passed for name, v in decided.items() if name != item), \
+        {name: v.message for name, v in decided.items() if not v.passed}
+
+
 def test_torch_imported_during_the_cases_is_refused_as_its_import_ends():
     """A NumPy-only item whose notebook never loaded torch: a thread that imports it (unwatched) and computes with
     it is refused at the dispatcher, armed by the import itself."""
