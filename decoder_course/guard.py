@@ -2,8 +2,8 @@
 
 An exercise that asks you to write X lists PyTorch's X among its rules (``"F.scaled_dot_product_attention"``,
 ``"nn.MultiheadAttention"``), and a NumPy-only one a whole library (``"torch."``). The grader reads the source for
-them first (its policy module: the early message, with the line that broke the rule); this module is what holds
-however the code got there: a name built at run time, a lookup through another module or this package, a binding
+them too (its policy module: a warning in the message, which never decides); this module is what decides, from what
+ran, however the code got there: a name built at run time, a lookup through another module or this package, a binding
 made in an earlier cell, a file written and imported, an input transformer. The rules travel with the item's cases
 as plain data (they are public: the exercise's docstring states them), and the forked child that runs the cases
 (``decoder_course.harvest``) installs a :class:`Guard` before any of the student's code runs on them:
@@ -21,7 +21,9 @@ as plain data (they are public: the exercise's docstring states them), and the f
    for the whole process: the child exits after the item's cases) refuses a forbidden operator (the fused ones:
    ``aten::scaled_dot_product_attention`` and the ``_scaled_dot_product_*`` kernels it picks,
    ``aten::_native_multi_head_attention``; ``bmm``, ``softmax`` and ``matmul`` stay free) and, for a NumPy-only
-   item, every operator at all (a torch imported during the cases is armed as its import ends).
+   item, every operator at all (a torch imported during the cases is armed as its import ends);
+4. a forbidden Python function (``F.multi_head_attention_forward``, which computes with ``bmm`` and ``softmax``; a
+   forbidden class's own methods) gets a code object that reports: every reference to it, from any thread, runs it.
 
 A report is final: the child sends it to the kernel and exits at once, so catching an exception cannot hide it, and
 the trusted grader fails the item with the policy's message. Turning the profile function off (``sys.setprofile``
