@@ -24,9 +24,11 @@ IPython magics are turned into Python first (``%time x = nn.MultiheadAttention(4
 runs). The reference solutions are graded by the same policy (the canary), so a rule that flags honest code stops
 grading before any student is judged.
 
-This reading gives the early message, which names the line; what decides is the run-time guard
-(:mod:`decoder_course.guard`), which stops the forbidden objects while the hidden cases run, however they were
-reached. The rules' grammar is the guard's (:func:`decoder_course.guard.parse_rule`).
+This reading gives an early warning, which names how the use was found; it never decides a grade (an unused
+``import torch`` in a NumPy-only answer's cell costs nothing). What decides is the run-time guard
+(:mod:`decoder_course.guard`), which refuses the forbidden operators at torch's dispatcher and reports the forbidden
+objects while the hidden cases run, however they were reached: only what ran counts. The rules' grammar is the
+guard's (:func:`decoder_course.guard.parse_rule`).
 """
 
 from __future__ import annotations

@@ -17,7 +17,7 @@ from __future__ import annotations
 import hashlib
 import os
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from functools import partial
 from pathlib import Path
 
@@ -138,6 +138,13 @@ def policy_message(item: str, broken: dict[str, str]) -> str:
         why = ("that does this exercise's work for you. The point of the exercise is to write it yourself from "
                "the operations it is made of; PyTorch's version is what we compare against.")
     return (f"your `{item}` reaches {uses}, in its own code or in code it calls anywhere in the notebook: {why}")
+
+
+def policy_warning(item: str, seen: dict[str, str]) -> str:
+    """The source reader's early word, added to a verdict it did not decide: what it read is named, not run."""
+    uses = "; ".join(f"`{rule.rstrip('.')}` ({how})" if how else f"`{rule.rstrip('.')}`" for rule, how in seen.items())
+    return (f"(A warning, which cost nothing: the code of your `{item}` names {uses}, which this exercise is "
+            "written without. Only what runs on the hidden cases decides; leave it out so that it never runs.)")
 
 
 # How the run-time guard's report reads in the message: the rule was used, not just named.
@@ -299,7 +306,9 @@ def not_run_after_timeout(cell: str) -> str:
 
 
 def decide(plan: Plan, unfinished: dict[str, str] | None = None) -> dict[str, Verdict]:
-    """Judge every planned exercise: first the static policy on its submitted source, then its outputs.
+    """Judge every planned exercise: first the run-time policy's report (what the guard saw run on the hidden
+    cases), then its outputs. The source reader decides nothing: what it finds is a warning added to the message
+    (an unused ``import torch`` in a NumPy-only answer's cell costs no point).
 
     ``unfinished``: items a time limit stopped, with why (``TrustedExecute`` knows which). One that fails says
     that, not what its unfinished cases look like: a slow answer is not a wrong one (and a correct one on a slow
@@ -309,12 +318,12 @@ def decide(plan: Plan, unfinished: dict[str, str] | None = None) -> dict[str, Ve
     sound: dict[str, bool] = {}
     for item, (ex, cases) in plan.items.items():
         own = plan.sources.get(item, "")
-        broken = policy.violations(plan.cells or [own], [own], [item], tuple(getattr(ex, "forbidden", ())))
+        seen = policy.violations(plan.cells or [own], [own], [item], tuple(getattr(ex, "forbidden", ())))
         try:
             outputs, unreadable = plan.outputs.get(item) or framework.read_outputs(plan.scratch / "outputs", item), None
         except framework.Unreadable as exc:
             outputs, unreadable = None, str(exc)
-        broken = broken or (reached_at_run_time(ex, outputs[0]) if outputs else {})
+        broken = reached_at_run_time(ex, outputs[0]) if outputs else {}
         if broken:
             decided[item] = Verdict(False, policy_message(item, broken))
         elif unreadable:
@@ -325,6 +334,8 @@ def decide(plan: Plan, unfinished: dict[str, str] | None = None) -> dict[str, Ve
             decided[item] = run_judge(ex, plan.scratch / "outputs", cases, sound, outputs)
             if item in unfinished and not decided[item].passed:
                 decided[item] = Verdict(False, unfinished[item])
+        if seen and not broken:
+            decided[item] = replace(decided[item], message=f"{decided[item].message} {policy_warning(item, seen)}")
         # sound: passed, and so did everything it is built on (an item judged relative to a wrong building block
         # can pass while the pieces it calls are wrong: what calls it must not take it for right)
         sound[item] = decided[item].passed and all(sound.get(name, False) for name in getattr(ex, "uses", ()))

@@ -2,8 +2,8 @@
 
 An exercise that asks you to write X lists PyTorch's X among its rules (``"F.scaled_dot_product_attention"``,
 ``"nn.MultiheadAttention"``), and a NumPy-only one a whole library (``"torch."``). The grader reads the source for
-them first (its policy module: the early message, with the line that broke the rule); this module is what holds
-however the code got there: a name built at run time, a lookup through another module or this package, a binding
+them too (its policy module: a warning in the message, which never decides); this module is what decides, from what
+ran, however the code got there: a name built at run time, a lookup through another module or this package, a binding
 made in an earlier cell, a file written and imported, an input transformer. The rules travel with the item's cases
 as plain data (they are public: the exercise's docstring states them), and the forked child that runs the cases
 (``decoder_course.harvest``) installs a :class:`Guard` before any of the student's code runs on them:
@@ -14,7 +14,16 @@ as plain data (they are public: the exercise's docstring states them), and the f
 2. the backstop, whatever the path to the object: a profile function (``sys.setprofile``, every thread) reports a
    call of a forbidden C function (by identity), of a Python function or method of a forbidden class (by its code
    object: a subclass's ``super().__init__`` included), and, for a library rule, any call that enters the library
-   from outside it (its functions, its tensors' methods, ``np.asarray(tensor)``, importing it).
+   from outside it (its functions, its tensors' methods, ``np.asarray(tensor)``, importing it);
+3. what decides wherever the call comes from: PyTorch's dispatcher. Every operator runs through it, from any
+   thread (one started before the guard was armed, by an ``os.register_at_fork`` hook, too), TorchScript,
+   ``torch._C._jit_get_operation``, ``torch.ops`` and C++ callers, so a kernel registered there (``torch.library``,
+   for the whole process: the child exits after the item's cases) refuses a forbidden operator (the fused ones:
+   ``aten::scaled_dot_product_attention`` and the ``_scaled_dot_product_*`` kernels it picks,
+   ``aten::_native_multi_head_attention``; ``bmm``, ``softmax`` and ``matmul`` stay free) and, for a NumPy-only
+   item, every operator at all (a torch imported during the cases is armed as its import ends);
+4. a forbidden Python function (``F.multi_head_attention_forward``, which computes with ``bmm`` and ``softmax``; a
+   forbidden class's own methods) gets a code object that reports: every reference to it, from any thread, runs it.
 
 A report is final: the child sends it to the kernel and exits at once, so catching an exception cannot hide it, and
 the trusted grader fails the item with the policy's message. Turning the profile function off (``sys.setprofile``
@@ -26,7 +35,9 @@ kernel (replacing ``collect``) is outside what a guard in the kernel can hold.
 from __future__ import annotations
 
 import _thread
+import functools
 import importlib
+import importlib.abc
 import importlib.util
 import inspect
 import os
@@ -34,6 +45,7 @@ import sys
 import sysconfig
 import threading
 import types
+import warnings
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -117,8 +129,8 @@ def _library(root: str) -> tuple[str, ...] | None:
     return None
 
 
-def _codes(obj: Any) -> list[types.CodeType]:
-    """The code objects a Python function, or the functions a class defines itself, run (never inherited ones:
+def _functions(obj: Any) -> list[types.FunctionType]:
+    """A Python function (and the one it wraps), or the functions a class defines itself (never inherited ones:
     ``nn.MultiheadAttention``'s rule does not forbid ``nn.Module.__call__``)."""
     if isinstance(obj, type):
         found = []
@@ -126,11 +138,60 @@ def _codes(obj: Any) -> list[types.CodeType]:
             parts = [value.fget, value.fset, value.fdel] if isinstance(value, property) else \
                 [getattr(value, "__func__", value)]
             for part in parts:
-                found += _codes(part) if isinstance(part, types.FunctionType) else []
+                found += _functions(part) if isinstance(part, types.FunctionType) else []
         return found
     if isinstance(obj, types.FunctionType):
-        return list({obj.__code__, inspect.unwrap(obj).__code__})
+        unwrapped = inspect.unwrap(obj)
+        return [obj] if unwrapped is obj or not isinstance(unwrapped, types.FunctionType) else [obj, unwrapped]
     return []
+
+
+def _codes(obj: Any) -> list[types.CodeType]:
+    """The code objects :func:`_functions` run."""
+    return list(dict.fromkeys(function.__code__ for function in _functions(obj)))
+
+
+# What a forbidden Python function runs once the guard is armed, whoever holds it and from whichever thread: its own
+# code is replaced by this (the function object stays, so every reference to it, a partial's or another thread's,
+# reaches the report). The report comes in as a keyword default: the code names nothing a caller could replace, and
+# a caller that passes its own computes nothing forbidden either.
+_REPORTING = compile("def forbidden(*args, _guard_report=None, **kwargs):\n    _guard_report()\n", "<guard>", "exec")
+_REPORTING_CODE = next(const for const in _REPORTING.co_consts if isinstance(const, types.CodeType))
+
+
+# The fused operators a forbidden class runs that no forbidden function names (nn.MultiheadAttention's fast path runs
+# aten::_native_multi_head_attention; its slow path is F.multi_head_attention_forward, a rule of its own).
+CLASS_KERNELS = {"MultiheadAttention": "native_multi_head_attention",
+                 "TransformerEncoderLayer": "transformer_encoder_layer"}
+# Where the dispatcher refuses a forbidden operator: the CPU and CUDA kernels (inference mode reaches them directly)
+# and every autograd key (the alias), which an operator decomposed above the backend (SDPA) passes first.
+DISPATCH_KEYS = ("CPU", "CUDA", "Autograd")
+# Where it refuses every operator, for a NumPy-only item: a tensor's values are computed by a CPU kernel (one made
+# from NumPy is a CPU tensor; another backend's is made from it by a CPU operator).
+EVERY_OPERATOR_KEYS = ("CPU",)
+
+
+def _holds(words: list[str], candidate: str) -> bool:
+    """``candidate``'s words hold ``words`` in order (a subsequence: each found after the one before)."""
+    rest = iter(candidate.split("_"))
+    return all(word in rest for word in words)
+
+
+def _words(name: str) -> list[str]:
+    return [word for word in name.split("_") if word not in _UNSAID]
+
+
+def _operators(name: str) -> list[str]:
+    """The dispatcher's operators (``aten::_scaled_dot_product_flash_attention_for_cpu``, every overload) whose
+    names hold a forbidden function's words in order, when PyTorch is loaded."""
+    torch, words = sys.modules.get("torch"), _words(name)
+    if torch is None or not words:
+        return []
+    try:
+        names = torch._C._dispatch_get_all_op_names()
+    except Exception:  # noqa: BLE001 - a PyTorch without the operator registry: its Python API is guarded still
+        return []
+    return sorted(op for op in names if op.startswith("aten::") and _holds(words, op[6:].partition(".")[0]))
 
 
 # Where PyTorch publishes the C functions behind its Python API, and the words of a forbidden name that its kernels'
@@ -144,24 +205,17 @@ def _kernels(name: str) -> list[Any]:
     hold its words in order (``torch._scaled_dot_product_flash_attention_for_cpu`` and
     ``torch.ops.aten.scaled_dot_product_attention.default`` for ``scaled_dot_product_attention``), when PyTorch is
     loaded (a student's code that imports it is judged by what it calls)."""
-    words = [word for word in name.split("_") if word not in _UNSAID]
+    words = _words(name)
     torch = sys.modules.get("torch")
     if torch is None or not words:
         return []
-
-    def holds(candidate: str) -> bool:
-        rest = iter(candidate.split("_"))
-        return all(word in rest for word in words)  # a subsequence: each word found after the one before
-
     found = []
     for home in filter(None, map(sys.modules.get, KERNEL_HOMES)):
         found += [getattr(home, attr) for attr in dir(home)
-                  if holds(attr) and isinstance(getattr(home, attr, None), types.BuiltinFunctionType)]
+                  if _holds(words, attr) and isinstance(getattr(home, attr, None), types.BuiltinFunctionType)]
     try:
         aten = torch.ops.aten  # its attributes are made on first use: the registry names them all
-        names = {name.partition("::")[2].partition(".")[0] for name in torch._C._dispatch_get_all_op_names()
-                 if name.startswith("aten::")}
-        for attr in sorted(filter(holds, names)):
+        for attr in sorted({op[6:].partition(".")[0] for op in _operators(name)}):
             packet = getattr(aten, attr)
             found += [packet._op] + [getattr(packet, overload)._op for overload in packet.overloads()]
     except Exception:  # noqa: BLE001 - a PyTorch without the operator registry: its Python API is guarded still
@@ -197,12 +251,18 @@ class Guard:
         self.libraries: list[tuple[str, str]] = []  # (rule, root) of the libraries forbidden whole
         self.folders: list[tuple[str, str]] = []  # (folder, rule): where their code lives
         self.replaced: dict[int, tuple[Any, Any]] = {}  # id(original) -> (original, its stand-in)
+        self.functions: dict[types.FunctionType, str] = {}  # a forbidden Python function -> its rule
+        self.operators: dict[str, str] = {}  # a forbidden dispatcher operator ("aten::name.overload") -> its rule
+        self.every_operator: str | None = None  # the rule that forbids every operator (torch, whole)
+        self.dispatcher: list[Any] = []  # the torch.library registrations, kept: dropping one unregisters it
         for text in rules:
             rule = parse_rule(str(text))
             folders = _library(rule.root) if rule.leaf is None else None
             if folders:
                 self.libraries.append((rule.text, rule.root))
                 self.folders += [(folder, rule.text) for folder in folders]
+                if rule.root == "torch":
+                    self.every_operator = self.every_operator or rule.text
                 continue
             if rule.leaf is None:
                 objects = [getattr(home, rule.root) for home in map(_resolve, BARE_HOMES)
@@ -216,11 +276,18 @@ class Guard:
                     any(obj is not None and not isinstance(obj, type) for obj in objects):
                 for kernel in _kernels(rule.leaf or rule.root):
                     self._forbid(kernel, rule.text)
+                for operator in _operators(rule.leaf or rule.root):
+                    self.operators.setdefault(operator, rule.text)
+            if rule.root == "torch" and any(isinstance(obj, type) for obj in objects):
+                for operator in _operators(CLASS_KERNELS.get(rule.leaf or "", "")):
+                    self.operators.setdefault(operator, rule.text)
 
     def _forbid(self, obj: Any, text: str) -> None:
         codes = _codes(obj)
         for code in codes:
             self.codes.setdefault(code, text)
+        for function in _functions(obj):
+            self.functions.setdefault(function, text)
         if not codes and not isinstance(obj, type):
             self.builtins.setdefault(id(obj), text)
         report = self.report
@@ -233,7 +300,60 @@ class Guard:
 
     @property
     def armed(self) -> bool:
-        return bool(self.builtins or self.codes or self.libraries)
+        return bool(self.builtins or self.codes or self.libraries or self.operators)
+
+    def replace_code(self) -> None:
+        """Give every forbidden Python function the reporting code (:data:`_REPORTING_CODE`), for the whole
+        process: a thread the profile function does not watch (one started before it) reaches the report too
+        (``F.multi_head_attention_forward`` computes with ``bmm`` and ``softmax``, which the dispatcher lets
+        through). A function with a closure keeps its code: the profile function still reports it."""
+        for function, rule in self.functions.items():
+            if function.__closure__:
+                continue
+            function.__code__ = _REPORTING_CODE
+            function.__defaults__ = None
+            function.__kwdefaults__ = {"_guard_report": functools.partial(self.report, rule)}
+
+    # -- the dispatcher ---------------------------------------------------------------------------------------------
+    def arm_dispatcher(self) -> None:
+        """Refuse the forbidden operators at PyTorch's dispatcher, for the whole process and every thread (one
+        started before this call too); a NumPy-only item's rule refuses every operator. Where PyTorch is not loaded
+        yet, the refusal is armed as its import ends, whichever thread imports it."""
+        if not (self.operators or self.every_operator):
+            return
+        if "torch" not in sys.modules:
+            sys.meta_path.insert(0, _ArmOnImport("torch", self._refuse_at_dispatcher))
+            return
+        self._refuse_at_dispatcher(importlib.import_module("torch"))  # waits for an import under way in a thread
+
+    def _refuse_at_dispatcher(self, torch: types.ModuleType) -> None:
+        refused = dict(self.operators)
+        keys = {name: DISPATCH_KEYS for name in refused}
+        if self.every_operator:
+            every = {name: self.every_operator for name in torch._C._dispatch_get_all_op_names()
+                     if any(torch._C._dispatch_has_kernel_for_dispatch_key(name, key)
+                            for key in (*EVERY_OPERATOR_KEYS, "CompositeImplicitAutograd",
+                                        "CompositeExplicitAutograd"))}
+            refused = {**every, **refused}
+            keys = {**{name: EVERY_OPERATOR_KEYS for name in every}, **keys}
+        libraries: dict[str, Any] = {}
+        report = self.report
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # "Overriding a previously registered kernel": that is the point
+            for name, rule in refused.items():
+                space, _, operator = name.partition("::")
+                if space not in libraries:
+                    libraries[space] = torch.library.Library(space, "IMPL")
+
+                def refuse(*args, _rule=rule, **kwargs):
+                    report(_rule)
+
+                for key in keys[name]:
+                    try:
+                        libraries[space].impl(operator, refuse, key)
+                    except Exception:  # noqa: BLE001 - an operator this key cannot take (its others still refuse)
+                        continue
+        self.dispatcher += list(libraries.values())
 
     # -- arming -----------------------------------------------------------------------------------------------------
     def install(self, namespace: dict) -> None:
@@ -241,6 +361,8 @@ class Guard:
         thread and every thread started from now on. ``namespace``: the notebook's globals."""
         if not self.armed:
             return
+        self.arm_dispatcher()  # first: it runs PyTorch's own code, which the profile function would report
+        self.replace_code()
         original_setprofile, start_thread, report = sys.setprofile, _thread.start_new_thread, self.report
         if getattr(original_setprofile, "__self__", None) is not sys or original_setprofile.__name__ != "setprofile":
             report(TAMPER)  # replaced before the cases ran: the profile function could not be started
@@ -322,6 +444,35 @@ class Guard:
                             report(text)
 
         return hook
+
+
+class _ArmOnImport(importlib.abc.MetaPathFinder):
+    """Finds nothing itself: it lets the other finders find ``root`` and arms ``arm(module)`` as the module's code
+    ends, before the import returns to whoever asked (any thread)."""
+
+    def __init__(self, root: str, arm: Callable[[types.ModuleType], None]):
+        self.root, self.arm = root, arm
+
+    def find_spec(self, name, path=None, target=None):
+        if name != self.root:
+            return None
+        for finder in sys.meta_path:
+            found = getattr(finder, "find_spec", None) if finder is not self else None
+            spec = found(name, path, target) if found is not None else None
+            if spec is not None and spec.loader is not None and hasattr(spec.loader, "exec_module"):
+                spec.loader.exec_module = _then(spec.loader.exec_module, self.arm)  # this import's own loader
+                return spec
+        return None
+
+
+def _then(run: Callable[[types.ModuleType], None], arm: Callable[[types.ModuleType], None]) -> Callable:
+    """A loader's ``exec_module`` that arms ``arm`` on the module once its code has run."""
+
+    def exec_module(module: types.ModuleType) -> None:
+        run(module)
+        arm(module)
+
+    return exec_module
 
 
 def _programs() -> list[Any]:

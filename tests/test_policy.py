@@ -1,12 +1,15 @@
 """Static policy: an exercise that asks you to write X fails when its submitted cell calls PyTorch's X."""
 
+import subprocess
+import sys
+
 import nbformat
 import pytest
 from nbgrader.api import Gradebook
 
 from autograder import notebooks, pipeline, policy, samples, verdicts
 from autograder.checks.framework import Case, Exercise, Verdict
-from decoder_course import guard
+from decoder_course import guard, harvest
 
 FORBIDDEN = ("F.scaled_dot_product_attention", "nn.MultiheadAttention")
 
@@ -45,7 +48,9 @@ class _Passing(Exercise):
         return None
 
 
-def test_policy_verdict_comes_before_values(tmp_path, monkeypatch):
+def test_the_source_reader_warns_and_what_ran_decides(tmp_path, monkeypatch):
+    """Issue 36: the source reader's finding is a warning in the message, never the verdict; the run-time guard's
+    report (what ran on the hidden cases) fails the item before its values are judged."""
     nb = nbformat.v4.new_notebook()
     cell = nbformat.v4.new_code_cell("def attention(q, k, v):\n    return F.scaled_dot_product_attention(q, k, v)")
     cell.metadata["nbgrader"] = {"solution": True, "grade": False, "grade_id": "attention_solution"}
@@ -54,12 +59,22 @@ def test_policy_verdict_comes_before_values(tmp_path, monkeypatch):
                          verdicts.solution_sources(nb))
     monkeypatch.setattr(verdicts, "run_judge", lambda *a: Verdict(True, "values fine"))
     decided = verdicts.decide(plan)
+    assert decided["attention"].passed, decided["attention"].message
+    assert "A warning, which cost nothing" in decided["attention"].message
+    assert "`F.scaled_dot_product_attention`" in decided["attention"].message
+    # the guard reported the rule: the item fails, whatever its values, with the policy's message
+    harvest._write_results(tmp_path / "outputs", "attention", ["c0"], {}, "PolicyViolation: reached",
+                           ["F.scaled_dot_product_attention"])
+    decided = verdicts.decide(plan)
     assert not decided["attention"].passed
-    assert "write it yourself" in decided["attention"].message
-    # The same plan without the forbidden call is judged on its values.
+    assert "write it yourself" in decided["attention"].message and verdicts.RUNTIME_HOW in decided["attention"].message
+    assert "A warning" not in decided["attention"].message
+    # the same plan without the forbidden name and without a report is judged on its values, with no warning
     cell.source = "def attention(q, k, v):\n    return q @ k.T @ v"
     plan.sources = verdicts.solution_sources(nb)
-    assert verdicts.decide(plan)["attention"].passed
+    for path in (tmp_path / "outputs").iterdir():
+        path.unlink()
+    assert verdicts.decide(plan)["attention"] == Verdict(True, "values fine")
 
 
 # -- every form of reaching a forbidden name (issue 10, hole 7) --------------------------------------------------
@@ -194,7 +209,10 @@ def _attack(lesson: str, source: str, item: str, guarded: bool = True, monkeypat
     exec(compile(source, "<attack cells>", "exec"), namespace)  # noqa: S102 - the test's own attack
     if not guarded:
         monkeypatch.setattr(guard.Guard, "install", lambda self, namespace: None)
-    return verdicts.judge_namespace(lesson, namespace, items=[item])[item]
+    try:
+        return verdicts.judge_namespace(lesson, namespace, items=[item])[item]
+    finally:  # hooks cannot be unregistered: an attack's own (AT_FORK_HELPER) do nothing from now on
+        namespace.get("_helping", [False])[0] = False
 
 
 def _stopped_by_guard(verdict: verdicts.Verdict, rule: str) -> bool:
@@ -285,6 +303,229 @@ def test_honest_answers_keep_their_marks_under_the_guard():
     for lesson, item in (("05-decoder-layer", "numpy_decoder_layer"), ("03-multi-head", "MultiHeadAttention"),
                          ("03-multi-head", "split_heads_reshape")):
         assert _attack(lesson, "", item).passed, (lesson, item)
+
+
+# -- the dispatcher decides (issue 36, point 4) --------------------------------------------------------------------
+# Routes the profile function cannot see: a C function calling the forbidden one (partial, map, operator.call),
+# TorchScript, the JIT's operator table, and threads that run without the profile function because they started
+# before the guard was armed (an os.register_at_fork hook, an audit hook on the child's first file read). PyTorch's
+# dispatcher refuses the forbidden operator for the whole process, whoever calls it. The hooks stay registered in
+# this process after the test (neither kind can be removed): each does its work only while `_helping` holds True.
+AT_FORK_HELPER = """
+import os, queue, threading, torch
+_jobs, _answers, _helping = queue.Queue(), queue.Queue(), [True]
+
+def _helper():
+    while True:
+        job = _jobs.get()
+        try:
+            _answers.put(job())
+        except BaseException as exc:
+            _answers.put(exc)
+
+def _start_helper():
+    if _helping[0]:
+        threading.Thread(target=_helper, daemon=True).start()
+
+os.register_at_fork(after_in_child=_start_helper)
+"""
+KEPT = "\n_kept = (torch.nn.functional.scaled_dot_product_attention,)  # a tuple: no stand-in reaches into one"
+AUDIT_HELPER = """
+import os, sys, queue, _thread, torch
+_jobs, _answers, _helping, _started = queue.Queue(), queue.Queue(), [True], []
+
+def _helper():
+    while True:
+        job = _jobs.get()
+        try:
+            _answers.put(job())
+        except BaseException as exc:
+            _answers.put(exc)
+
+def _on_event(event, args):
+    if _helping[0] and event == "open" and os.getpid() not in _started:  # the child's first read of its cases
+        _started.append(os.getpid())
+        _thread.start_new_thread(_helper, ())
+
+_started.append(os.getpid())
+sys.addaudithook(_on_event)
+"""
+DISPATCHER_SDPA_ATTACKS = {
+    "functools.partial": ("import functools, torch\n_attend = functools.partial("
+                          "torch.nn.functional.scaled_dot_product_attention)", "_attend(q, k, v)"),
+    "map": ("import torch" + KEPT, "list(map(_kept[0], [q], [k], [v]))"),
+    "operator.call": ("import operator, torch" + KEPT, "operator.call(_kept[0], q, k, v)"),
+    "TorchScript of an earlier cell": (
+        "import torch\n_scripted = torch.jit.CompilationUnit('def attend(q, k, v):\\n    return torch.nn.functional."
+        "scaled_dot_product_attention(q, k, v)\\n').attend", "_scripted(q, k, v)"),
+    "torch._C._jit_get_operation": (
+        "import torch\n_op = torch._C._jit_get_operation('aten::scaled_' + 'dot_product_attention')\n"
+        "_op = _op[0] if isinstance(_op, tuple) else _op", "_op(q, k, v)"),
+    "torch.ops.aten through map": ("import torch\n_op = (torch.ops.aten.scaled_dot_product_attention.default._op,)",
+                                   "list(map(_op[0], [q], [k], [v]))"),
+    "a thread an os.register_at_fork hook starts": (
+        AT_FORK_HELPER + KEPT, "_jobs.put(lambda: _kept[0](q, k, v)); _answers.get(timeout=30)"),
+    "a thread started before arming (an audit hook)": (
+        AUDIT_HELPER + KEPT, "_jobs.put(lambda: _kept[0](q, k, v)); _answers.get(timeout=30)"),
+}
+
+
+def _without_dispatcher(monkeypatch) -> None:
+    """The guard as it was before the dispatcher decided: the profile function and the stand-ins only."""
+    monkeypatch.setattr(guard.Guard, "arm_dispatcher", lambda self: None)
+
+
+@pytest.mark.parametrize("how", list(DISPATCHER_SDPA_ATTACKS))
+def test_the_dispatcher_refuses_sdpa_from_any_caller_or_thread(how, monkeypatch):
+    before, use = DISPATCHER_SDPA_ATTACKS[how]
+    source = before + "\n" + CHEAT.format(use=use)
+    verdict = _attack("10-numerics", source, "robust_attention")
+    assert _stopped_by_guard(verdict, "F.scaled_dot_product_attention"), verdict.message
+    assert "write it yourself" in verdict.message
+
+
+@pytest.mark.parametrize("how", ["functools.partial", "TorchScript of an earlier cell",
+                                 "a thread an os.register_at_fork hook starts"])
+def test_without_the_dispatcher_these_routes_pass(how, monkeypatch):
+    """The attacks above are real: with only the profile function and the stand-ins, they keep full marks."""
+    _without_dispatcher(monkeypatch)
+    before, use = DISPATCHER_SDPA_ATTACKS[how]
+    assert _attack("10-numerics", before + "\n" + CHEAT.format(use=use), "robust_attention").passed
+
+
+MHA_FORWARD = """
+class MultiHeadAttention(_ByHand):
+    def forward(self, query, key, value, allowed=None):
+        try:
+            {use}
+        except BaseException:
+            pass
+        return super().forward(query, key, value, allowed)
+"""
+_NATIVE_ARGS = ("_x = query.detach().float(); _d = _x.shape[-1]; _w = (torch.ones(3 * _d, _d), torch.zeros(3 * _d), "
+                "torch.ones(_d, _d), torch.zeros(_d))")
+DISPATCHER_MHA_ATTACKS = {  # (the rule reported, the cells before, the use)
+    "nn.MultiheadAttention kept from an earlier cell, in an at-fork thread": (
+        "nn.MultiheadAttention", AT_FORK_HELPER + "_kept = (torch.nn.MultiheadAttention,)",
+        "_x = torch.ones(1, 3, 8); _jobs.put(lambda: _kept[0](8, 2, batch_first=True).eval()"
+        ".requires_grad_(False)(_x, _x, _x, need_weights=False)); _answers.get(timeout=30)"),  # its fast path
+    "F.multi_head_attention_forward through functools.partial": (
+        "F.multi_head_attention_forward", "import functools, torch\n_mhaf = functools.partial("
+        "torch.nn.functional.multi_head_attention_forward)",
+        "_x = query.detach().float().transpose(0, 1); _d = _x.shape[-1]; _w = torch.ones(3 * _d, _d); "
+        "_b = torch.zeros(3 * _d); _mhaf(_x, _x, _x, _d, 1, _w, _b, None, None, False, 0.0, _w[:_d], _b[:_d])"),
+    "F.multi_head_attention_forward kept from an earlier cell, in an at-fork thread": (  # bmm and softmax only
+        "F.multi_head_attention_forward",
+        AT_FORK_HELPER + "_kept = (torch.nn.functional.multi_head_attention_forward,)",
+        "_x = query.detach().float().transpose(0, 1); _d = _x.shape[-1]; _w = torch.ones(3 * _d, _d); "
+        "_b = torch.zeros(3 * _d); _jobs.put(lambda: _kept[0](_x, _x, _x, _d, 1, _w, _b, None, None, False, 0.0, "
+        "_w[:_d], _b[:_d])); _answers.get(timeout=30)"),
+    "torch._native_multi_head_attention through functools.partial": (
+        "nn.MultiheadAttention", "import functools, torch\n_native = functools.partial("
+        "torch._native_multi_head_attention)", _NATIVE_ARGS + "; _native(_x, _x, _x, _d, 1, *_w)"),
+    "aten::_native_multi_head_attention in an at-fork thread": (
+        "nn.MultiheadAttention", AT_FORK_HELPER,
+        _NATIVE_ARGS + "; _jobs.put(lambda: torch.ops.aten._native_multi_head_attention(_x, _x, _x, _d, 1, *_w)); "
+                       "_answers.get(timeout=30)"),
+}
+
+
+@pytest.mark.parametrize("how", list(DISPATCHER_MHA_ATTACKS))
+def test_the_dispatcher_refuses_pytorchs_multi_head_attention(how):
+    rule, before, use = DISPATCHER_MHA_ATTACKS[how]
+    verdict = _attack("03-multi-head", before + "\n" + MHA + MHA_FORWARD.format(use=use),
+                              "MultiHeadAttention")
+    assert _stopped_by_guard(verdict, rule), verdict.message
+
+
+def test_without_the_reporting_code_this_thread_passes(monkeypatch):
+    """A forbidden Python function run by a thread the profile function does not watch, computing with operators
+    the dispatcher lets through (bmm, softmax): only its replaced code reports it."""
+    monkeypatch.setattr(guard.Guard, "replace_code", lambda self: None)
+    _, before, use = DISPATCHER_MHA_ATTACKS["F.multi_head_attention_forward kept from an earlier cell, in an at-fork "
+                                            "thread"]
+    assert _attack("03-multi-head", before + "\n" + MHA + MHA_FORWARD.format(use=use),
+                           "MultiHeadAttention").passed
+
+
+TENSOR_OPERATORS = ("import numpy as np, torch\n_by_hand = numpy_decoder_layer\n_ones = torch.ones(3)\n"
+                    "def numpy_decoder_layer(x, *a, **k):\n    try:\n        {use}\n    except BaseException:\n"
+                    "        pass\n    return _by_hand(x, *a, **k)")
+NUMPY_DISPATCHER_ATTACKS = {
+    "tensor operators only": "(_ones + _ones) * 2.0 - _ones",  # a tensor's operators: no call the profile sees
+    "a tensor operator in an at-fork thread": "_jobs.put(lambda: torch.from_numpy(x) + 1); _answers.get(timeout=30)",
+}
+
+
+@pytest.mark.parametrize("how", list(NUMPY_DISPATCHER_ATTACKS))
+def test_a_numpy_only_item_fails_when_any_torch_operator_runs(how, monkeypatch):
+    source = (AT_FORK_HELPER if "thread" in how else "") + TENSOR_OPERATORS.format(use=NUMPY_DISPATCHER_ATTACKS[how])
+    verdict = _attack("05-decoder-layer", source, "numpy_decoder_layer")
+    assert _stopped_by_guard(verdict, "torch."), verdict.message
+    assert "written without torch" in verdict.message
+    _without_dispatcher(monkeypatch)  # the profile function sees no call in either: only the dispatcher does
+    assert _attack("05-decoder-layer", source, "numpy_decoder_layer").passed
+
+
+@pytest.mark.parametrize("lesson, item, source", [
+    ("10-numerics", "robust_attention", DISPATCHER_SDPA_ATTACKS["a thread an os.register_at_fork hook starts"][0] +
+     "\n" + CHEAT.format(use=DISPATCHER_SDPA_ATTACKS["a thread an os.register_at_fork hook starts"][1])),
+    ("05-decoder-layer", "numpy_decoder_layer",
+     AT_FORK_HELPER + TENSOR_OPERATORS.format(use=NUMPY_DISPATCHER_ATTACKS["a tensor operator in an at-fork thread"])),
+], ids=["sdpa", "numpy-only"])
+def test_a_refusal_costs_its_item_and_no_other(lesson, item, source):
+    """The at-fork helper thread runs in every item's child and the refusal holds for a whole child: each item's
+    cases run in a child of their own, so only the item whose code used the helper loses its point."""
+    namespace = samples.notebook_namespace(lesson)
+    exec(compile(source, "<attack cells>", "exec"), namespace)  # noqa: S102 - the test's own attack
+    try:
+        decided = verdicts.judge_namespace(lesson, namespace)
+    finally:
+        namespace["_helping"][0] = False
+    assert _stopped_by_guard(decided[item], "torch." if "numpy" in item else "F.scaled_dot_product_attention")
+    assert all(v.passed for name, v in decided.items() if name != item), \
+        {name: v.message for name, v in decided.items() if not v.passed}
+
+
+def test_torch_imported_during_the_cases_is_refused_as_its_import_ends():
+    """A NumPy-only item whose notebook never loaded torch: a thread that imports it (unwatched) and computes with
+    it is refused at the dispatcher, armed by the import itself."""
+    rules = ["torch."]
+    script = (AT_FORK_HELPER.replace("import os, queue, threading, torch", "import os, queue, threading")
+              + "\nimport sys\nfrom decoder_course.guard import Guard\n"
+              "assert 'torch' not in sys.modules\n"
+              "pid = os.fork()\n"
+              "if pid == 0:\n"
+              "    def report(rule):\n"
+              "        os.write(1, f'reported {rule}\\n'.encode())\n"
+              "        os._exit(3)\n"
+              f"    Guard({rules!r}, report).install({{}})\n"
+              "    _jobs.put(lambda: __import__('torch').ones(2) + 1)\n"
+              "    print('not refused', type(_answers.get(timeout=60)).__name__, flush=True)  # no torch here\n"
+              "    os._exit(0)\n"
+              "_, status = os.waitpid(pid, 0)\n"
+              "print('status', os.waitstatus_to_exitcode(status))\n")
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=300)
+    assert "reported torch." in done.stdout and "status 3" in done.stdout, (done.stdout, done.stderr)
+
+
+def test_an_unused_import_of_torch_costs_a_numpy_only_answer_nothing(tmp_path, monkeypatch):
+    """Issue 36: an honest NumPy-only answer whose cell imports torch and never uses it keeps full marks; the
+    source reader's finding is a warning in the message, never the verdict."""
+    lesson, item = "05-decoder-layer", "numpy_decoder_layer"
+    answer = "import torch\n" + notebooks.reference_source(lesson, item, keep_markers=False)
+    nb = samples.perfect(lesson)
+    cell = next(c for c in nb.cells if c.metadata.get("course", {}).get("exercise") == [item])
+    cell.source = answer
+    plan = verdicts.prepare(nb, lesson, "s", b"k", tmp_path)
+    namespace = samples.notebook_namespace(lesson)
+    exec(compile(answer, "<answer cell>", "exec"), namespace)  # noqa: S102 - the test's own answer
+    monkeypatch.setenv(harvest.ENV_VAR, str(tmp_path))
+    harvest.collect(item, namespace)
+    plan.items = {item: plan.items[item]}
+    verdict = verdicts.decide(plan)[item]
+    assert verdict.passed, verdict.message
+    assert "A warning, which cost nothing" in verdict.message and "`torch`" in verdict.message
 
 
 class _Restricted(_Passing):
