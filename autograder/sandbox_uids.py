@@ -31,6 +31,9 @@ LOCK_FOLDERS = (Path("/run/decoder-course-sandbox-uids"),
                 Path(tempfile.gettempdir()) / "decoder-course-sandbox-uids")
 
 
+_EVER: set[int] = set()  # every uid this process has leased: what to look for once its sandboxes are gone
+
+
 class NoUidLeft(RuntimeError):
     """No sandbox uid could be leased: every one is taken, or the lock folder cannot be trusted."""
 
@@ -99,8 +102,18 @@ def lease(start: int | None = None) -> UidLease:
         path = folder / str(uid)
         fd = _locked(path)
         if fd >= 0:
+            _EVER.add(uid)
             return UidLease(uid, path, fd)
     raise NoUidLeft(f"all {UID_COUNT} sandbox uids are taken")
+
+
+def is_sandbox_uid(uid: int) -> bool:
+    return UID_BASE <= uid < UID_BASE + UID_COUNT
+
+
+def ever_leased() -> frozenset[int]:
+    """The uids this process's sandboxes ran as (as root): none of them should run anything once they are gone."""
+    return frozenset(_EVER)
 
 
 def _locked(path: Path) -> int:
