@@ -63,7 +63,10 @@ class UidLease:
             os.close(fd)
 
     def __del__(self) -> None:
-        self.release()
+        try:
+            self.release()
+        except Exception:  # at interpreter exit the modules it needs may be gone: the lock goes with the process
+            pass
 
     def __repr__(self) -> str:
         return f"UidLease(uid={self.uid}, held={self.held})"

@@ -366,6 +366,28 @@ def test_two_live_sandboxes_have_different_uids_even_from_two_grading_processes(
 
 
 @as_root
+def test_uids_are_leased_only_in_a_folder_root_alone_writes_and_never_an_accounts(tmp_path, monkeypatch):
+    shared, private = tmp_path / "shared", tmp_path / "private"
+    shared.mkdir(mode=0o777)
+    shared.chmod(0o1777)  # like /tmp: anyone could plant or hold lock files there
+    monkeypatch.setattr(sandbox_uids, "LOCK_FOLDERS", (shared,))
+    with pytest.raises(sandbox_uids.NoUidLeft, match="not a folder that root alone may write"):
+        sandbox_uids.lease()
+    with pytest.raises(sandbox.SandboxUnavailable, match="make it root's with mode 0700"):
+        sandbox.Sandbox(tmp_path / "box", LIMITS)
+    monkeypatch.setattr(sandbox_uids, "LOCK_FOLDERS", (shared, private))
+    taken = sandbox_uids.UID_BASE + 123
+    monkeypatch.setattr(sandbox_uids, "_has_account", lambda uid: uid == taken)  # as if an account had it
+    held = sandbox_uids.lease(start=123)
+    try:
+        assert held.uid == taken + 1 and (private / str(held.uid)).exists()
+        assert private.stat().st_mode & 0o777 == 0o700
+    finally:
+        held.release()
+    assert not (private / str(held.uid)).exists(), "a released lease left its lock file"
+
+
+@as_root
 def test_a_uid_still_running_is_not_given_back(tmp_path):
     box = _made(tmp_path / "box")
     sleeper = subprocess.Popen(["setpriv", f"--reuid={box.uid}", f"--regid={box.uid}", "--clear-groups",
