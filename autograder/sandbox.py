@@ -19,9 +19,15 @@ Inside the sandbox
       ``outputs/`` (``cases/`` is read-only) and the kernel's socket folder: nothing else, and each of them on a
       file system with its own cap (see *The writable space* below);
     - a clean environment (``--clearenv``): no secret, no path of the grading process;
-    - no new user namespace, by a seccomp filter the launcher installs before anything of the notebook runs
-      (:func:`no_new_namespaces_filter`): in one, a process would hold every capability and could mount a file
-      system of its own past every cap below.
+    - a default-deny syscall profile (:func:`seccomp_program`, built with libseccomp: see
+      :mod:`autograder.syscall_profile`) that the launcher loads before anything of the notebook runs, or nothing
+      runs: no kernel keyring, ``bpf``, ``perf_event_open``, ``userfaultfd``, tracing, mounting, new namespaces
+      (in a user namespace a process would hold every capability and could mount a file system of its own past
+      every cap below), ``kexec``, ...;
+    - its own uid (as root): no two live sandboxes share one (:func:`lease_uid`), and no account owns it;
+    - its own IPC namespace per kernel, in a warm sandbox too (the zygote's child unshares one before it drops
+      to the sandbox uid): SysV shared memory, semaphores and message queues and POSIX message queues go with the
+      notebook's last process; POSIX shared memory lives in ``/dev/shm``, emptied between two notebooks.
 
 The writable space
     Grading as root, every path the kernel can write lies on a tmpfs that the grader mounts for this sandbox
@@ -75,6 +81,7 @@ from traitlets import Any, Int, Type, default
 from zmq.utils.monitor import parse_monitor_message
 
 import decoder_course
+from autograder import sandbox_uids, syscall_profile
 
 UNAVAILABLE = "bubblewrap is not available: install it, or pass --no-sandbox to grade without one (unsafe)"
 HOME = "/home/student"  # the kernel's cwd and $HOME inside the sandbox
@@ -84,7 +91,6 @@ PASS_ENV = ("LANG", "LC_ALL", "TZ", "MPLBACKEND", "OMP_NUM_THREADS", "MKL_NUM_TH
             "NBGRADER_EXECUTION")
 ETC_FILES = ("ld.so.cache", "ld.so.conf", "ld.so.conf.d", "localtime", "nsswitch.conf", "passwd", "group",
              "fonts", "mime.types", "matplotlibrc")
-UID_BASE = 10_000_000  # sandbox uids (root only): UID_BASE + pid % 1_000_000, owned by no account
 MPLCONFIG = f"{HOME}/.config/matplotlib"  # $MPLCONFIGDIR inside the sandbox: on the fresh tmpfs of $HOME
 
 
@@ -276,11 +282,6 @@ def usage(path: Path | str) -> Usage | None:
                  info.f_bavail == 0 or info.f_favail == 0)
 
 
-def sandbox_uid() -> int:
-    """The uid the kernel runs as: this process's own unless it is root, then one owned by no account."""
-    return UID_BASE + os.getpid() % 1_000_000 if os.geteuid() == 0 else os.geteuid()
-
-
 @functools.lru_cache(maxsize=1)
 def _probe() -> str:
     """'' when a sandbox can start here, else why not (cached: asked once per process)."""
@@ -312,56 +313,30 @@ def check_available() -> None:
         raise SandboxUnavailable(f"{UNAVAILABLE}. ({why})")
 
 
-# -- no new namespaces (seccomp) ---------------------------------------------------------------------------------
-# An unprivileged process may create a user namespace, in which it holds every capability: with a mount namespace
-# it could mount a tmpfs of its own over /tmp, with no size or inode cap (the caps above would no longer bound
-# what the notebook takes from the machine's memory). So every process of a sandbox runs under this seccomp filter:
-# unshare and clone with CLONE_NEWUSER fail with EPERM, setns fails with EPERM, clone3 (whose flags a filter
-# cannot read) fails with ENOSYS, on which the C library falls back to clone; any other ABI (x32, i386 on x86_64)
-# fails with EPERM. The filter is inherited by every child and across exec, and cannot be removed.
-_SYSCALLS = {  # machine -> (AUDIT_ARCH, clone, unshare, setns, clone3)
-    "x86_64": (0xC000003E, 56, 272, 308, 435),
-    "aarch64": (0xC00000B7, 220, 97, 268, 435),
-}
-CLONE_NEWUSER = 0x10000000
+# -- the syscall profile (seccomp) and the sandbox's uid --------------------------------------------------------
+def seccomp_program(kind: str = "kernel") -> bytes:
+    """The sandbox's syscall profile for this machine as a BPF program (:mod:`autograder.syscall_profile`: a
+    default-deny allow-list built with libseccomp); ``kind`` "zygote" for a warm sandbox's zygote. Raises
+    :class:`SandboxUnavailable` when it cannot be built: nothing runs without it."""
+    try:
+        return syscall_profile.program(kind)
+    except syscall_profile.ProfileUnavailable as exc:
+        raise SandboxUnavailable(str(exc)) from exc
 
 
-def no_new_namespaces_filter(machine: str | None = None) -> bytes:
-    """The classic-BPF seccomp program (``struct sock_filter`` array, native byte order) described above."""
-    import platform
-    import struct
-
-    machine = machine or platform.machine()
-    if machine not in _SYSCALLS:
-        raise SandboxUnavailable(f"the sandbox's seccomp filter knows x86_64 and aarch64, not {machine}")
-    arch, clone, unshare, setns, clone3 = _SYSCALLS[machine]
-    ld, jeq, jge, jset, ret = 0x20, 0x15, 0x35, 0x45, 0x06  # BPF_LD|W|ABS, BPF_JMP|JEQ|JGE|JSET|K, BPF_RET|K
-    allow, eperm, enosys = 0x7FFF0000, 0x00050000 | 1, 0x00050000 | 38  # SECCOMP_RET_ALLOW, _ERRNO(EPERM, ENOSYS)
-    program = [
-        # (code, jump if true, jump if false, k): a jump skips that many instructions after its own
-        (ld, 0, 0, 4),                # 0: A = seccomp_data.arch
-        (jeq, 0, 11, arch),           # 1: another ABI: 13 (EPERM)
-        (ld, 0, 0, 0),                # 2: A = seccomp_data.nr
-        (jge, 9, 0, 0x40000000),      # 3: an x32 call: 13
-        (jeq, 7, 0, clone3),          # 4: 12 (ENOSYS)
-        (jeq, 7, 0, setns),           # 5: 13
-        (jeq, 2, 0, unshare),         # 6: 9 (its flags)
-        (jeq, 1, 0, clone),           # 7: 9 (its flags)
-        (ret, 0, 0, allow),           # 8
-        (ld, 0, 0, 16),               # 9: A = the low 32 bits of args[0]: the flags of clone and unshare
-        (jset, 2, 0, CLONE_NEWUSER),  # 10: a new user namespace: 13
-        (ret, 0, 0, allow),           # 11
-        (ret, 0, 0, enosys),          # 12
-        (ret, 0, 0, eperm),           # 13
-    ]
-    return b"".join(struct.pack("=HBBI", *instruction) for instruction in program)
+def lease_uid() -> sandbox_uids.UidLease:
+    """A uid of the new sandbox's own (:mod:`autograder.sandbox_uids`), or :class:`SandboxUnavailable`."""
+    try:
+        return sandbox_uids.lease()
+    except sandbox_uids.NoUidLeft as exc:
+        raise SandboxUnavailable(str(exc)) from exc
 
 
-# The sandbox's first process: rlimits, then (as root) an unprivileged uid, then the seccomp filter above (it
-# refuses to run anything without it), then exec the kernel.
+# The sandbox's first process: rlimits, then (as root) the sandbox's uid, then the syscall profile (it refuses to
+# run anything without it: see seccomp_program), then exec the kernel (or a warm sandbox's zygote).
 # argv: -c CODE LIMITS_JSON KERNEL_ARGV...
-_LAUNCHER = r"""
-import ctypes, json, os, resource, sys
+_LAUNCHER = syscall_profile.LOADER + r"""
+import json, os, resource, sys
 cfg = json.loads(sys.argv[1])
 for name, value in cfg["rlimits"].items():
     if cfg.get("zygote") and name == "RLIMIT_AS":
@@ -372,13 +347,9 @@ if os.getuid() == 0 and not cfg.get("zygote"):  # a zygote stays root: each kern
     os.setgroups([])
     os.setresgid(uid, uid, uid)
     os.setresuid(uid, uid, uid)
-libc = ctypes.CDLL(None, use_errno=True)
-libc.prctl(38, 1, 0, 0, 0)  # PR_SET_NO_NEW_PRIVS: no setuid binary helps (and a filter may be set without root)
-program = bytes.fromhex(cfg["seccomp"])
-class Program(ctypes.Structure):
-    _fields_ = [("len", ctypes.c_ushort), ("filter", ctypes.c_char_p)]
-if libc.prctl(22, 2, ctypes.byref(Program(len(program) // 8, program)), 0, 0) != 0:  # PR_SET_SECCOMP, FILTER
-    sys.exit(f"sandbox: the seccomp filter was refused ({os.strerror(ctypes.get_errno())}): nothing runs without it")
+refused = load_seccomp(cfg["seccomp"])
+if refused:
+    sys.exit(f"sandbox: {refused}: nothing runs without it")
 os.umask(0o077)
 os.execv(sys.argv[2], sys.argv[2:])
 """
@@ -390,7 +361,7 @@ class Sandbox:
 
     scratch: Path  # host folder, removed by the caller
     limits: Limits
-    uid: int = field(default_factory=sandbox_uid)
+    uid: int = -1  # the sandbox's own (:func:`lease_uid`), unless given
     events: list[str] = field(default_factory=list)  # what happened, in words, for the log and the instructor
     process: subprocess.Popen | None = None
     pid_ns: str = ""
@@ -400,6 +371,12 @@ class Sandbox:
     _watchdog: threading.Thread | None = None
     _started: float = 0.0
     _noted_others: bool = False
+    uid_lease: sandbox_uids.UidLease | None = None
+
+    def __post_init__(self) -> None:
+        if self.uid < 0:
+            self.uid_lease = lease_uid()
+            self.uid = self.uid_lease.uid
 
     @property
     def root_mode(self) -> bool:
@@ -471,6 +448,8 @@ class Sandbox:
         go. Call once no process of the sandbox runs."""
         for folder, _, _ in self.capped().values():
             unmount(folder)
+        if self.uid_lease is not None and not sandbox_uids.running(self.uid):
+            self.uid_lease.release()  # else kept (until this process ends): no other sandbox gets that uid
 
     def full(self) -> list[str]:
         """The capped file systems the notebook filled (no byte or no inode left), in words; as root only."""
@@ -557,7 +536,7 @@ class Sandbox:
         rlimits = {"RLIMIT_CPU": lim.cpu_seconds, "RLIMIT_AS": lim.memory_bytes, "RLIMIT_NPROC": lim.processes,
                    "RLIMIT_FSIZE": lim.file_bytes, "RLIMIT_CORE": 0}
         launcher = json.dumps({"rlimits": rlimits, "uid": self.uid, "zygote": zygote,
-                               "seccomp": no_new_namespaces_filter().hex()})
+                               "seccomp": seccomp_program("zygote" if zygote else "kernel").hex()})
         return args + ["--", sys.executable, "-s", "-c", _LAUNCHER, launcher] + list(kernel_argv)
 
     @staticmethod
@@ -1136,7 +1115,7 @@ PREIMPORT_TORCH = ("torch", "torch.nn", "torch.nn.functional", "decoder_course.t
 # "clean"; "fork TORCH CONNECTION_FILE" forks, and the child becomes an IPython kernel in a session of its own,
 # stdin and stdout on /dev/null; the zygote answers "forked PID" and, when a kernel ends, "exit PID STATUS". End of
 # stdin ends it.
-_ZYGOTE = r"""
+_ZYGOTE = syscall_profile.LOADER + r"""
 import ctypes, importlib, os, resource, select, shutil, sys
 os.environ.setdefault("MPLBACKEND", "module://matplotlib_inline.backend_inline")  # as ipykernel sets it
 def preimport(names):
@@ -1149,6 +1128,7 @@ def preimport(names):
 preimport(sys.argv[1])
 later = sys.argv[4]  # torch and what needs it: see fork
 uid, memory = int(sys.argv[2]), int(sys.argv[3])  # the kernels' uid and RLIMIT_AS beyond the libraries
+kernel_profile = sys.argv[5]  # the syscall profile each kernel loads on top of the zygote's
 with open("/proc/self/mountinfo") as handle:  # what bwrap bound (kernel sockets, font list): never emptied
     mounts = [line.split()[4] for line in handle]
 
@@ -1219,11 +1199,18 @@ while True:
                 with open("/proc/self/status") as handle:
                     mapped = next(int(l.split()[1]) for l in handle if l.startswith("VmSize:")) * 1024
                 resource.setrlimit(resource.RLIMIT_AS, (mapped + memory, mapped + memory))
+                libc = ctypes.CDLL(None, use_errno=True)
+                # this notebook's own SysV IPC and POSIX message queues, gone with its last process (root only)
+                if libc.unshare(0x08000000) != 0:  # CLONE_NEWIPC
+                    raise OSError(ctypes.get_errno(), "a fresh IPC namespace for the kernel was refused")
                 if os.getuid() == 0:  # the uid of a cold kernel: from here on no process of the notebook is root
                     os.setgroups([])
                     os.setresgid(uid, uid, uid)
                     os.setresuid(uid, uid, uid)
-                    ctypes.CDLL(None, use_errno=True).prctl(4, 1, 0, 0, 0)  # PR_SET_DUMPABLE, as after an exec
+                    libc.prctl(4, 1, 0, 0, 0)  # PR_SET_DUMPABLE, as after an exec
+                refused = load_seccomp(kernel_profile)  # on top of the zygote's: unshare is refused from here on
+                if refused:
+                    raise OSError(f"sandbox: {refused}: nothing runs without it")
                 os.setsid()
                 null = os.open("/dev/null", os.O_RDWR)
                 os.dup2(null, 0)
@@ -1338,7 +1325,7 @@ class WarmSandbox(Sandbox):
         self.prepare()
         self.seal()
         argv = [sys.executable, "-s", "-Xfrozen_modules=off", "-c", _ZYGOTE, ",".join(PREIMPORT), str(self.uid),
-                str(self.limits.memory_bytes), ",".join(PREIMPORT_TORCH)]
+                str(self.limits.memory_bytes), ",".join(PREIMPORT_TORCH), seccomp_program("kernel").hex()]
         with open(self.log_path, "ab") as log:
             self.outer = subprocess.Popen(self.command(argv, zygote=True), env=self.outer_env(),
                                           cwd=str(self.scratch),
@@ -1557,7 +1544,7 @@ def _kept(student: str, limits: Limits) -> WarmSandbox | None:
     """This thread's sandbox if it is ``student``'s, with these limits, and alive; otherwise it is retired."""
     box: WarmSandbox | None = getattr(_WARM, "box", None)
     if box is not None and (box.student != student or box.limits != limits or not box.alive()
-                            or box.uid != sandbox_uid()):
+                            or box.uid_lease is None or box.uid_lease.pid != os.getpid()):
         retire_warm()
         box = None
     return box

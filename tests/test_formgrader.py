@@ -8,7 +8,7 @@ Nbgrader > Formgrader, Manage Assignments > 01-masks > its submissions, and clic
 
 Asserted: the course's scores and "graded" state (no "needs autograding", no canary row); after the click the
 score is still 3/4 and the autograded notebook holds the course's verdicts and the uid the sandbox gives a kernel
-started by *this* JupyterLab process (:func:`autograder.sandbox.sandbox_uid`): the button ran the course's trusted
+started by *this* JupyterLab process (:func:`autograder.sandbox_uids.lease`): the button ran the course's trusted
 execution in the sandbox, with the course's secret. Every request that leaves loopback is blocked.
 
 ``ada``'s notebook also displays every kind of live output a kernel can send (a script in HTML, ``onerror``, a
@@ -32,7 +32,7 @@ import nbformat
 import pytest
 from nbgrader.api import Gradebook
 
-from autograder import pipeline, samples, sandbox
+from autograder import pipeline, samples, sandbox_uids
 from tests import test_browser
 from tests.conftest import ROOT
 from tests.test_browser import Lab, _menu, loopback_page
@@ -223,7 +223,9 @@ def test_formgrader_shows_the_course_grades_and_autograde_keeps_the_sandbox(cour
     assert autograded.stat().st_mtime_ns != before
     nb = nbformat.read(autograded, as_version=4)
     uid = _kernel_uid(nb)
-    assert uid == sandbox.UID_BASE + lab.process.pid % 1_000_000 != uid_by_cli, (uid, lab.process.pid, uid_by_cli)
+    # the first uid a process leases (sandbox_uids.lease) is its pid's in the range, when no other sandbox holds it
+    first = sandbox_uids.UID_BASE + lab.process.pid % sandbox_uids.UID_COUNT
+    assert uid == first != uid_by_cli, (uid, lab.process.pid, uid_by_cli)
     assert uid >= 10_000_000
     printed = "".join(out.get("text", "") + str(out.get("evalue", "")) for cell in nb.cells
                       if cell.cell_type == "code" for out in cell.get("outputs", []))

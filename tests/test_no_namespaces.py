@@ -2,11 +2,11 @@
 
 An unprivileged process may create a user namespace and hold every capability in it; with a mount namespace it
 could mount a tmpfs of its own over ``/tmp`` with no size or inode cap, and fill the machine's memory (tmpfs pages
-are not in RLIMIT_AS), costing every other notebook being graded on that machine. The sandbox's launcher installs
-a seccomp filter (``autograder.sandbox.no_new_namespaces_filter``) before anything of the notebook runs. Each way
-in below is tried in a real sandbox, as grading runs it (``setns`` the kernel refuses on its own; the filter
-refuses it too); what a kernel needs (fork, subprocess, multiprocessing
-pools, torch) still works.
+are not in RLIMIT_AS), costing every other notebook being graded on that machine. The sandbox's launcher loads
+the syscall profile (``autograder.syscall_profile``: default-deny, built with libseccomp) before anything of the
+notebook runs. Each way in below is tried in a real sandbox, as grading runs it (``setns`` the kernel refuses on
+its own; the profile refuses it too); what a kernel needs (fork, subprocess, multiprocessing pools, torch) still
+works. The profile's other families, and a profile that cannot be loaded: tests/test_syscall_profile.py.
 """
 
 from __future__ import annotations
@@ -146,19 +146,3 @@ print(json.dumps(out))
     assert done.returncode == 0, done.stderr[-800:]
     assert json.loads(done.stdout.splitlines()[-1]) == {
         "subprocess": "hi", "os.fork": 7, "fork pool": [1, 2], "spawn pool": [1, 2], "torch": 64.0 ** 3}
-
-
-def test_the_launcher_runs_nothing_without_its_filter(box, monkeypatch):
-    """A filter the kernel refuses (here: an empty program) stops the sandbox before the notebook's first line."""
-    monkeypatch.setattr(sandbox, "no_new_namespaces_filter", lambda machine=None: b"")
-    done = _run(box, "print('ran')")
-    assert done.returncode != 0 and "ran" not in done.stdout
-    assert "the seccomp filter was refused" in done.stderr and "nothing runs without it" in done.stderr
-
-
-def test_the_filter_is_built_for_the_machines_it_knows():
-    for machine in ("x86_64", "aarch64"):
-        program = sandbox.no_new_namespaces_filter(machine)
-        assert len(program) % 8 == 0 and 0 < len(program) // 8 < 64
-    with pytest.raises(sandbox.SandboxUnavailable, match="knows x86_64 and aarch64, not riscv64"):
-        sandbox.no_new_namespaces_filter("riscv64")

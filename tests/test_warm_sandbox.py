@@ -38,6 +38,26 @@ plt.plot([0, 1], [1, 0]); plt.show()
 '''
 
 
+# A cell a student added: the IPC objects the previous notebook left, then leave some behind (SysV shared memory,
+# a semaphore set, a message queue, a POSIX message queue and shared memory); what the kernel may not do.
+IPC_PROBE = r'''
+import ctypes, os
+libc = ctypes.CDLL(None, use_errno=True)
+left = {kind: open(f"/proc/sysvipc/{kind}").read().splitlines()[1:] for kind in ("shm", "sem", "msg")}
+left["shmget by key"] = libc.shmget(0x5EC2E7, 0, 0)
+left["mq_open"] = libc.mq_open(b"/stash", os.O_RDONLY, 0, None)
+left["/dev/shm"] = os.listdir("/dev/shm")
+made = [libc.shmget(0x5EC2E7, 64 << 20, 0o1600), libc.semget(0x5EC2E8, 1, 0o1600), libc.msgget(0x5EC2E9, 0o1600),
+        libc.mq_open(b"/stash", os.O_CREAT | os.O_RDWR, 0o600, None)]
+open("/dev/shm/stash", "w").write("withheld answers")
+keyring = {"x86_64": 248, "aarch64": 217}[os.uname().machine]  # add_key
+refused = {"unshare ipc": libc.unshare(0x08000000), "add_key": libc.syscall(keyring, b"user", b"stash", b"x", 1, -4)}
+filters = [line.split()[1] for line in open("/proc/self/status") if line.startswith("Seccomp_filters:")]
+print("IPC", {"left": left, "made": made, "refused": refused, "filters": filters,
+              "namespace": os.readlink("/proc/self/ns/ipc")})
+'''
+
+
 def _with_cell(nb, source: str):
     nb = nbformat.from_dict(json.loads(json.dumps(nb)))
     nb.cells.append(nbformat.v4.new_code_cell(source))
@@ -66,12 +86,12 @@ def _grade(course, student: str, lesson: str, nb, which: str = "warm"):
     return outcome, graded
 
 
-def _probe(graded) -> dict:
+def _probe(graded, prefix: str = "PROBE") -> dict:
     for cell in graded.cells:
         for out in cell.get("outputs", []):
             text = out.get("text", "")
-            if out.get("output_type") == "stream" and text.startswith("PROBE "):
-                return eval(text[len("PROBE "):].strip())  # noqa: S307 - our own probe's dict literal
+            if out.get("output_type") == "stream" and text.startswith(prefix + " "):
+                return eval(text[len(prefix) + 1:].strip())  # noqa: S307 - our own probe's dict literal
     raise AssertionError("the probe cell printed nothing")
 
 
@@ -108,6 +128,27 @@ def test_a_students_next_notebook_starts_from_what_a_cold_sandbox_gives(course, 
         assert seen["uid"] == box.uid and seen["uid"] != 0, "the kernel does not run as the sandbox uid"
         assert seen["ppid_uid"] == 0, "the kernel's parent (the zygote) is not root: the kernel could signal it"
         assert _has_image(graded), "a plot in a cell the student added does not show (inline backend)"
+
+
+@pytest.mark.skipif(not sandbox.warm_possible(), reason="warm sandboxes need grading as root (cold ones are used)")
+def test_a_notebooks_ipc_objects_are_gone_in_the_next_notebook_of_its_warm_sandbox(course):
+    """Each kernel the zygote forks has an IPC namespace of its own (SysV and POSIX objects go with the notebook,
+    not with the sandbox), then runs under the kernel's syscall profile on top of the zygote's."""
+    seen = []
+    for lesson in ("01-masks", "01-masks", "05-decoder-layer"):
+        outcome, graded = _grade(course, "w8", lesson, _with_cell(samples.perfect(lesson), IPC_PROBE))
+        assert outcome.score == outcome.max_score, outcome
+        seen.append(_probe(graded, "IPC"))
+    box = sandbox._WARM.box
+    assert box.student == "w8" and box.notebooks == 3, "the notebooks did not share a warm sandbox"
+    for n, got in enumerate(seen):
+        assert got["left"] == {"shm": [], "sem": [], "msg": [], "shmget by key": -1, "mq_open": -1, "/dev/shm": []}, (
+            f"notebook {n + 1} found what the one before left: {got['left']}")
+        assert all(made >= 0 for made in got["made"]), got["made"]
+        assert got["refused"] == {"unshare ipc": -1, "add_key": -1}, got["refused"]
+        assert got["filters"] == ["2"], "the kernel does not run under the zygote's profile and its own"
+    namespaces = {got["namespace"] for got in seen} | {os.readlink(f"/proc/{box.zygote}/ns/ipc")}
+    assert len(namespaces) == 4, "two kernels (or a kernel and its zygote) shared an IPC namespace"
 
 
 @pytest.mark.skipif(not sandbox.warm_possible(), reason="warm sandboxes need grading as root (cold ones are used)")
