@@ -4,8 +4,9 @@ A :class:`Spec` says what any correct answer does, without the answer: the situa
 drawn from a random generator), the result's contract (type, dtype, shape) and the properties every correct
 result has. The visible checks run it here, in the student's kernel, on draws of a public seed
 (:func:`run`); a graded course's hidden checks (on the grader's side, not in this package) run the same
-rows on secret draws in the kernel, judge the contract and the properties on the trusted side with this very
-code, and add what only the grader knows: the reference's values. So a property is written once, with its message, for both.
+rows on secret draws in the kernel, judge the contract and the properties on the trusted side with this
+very code, and add what only the grader knows: the reference's values. So a property is written once, with
+its message, for both.
 
 A property raises :class:`~decoder_course.checks.CheckFailed` naming the idea that broke and the case's
 situation (sizes, never values: the hidden draws are secret).
