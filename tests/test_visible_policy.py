@@ -24,37 +24,25 @@ def _heads(mha, query, key, value):
             ref.split_heads(mha.v_proj(value), mha.n_heads))
 
 
-class ThroughF(ref.MultiHeadAttention):
-    """SDPA for the output wherever its result equals the course's (no mask, eval mode): every other check passes."""
+def on_pytorchs_attention(attend):
+    """A MultiHeadAttention whose output comes from ``attend`` (PyTorch's SDPA, reached one way or another) wherever
+    its result equals the course's (no mask, eval mode): every other visible check passes."""
 
-    def forward(self, query, key, value, allowed=None):
-        out, weights = super().forward(query, key, value, allowed)
-        if allowed is None and not self.training:
-            q, k, v = _heads(self, query, key, value)
-            out = self.out_proj(ref.merge_heads(F.scaled_dot_product_attention(q, k, v)))
-        return out, weights
+    class OnPyTorchsAttention(ref.MultiHeadAttention):
+        def forward(self, query, key, value, allowed=None):
+            out, weights = super().forward(query, key, value, allowed)
+            if allowed is None and not self.training:
+                q, k, v = _heads(self, query, key, value)
+                out = self.out_proj(ref.merge_heads(attend(q, k, v)))
+            return out, weights
 
-
-class ThroughAlias(ref.MultiHeadAttention):
-    """The same through a name bound at import (``from torch.nn.functional import ... as sdpa``)."""
-
-    def forward(self, query, key, value, allowed=None):
-        out, weights = super().forward(query, key, value, allowed)
-        if allowed is None and not self.training:
-            q, k, v = _heads(self, query, key, value)
-            out = self.out_proj(ref.merge_heads(sdpa(q, k, v)))
-        return out, weights
+    return OnPyTorchsAttention
 
 
-class ThroughGetattr(ref.MultiHeadAttention):
-    """The same through a name built at run time."""
-
-    def forward(self, query, key, value, allowed=None):
-        out, weights = super().forward(query, key, value, allowed)
-        if allowed is None and not self.training:
-            q, k, v = _heads(self, query, key, value)
-            out = self.out_proj(ref.merge_heads(getattr(F, "scaled_dot_" + "product_attention")(q, k, v)))
-        return out, weights
+ThroughF = on_pytorchs_attention(lambda q, k, v: F.scaled_dot_product_attention(q, k, v))
+ThroughAlias = on_pytorchs_attention(sdpa)  # a name bound at import: from torch.nn.functional import ... as sdpa
+# a name built at run time
+ThroughGetattr = on_pytorchs_attention(lambda q, k, v: getattr(F, "scaled_dot_" + "product_attention")(q, k, v))
 
 
 class WrapsTorchModule(ref.MultiHeadAttention):
