@@ -11,7 +11,8 @@ Commands
                              --scheduler tcp://HOST:PORT grades them on a Dask cluster
   demo                       release, then grade three sample students (perfect, untouched, typical mistakes)
   student-edition DIR        the tree students get (lessons/, decoder_course, README, LICENSE, pyproject.toml);
-                             --git makes it a git repository tagged v<version>, ready to push to the public repo
+                             --git makes it a git repository tagged v<version>, ready to push to the public repo;
+                             --repository OWNER/NAME: the GitHub repository it goes to (badges, first cells, README)
 """
 
 from __future__ import annotations
@@ -58,6 +59,10 @@ def main(argv: list[str] | None = None) -> int:
     p_edition = sub.add_parser("student-edition", help="write the student edition into a new folder")
     p_edition.add_argument("dest", type=Path, help="a new or empty folder")
     p_edition.add_argument("--git", action="store_true", help=f"make it a git repository tagged {notebooks.TAG}")
+    p_edition.add_argument("--repository", default=notebooks.REPOSITORY, metavar="OWNER/NAME",
+                           help="the GitHub repository you will publish it at: every lesson's Colab badge and first "
+                                f"cell, and the README, point there (default {notebooks.REPOSITORY}, "
+                                "autograder/notebooks.py's REPOSITORY)")
     for name in ("grade", "demo"):
         p = sub.add_parser(name)
         if name == "grade":
@@ -94,11 +99,15 @@ def main(argv: list[str] | None = None) -> int:
     if args.command == "student-edition":
         from autograder import edition
 
-        written = edition.build(args.dest, git=args.git)
+        try:
+            written = edition.build(args.dest, git=args.git, repository=args.repository)
+        except (ValueError, FileExistsError, FileNotFoundError) as exc:
+            print(f"error: {exc}", file=sys.stderr)
+            return 2
         print(f"student edition {notebooks.TAG}: {len(written)} files in {args.dest}"
               + (f" (a git repository, tag {notebooks.TAG})" if args.git else ""))
-        print(f"publish it at https://github.com/{notebooks.REPOSITORY} with that tag: the lessons' badges and "
-              "bootstrap cells point there")
+        print(f"publish it at https://github.com/{args.repository} with that tag: the lessons' badges and "
+              "first cells point there")
         return 0
     if args.command == "term":
         try:

@@ -44,7 +44,7 @@ SHARED_ON_PURPOSE = {"cache = KVCache(len(model.decoder.layers))"}
 
 PYPROJECT = """\
 # The companion package of the course "{title}", alone: what `pip install` builds from this repository.
-# Generated from the course's own repository by `./course student-edition`; do not edit here.
+# Generated from the course's own repository, by its student-edition command; do not edit here.
 [build-system]
 requires = {build_requires}
 build-backend = "setuptools.build_meta"
@@ -114,16 +114,19 @@ for graded use**. A graded course hands out its own release, which shows a lesso
 ## Where to work
 
 **Colab (nothing to install).** Click a lesson's **Open in Colab** badge, under its title, and run the first
-cell: in Colab it installs the companion package of this version (`{tag}`) with `einops` and `tqdm`, and leaves
-Colab's own torch, numpy and matplotlib alone. Use **File › Save a copy in Drive** to keep your work. A GPU
-runtime is used when there is one (lessons 06–10 put their models on `decoder_course.device()`); the CPU is
-enough for every lesson.
+cell: in Colab it installs the companion package of this version (`{tag}`, from `github.com/{repository}`) with
+`einops` and `tqdm`, and leaves Colab's own Python, torch, numpy and matplotlib alone (newer than the versions
+below, which is fine). Use **File › Save a copy in Drive** to keep your work. A GPU runtime is used when there is
+one (lessons 06–10 put their models on `decoder_course.device()`); the CPU is enough for every lesson.
 
-**JupyterLab on your machine.** Python 3.11, then:
+**JupyterLab on your machine.** Tested versions: Python 3.11 with every lesson (torch {torch}, the versions of
+the `student` extra), and Python 3.12 with lessons 00–02 (NumPy only, the newest numpy, einops and matplotlib);
+the course's own tests run the commands below, as written, in a fresh environment. Newer Pythons are expected to
+work but are not tested here. Every lesson:
 
 ```bash
 git clone https://github.com/{repository} && cd {name} && git checkout {tag}
-python3.11 -m venv .venv
+python3 -m venv .venv
 # Linux without a GPU: torch's CPU build (about 190 MB) instead of the default CUDA build (several GB)
 .venv/bin/pip install torch=={torch} --index-url https://download.pytorch.org/whl/cpu
 .venv/bin/pip install -e ".[student]"
@@ -131,12 +134,31 @@ python3.11 -m venv .venv
 ```
 
 On macOS, Windows, or Linux with an NVIDIA GPU, skip the `--index-url` line: `pip install -e ".[student]"`
-installs the right torch. Lessons 00–02 need only NumPy, einops and matplotlib (`pip install -e . --no-deps
-numpy einops matplotlib` and a kernel are enough for them).
+installs the right torch. Lessons 00–02 need no torch: NumPy, einops, matplotlib and JupyterLab are enough (the
+package itself goes in without its dependencies, which would bring torch):
 
-**conda.** `conda env create -f environment.yml && conda activate decoder-course`, then `jupyter lab lessons/`.
+```bash
+git clone https://github.com/{repository} && cd {name} && git checkout {tag}
+python3 -m venv .venv
+.venv/bin/pip install --no-deps -e .
+.venv/bin/pip install numpy einops matplotlib jupyterlab
+.venv/bin/jupyter lab lessons/
+```
+
+**conda.** `conda env create -f environment.yml && conda activate decoder-course`, then `jupyter lab lessons/`
+(not tested by the course's suite).
 
 The environment variable `DECODER_COURSE_DEVICE` (`cpu`, `cuda`, `mps`) overrides the device the lessons pick.
+
+**Without GitHub.** If `github.com/{repository}` does not open (the course has not published this edition there
+yet, or you were handed it as a folder or a zip), everything works from your copy:
+
+- on your machine, run the commands above in that folder, without the `git clone` line;
+- in Colab, upload the zip of the edition (**Files** pane, upload; make one with `git archive --format=zip -o
+  decoder-course.zip HEAD`) and your lesson notebook (**File › Upload notebook**), then run
+  `%env DECODER_COURSE_SOURCE=file:///content/decoder-course.zip` in a new cell above the first one, then the
+  first cell: it installs the package from that zip instead of GitHub;
+- the check command, `python -m decoder_course check NOTEBOOK`, needs only the package (below).
 
 {guide}
 
@@ -146,8 +168,9 @@ The environment variable `DECODER_COURSE_DEVICE` (`cpu`, `cuda`, `mps`) override
 """
 
 
-def readme_text() -> str:
-    """The student README: the course map of this repository's README and the student guide."""
+def readme_text(repository: str = notebooks.REPOSITORY) -> str:
+    """The student README: the course map of this repository's README and the student guide; ``repository``:
+    where the edition is published (GitHub's owner/name)."""
     meta = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
     course = _section((ROOT / "README.md").read_text(), "The course")
     table = "\n".join(line for line in course.splitlines() if line.startswith("|"))
@@ -155,18 +178,70 @@ def readme_text() -> str:
     guide = guide[guide.index("## How a lesson works"):].strip("\n")
     guide = guide.replace("](../README.md#the-course)", "](#the-course)")
     pins = dict(r.split("==") for r in meta["optional-dependencies"]["student"])
-    return README.format(version=meta["version"], table=table, tag=notebooks.TAG, repository=notebooks.REPOSITORY,
-                         name=notebooks.REPOSITORY.split("/")[1], torch=pins["torch"], guide=guide,
+    return README.format(version=meta["version"], table=table, tag=notebooks.TAG, repository=repository,
+                         name=repository.split("/")[1], torch=pins["torch"], guide=guide,
                          license=meta["license"])
 
 
 def environment_text() -> str:
-    """The conda environment of the edition: this repository's (the student pins, the package from the clone)."""
-    return (ROOT / "environment.yml").read_text()
+    """The conda environment of the edition: this repository's (the student pins, the package from the clone),
+    under a header that speaks to a student (the repository's names its test and the grader's extra)."""
+    text = (ROOT / "environment.yml").read_text()
+    return ("# The course's environment for conda users: the versions of the student extra in pyproject.toml.\n"
+            "# Create it with\n#   conda env create -f environment.yml && conda activate decoder-course\n"
+            + text[text.index("\nname:") + 1:])
 
 
-def build(dest: Path, git: bool = False) -> list[str]:
-    """Write the student edition into ``dest`` (which must be empty or absent); return its files, relative."""
+# Text of a lesson's markdown that speaks to a graded course only (how the grader grades, what it refuses): the
+# graded releases show it, the edition, read by self-learners, leaves it out. A lesson's source may give a
+# self-study version beside it, inside an HTML comment, which the graded releases therefore do not show:
+#   # <!-- graded-course -->
+#   # ### How your notebook is graded
+#   # <!-- /graded-course -->
+#   # <!-- self-study
+#   # ### Checking your whole notebook
+#   # -->
+GRADED_ONLY = re.compile(r"^<!-- graded-course -->\n(.*?)^<!-- /graded-course -->\n?", re.M | re.S)
+SELF_STUDY = re.compile(r"^<!-- self-study\n(.*?)^-->\n?", re.M | re.S)
+EDITION_MARKERS = ("<!-- graded-course -->", "<!-- /graded-course -->", "<!-- self-study")
+
+
+def for_self_study(markdown: str) -> str:
+    """A markdown cell as the edition shows it: graded-course text out, its self-study version (if any) in."""
+    if not any(marker in markdown for marker in EDITION_MARKERS):
+        return markdown
+    text = SELF_STUDY.sub(lambda m: m.group(1), GRADED_ONLY.sub("", markdown + "\n"))
+    left = [marker for marker in EDITION_MARKERS if marker in text]
+    if left:
+        raise ValueError(f"an unbalanced {left[0]!r} (each marker on a line of its own, closed by "
+                         "'<!-- /graded-course -->' or a line '-->'): " + markdown[:200])
+    return text.strip("\n")
+
+
+def edition_notebook(lesson: str, nb: nbformat.NotebookNode, repository: str) -> nbformat.NotebookNode:
+    """The released notebook of ``lesson`` as the edition holds it: its markdown for self-study
+    (:func:`for_self_study`), and its Colab badge and bootstrap cell pointed at ``repository``."""
+    retarget = {notebooks.colab_badge(lesson): notebooks.colab_badge(lesson, repository),
+                notebooks.bootstrap_source().rstrip("\n"): notebooks.bootstrap_source(repository).rstrip("\n")}
+    found = dict.fromkeys(retarget, 0)
+    for cell in nb.cells:
+        for old, new in retarget.items():
+            found[old] += cell.source.count(old)
+            cell.source = cell.source.replace(old, new)
+        if cell.cell_type == "markdown":
+            cell.source = for_self_study(cell.source)
+    missing = [old.splitlines()[0] for old, count in found.items() if count != 1]
+    if missing:
+        raise ValueError(f"{lesson}: expected one Colab badge and one bootstrap cell, each once, pointing at "
+                         f"{notebooks.REPOSITORY}; not so for {missing} (run ./course release)")
+    return nb
+
+
+def build(dest: Path, git: bool = False, repository: str = notebooks.REPOSITORY) -> list[str]:
+    """Write the student edition into ``dest`` (which must be empty or absent); return its files, relative.
+    ``repository``: the GitHub owner/name it will be published at (the badges, first cells and README follow)."""
+    if not notebooks.REPOSITORY_FORM.match(repository):
+        raise ValueError(f"--repository {repository!r}: expected GitHub's OWNER/NAME, e.g. my-school/decoder-course")
     dest = Path(dest)
     if dest.exists() and any(dest.iterdir()):
         raise FileExistsError(f"{dest} is not empty: the student edition is written into a new folder")
@@ -178,9 +253,11 @@ def build(dest: Path, git: bool = False) -> list[str]:
     ignore = shutil.ignore_patterns("__pycache__", "*.pyc", ".ipynb_checkpoints", "*.egg-info")
     for lesson in released:
         shutil.copytree(LESSONS / lesson, dest / "lessons" / lesson, ignore=ignore)
+        path = dest / "lessons" / lesson / f"{lesson}.ipynb"
+        nbformat.write(edition_notebook(lesson, nbformat.read(path, as_version=4), repository), path)
     shutil.copytree(ROOT / "decoder_course", dest / "decoder_course", ignore=ignore)
     (dest / "pyproject.toml").write_text(pyproject_text())
-    (dest / "README.md").write_text(readme_text())
+    (dest / "README.md").write_text(readme_text(repository))
     (dest / "environment.yml").write_text(environment_text())
     shutil.copy(ROOT / "LICENSE", dest / "LICENSE")
     (dest / ".gitignore").write_text(".venv/\n__pycache__/\n*.pyc\n*.egg-info/\nbuild/\ndist/\n"

@@ -71,31 +71,39 @@ COLAB_EXTRAS = ("einops>=0.7", "tqdm>=4.60")
 # Overrides the install target (a local path instead of GitHub): the Colab-like test installs offline.
 SOURCE_ENV = "DECODER_COURSE_SOURCE"
 
-BOOTSTRAP = f"""\
+REPOSITORY_FORM = re.compile(r"^[A-Za-z0-9][A-Za-z0-9-]{0,38}/[A-Za-z0-9._-]{1,100}$")  # GitHub's owner/name
+
+
+def bootstrap_source(repository: str = REPOSITORY) -> str:
+    """The first cell of every lesson: in Colab, install the companion package from ``repository`` at :data:`TAG`."""
+    return f"""\
 # Colab only: install the course's companion package. Anywhere else this cell does nothing.
 import os
 import sys
 
 if "google.colab" in sys.modules:
     # --no-deps keeps Colab's own torch, numpy and matplotlib; the light packages it may lack come along.
-    _source = "git+https://github.com/{REPOSITORY}@{TAG}"
+    _source = "git+https://github.com/{repository}@{TAG}"
     _source = os.environ.get("{SOURCE_ENV}", _source)  # only the course's own tests set it
     %pip install --quiet --no-deps "decoder-course @ {{_source}}" {" ".join(f'"{r}"' for r in COLAB_EXTRAS)}
 """
 
+
+BOOTSTRAP = bootstrap_source()
+
 _BADGE_LINE = re.compile(r"^\[!\[Open In Colab\]\(.*\)\]\(https://colab\.research\.google\.com/.*\)\s*$")
 
 
-def colab_url(lesson: str) -> str:
-    """The address that opens the released notebook of ``lesson`` in Colab."""
+def colab_url(lesson: str, repository: str = REPOSITORY) -> str:
+    """The address that opens the released notebook of ``lesson`` in Colab, from ``repository`` at :data:`TAG`."""
     notebook = f"lessons/{lesson}/{lesson}.ipynb"
-    return f"https://colab.research.google.com/github/{REPOSITORY}/blob/{TAG}/{notebook}"
+    return f"https://colab.research.google.com/github/{repository}/blob/{TAG}/{notebook}"
 
 
-def colab_badge(lesson: str) -> str:
+def colab_badge(lesson: str, repository: str = REPOSITORY) -> str:
     """The "Open in Colab" badge of ``lesson``, as a markdown line."""
     image = "https://colab.research.google.com/assets/colab-badge.svg"
-    return f"[![Open In Colab]({image})]({colab_url(lesson)})"
+    return f"[![Open In Colab]({image})]({colab_url(lesson, repository)})"
 
 
 def with_badge(lesson: str, markdown: str) -> str:

@@ -1,10 +1,10 @@
 """Companion package of the decoder course: conventions, toy data, plots and the building blocks of visible checks.
 
 It never holds the answer to an exercise: every graded function is written by the student in a lesson, and its
-reference lives only in the instructor's ``autograder`` package.
+reference lives only on the instructor's side, never in this package.
 
-Conventions (lesson 00 states them again; ``tests/test_conventions.py`` holds them to this text)
------------------------------------------------------------------------------------------------
+Conventions (lesson 00 states them again; the course's own tests hold the two to this text)
+-------------------------------------------------------------------------------------------
 Dimensions
     ``B`` batch, ``T`` target/query length, ``S`` source/key length, ``H`` heads, ``D`` model width,
     ``Dh = D // H`` head width, ``F`` feed-forward width, ``V`` vocabulary. Shape comments read ``# (B, H, T, S)``.

@@ -2,7 +2,8 @@
 
 The notebook runs top to bottom in a fresh kernel, in its own folder, the way the grader will run it; then every
 graded exercise gets one line: ``✓ name`` when its visible checks pass, ``✗ name: what broke`` (the check's own
-message) or ``✗ name: not implemented yet``. The exit status is 0 only when every exercise passes.
+message), ``✗ name: not implemented yet``, or, for a find-the-bug exercise whose cell is still the given code,
+``✗ name: bug not fixed yet``. The exit status is 0 only when every exercise passes.
 
 Only the visible checks run here: they are the ones under each exercise in the notebook. Grading adds hidden checks
 on other inputs, so a ✓ here is necessary, not sufficient. Your file is read, never written.
@@ -11,6 +12,7 @@ on other inputs, so a ✓ here is necessary, not sufficient. Your file is read, 
 from __future__ import annotations
 
 import argparse
+import hashlib
 import os
 import sys
 import tempfile
@@ -35,6 +37,7 @@ class Verdict:
     message: str = ""  # why it failed, in the check's own words; empty when it passed
     not_implemented: bool = False
     checks_passed: int = 0  # how many "✓" lines its cell printed
+    bug_to_find: bool = False  # a find-the-bug exercise whose cell still holds the given (buggy) code
 
 
 def _text_of(cell: Any) -> str:
@@ -55,15 +58,46 @@ def _is_not_implemented(ename: str, evalue: str) -> bool:
     return ename == "NotImplementedError" or (ename == "CheckFailed" and NOT_IMPLEMENTED in evalue)
 
 
+def as_released(cell: Any) -> bool:
+    """Whether a solution cell still holds what the release put there: the checksum the release recorded in its
+    metadata is the cell's own, computed as nbgrader computes it (``nbgrader.utils.compute_checksum``, for a
+    solution cell: source, type, the roles grade/solution/locked and the cell's id; the course's tests hold the two
+    to each other). Anything typed into the cell changes it."""
+    meta = cell.get("metadata", {}).get("nbgrader", {})
+    if not meta.get("solution") or meta.get("grade") or "checksum" not in meta:
+        return False
+    digest = hashlib.md5()  # noqa: S324 - nbgrader's checksum, not a security measure
+    for part in (cell.get("source", ""), cell.get("cell_type", ""), "False", "True", "False", meta.get("grade_id", "")):
+        digest.update(str(part).encode("utf-8"))
+    return digest.hexdigest() == meta["checksum"]
+
+
+def bugs_to_find(nb: Any) -> set[str]:
+    """The find-the-bug exercises whose cell is still as released: a solution cell that came with code (not
+    nbgrader's ``raise NotImplementedError()``) and has not been touched."""
+    return {cell.metadata["nbgrader"]["grade_id"].removesuffix("_solution") for cell in nb.cells
+            if cell.cell_type == "code" and as_released(cell) and "raise NotImplementedError()" not in cell.source}
+
+
 def graded_cells(nb: Any) -> list[tuple[int, Any]]:
     """``(index, cell)`` of every graded test cell: nbgrader metadata with ``grade: true`` on a code cell."""
     return [(i, cell) for i, cell in enumerate(nb.cells)
             if cell.cell_type == "code" and cell.get("metadata", {}).get("nbgrader", {}).get("grade")]
 
 
-def verdict_of(cell: Any) -> Verdict:
-    """The verdict of one executed graded cell, from its outputs only."""
+def verdict_of(cell: Any, bugs: set[str] = frozenset()) -> Verdict:
+    """The verdict of one executed graded cell, from its outputs only; ``bugs``: the find-the-bug exercises not
+    started yet (:func:`bugs_to_find`), whose failure is where the exercise begins."""
     name = cell.metadata["nbgrader"].get("grade_id", "?")
+    verdict = _verdict_of(cell, name)
+    if name in bugs and not verdict.passed and not verdict.not_implemented:
+        return Verdict(name, False, f"bug not fixed yet (find the bug: the cell above holds the given code with one "
+                       f"mistake; its check says: {verdict.message})", checks_passed=verdict.checks_passed,
+                       bug_to_find=True)
+    return verdict
+
+
+def _verdict_of(cell: Any, name: str) -> Verdict:
     passed = sum(line.startswith("✓") for line in _text_of(cell).splitlines())
     if cell.get("execution_count") is None and not cell.get("outputs"):
         return Verdict(name, False, "did not run (the kernel stopped before this cell; see the notes below)")
@@ -145,10 +179,12 @@ def report(verdicts: list[Verdict], notes: list[str]) -> str:
         lines += ["", "notes:"] + [f"  - {note}" for note in notes]
     passed = sum(v.passed for v in verdicts)
     todo = sum(v.not_implemented for v in verdicts)
+    bugs = sum(v.bug_to_find for v in verdicts)
     summary = f"{passed}/{len(verdicts)} exercises pass their visible checks"
     if passed < len(verdicts):
-        wrong = len(verdicts) - passed - todo
-        parts = ([f"{wrong} to fix"] if wrong else []) + ([f"{todo} not implemented yet"] if todo else [])
+        wrong = len(verdicts) - passed - todo - bugs
+        parts = ([f"{wrong} to fix"] if wrong else []) + ([f"{todo} not implemented yet"] if todo else []) + (
+            [f"{bugs} bug{'s' if bugs > 1 else ''} to find"] if bugs else [])
         summary += f" ({', '.join(parts)}); fix the first ✗, save, and run this again"
     else:
         summary += "; grading adds hidden checks on other inputs"
@@ -167,7 +203,8 @@ def check(path: Path, timeout: int = DEFAULT_TIMEOUT, kernel_name: str | None = 
     except (ValueError, OSError) as exc:  # not JSON, not a notebook, unreadable
         print(f"error: cannot run {path}: {exc}", file=sys.stderr)
         return 2
-    verdicts = [verdict_of(cell) for _, cell in graded_cells(nb)]
+    bugs = bugs_to_find(nb)
+    verdicts = [verdict_of(cell, bugs) for _, cell in graded_cells(nb)]
     if not verdicts:
         print(f"error: {path} has no graded exercise (is it a lesson notebook of this course?)", file=sys.stderr)
         return 2

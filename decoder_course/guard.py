@@ -35,6 +35,7 @@ kernel (replacing ``collect``) is outside what a guard in the kernel can hold.
 from __future__ import annotations
 
 import _thread
+import contextlib
 import functools
 import importlib
 import importlib.abc
@@ -46,11 +47,11 @@ import sysconfig
 import threading
 import types
 import warnings
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
-__all__ = ["TAMPER", "Guard", "Rule", "parse_rule"]
+__all__ = ["TAMPER", "Guard", "Rule", "parse_rule", "watching"]
 
 SHORT = {"F": "torch.nn.functional", "nn": "torch.nn"}  # the short names the checks write rules with
 # Where a rule that is a bare name (``"rms_norm"``) is looked for: the places PyTorch publishes its functions.
@@ -473,6 +474,29 @@ def _then(run: Callable[[types.ModuleType], None], arm: Callable[[types.ModuleTy
         arm(module)
 
     return exec_module
+
+
+@contextlib.contextmanager
+def watching(rules: list[str] | tuple[str, ...]) -> Iterator[list[str]]:
+    """The rules whose forbidden functions or classes are called while the block runs, in this thread, in order:
+    what a visible check uses to say in the notebook what the grader will refuse. Nothing is stopped or replaced,
+    and the profile function in place before the block is put back after it (unlike :meth:`Guard.install`, which
+    is for good). A rule that forbids a whole library is not watched here."""
+    reached: list[str] = []
+    guard = Guard(list(rules), reached.append)  # resolves the rules; installs nothing
+    builtins, codes = guard.builtins, guard.codes
+
+    def hook(frame, event, arg):
+        rule = codes.get(frame.f_code) if event == "call" else builtins.get(id(arg)) if event == "c_call" else None
+        if rule is not None and rule not in reached:
+            reached.append(rule)
+
+    previous = sys.getprofile()
+    sys.setprofile(hook)
+    try:
+        yield reached
+    finally:
+        sys.setprofile(previous)
 
 
 def _programs() -> list[Any]:

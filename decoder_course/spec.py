@@ -3,9 +3,10 @@
 A :class:`Spec` says what any correct answer does, without the answer: the situations to try it on (``rows``,
 drawn from a random generator), the result's contract (type, dtype, shape) and the properties every correct
 result has. The visible checks run it here, in the student's kernel, on draws of a public seed
-(:func:`run`); the hidden checks (``autograder/checks/spec.py``) run the same rows on secret draws in the
-kernel, judge the contract and the properties on the trusted side with this very code, and add what only the
-grader knows: the reference's values. So a property is written once, with its message, for both.
+(:func:`run`); a graded course's hidden checks (on the grader's side, not in this package) run the same
+rows on secret draws in the kernel, judge the contract and the properties on the trusted side with this
+very code, and add what only the grader knows: the reference's values. So a property is written once, with
+its message, for both.
 
 A property raises :class:`~decoder_course.checks.CheckFailed` naming the idea that broke and the case's
 situation (sizes, never values: the hidden draws are secret).
@@ -25,6 +26,7 @@ from typing import Any
 
 import numpy as np
 
+from decoder_course import guard
 from decoder_course.checks import (
     CheckFailed,
     _is_tensor,
@@ -528,6 +530,21 @@ def expect_gradients(spec: ModuleSpec, grads: dict, situation: str) -> None:
         if not np.isfinite(grad).all():
             raise CheckFailed(f"the gradient of the {name} holds NaN or inf ({situation}). "
                               f"{getattr(spec, 'grad_hint', '')}".strip())
+
+
+def refuse_forbidden(spec: Spec | ModuleSpec, probe: Callable[[], Any]) -> None:
+    """The visible side of the grader's policy: ``probe`` runs the student's answer once while
+    :func:`decoder_course.guard.watching` looks for what ``spec.forbidden`` names, and a call of one fails the
+    check with the rule the grader enforces (which it would otherwise learn only from its feedback)."""
+    rules = ", ".join(spec.forbidden)
+    with check(f"{spec.name} is written without {rules}"):
+        with guard.watching(spec.forbidden) as reached:
+            probe()
+        if reached:
+            raise CheckFailed(
+                f"your {spec.name} calls {', '.join(reached)}, which does this exercise's work for you: the grader "
+                "refuses it here (the exercise scores nothing). Write it from the operations it is made of; "
+                "PyTorch's version is what these checks compare yours against")
 
 
 def run_module(spec: ModuleSpec, cls: Any, seed: int = 0, given: dict | None = None) -> None:

@@ -3,16 +3,17 @@
 #
 # This course builds the decoder of a Transformer step by step, one idea per lesson: masks (01), attention
 # (02), several heads (03), attention to an encoder's output (04), a decoder layer (05), a whole model (06),
-# training it on toy tasks on a CPU (07), generating with it (08), making generation fast (09) and the numerics
-# that break in half precision (10).
+# training it on toy tasks on a CPU (07), generating with it (08), making generation fast (09), the numerics
+# that break in half precision (10), a GPT trained on real text with its own tokenizer (11) and the modern
+# decoder block: RMSNorm, rotary positions, SwiGLU, grouped-query attention (12).
 #
 # A Transformer is mostly bookkeeping of array axes, and most of its bugs are bookkeeping bugs: a mask with
 # the wrong polarity, two axes swapped, a reshape where a transpose was meant. They rarely crash; they give
 # plausible numbers that are wrong. So this lesson does three things before any model:
 #
-# 1. shows how a lesson works and how your answers are checked and graded;
+# 1. shows how a lesson works and how your answers are checked;
 # 2. states the course's **conventions** once: dimension letters, masks, padding, special tokens;
-# 3. warms you up on the tool that keeps axes honest, einops' `rearrange`, with three small graded exercises.
+# 3. warms you up on the tool that keeps axes honest, einops' `rearrange`, with three small exercises.
 #
 # Run the notebook top to bottom (Run All), then work through it.
 
@@ -51,6 +52,7 @@ except CheckFailed as failure:
     print(failure)
 
 # %% [markdown]
+# <!-- graded-course -->
 # ### How your notebook is graded
 #
 # Visible checks use small, fixed inputs that you can see. Passing them is necessary, not sufficient. When you
@@ -68,9 +70,25 @@ except CheckFailed as failure:
 #
 # Your feedback shows, for each exercise, the hidden checks' verdict and a message that says which idea broke
 # ("a fully masked row should give zeros, got NaN"), never the hidden inputs or expected values.
+# <!-- /graded-course -->
+# <!-- self-study
+# ### When a lesson is done
 #
-# A few rules follow: keep the function names and signatures as given, don't edit the test cells, and keep
-# each lesson self-contained (everything it needs is imported or given in it).
+# Visible checks use small, fixed inputs that you can see: passing them is necessary, not sufficient. Write
+# general code (no size that happens to appear in a check), and before you call a lesson done, run it **top to
+# bottom in a fresh kernel** (Kernel › Restart Kernel and Run All Cells), or check the saved notebook from a
+# terminal, which runs it that way and prints one line per exercise:
+#
+# ```bash
+# python -m decoder_course check 00-setup.ipynb
+# ```
+#
+# Courses that grade this notebook run hidden checks on other inputs as well (other sizes, padded batches,
+# fully masked rows, huge values), each exercise on its own.
+# -->
+#
+# A few rules follow: keep the function names and signatures as given (the checks call them), don't edit the
+# test cells, and keep each lesson self-contained (everything it needs is imported or given in it).
 #
 # ## 2. The conventions of this course
 #

@@ -15,7 +15,7 @@
 # padding description is `is_real`, `True` for real tokens. Shapes use `B` batch, `T` query length, `S` key length.
 #
 # In this lesson you write four small NumPy functions. Each one has a visible check right under it; run it to get
-# feedback. The hidden checks run when your notebook is graded.
+# feedback. A course that grades your notebook adds hidden checks on other inputs.
 
 # %%
 import numpy as np

@@ -215,7 +215,7 @@ print("gradient finite   :", bool(torch.isfinite(q.grad).all()))
 #
 # A query with no allowed key gets a zero attention output, so its output row is just `out_proj.bias`. Do not call
 # `nn.MultiheadAttention` or `F.scaled_dot_product_attention` inside your module: they are what we compare
-# against in section 5, and the grader refuses them here.
+# against in section 5, and the last check below refuses them, as a grader does.
 
 # %% exercise=MultiHeadAttention
 

@@ -113,7 +113,7 @@ plot_masks([self_allowed, cross_allowed], titles=["self-attention (T × T)", "cr
 # different signature: cross-attention always reads the memory.)
 #
 # **Exercise.** Write `project_memory` and `forward`, from lesson 03's blocks (not `nn.MultiheadAttention` or
-# `F.scaled_dot_product_attention`: the grader refuses them here).
+# `F.scaled_dot_product_attention`: the last check below refuses them, as a grader does).
 
 # %% exercise=CrossAttention
 

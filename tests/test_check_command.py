@@ -168,3 +168,70 @@ def test_the_kernels_own_stderr_is_kept_aside_unless_the_kernel_dies(tmp_path):
     code, out, err = run_check(tmp_path / "dying.ipynb")
     assert "the kernel died" in out, out + err
     assert "kernel: out of pinned memory \\x1b[31mred" in out and "\x1b" not in out + err, out
+
+
+# -- find-the-bug exercises: reported as a bug to find while their cell is as released ------------------------------
+def _released(lesson: str) -> nbformat.NotebookNode:
+    return nbformat.read(ROOT / "lessons" / lesson / f"{lesson}.ipynb", as_version=4)
+
+
+def test_as_released_is_nbgraders_checksum_on_every_solution_cell_of_every_lesson():
+    from nbgrader.utils import compute_checksum
+
+    from autograder import notebooks
+
+    solution_cells = 0
+    for lesson in notebooks.lessons():
+        for cell in _released(lesson).cells:
+            meta = cell.metadata.get("nbgrader", {})
+            if meta.get("solution") and not meta.get("grade"):
+                solution_cells += 1
+                assert compute_checksum(cell) == meta["checksum"] and cli.as_released(cell), (lesson, meta)
+                for edit in (cell.source + "\n", cell.source.replace("\n", "\n    pass\n", 1), ""):
+                    edited = nbformat.from_dict({**cell, "source": edit})
+                    assert not cli.as_released(edited)
+    assert solution_cells > 60
+
+
+def test_bugs_to_find_are_the_find_the_bug_cells_left_as_released():
+    nb = _released("02-attention")
+    assert cli.bugs_to_find(nb) == {"fixed_attention"}
+    cell = next(c for c in nb.cells if c.metadata.get("nbgrader", {}).get("grade_id") == "fixed_attention_solution")
+    cell.source = cell.source.replace("return", "return ", 1)  # the student started
+    assert cli.bugs_to_find(nb) == set()
+    import inspect
+    import textwrap
+
+    from autograder import bugs, notebooks
+    from autograder import lessons as registry
+
+    for lesson in notebooks.lessons():  # in every lesson: exactly the exercises whose reference holds a bug block
+        shown = {name for name in registry.exercises(lesson) if bugs.regions(textwrap.dedent(inspect.getsource(
+            notebooks.reference_object(lesson, name)))) is not None}
+        assert cli.bugs_to_find(_released(lesson)) == shown, lesson
+
+
+def test_a_released_find_the_bug_cell_is_a_bug_to_find_not_a_mistake_to_fix(tmp_path):
+    lesson = "02-attention"
+    nb = samples.perfect(lesson)
+    released = {c.metadata["nbgrader"]["grade_id"]: c for c in _released(lesson).cells
+                if c.metadata.get("nbgrader", {}).get("solution")}
+    for cell in nb.cells:  # the student's answers, but the find-the-bug cell as it came
+        if cell.metadata.get("nbgrader", {}).get("grade_id") == "fixed_attention_solution":
+            cell.source, cell.metadata = released["fixed_attention_solution"].source, \
+                released["fixed_attention_solution"].metadata
+    path = tmp_path / f"{lesson}.ipynb"
+    nbformat.write(nb, path)
+    code, out, err = run_check(path)
+    assert code == 1, out + err
+    line = next(line for line in out.splitlines() if line.startswith("✗ fixed_attention"))
+    assert line.startswith("✗ fixed_attention: bug not fixed yet (find the bug: the cell above holds the given "
+                           "code with one mistake; its check says: "), line
+    assert "(1 bug to find); fix the first ✗" in out and "to fix," not in out, out
+
+
+def test_report_counts_bugs_to_find_apart():
+    verdicts = [cli.Verdict("a", False, "x"), cli.Verdict("b", False, "bug not fixed yet", bug_to_find=True),
+                cli.Verdict("c", False, "n", True), cli.Verdict("d", False, "bug not fixed yet", bug_to_find=True)]
+    assert "0/4 exercises pass their visible checks (1 to fix, 1 not implemented yet, 2 bugs to find)" in \
+        cli.report(verdicts, [])

@@ -16,6 +16,8 @@ import fcntl
 import hashlib
 import json
 import os
+import re
+import shlex
 import shutil
 import subprocess
 import sys
@@ -329,3 +331,224 @@ def test_lesson_runs_in_colab_after_a_bootstrap_from_the_editions_repository(col
     assert {name: after[name] for name in baseline} == baseline, "the bootstrap changed Colab's own packages"
     checks = _graded_stdout(colab)
     assert len(checks) == 4 and all(text.startswith("✓ ") for text in checks.values()), checks
+
+
+# -- the README's install commands, as written, in fresh environments ---------------------------------------------
+# Each ```bash block of the edition's README that installs something is run line by line in a fresh clone of the
+# edition and a fresh virtualenv, offline: pip reads only a wheelhouse of what those very lines ask for, downloaded
+# once by `pip download` (cached under .venv-edition/, keyed by the interpreter and the lines). Then lessons 00 and
+# 01 run there through the edition's own check command, answered and as released.
+INSTALLS = ROOT / ".venv-edition"
+README_BLOCK = re.compile(r"^```bash\n(.*?)^```", re.M | re.S)
+ANSWERED = ("00-setup", "01-masks")
+
+
+def install_blocks(readme: str) -> dict[str, str]:
+    """``{"every lesson" | "no torch": block}``: the README's install blocks, told apart by whether they install
+    torch."""
+    blocks = [block for block in README_BLOCK.findall(readme) if "pip install" in block]
+    named = {("every lesson" if "install torch" in block else "no torch"): block for block in blocks}
+    assert len(named) == len(blocks) == 2, f"expected two install blocks (every lesson, no torch): {blocks}"
+    return named
+
+
+def _python_for(kind: str) -> str:
+    """The interpreter a block is tested with: 3.11 for every lesson (the one the torch pin has a wheel for here),
+    3.12 (else 3.13) without torch."""
+    if kind == "every lesson":
+        return sys._base_executable
+    python = _python_without_torch()
+    assert python is not None, "python3.12 (or 3.13) is needed to test the README's NumPy-only install"
+    return python[0]
+
+
+def _pip_lines(block: str) -> list[list[str]]:
+    """The arguments of each ``pip install`` line of ``block``, comments dropped."""
+    return [shlex.split(line.split(" #")[0])[2:] for line in block.splitlines()
+            if re.match(r"^\S*pip install ", line.strip())]
+
+
+def _wheelhouse(python: str, block: str, edition_folder: Path) -> Path:
+    """A folder holding every distribution the block's pip lines install (and the package's build backend),
+    for ``python``; built once per interpreter and block text, then reused."""
+    version = subprocess.run([python, "-c", "import sys; print(sys.version_info[:2])"], capture_output=True,
+                             text=True, check=True).stdout.strip()
+    build_requires = tomllib.loads((edition_folder / "pyproject.toml").read_text())["build-system"]["requires"]
+    dependencies = (edition_folder / "pyproject.toml").read_text()
+    key = hashlib.sha256(json.dumps([version, block, dependencies]).encode()).hexdigest()[:12]
+    INSTALLS.mkdir(exist_ok=True)
+    where = INSTALLS / f"wheels-{key}"
+    with open(INSTALLS / ".lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if not (where / "ready").exists():
+            shutil.rmtree(where, ignore_errors=True)
+            downloads = [[*build_requires]] + [[str(edition_folder) + a.removeprefix(".") if a.startswith(".") else a
+                                                for a in args if a != "-e"] for args in _pip_lines(block)]
+            for args in downloads:
+                done = subprocess.run([python, "-m", "pip", "download", "--quiet", "--disable-pip-version-check",
+                                       "--dest", str(where), *args], capture_output=True, text=True, timeout=900)
+                assert done.returncode == 0, f"pip download {args}:\n{done.stderr[-3000:]}"
+            (where / "ready").write_text("")
+    return where
+
+
+def _offline_env(python: str, wheels: Path, shims: Path) -> dict[str, str]:
+    """A fresh shell's environment: ``python3`` is the interpreter under test, pip reads only ``wheels``, and
+    nothing of this suite's virtualenv, Jupyter paths or pip configuration leaks in."""
+    shims.mkdir()
+    (shims / "python3").symlink_to(python)
+    path = [p for p in os.environ["PATH"].split(os.pathsep) if not p.startswith(str(ROOT))]
+    env = {k: v for k, v in os.environ.items()
+           if not k.startswith(("PIP_", "PYTHON", "JUPYTER", "VIRTUAL_ENV", "MPLBACKEND", "CONDA"))}
+    return env | {"PATH": os.pathsep.join([str(shims), *path]), "PIP_NO_INDEX": "1", "PIP_FIND_LINKS": str(wheels),
+                  "PIP_CONFIG_FILE": os.devnull, "PIP_DISABLE_PIP_VERSION_CHECK": "1",
+                  "PIP_COMPILE": "false",  # no .pyc of torch and JupyterLab written at install: minutes on 2 cores
+                  "JUPYTER_DATA_DIR": str(shims / "jupyter-data"), "JUPYTER_CONFIG_DIR": str(shims / "jupyter")}
+
+
+def _answered(edition_lesson: Path, lesson: str, dest: Path, prefix: Path) -> Path:
+    """The edition's lesson with every solution cell answered by the course, and a last cell that fails unless
+    the kernel is the fresh virtualenv's; saved in its own folder, as a student saves it."""
+    nb = nbformat.read(edition_lesson, as_version=4)
+    answers = {c.metadata["nbgrader"]["grade_id"]: c.source
+               for c in nbformat.read(notebooks.solution_path(lesson), as_version=4).cells
+               if c.metadata.get("nbgrader", {}).get("solution")}
+    for cell in nb.cells:
+        if cell.metadata.get("nbgrader", {}).get("solution"):
+            cell.source = answers[cell.metadata["nbgrader"]["grade_id"]]
+    nb.cells.append(nbformat.v4.new_code_cell(f"import sys\nassert sys.prefix == {str(prefix)!r}, sys.prefix"))
+    dest.mkdir(parents=True)
+    nbformat.write(nb, dest / f"{lesson}.ipynb")
+    return dest / f"{lesson}.ipynb"
+
+
+@pytest.mark.parametrize("kind", ["no torch", "every lesson"])
+def test_every_readme_install_command_works_in_a_fresh_environment_and_runs_lessons_00_and_01(
+        student_edition, tmp_path, kind):
+    readme = (student_edition / "README.md").read_text()
+    block = install_blocks(readme)[kind]
+    python = _python_for(kind)
+    work = tmp_path / "student"
+    work.mkdir()
+    url = f"https://github.com/{notebooks.REPOSITORY}"
+    assert block.splitlines()[0] == f"git clone {url} && cd {url.rsplit('/', 1)[1]} && git checkout {notebooks.TAG}"
+    clone = work / url.rsplit("/", 1)[1]
+    wheels = _wheelhouse(python, block, student_edition)
+    env = _offline_env(python, wheels, tmp_path / "shims")
+    # the block as written; the clone's address is this edition's folder, and JupyterLab is asked its version
+    # instead of being started; a line that fails stops it (bash -e alone lets `a && b` fail and go on)
+    script = block.replace(url, str(student_edition)).replace("jupyter lab lessons/", "jupyter lab --version")
+    script = "".join(f"{{ {line}\n}} || exit 97\n" for line in script.splitlines()
+                     if line.strip() and not line.startswith("#"))
+    done = subprocess.run(["bash", "-c", script], cwd=work, env=env, capture_output=True, text=True,
+                          timeout=1200)
+    assert done.returncode == 0, f"the README's block failed ({kind}):\n{script}\n{done.stdout[-2000:]}" \
+                                 f"{done.stderr[-4000:]}"
+    venv = clone / ".venv"
+    installed = _freeze(venv / "bin" / "python")
+    assert ("torch" in installed) == (kind == "every lesson"), sorted(installed)
+    assert installed["decoder-course"] == VERSION
+
+    def check(notebook: Path) -> subprocess.CompletedProcess:
+        return subprocess.run([str(venv / "bin" / "python"), "-m", "decoder_course", "check", str(notebook)],
+                              cwd=clone, env=env, capture_output=True, text=True, timeout=600)
+
+    for lesson in ANSWERED:
+        mine = _answered(clone / "lessons" / lesson / f"{lesson}.ipynb", lesson, tmp_path / "mine" / lesson, venv)
+        result = check(mine)
+        assert result.returncode == 0, (lesson, result.stdout, result.stderr[-3000:])
+        lines = result.stdout.splitlines()
+        assert lines[0].startswith("✓ ") and "notes:" not in result.stdout, result.stdout
+        assert "exercises pass their visible checks; grading adds" in result.stdout, result.stdout
+    if kind == "every lesson":
+        return  # what follows needs no torch, and is slow enough once
+    untouched = check(clone / "lessons" / "01-masks" / "01-masks.ipynb")  # as a student starts it
+    assert untouched.returncode == 1 and "0/4 exercises pass" in untouched.stdout, untouched.stdout
+    assert "4 not implemented yet" in untouched.stdout, untouched.stdout
+    # the README's way without GitHub: the package from a zip of the edition
+    archive = tmp_path / "decoder-course.zip"
+    subprocess.run(["git", "-C", str(clone), "archive", "--format=zip", "-o", str(archive), "HEAD"], check=True)
+    done = subprocess.run([str(venv / "bin" / "python"), "-m", "pip", "install", "--quiet", "--no-deps",
+                           "--force-reinstall", f"decoder-course @ file://{archive}"], env=env,
+                          capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr[-3000:]
+    where = subprocess.run([str(venv / "bin" / "python"), "-c", "import decoder_course; print(decoder_course"
+                            ".__file__)"], env=env, cwd=tmp_path, capture_output=True, text=True, check=True)
+    assert where.stdout.startswith(str(venv / "lib")), where.stdout
+
+
+def test_the_readme_names_no_install_command_that_is_not_tested(student_edition):
+    readme = (student_edition / "README.md").read_text()
+    tested = "\n".join(install_blocks(readme).values())
+    # inline code may wrap across lines, as the broken `pip install -e . --no-deps numpy einops matplotlib` did
+    inline = [" ".join(code.split()) for code in re.findall(r"`([^`]*pip install[^`]*)`", README_BLOCK.sub("", readme))]
+    assert inline, "the README names the light install inline too"
+    assert [command for command in inline if command.replace(".venv/bin/", "") not in tested.replace(
+        ".venv/bin/", "")] == [], "an install command of the README that no test runs"
+
+
+# -- it reads as complete for a self-learner -----------------------------------------------------------------------
+def test_graded_course_text_is_left_out_and_its_self_study_version_shown(student_edition):
+    graded = nbformat.read(ROOT / "lessons" / "00-setup" / "00-setup.ipynb", as_version=4)
+    ours = nbformat.read(student_edition / "lessons" / "00-setup" / "00-setup.ipynb", as_version=4)
+    graded_text = "\n".join(c.source for c in graded.cells if c.cell_type == "markdown")
+    edition_text = "\n".join(c.source for c in ours.cells if c.cell_type == "markdown")
+    assert "### How your notebook is graded" in graded_text and "the grader:" in graded_text
+    assert "<!-- self-study" in graded_text, "the graded release hides the self-study version in a comment"
+    assert "How your notebook is graded" not in edition_text and "the grader" not in edition_text
+    assert "### When a lesson is done" in edition_text and "python -m decoder_course check" in edition_text
+    assert "<!--" not in edition_text and "-->" not in edition_text
+    assert "(11)" in edition_text and "(12)" in edition_text, "the introduction names every lesson"
+    for lesson in notebooks.lessons():  # no marker left anywhere, and only markdown changed
+        before = nbformat.read(ROOT / "lessons" / lesson / f"{lesson}.ipynb", as_version=4)
+        after = nbformat.read(student_edition / "lessons" / lesson / f"{lesson}.ipynb", as_version=4)
+        assert [c.source for c in before.cells if c.cell_type == "code"] == \
+            [c.source for c in after.cells if c.cell_type == "code"]
+        assert not [m for c in after.cells for m in edition.EDITION_MARKERS if m in c.source], lesson
+
+
+def test_the_edition_names_nothing_of_the_instructors_side(student_edition):
+    instructor = re.compile(r"\bautograder\b|\btests/|\./course\b|\bsolutions/|\bbench/|INSTRUCTOR\.md|ARCHITECTURE")
+    found = []
+    for path in sorted(student_edition.rglob("*")):
+        if path.is_file() and ".git" not in path.relative_to(student_edition).parts:
+            text = path.read_text(errors="replace")
+            found += [f"{path.relative_to(student_edition)}: {m.group(0)}" for m in instructor.finditer(text)]
+    assert found == []
+
+
+@pytest.mark.parametrize(("markdown", "shown"), [
+    ("a\n<!-- graded-course -->\ngraded\n<!-- /graded-course -->\nb", "a\nb"),
+    ("<!-- graded-course -->\ngraded\n<!-- /graded-course -->\n<!-- self-study\nmine\n-->", "mine"),
+    ("a\n<!-- self-study\nmine\n-->\nb\n<!-- graded-course -->\nx\n<!-- /graded-course -->", "a\nmine\nb"),
+    ("no markers, kept as it is\n", "no markers, kept as it is\n"),
+])
+def test_for_self_study(markdown, shown):
+    assert edition.for_self_study(markdown) == shown
+
+
+@pytest.mark.parametrize("markdown", ["<!-- graded-course -->\nnever closed", "<!-- self-study\nnever closed",
+                                      "x <!-- graded-course --> inline\n<!-- /graded-course -->"])
+def test_for_self_study_refuses_an_unbalanced_marker(markdown):
+    with pytest.raises(ValueError, match="unbalanced"):
+        edition.for_self_study(markdown)
+
+
+def test_publishing_under_another_name_points_every_badge_first_cell_and_the_readme_there(tmp_path):
+    other = "a-school/transformers-2027"
+    edition.build(tmp_path / "e", repository=other)
+    for lesson in notebooks.lessons():
+        nb = nbformat.read(tmp_path / "e" / "lessons" / lesson / f"{lesson}.ipynb", as_version=4)
+        assert nb.cells[0].source == notebooks.bootstrap_source(other).rstrip("\n")
+        assert notebooks.colab_badge(lesson, other) in nb.cells[1].source
+        text = (tmp_path / "e" / "lessons" / lesson / f"{lesson}.ipynb").read_text()
+        assert notebooks.REPOSITORY not in text, lesson
+    readme = (tmp_path / "e" / "README.md").read_text()
+    assert f"git clone https://github.com/{other} && cd transformers-2027 && git checkout {notebooks.TAG}" in readme
+    assert notebooks.REPOSITORY not in readme
+    for bad in ("no-slash", "a/b/c", "-x/y", "a/b c"):
+        with pytest.raises(ValueError, match="OWNER/NAME"):
+            edition.build(tmp_path / "bad", repository=bad)
+    done = subprocess.run([sys.executable, "-m", "autograder", "student-edition", str(tmp_path / "cli"),
+                           "--repository", "not a repository"], cwd=ROOT, capture_output=True, text=True)
+    assert done.returncode == 2 and "expected GitHub's OWNER/NAME" in done.stderr, done.stderr

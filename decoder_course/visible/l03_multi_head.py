@@ -29,7 +29,18 @@ from decoder_course.checks import (
     expect_type,
     randomised,
 )
-from decoder_course.spec import Build, Built, Keyword, ModuleSpec, Perturbed, Spec, load, run, run_module
+from decoder_course.spec import (
+    Build,
+    Built,
+    Keyword,
+    ModuleSpec,
+    Perturbed,
+    Spec,
+    load,
+    refuse_forbidden,
+    run,
+    run_module,
+)
 from decoder_course.visible.l02_attention import check_weights
 
 # The worked example of the lesson: B=1, T=2, D=6 split into H=3 heads of Dh=2 features.
@@ -411,7 +422,7 @@ def check_multi_head_attention(MultiHeadAttention) -> None:  # noqa: N803 - the 
     """Two worked examples (the mask's polarity, heads merged side by side), then the spec's rows: the contract's
     names, nn.MultiheadAttention with the same weights on every kind of mask, the future and the padding not
     leaking, finite gradients on empty rows, dropout on the weights in training mode only, MultiHeadAttention(10, 3)
-    refused."""
+    refused; last, written without PyTorch's attention (what the grader enforces), watched while it runs."""
     D, H, B, T, S = 12, 3, 2, 4, 6  # Dh = 4; T != S != H
     g = torch.Generator().manual_seed(2)
     query, memory = torch.randn(B, T, D, generator=g), torch.randn(B, S, D, generator=g)
@@ -447,6 +458,15 @@ def check_multi_head_attention(MultiHeadAttention) -> None:  # noqa: N803 - the 
                               else "") + ". Merge the heads back side by side: move H next to Dh first, "
                 "(B, H, T, Dh) -> (B, T, H, Dh) -> (B, T, D), as merge_heads does")
     run_module(SPECS["MultiHeadAttention"], MultiHeadAttention)
+
+    def in_every_mode() -> None:
+        mha = MultiHeadAttention(D, H, dropout=0.1)
+        causal = torch.ones(T, S, dtype=torch.bool).tril()  # (T, S)
+        with torch.no_grad():
+            for training, allowed in ((True, causal), (False, causal), (False, None)):
+                mha.train(training)(query, memory, memory, allowed=allowed)
+
+    refuse_forbidden(SPECS["MultiHeadAttention"], in_every_mode)
 
 
 # -- causal_self_attention: find the bug, a spec whose rows hand it a MultiHeadAttention ----------------------------

@@ -27,7 +27,7 @@ from decoder_course.checks import (
     expect_type,
     randomised,
 )
-from decoder_course.spec import Build, Keyword, ModuleSpec, Perturbed, Spec, run, run_module
+from decoder_course.spec import Build, Keyword, ModuleSpec, Perturbed, Spec, refuse_forbidden, run, run_module
 from decoder_course.visible import l03_multi_head as mha
 
 
@@ -224,8 +224,23 @@ SPECS["CrossAttention"] = ModuleSpec(
 def check_cross_attention(CrossAttention) -> None:  # noqa: N803 - the class under test
     """The spec's rows: nn.MultiheadAttention with the same weights, given the memory or keys and values per head
     (memory_kv), one decoding step, the padded memory not leaking, project_memory's keys and values, and forward
-    refusing both memory and memory_kv, or neither."""
+    refusing both memory and memory_kv, or neither; last, written without PyTorch's attention (what the grader
+    enforces), watched while it runs."""
     run_module(SPECS["CrossAttention"], CrossAttention)
+
+    def in_every_mode() -> None:
+        D, H, B, T, S = 8, 2, 2, 3, 5
+        g = torch.Generator().manual_seed(4)
+        query, memory = torch.randn(B, T, D, generator=g), torch.randn(B, S, D, generator=g)
+        attend = CrossAttention(D, H, dropout=0.1)
+        padding = torch.ones(B, 1, 1, S, dtype=torch.bool)
+        padding[0, ..., -1] = False  # (B, 1, 1, S): the last key of sequence 0 is padding
+        with torch.no_grad():
+            for training, allowed in ((True, padding), (False, padding), (False, None)):
+                attend.train(training)(query, memory=memory, allowed=allowed)
+                attend(query, memory_kv=attend.project_memory(memory), allowed=allowed)
+
+    refuse_forbidden(SPECS["CrossAttention"], in_every_mode)
 
 
 class _TorchCrossAttention(nn.Module):
