@@ -572,6 +572,8 @@ def test_collect_refuses_links_special_files_and_other_owners_in_every_form(clas
     bob.sh('mkdir "$1"', inbound / f"{alice.name}+{LESSON}+yesterday+noon")
     attacks["file"] = (alice, alice.name, "", "it is a file, not a folder")
     attacks["link"] = (bob, alice.name, "", "it is a symbolic link")
+    attacks["noon"] = (bob, alice.name, "", "it is not a submission's name ({student_id}+01-masks+{time}): not a "
+                                            "time as nbgrader writes it")
 
     caplog.set_level(logging.WARNING)
     submitted = _collect_in_process(work, exchange, monkeypatch, unix_users={"ada": alice.name})
@@ -590,8 +592,6 @@ def test_collect_refuses_links_special_files_and_other_owners_in_every_form(clas
             problems.append(f"{suffix}: no {reason!r} in\n{set_apart[entry]}")
     assert not problems, "\n".join(problems)
     assert len(set_apart) == len(attacks)
-    assert any("yesterday+noon in " in r.message and "is not a submission's name: Unknown string format" in r.message
-               for r in caplog.records)
     assert not _files_holding(work, [secret, b"alice spare", bad], {work / "secret"})
     shown_to_instructor = [r.getMessage() for r in caplog.records] + list(set_apart.values())
     assert not [text for text in shown_to_instructor if "\x1b" in text]  # the ids are the attacker's text
@@ -753,3 +753,116 @@ def test_collect_before_duedate_takes_each_students_own_due_date_from_the_term(t
                (("on time", -timedelta(hours=1)), ("extended", timedelta(days=1)),
                 ("too late", timedelta(days=3)))]
     assert collect._in_order(records)[0]["filename"] == chosen
+
+
+# -- one submission never stops the class ------------------------------------------------------------------------
+
+def _inbound_ready(exchange: Path) -> Path:
+    inbound = _inbound(exchange)
+    inbound.mkdir(parents=True)
+    inbound.chmod(0o2733)  # as release_assignment makes it
+    return inbound
+
+
+def _submit_folder(account: _Account, folder: Path, notebook: bytes, timestamp: bytes | None = None,
+                   script: str = "") -> None:
+    """A submission as nbgrader's submit leaves it (files 0644, the folder 0777), ``folder`` given as bytes or text
+    (``$1``); ``timestamp`` the raw bytes of its timestamp.txt; ``script`` run in it before the chmod."""
+    account.sh('mkdir "$1" && cd "$1" && cat > "$2" && chmod 644 "$2"', os.fsdecode(bytes(folder)),
+               f"{LESSON}.ipynb", stdin=notebook)
+    if timestamp is not None:
+        account.sh('cat > "$1/timestamp.txt" && chmod 644 "$1/timestamp.txt"', os.fsdecode(bytes(folder)),
+                   stdin=timestamp)
+    if script:
+        account.sh(f'cd "$1" && {script}', os.fsdecode(bytes(folder)))
+    account.sh('chmod 777 "$1"', os.fsdecode(bytes(folder)))
+
+
+def _notes(work: Path) -> dict[str, str]:
+    """Every set-apart note (file name -> text); each must be UTF-8."""
+    return {p.name: p.read_bytes().decode("utf-8") for p in sorted((work / "set_apart" / LESSON).iterdir())}
+
+
+def test_one_submission_never_stops_the_class_collect(classmates, shared, monkeypatch, caplog):
+    """The issue's attacks on collect, each from one student's own account, and more of their kind: a folder name
+    whose time holds a ``..`` zone, a zone file name or another zone's abbreviation, a month 13; a name and a student
+    id with undecodable bytes; a ``timestamp.txt`` holding a ``..`` zone, a path as its zone, undecodable bytes or
+    100 kB; a file in a submission whose name is not UTF-8; a submission on which the check or the copy raises an
+    error nobody expected. Collect runs to its end: each bad one is set apart with a note (UTF-8, the bytes shown
+    escaped) or collected with a time of nbgrader's own format, and every honest submission is collected."""
+    from autograder import exchange as exchange_module
+
+    exchange, work, _ = _exchange(shared)
+    alice, bob, carol = (_Account(entry, exchange) for entry in classmates)
+    inbound = _inbound_ready(exchange)
+    notebook = nbformat.writes(samples.perfect(LESSON)).encode()
+    lesson = LESSON.encode()
+    stamp = _stamp(-3600).encode()
+    later = _stamp(-60).encode()
+
+    def name(student: str | bytes, when: bytes, suffix: bytes) -> Path:
+        student = student if isinstance(student, bytes) else student.encode()
+        return Path(os.fsdecode(bytes(inbound) + b"/" + b"+".join([student, lesson, when, suffix])))
+
+    honest = {alice.name: alice, carol.name: carol}
+    for student, account in honest.items():
+        _submit_folder(account, name(student, stamp, b"honest"), notebook)
+    set_apart = {  # the suffix of the folder's name -> (account, claimed id, its time, the reason in the note)
+        b"dots-zone": (bob, bob.name, stamp[:19] + b" ..", "not a time as nbgrader writes it"),
+        b"file-zone": (bob, bob.name, stamp[:19] + b" posixrules", "not a time as nbgrader writes it"),
+        b"other-zone": (bob, bob.name, stamp[:19] + b" EST", "the time zone 'EST' is neither UTC"),
+        b"month-13": (bob, bob.name, b"2027-13-01 00:00:00.000000 UTC", "month must be in 1..12"),
+        b"bytes-\xff\xfe": (bob, bob.name, later, "its name is not UTF-8 text"),
+        b"bytes-id": (bob, b"b\xffb", later, "its name is not UTF-8 text"),
+        b"file-name": (alice, "hal", later, "has a name that is not UTF-8 text"),
+        b"raises-in-check": (carol, "ivy", later, "collect could not read it (RuntimeError: boom in the check)"),
+        b"raises-in-copy": (carol, "jan", later, "collect could not read it (RuntimeError: boom in the copy)"),
+    }
+    for suffix, (account, student, when, _) in set_apart.items():
+        script = {b"file-name": "printf x > \"$(printf 'notes\\377.txt')\" && chmod 644 *",
+                  b"raises-in-check": "echo boom > boom.txt && chmod 644 boom.txt",
+                  b"raises-in-copy": "echo boom > boom.txt && chmod 644 boom.txt"}.get(suffix, "")
+        _submit_folder(account, name(student, when, suffix), notebook, script=script)
+    _submit_folder(alice, name("hal", stamp, b"honest"), notebook)  # hal's earlier one is collected instead
+    collected = {  # student id -> (account, timestamp.txt's bytes): collected, dated by the name or the change
+        bob.name: (bob, b"2027-01-25 10:00:00.000000 .."),
+        "eve": (bob, b"2027-01-25 10:00:00 /etc/passwd"),
+        "fay": (carol, b"\xff\xfe2027-01-25 10:00:00 UTC"),
+        "gus": (alice, b"2" * 100_000),
+    }
+    for student, (account, timestamp) in collected.items():
+        _submit_folder(account, name(student, stamp, b"odd-timestamp"), notebook, timestamp=timestamp)
+
+    original = exchange_module._Walk.file
+
+    def file(self, fd, st, shown_path, file_name, target):
+        if file_name == "boom.txt" and self.expected.startswith("ivy"):
+            raise RuntimeError("boom in the check")
+        if file_name == "boom.txt" and self.expected.startswith("jan") and target is not None:
+            raise RuntimeError("boom in the copy")
+        return original(self, fd, st, shown_path, file_name, target)
+
+    monkeypatch.setattr(exchange_module._Walk, "file", file)
+    caplog.set_level(logging.WARNING)
+    accounts = {"eve": bob.name, "fay": carol.name, "gus": alice.name, "hal": alice.name, "ivy": carol.name,
+                "jan": carol.name}
+    submitted = _collect_in_process(work, exchange, monkeypatch, unix_users=accounts)
+
+    assert sorted(p.name for p in submitted.iterdir()) == sorted([*honest, *collected, "hal"])
+    for student in submitted.iterdir():
+        folder = student / LESSON
+        assert (folder / f"{LESSON}.ipynb").read_bytes() == notebook
+        text = (folder / "timestamp.txt").read_text()
+        from autograder.term import parse_timestamp
+        parse_timestamp(text)  # nbgrader's own format, which autograde reads
+    notes = _notes(work)
+    problems = []
+    for suffix, (*_, reason) in set_apart.items():
+        shown_suffix = suffix.decode("utf-8", "backslashreplace")
+        found = [text for note, text in notes.items() if f"+{shown_suffix}\n" in text]
+        if len(found) != 1 or reason not in found[0]:
+            problems.append(f"{shown_suffix}: {reason!r} not in {found}")
+    assert not problems, "\n".join(problems) + "\n" + "\n".join(notes)
+    assert len(notes) == len(set_apart)
+    shown_to_instructor = [r.getMessage() for r in caplog.records] + list(notes.values())
+    assert not [text for text in shown_to_instructor if re.search("[\ud800-\udfff\x1b]", text)]
