@@ -866,3 +866,153 @@ def test_one_submission_never_stops_the_class_collect(classmates, shared, monkey
     assert len(notes) == len(set_apart)
     shown_to_instructor = [r.getMessage() for r in caplog.records] + list(notes.values())
     assert not [text for text in shown_to_instructor if re.search("[\ud800-\udfff\x1b]", text)]
+
+
+def test_collect_reads_listings_within_their_caps(classmates, shared, monkeypatch, caplog):
+    """A listing is cut while it is read, never read whole and then cut. In a submission: a folder of many hard
+    links to one file (the issue's 600,000, here 1,000 against a cap of 100), of many files, of many folders: no
+    listing yields more than the cap, and each is set apart for its size. In the inbound folder: 100 forgeries in
+    alice's name, later than hers, and 12 of her own submissions (the latest honest) against caps of 5 own and 20
+    others: her latest is collected, 20 forgeries get a note, the rest are counted in one (the log names every
+    submission set apart)."""
+    from autograder import exchange as exchange_module
+
+    monkeypatch.setattr(exchange_module, "_MAX_ENTRIES", 100)
+    monkeypatch.setattr(exchange_module, "_MAX_OWN", 5)
+    monkeypatch.setattr(exchange_module, "_MAX_NOTES", 20)
+    exchange, work, _ = _exchange(shared)
+    alice, bob, carol = (_Account(entry, exchange) for entry in classmates)
+    inbound = _inbound_ready(exchange)
+    notebook = nbformat.writes(samples.perfect(LESSON)).encode()
+    big = {"links": 'for i in $(seq 1000); do ln "$1/$2" "$1/l$i"; done',
+           "files": 'for i in $(seq 1000); do : > "$1/f$i"; done',
+           "folders": 'for i in $(seq 1000); do mkdir "$1/d$i"; done'}
+    for number, (kind, script) in enumerate(big.items()):
+        folder = inbound / f"{carol.name}+{LESSON}+{_stamp(number)}+{kind}"
+        _submit_folder(carol, folder, notebook)
+        carol.sh(script, folder, f"{LESSON}.ipynb")
+    _submit_folder(carol, inbound / f"{carol.name}+{LESSON}+{_stamp(-600)}+honest", notebook)
+    for number in range(12):
+        _submit_folder(alice, inbound / f"{alice.name}+{LESSON}+{_stamp(-600 + number)}+own{number}",
+                       b'{"own": %d}' % number)
+    bob.sh('cd "$1" && for i in $(seq 100); do mkdir "$2+$3+$(date -u -d "+$i min" "+%Y-%m-%d %H:%M:%S.%6N UTC")'
+           '+forged$i"; done', inbound, alice.name, LESSON)
+
+    most = []
+    scandir = os.scandir
+
+    class Counted:
+        def __init__(self, path):
+            self.listing, self.read, self.in_submission = scandir(path), 0, isinstance(path, int)
+            most.append(self)
+
+        def __enter__(self):
+            return self
+
+        def __exit__(self, *exc):
+            self.listing.close()
+
+        def __iter__(self):
+            for entry in self.listing:
+                self.read += 1
+                yield entry
+
+    monkeypatch.setattr(exchange_module.os, "scandir", Counted)
+    caplog.set_level(logging.WARNING)
+    submitted = _collect_in_process(work, exchange, monkeypatch)
+    monkeypatch.undo()
+    assert sorted(p.name for p in submitted.iterdir()) == sorted([alice.name, carol.name])
+    assert (submitted / alice.name / LESSON / f"{LESSON}.ipynb").read_bytes() == b'{"own": 11}'
+    assert (submitted / carol.name / LESSON / f"{LESSON}.ipynb").read_bytes() == notebook
+    folder_reads = [c.read for c in most if c.in_submission]  # (the inbound is read whole, its records bounded)
+    assert folder_reads and max(folder_reads) == 101, sorted(folder_reads)[-5:]
+    for kind in big:  # in the log: the 20 notes went to alice's forgeries, read first
+        assert any(f"+{kind}: the submission holds more than 100 files and folders" in r.getMessage()
+                   for r in caplog.records), kind
+    notes = _notes(work)
+    assert len(notes) == 20 + 1 and len([text for text in notes.values() if "+forged" in text]) == 20
+    counted = notes["_more_entries.txt"]
+    assert counted.startswith(f"{80 + 12 - 5} entries of {LESSON}") and "collect again" in counted
+    assert any("were not examined" in r.getMessage() for r in caplog.records)
+
+
+def test_collect_dates_what_changed_while_it_copied(classmates, shared, monkeypatch, caplog):
+    """A submission written to while collect copies it: the copy checks each file's size and ``ctime`` after
+    reading it, and each folder's after listing it, and copies afresh, so the collected submission holds the change
+    and is dated by it, never before it. Variants: the notebook grows (alice), is rewritten in place to the same
+    size (bob), a file is added beside it (carol); one written to at every copy is set apart after three (ada);
+    one whose notebook is swapped for a classmate's file is refused by the copy's own owner check (eve)."""
+    import time
+    import types
+
+    from autograder import exchange as exchange_module
+    from autograder.term import parse_timestamp
+
+    exchange, work, _ = _exchange(shared)
+    alice, bob, carol = (_Account(entry, exchange) for entry in classmates)
+    inbound = _inbound_ready(exchange)
+    owners = {alice.name: alice, bob.name: bob, carol.name: carol, "ada": alice, "eve": bob}
+    folders = {}
+    for student, account in owners.items():
+        folders[student] = inbound / f"{student}+{LESSON}+{_stamp(-3600)}+x"
+        _submit_folder(account, folders[student], b'{"v": 1}')
+    time.sleep(1.2)  # every ctime so far is a second older than any edit
+    edits: dict[str, list] = {student: [] for student in owners}  # student -> the times of its edits
+
+    def notebook_of(fd: int) -> str | None:
+        st = os.fstat(fd)
+        for student, folder in folders.items():
+            path = folder / f"{LESSON}.ipynb"
+            with contextlib.suppress(OSError):
+                if (os.stat(path).st_dev, os.stat(path).st_ino) == (st.st_dev, st.st_ino):
+                    return student
+        return None
+
+    def edit(student: str) -> None:
+        path = folders[student] / f"{LESSON}.ipynb"
+        time.sleep(0.02)  # a clock tick later than the copy's first look
+        edits[student].append(datetime.datetime.now(datetime.UTC))
+        if student == alice.name:
+            path.write_bytes(b'{"v": 1, "more": "grown"}')
+        elif student in (bob.name, "ada"):
+            with open(path, "r+b") as handle:
+                handle.write(b'{"v": %d}' % (len(edits[student]) + 1))
+        elif student == carol.name:
+            (folders[student] / "extra.txt").write_bytes(b"added")
+            os.chown(folders[student] / "extra.txt", carol.uid, -1)
+            os.chmod(folders[student] / "extra.txt", 0o644)
+        else:  # eve's notebook replaced by a file of carol's
+            swap = folders[student] / ".swap"
+            swap.write_bytes(b'{"v": "carol"}')
+            os.chown(swap, carol.uid, -1)
+            os.chmod(swap, 0o644)
+            os.replace(swap, path)
+
+    def read(fd: int, size: int) -> bytes:
+        student = notebook_of(fd)
+        if student is not None and (student == "ada" or not edits[student]):
+            edit(student)
+        return os.read(fd, size)
+
+    watched_os = types.SimpleNamespace(**{name: getattr(os, name) for name in dir(os) if not name.startswith("__")})
+    watched_os.read = read
+    monkeypatch.setattr(exchange_module, "os", watched_os)
+    caplog.set_level(logging.WARNING)
+    submitted = _collect_in_process(work, exchange, monkeypatch, unix_users={"ada": alice.name, "eve": bob.name})
+    monkeypatch.undo()
+
+    assert sorted(p.name for p in submitted.iterdir()) == sorted([alice.name, bob.name, carol.name])
+    holds = {alice.name: b'{"v": 1, "more": "grown"}', bob.name: b'{"v": 2}', carol.name: b'{"v": 1}'}
+    for student, notebook in holds.items():
+        folder = submitted / student / LESSON
+        assert (folder / f"{LESSON}.ipynb").read_bytes() == notebook, student
+        when = parse_timestamp((folder / "timestamp.txt").read_text())
+        assert when >= edits[student][0] - datetime.timedelta(milliseconds=50), (student, when, edits[student])
+    assert (submitted / carol.name / LESSON / "extra.txt").read_bytes() == b"added"
+    notes = _notes(work)
+    [ada] = [text for text in notes.values() if "claims to be: ada's" in text]
+    assert "changed while it was being collected, 3 copies in a row" in ada and "kept changing" in ada
+    assert len(edits["ada"]) >= 3  # written to at every read of it
+    [eve] = [text for text in notes.values() if "claims to be: eve's" in text]
+    assert f"is owned by {carol.name}" in eve and "changed after it was checked" in eve
+    assert len(notes) == 2
