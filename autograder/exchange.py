@@ -480,7 +480,7 @@ class CourseExchangeCollect(ExchangeCollect):
             later = ("own submission" if record["timestamp"] is None or chosen["timestamp"] < record["timestamp"]
                      else "later submission")
             instead = f"{student}'s {later} of {chosen['timestamp']} is collected instead"
-        name = re.sub(r"[^\w.+-]", "_", record["filename"], flags=re.ASCII)[:200] + ".txt"
+        name = re.sub(r"[^\w.+-]", "_", record["filename"]).encode()[:200].decode(errors="ignore") + ".txt"  # bytes
         text = (f"nbgrader collect set this submission of {self.coursedir.assignment_id} apart: it is not collected "
                 f"and not graded.\n\nfolder: {shown(os.path.join(self.inbound_path, record['filename']))}\n"
                 f"claims to be: {student}'s, of {claimed}\nwhy: {record['why']}\n{instead}\n")
