@@ -170,11 +170,13 @@ class _Walk:
 
     def listing(self, fd: int) -> list[str]:
         """The names in the folder ``fd``, counted as they are read: past :data:`_MAX_ENTRIES` in the whole
-        submission the reading stops (a folder of 600,000 names is never held, nor sorted)."""
+        submission the reading stops (a folder of 600,000 names is never held, nor sorted, and all the folders'
+        lists together hold at most that many)."""
         names = []
         with os.scandir(fd) as listing:
             for entry in listing:
-                if self.entries + len(names) >= _MAX_ENTRIES:
+                self.entries += 1
+                if self.entries > _MAX_ENTRIES:
                     raise Refused(f"the submission holds more than {_MAX_ENTRIES} files and folders")
                 names.append(entry.name)
         return sorted(names)
@@ -184,7 +186,6 @@ class _Walk:
         if depth > _MAX_DEPTH:
             raise Refused(f"{shown_path} is nested more than {_MAX_DEPTH} folders deep")
         for name in self.listing(fd):
-            self.entries += 1
             path = f"{shown_path}/{shown(name)}" if shown_path else shown(name)
             _text_name(name, path)
             child, st = _open(fd, name, path, self.uid, self.expected, True)
