@@ -519,8 +519,9 @@ class CourseExchangeCollect(ExchangeCollect):
 
     def do_copy(self, src, dest, log=None):
         """Copy the chosen submission from descriptors opened without following links, checked again as they are
-        read, into a staging folder that becomes ``dest`` by a rename; a submission changed since it was chosen
-        is set apart and leaves no ``dest``."""
+        read, into a staging folder that becomes ``dest`` by a rename. One that changed while it was copied is
+        copied afresh (at most :data:`_COPY_TRIES` times), so that its date is that of what the copy holds; one that
+        fails a check since it was chosen, or raises anything, is set apart and leaves no ``dest``."""
         filename = os.path.basename(src)
         record = next(r for r in self.src_records if r["filename"] == filename)
         dest = Path(dest)
