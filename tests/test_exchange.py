@@ -871,10 +871,10 @@ def test_one_submission_never_stops_the_class_collect(classmates, shared, monkey
 def test_collect_reads_listings_within_their_caps(classmates, shared, monkeypatch, caplog):
     """A listing is cut while it is read, never read whole and then cut. In a submission: a folder of many hard
     links to one file (the issue's 600,000, here 1,000 against a cap of 100), of many files, of many folders, ten
-    nested folders of 60 files each: no listing yields more than the cap, and each is set apart for its size. In the inbound folder: 100 forgeries in
-    alice's name, later than hers, and 12 of her own submissions (the latest honest) against caps of 5 own and 20
-    others: her latest is collected, 20 forgeries get a note, the rest are counted in one (the log names every
-    submission set apart)."""
+    nested folders of 60 files each: no listing yields more than the cap, and each is set apart for its size. In the
+    inbound folder: 100 forgeries in alice's name, later than hers, and 12 of her own submissions (the latest
+    honest) against caps of 5 own and 20 others: her latest is collected, 20 forgeries get a note, the rest are
+    counted in one (the log names every submission set apart)."""
     from autograder import exchange as exchange_module
 
     monkeypatch.setattr(exchange_module, "_MAX_ENTRIES", 100)
@@ -887,8 +887,8 @@ def test_collect_reads_listings_within_their_caps(classmates, shared, monkeypatc
     big = {"links": 'for i in $(seq 1000); do ln "$1/$2" "$1/l$i"; done',
            "files": 'for i in $(seq 1000); do : > "$1/f$i"; done',
            "folders": 'for i in $(seq 1000); do mkdir "$1/d$i"; done',
-           "nested": 'p="$1"; for d in $(seq 10); do p="$p/n$d"; mkdir "$p"; for i in $(seq 60); do : > "$p/f$i"; done; '
-                     'done'}
+           "nested": 'p="$1"; for d in $(seq 10); do p="$p/n$d"; mkdir "$p"; '
+                     'for i in $(seq 60); do : > "$p/f$i"; done; done'}
     for number, (kind, script) in enumerate(big.items()):
         folder = inbound / f"{carol.name}+{LESSON}+{_stamp(number)}+{kind}"
         _submit_folder(carol, folder, notebook)
