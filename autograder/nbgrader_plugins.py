@@ -25,14 +25,15 @@ from pathlib import Path
 from jupyter_core.utils import ensure_async
 from nbclient.exceptions import CellTimeoutError, DeadKernelError
 from nbformat import NotebookNode
-from nbgrader.api import Gradebook
+from nbgrader.api import Gradebook, MissingEntry
+from nbgrader.plugins import CsvExportPlugin
 from nbgrader.preprocessors import Execute, NbGraderPreprocessor
 from traitlets import Bool, Dict, Enum, Unicode
 
 from autograder import notebooks, sandbox, verdicts
 from autograder.checks import framework
 from autograder.checks.framework import write_cases
-from autograder.text import shown
+from autograder.text import csv_writer, shown
 from decoder_course.harvest import ENV_VAR
 
 HIDDEN_BEGIN, HIDDEN_END = "### BEGIN HIDDEN TESTS", "### END HIDDEN TESTS"
@@ -558,3 +559,39 @@ class StripHiddenTests(NbGraderPreprocessor):
 
 __all__ = ["NOTES", "TIMED_OUT", "OutputBudget", "RestoreGradingMetadata", "StripHiddenTests", "TrustedExecute",
            "message_bytes", "message_charge", "note", "strip_hidden"]
+
+
+class SafeCsvExport(CsvExportPlugin):
+    """``nbgrader export`` as nbgrader's CSV plugin writes it (its columns and rows, every student of every
+    assignment, zero for none submitted), through the course's one CSV writer (:func:`autograder.text.csv_writer`):
+    nbgrader's own joins the cells with commas unquoted and unescaped, so a student id, name or email (a name an
+    instructor copied from the LMS) could start a formula or a column of its own."""
+
+    COLUMNS = ("assignment", "duedate", "timestamp", "student_id", "last_name", "first_name", "email", "raw_score",
+               "late_submission_penalty", "score", "max_score")
+
+    def export(self, gradebook: Gradebook) -> None:
+        dest = self.to or "grades.csv"
+        students, assignments = {str(s) for s in self.student}, {str(a) for a in self.assignment}
+        self.log.info("Exporting grades to %s", dest)
+        with open(dest, "w", newline="") as handle:
+            writer = csv_writer(handle)
+            writer.writerow(self.COLUMNS)
+            for assignment in gradebook.assignments:
+                if assignments and assignment.name not in assignments:
+                    continue
+                for student in gradebook.students:
+                    if students and student.id not in students:
+                        continue
+                    try:
+                        submission = gradebook.find_submission(assignment.name, student.id)
+                    except MissingEntry:  # nothing submitted: zero, as nbgrader's export gives
+                        timestamp, raw, penalty, score = None, 0.0, 0.0, 0.0
+                    else:
+                        timestamp, raw, penalty = (submission.timestamp, submission.score,
+                                                   submission.late_submission_penalty)
+                        score = max(0.0, raw - penalty)
+                    row = (assignment.name, assignment.duedate, timestamp, student.id, student.last_name,
+                           student.first_name, student.email, raw, penalty, score, assignment.max_score)
+                    writer.writerow(["" if cell is None else cell if isinstance(cell, (int, float)) else str(cell)
+                                     for cell in row])

@@ -15,7 +15,6 @@ extension, and a late notebook loses points by the term's policy, through nbgrad
 
 from __future__ import annotations
 
-import csv
 import json
 import logging
 import multiprocessing.util
@@ -58,7 +57,7 @@ from autograder.integrity import HoldWhileOpen, WithholdOpenAnswers
 from autograder.late import TermLatePenalties, TermLatePolicy, sync_gradebook
 from autograder.nbgrader_plugins import RestoreGradingMetadata, StripHiddenTests, TrustedExecute
 from autograder.sandbox import MAX_SLOWDOWN, Limits, SandboxUnavailable, check_available, retire_all, retire_warm
-from autograder.text import csv_cell, shown
+from autograder.text import csv_cell, csv_writer, shown
 
 __all__ = ["CANARY", "BadSubmission", "Limits", "Outcome", "SandboxUnavailable", "api", "grade", "grade_many",
            "grade_one", "nbgrader_config", "prepare", "release", "score_table", "summary", "tools_config"]
@@ -184,6 +183,7 @@ def tools_config(c: Config, work: Path | None = None) -> Config:
     c.ExchangeFactory.collect = CourseExchangeCollect
     c.CourseExchangeCollect.set_apart_directory = str(work / "set_apart")
     c.Autograde.pre_convert_hook = refuse_oversized
+    c.ExportApp.plugin_class = "autograder.nbgrader_plugins.SafeCsvExport"  # through the course's CSV writer
     # what their Generate and feedback hand out is recorded beside the term's release (integrity.ledger_from_config)
     c.HandedOutFile.file = str(handed_out_ledger(work))
     _stage_generate_assignment()
@@ -680,7 +680,7 @@ def write_csv(path: Path, outcomes: list[Outcome]) -> None:
     (``score``), when it was submitted and was due (UTC, empty without a term); every text escaped, never read as
     a formula."""
     with open(path, "w", newline="") as handle:
-        writer = csv.writer(handle)
+        writer = csv_writer(handle)
         writer.writerow(["student", "lesson", "raw_score", "late_penalty", "score", "max_score", "submitted", "due",
                          "status", "message"])
         for o in outcomes:
@@ -697,7 +697,7 @@ def write_roster(path: Path, roster: dict[str, dict[str, str]]) -> None:
     go back to the LMS by its own id; written on every run (only its header for nbgrader's layout), so that it
     never describes another run's students. Every text escaped, never read as a formula."""
     with open(path, "w", newline="") as handle:
-        writer = csv.writer(handle)
+        writer = csv_writer(handle)
         writer.writerow(["student", "lms_id", "name", "email", "note"])
         for student, entry in sorted(roster.items()):
             writer.writerow([csv_cell(student), *(csv_cell(entry.get(key, "")) for key in

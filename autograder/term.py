@@ -60,6 +60,7 @@ from __future__ import annotations
 
 import math
 import os
+import re
 import tomllib
 from dataclasses import dataclass, field
 from datetime import UTC, date, datetime, time, timedelta, tzinfo
@@ -69,7 +70,7 @@ from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 from autograder import lessons as lessons_registry
 
 __all__ = ["ENV_VAR", "LatePolicy", "Term", "TermError", "as_utc", "configured", "from_config", "load", "now", "path",
-           "shown_span", "shown_time", "timestamp_text"]
+           "parse_timestamp", "shown_span", "shown_time", "timestamp_text"]
 
 ROOT = lessons_registry.ROOT
 ENV_VAR = "DECODER_COURSE_TERM"
@@ -100,6 +101,42 @@ def timestamp_text(moment: datetime) -> str:
     """``moment`` as nbgrader writes ``timestamp.txt`` (``2027-01-25 22:59:00.000000 UTC``), which ``autograde``
     reads into the gradebook."""
     return as_utc(moment).strftime("%Y-%m-%d %H:%M:%S.%f UTC")
+
+
+# nbgrader's timestamp (Exchange.timestamp_format "%Y-%m-%d %H:%M:%S.%f %Z"): a date, a time, up to six digits of a
+# second, and a zone: a name of letters (what %Z writes) or a numeric offset
+_TIMESTAMP = re.compile(r"(\d{4})-(\d{2})-(\d{2})[ T](\d{2}):(\d{2}):(\d{2})(?:\.(\d{1,6}))?"
+                        r"(?: ?([A-Za-z]{1,6}|[+-]\d{2}:?\d{2}))?")
+
+
+def parse_timestamp(text: str, zone: tzinfo | None = None) -> datetime:
+    """A time as nbgrader's exchange writes it (``2027-01-25 22:59:00.123456 UTC``), aware, in UTC; a
+    ``ValueError`` saying what is wrong for anything else.
+
+    The student's account writes this text (a submission's folder name, its ``timestamp.txt``). nbgrader's own
+    ``parse_utc`` hands a zone it finds there to dateutil's ``gettz``, which reads a file by that name (``..``
+    raises, a path reads any file as a zone), and then guesses at the rest. Here the zone must be UTC (``UTC``,
+    ``GMT``, ``Z``, none), a numeric offset (``+0100``), or the abbreviation the instructor's configured ``zone``
+    (``Exchange.timezone``) has at that time: nothing is looked up by the student's text."""
+    match = _TIMESTAMP.fullmatch(text.strip()) if len(text) <= 64 else None
+    if match is None:
+        raise ValueError("not a time as nbgrader writes it (2027-01-25 22:59:00.000000 UTC)")
+    *fields, fraction, named = match.groups()
+    moment = datetime(*map(int, fields), int((fraction or "0").ljust(6, "0")))  # ValueError: month 13
+    try:
+        if named is None or named.upper() in ("UTC", "GMT", "Z"):
+            return moment.replace(tzinfo=UTC)
+        if named[0] in "+-":
+            hours, minutes = int(named[1:3]), int(named[-2:])
+            if hours > 23 or minutes > 59:
+                raise ValueError(f"{named} is not a time zone offset")
+            offset = timedelta(hours=hours, minutes=minutes) * (-1 if named[0] == "-" else 1)
+            return (moment - offset).replace(tzinfo=UTC)
+        if zone is not None and moment.replace(tzinfo=zone).tzname() == named:
+            return moment.replace(tzinfo=zone).astimezone(UTC)
+    except OverflowError:
+        raise ValueError("a time out of the calendar's range") from None
+    raise ValueError(f"the time zone {named!r} is neither UTC, an offset such as +0100, nor the exchange's own zone")
 
 
 def shown_span(seconds: float) -> str:

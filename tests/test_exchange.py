@@ -572,6 +572,8 @@ def test_collect_refuses_links_special_files_and_other_owners_in_every_form(clas
     bob.sh('mkdir "$1"', inbound / f"{alice.name}+{LESSON}+yesterday+noon")
     attacks["file"] = (alice, alice.name, "", "it is a file, not a folder")
     attacks["link"] = (bob, alice.name, "", "it is a symbolic link")
+    attacks["noon"] = (bob, alice.name, "", "it is not a submission's name ({student_id}+01-masks+{time}): not a "
+                                            "time as nbgrader writes it")
 
     caplog.set_level(logging.WARNING)
     submitted = _collect_in_process(work, exchange, monkeypatch, unix_users={"ada": alice.name})
@@ -590,8 +592,6 @@ def test_collect_refuses_links_special_files_and_other_owners_in_every_form(clas
             problems.append(f"{suffix}: no {reason!r} in\n{set_apart[entry]}")
     assert not problems, "\n".join(problems)
     assert len(set_apart) == len(attacks)
-    assert any("yesterday+noon in " in r.message and "is not a submission's name: Unknown string format" in r.message
-               for r in caplog.records)
     assert not _files_holding(work, [secret, b"alice spare", bad], {work / "secret"})
     shown_to_instructor = [r.getMessage() for r in caplog.records] + list(set_apart.values())
     assert not [text for text in shown_to_instructor if "\x1b" in text]  # the ids are the attacker's text
@@ -753,3 +753,268 @@ def test_collect_before_duedate_takes_each_students_own_due_date_from_the_term(t
                (("on time", -timedelta(hours=1)), ("extended", timedelta(days=1)),
                 ("too late", timedelta(days=3)))]
     assert collect._in_order(records)[0]["filename"] == chosen
+
+
+# -- one submission never stops the class ------------------------------------------------------------------------
+
+def _inbound_ready(exchange: Path) -> Path:
+    inbound = _inbound(exchange)
+    inbound.mkdir(parents=True)
+    inbound.chmod(0o2733)  # as release_assignment makes it
+    return inbound
+
+
+def _submit_folder(account: _Account, folder: Path, notebook: bytes, timestamp: bytes | None = None,
+                   script: str = "") -> None:
+    """A submission as nbgrader's submit leaves it (files 0644, the folder 0777), ``folder`` given as bytes or text
+    (``$1``); ``timestamp`` the raw bytes of its timestamp.txt; ``script`` run in it before the chmod."""
+    account.sh('mkdir "$1" && cd "$1" && cat > "$2" && chmod 644 "$2"', os.fsdecode(bytes(folder)),
+               f"{LESSON}.ipynb", stdin=notebook)
+    if timestamp is not None:
+        account.sh('cat > "$1/timestamp.txt" && chmod 644 "$1/timestamp.txt"', os.fsdecode(bytes(folder)),
+                   stdin=timestamp)
+    if script:
+        account.sh(f'cd "$1" && {script}', os.fsdecode(bytes(folder)))
+    account.sh('chmod 777 "$1"', os.fsdecode(bytes(folder)))
+
+
+def _notes(work: Path) -> dict[str, str]:
+    """Every set-apart note (file name -> text); each must be UTF-8."""
+    return {p.name: p.read_bytes().decode("utf-8") for p in sorted((work / "set_apart" / LESSON).iterdir())}
+
+
+def test_one_submission_never_stops_the_class_collect(classmates, shared, monkeypatch, caplog):
+    """The issue's attacks on collect, each from one student's own account, and more of their kind: a folder name
+    whose time holds a ``..`` zone, a zone file name or another zone's abbreviation, a month 13; a name and a student
+    id with undecodable bytes; a ``timestamp.txt`` holding a ``..`` zone, a path as its zone, undecodable bytes or
+    100 kB; a file in a submission whose name is not UTF-8; a submission on which the check or the copy raises an
+    error nobody expected. Collect runs to its end: each bad one is set apart with a note (UTF-8, the bytes shown
+    escaped) or collected with a time of nbgrader's own format, and every honest submission is collected."""
+    from autograder import exchange as exchange_module
+
+    exchange, work, _ = _exchange(shared)
+    alice, bob, carol = (_Account(entry, exchange) for entry in classmates)
+    inbound = _inbound_ready(exchange)
+    notebook = nbformat.writes(samples.perfect(LESSON)).encode()
+    lesson = LESSON.encode()
+    stamp = _stamp(-3600).encode()
+    later = _stamp(-60).encode()
+
+    def name(student: str | bytes, when: bytes, suffix: bytes) -> Path:
+        student = student if isinstance(student, bytes) else student.encode()
+        return Path(os.fsdecode(bytes(inbound) + b"/" + b"+".join([student, lesson, when, suffix])))
+
+    honest = {alice.name: alice, carol.name: carol}
+    for student, account in honest.items():
+        _submit_folder(account, name(student, stamp, b"honest"), notebook)
+    set_apart = {  # the suffix of the folder's name -> (account, claimed id, its time, the reason in the note)
+        b"dots-zone": (bob, bob.name, stamp[:19] + b" ..", "not a time as nbgrader writes it"),
+        b"file-zone": (bob, bob.name, stamp[:19] + b" posixrules", "not a time as nbgrader writes it"),
+        b"other-zone": (bob, bob.name, stamp[:19] + b" EST", "the time zone 'EST' is neither UTC"),
+        b"month-13": (bob, bob.name, b"2027-13-01 00:00:00.000000 UTC", "month must be in 1..12"),
+        b"bytes-\xff\xfe": (bob, bob.name, later, "its name is not UTF-8 text"),
+        b"bytes-id": (bob, b"b\xffb", later, "its name is not UTF-8 text"),
+        b"file-name": (alice, "hal", later, "has a name that is not UTF-8 text"),
+        b"raises-in-check": (carol, "ivy", later, "collect could not read it (RuntimeError: boom in the check)"),
+        b"raises-in-copy": (carol, "jan", later, "collect could not read it (RuntimeError: boom in the copy)"),
+    }
+    for suffix, (account, student, when, _) in set_apart.items():
+        script = {b"file-name": "printf x > \"$(printf 'notes\\377.txt')\" && chmod 644 *",
+                  b"raises-in-check": "echo boom > boom.txt && chmod 644 boom.txt",
+                  b"raises-in-copy": "echo boom > boom.txt && chmod 644 boom.txt"}.get(suffix, "")
+        _submit_folder(account, name(student, when, suffix), notebook, script=script)
+    _submit_folder(alice, name("hal", stamp, b"honest"), notebook)  # hal's earlier one is collected instead
+    collected = {  # student id -> (account, timestamp.txt's bytes): collected, dated by the name or the change
+        bob.name: (bob, b"2027-01-25 10:00:00.000000 .."),
+        "eve": (bob, b"2027-01-25 10:00:00 /etc/passwd"),
+        "fay": (carol, b"\xff\xfe2027-01-25 10:00:00 UTC"),
+        "gus": (alice, b"2" * 100_000),
+    }
+    for student, (account, timestamp) in collected.items():
+        _submit_folder(account, name(student, stamp, b"odd-timestamp"), notebook, timestamp=timestamp)
+
+    original = exchange_module._Walk.file
+
+    def file(self, fd, st, shown_path, file_name, target):
+        if file_name == "boom.txt" and self.expected.startswith("ivy"):
+            raise RuntimeError("boom in the check")
+        if file_name == "boom.txt" and self.expected.startswith("jan") and target is not None:
+            raise RuntimeError("boom in the copy")
+        return original(self, fd, st, shown_path, file_name, target)
+
+    monkeypatch.setattr(exchange_module._Walk, "file", file)
+    caplog.set_level(logging.WARNING)
+    accounts = {"eve": bob.name, "fay": carol.name, "gus": alice.name, "hal": alice.name, "ivy": carol.name,
+                "jan": carol.name}
+    submitted = _collect_in_process(work, exchange, monkeypatch, unix_users=accounts)
+
+    assert sorted(p.name for p in submitted.iterdir()) == sorted([*honest, *collected, "hal"])
+    for student in submitted.iterdir():
+        folder = student / LESSON
+        assert (folder / f"{LESSON}.ipynb").read_bytes() == notebook
+        text = (folder / "timestamp.txt").read_text()
+        from autograder.term import parse_timestamp
+        parse_timestamp(text)  # nbgrader's own format, which autograde reads
+    notes = _notes(work)
+    problems = []
+    for suffix, (*_, reason) in set_apart.items():
+        shown_suffix = suffix.decode("utf-8", "backslashreplace")
+        found = [text for note, text in notes.items() if f"+{shown_suffix}\n" in text]
+        if len(found) != 1 or reason not in found[0]:
+            problems.append(f"{shown_suffix}: {reason!r} not in {found}")
+    assert not problems, "\n".join(problems) + "\n" + "\n".join(notes)
+    assert len(notes) == len(set_apart)
+    shown_to_instructor = [r.getMessage() for r in caplog.records] + list(notes.values())
+    assert not [text for text in shown_to_instructor if re.search("[\ud800-\udfff\x1b]", text)]
+
+
+def test_collect_reads_listings_within_their_caps(classmates, shared, monkeypatch, caplog):
+    """A listing is cut while it is read, never read whole and then cut. In a submission: a folder of many hard
+    links to one file (the issue's 600,000, here 1,000 against a cap of 100), of many files, of many folders, ten
+    nested folders of 60 files each: no listing yields more than the cap, and each is set apart for its size. In the
+    inbound folder: 100 forgeries in alice's name, later than hers, and 12 of her own submissions (the latest
+    honest) against caps of 5 own and 20 others: her latest is collected, 20 forgeries get a note, the rest are
+    counted in one (the log names every submission set apart)."""
+    from autograder import exchange as exchange_module
+
+    monkeypatch.setattr(exchange_module, "_MAX_ENTRIES", 100)
+    monkeypatch.setattr(exchange_module, "_MAX_OWN", 5)
+    monkeypatch.setattr(exchange_module, "_MAX_NOTES", 20)
+    exchange, work, _ = _exchange(shared)
+    alice, bob, carol = (_Account(entry, exchange) for entry in classmates)
+    inbound = _inbound_ready(exchange)
+    notebook = nbformat.writes(samples.perfect(LESSON)).encode()
+    big = {"links": 'for i in $(seq 1000); do ln "$1/$2" "$1/l$i"; done',
+           "files": 'for i in $(seq 1000); do : > "$1/f$i"; done',
+           "folders": 'for i in $(seq 1000); do mkdir "$1/d$i"; done',
+           "nested": 'p="$1"; for d in $(seq 10); do p="$p/n$d"; mkdir "$p"; '
+                     'for i in $(seq 60); do : > "$p/f$i"; done; done'}
+    for number, (kind, script) in enumerate(big.items()):
+        folder = inbound / f"{carol.name}+{LESSON}+{_stamp(number)}+{kind}"
+        _submit_folder(carol, folder, notebook)
+        carol.sh(script, folder, f"{LESSON}.ipynb")
+    _submit_folder(carol, inbound / f"{carol.name}+{LESSON}+{_stamp(-600)}+honest", notebook)
+    for number in range(12):
+        _submit_folder(alice, inbound / f"{alice.name}+{LESSON}+{_stamp(-600 + number)}+own{number}",
+                       b'{"own": %d}' % number)
+    bob.sh('cd "$1" && for i in $(seq 100); do mkdir "$2+$3+$(date -u -d "+$i min" "+%Y-%m-%d %H:%M:%S.%6N UTC")'
+           '+forged$i"; done', inbound, alice.name, LESSON)
+
+    most = []
+    scandir = os.scandir
+
+    class Counted:
+        def __init__(self, path):
+            self.listing, self.read, self.in_submission = scandir(path), 0, isinstance(path, int)
+            most.append(self)
+
+        def __enter__(self):
+            return self
+
+        def __exit__(self, *exc):
+            self.listing.close()
+
+        def __iter__(self):
+            for entry in self.listing:
+                self.read += 1
+                yield entry
+
+    monkeypatch.setattr(exchange_module.os, "scandir", Counted)
+    caplog.set_level(logging.WARNING)
+    submitted = _collect_in_process(work, exchange, monkeypatch)
+    monkeypatch.undo()
+    assert sorted(p.name for p in submitted.iterdir()) == sorted([alice.name, carol.name])
+    assert (submitted / alice.name / LESSON / f"{LESSON}.ipynb").read_bytes() == b'{"own": 11}'
+    assert (submitted / carol.name / LESSON / f"{LESSON}.ipynb").read_bytes() == notebook
+    folder_reads = [c.read for c in most if c.in_submission]  # (the inbound is read whole, its records bounded)
+    assert folder_reads and max(folder_reads) == 101, sorted(folder_reads)[-5:]
+    for kind in big:  # in the log: the 20 notes went to alice's forgeries, read first
+        assert any(f"+{kind}: the submission holds more than 100 files and folders" in r.getMessage()
+                   for r in caplog.records), kind
+    notes = _notes(work)
+    assert len(notes) == 20 + 1 and len([text for text in notes.values() if "+forged" in text]) == 20
+    counted = notes["_more_entries.txt"]
+    assert counted.startswith(f"{80 + 12 - 5} entries of {LESSON}") and "collect again" in counted
+    assert any("were not examined" in r.getMessage() for r in caplog.records)
+
+
+def test_collect_dates_what_changed_while_it_copied(classmates, shared, monkeypatch, caplog):
+    """A submission written to while collect copies it: the copy checks each file's size and ``ctime`` after
+    reading it, and each folder's after listing it, and copies afresh, so the collected submission holds the change
+    and is dated by it, never before it. Variants: the notebook grows (alice), is rewritten in place to the same
+    size (bob), a file is added beside it (carol); one written to at every copy is set apart after three (ada);
+    one whose notebook is swapped for a classmate's file is refused by the copy's own owner check (eve)."""
+    import time
+    import types
+
+    from autograder import exchange as exchange_module
+    from autograder.term import parse_timestamp
+
+    exchange, work, _ = _exchange(shared)
+    alice, bob, carol = (_Account(entry, exchange) for entry in classmates)
+    inbound = _inbound_ready(exchange)
+    owners = {alice.name: alice, bob.name: bob, carol.name: carol, "ada": alice, "eve": bob}
+    folders = {}
+    for student, account in owners.items():
+        folders[student] = inbound / f"{student}+{LESSON}+{_stamp(-3600)}+x"
+        _submit_folder(account, folders[student], b'{"v": 1}')
+    time.sleep(1.2)  # every ctime so far is a second older than any edit
+    edits: dict[str, list] = {student: [] for student in owners}  # student -> the times of its edits
+
+    def notebook_of(fd: int) -> str | None:
+        st = os.fstat(fd)
+        for student, folder in folders.items():
+            path = folder / f"{LESSON}.ipynb"
+            with contextlib.suppress(OSError):
+                if (os.stat(path).st_dev, os.stat(path).st_ino) == (st.st_dev, st.st_ino):
+                    return student
+        return None
+
+    def edit(student: str) -> None:
+        path = folders[student] / f"{LESSON}.ipynb"
+        time.sleep(0.02)  # a clock tick later than the copy's first look
+        edits[student].append(datetime.datetime.now(datetime.UTC))
+        if student == alice.name:
+            path.write_bytes(b'{"v": 1, "more": "grown"}')
+        elif student in (bob.name, "ada"):
+            with open(path, "r+b") as handle:
+                handle.write(b'{"v": %d}' % (len(edits[student]) + 1))
+        elif student == carol.name:
+            (folders[student] / "extra.txt").write_bytes(b"added")
+            os.chown(folders[student] / "extra.txt", carol.uid, -1)
+            os.chmod(folders[student] / "extra.txt", 0o644)
+        else:  # eve's notebook replaced by a file of carol's
+            swap = folders[student] / ".swap"
+            swap.write_bytes(b'{"v": "carol"}')
+            os.chown(swap, carol.uid, -1)
+            os.chmod(swap, 0o644)
+            os.replace(swap, path)
+
+    def read(fd: int, size: int) -> bytes:
+        student = notebook_of(fd)
+        if student is not None and (student == "ada" or not edits[student]):
+            edit(student)
+        return os.read(fd, size)
+
+    watched_os = types.SimpleNamespace(**{name: getattr(os, name) for name in dir(os) if not name.startswith("__")})
+    watched_os.read = read
+    monkeypatch.setattr(exchange_module, "os", watched_os)
+    caplog.set_level(logging.WARNING)
+    submitted = _collect_in_process(work, exchange, monkeypatch, unix_users={"ada": alice.name, "eve": bob.name})
+    monkeypatch.undo()
+
+    assert sorted(p.name for p in submitted.iterdir()) == sorted([alice.name, bob.name, carol.name])
+    holds = {alice.name: b'{"v": 1, "more": "grown"}', bob.name: b'{"v": 2}', carol.name: b'{"v": 1}'}
+    for student, notebook in holds.items():
+        folder = submitted / student / LESSON
+        assert (folder / f"{LESSON}.ipynb").read_bytes() == notebook, student
+        when = parse_timestamp((folder / "timestamp.txt").read_text())
+        assert when >= edits[student][0] - datetime.timedelta(milliseconds=50), (student, when, edits[student])
+    assert (submitted / carol.name / LESSON / "extra.txt").read_bytes() == b"added"
+    notes = _notes(work)
+    [ada] = [text for text in notes.values() if "claims to be: ada's" in text]
+    assert "changed while it was being collected, 3 copies in a row" in ada and "kept changing" in ada
+    assert len(edits["ada"]) >= 3  # written to at every read of it
+    [eve] = [text for text in notes.values() if "claims to be: eve's" in text]
+    assert f"is owned by {carol.name}" in eve and "changed after it was checked" in eve
+    assert len(notes) == 2
