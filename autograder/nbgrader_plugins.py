@@ -431,11 +431,12 @@ class TrustedExecute(Execute):
         return self._nb, resources
 
     def _unfinished(self) -> dict[str, str]:
-        """The graded items that a time limit stopped, with why: their test cell or their solution cell ran past the
-        cell limit, the notebook's deadline came while it ran or before it, or the kernel stopped after an earlier
-        cell's timeout. Their verdict says so (:func:`autograder.verdicts.decide`), never that the answer was
-        wrong."""
+        """The graded items that a limit stopped, with why: their test cell or their solution cell ran past the
+        cell limit, the notebook's deadline or the sandbox's memory limit came while it ran or before it, or the
+        kernel stopped after an earlier cell's timeout. Their verdict says so (:func:`autograder.verdicts.decide`),
+        never that the answer was wrong."""
         deadline = self._box is not None and self._box.deadline_hit
+        memory = self._box is not None and self._box.memory_hit  # the sandbox's memory limit stopped it
         stopped = self._cell if self._stopped_early else None  # the timed-out cell whose kernel was stopped
         how = sandbox.stretch_note(self._limits.cell_timeout, self._slowdown)
         solved_slowly = {name for index in self._timed_out if index >= 0
@@ -449,6 +450,8 @@ class TrustedExecute(Execute):
                 why[item] = verdicts.timed_out_cell(self._cell_limit, how)
             elif item in solved_slowly:
                 why[item] = verdicts.timed_out_solution(self._cell_limit, how)
+            elif memory and index >= self._cell:
+                why[item] = verdicts.out_of_memory(self._limits.sandbox_memory_bytes)
             elif deadline and index >= self._cell:
                 why[item] = verdicts.timed_out_notebook(
                     self._limits.deadline * self._slowdown,

@@ -24,7 +24,7 @@ import sys
 import tempfile
 import time
 import warnings
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from datetime import UTC, datetime
 from pathlib import Path
 
@@ -49,7 +49,7 @@ from nbgrader.utils import capture_log, temp_attrs
 from sqlalchemy.exc import SAWarning
 from traitlets.config import Config
 
-from autograder import bugs, intake, integrity, nbgrader_plugins, notebooks, parallel
+from autograder import bugs, cgroups, intake, integrity, nbgrader_plugins, notebooks, parallel
 from autograder import term as term_module
 from autograder.exchange import CourseExchangeCollect
 from autograder.intake import BadSubmission
@@ -611,6 +611,12 @@ def _failed(job: parallel.Job, why: str) -> Outcome:
     return Outcome(job[0], job[1], 0.0, 0.0, ok=False, message=why)
 
 
+def worker_limits(limits: Limits, workers: int, cores: int | None = None) -> Limits:
+    """``limits`` for one of ``workers`` grading processes: unless the CPU share is set, each sandbox gets that
+    worker's part of the cores (:func:`autograder.cgroups.cpu_share`), so that no worker's sandbox slows another's."""
+    return limits if limits.cpus else replace(limits, cpus=cgroups.cpu_share(cores, workers))
+
+
 def grade_many(jobs, work: Path, db_url: str | None = None, workers: int | None = None, progress: bool = True, *,
                verbose: bool = False, sandbox: bool = True, limits: Limits | None = None,
                term_file: Path | str | None = None, exchange: set[tuple[str, str]] | None = None) -> list[Outcome]:
@@ -632,8 +638,8 @@ def grade_many(jobs, work: Path, db_url: str | None = None, workers: int | None 
             gb.update_or_create_student(student)
     workers = max(1, min(workers or parallel.default_workers(), len(jobs)))
     threads = max(1, parallel.default_workers() // workers)
-    init_args = (str(work), db_url, verbose, sandbox, asdict(limits or Limits()), threads, term_file_of(term_file),
-                 exchange)
+    init_args = (str(work), db_url, verbose, sandbox, asdict(worker_limits(limits or Limits(), workers)), threads,
+                 term_file_of(term_file), exchange)
     # a student's notebooks go to one worker as far as the work allows: one warm sandbox serves them all
     return parallel.run_pool(jobs, _grade_job, _failed, workers, _init_worker, init_args, progress=progress,
                              status=summary, group=_student)

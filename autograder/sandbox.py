@@ -49,7 +49,11 @@ Limits
     seconds, address space, processes, file size, no core dumps. nbclient's per-cell timeout interrupts a cell;
     a watchdog thread kills the whole sandbox past the notebook's deadline or when the scratch folder outgrows
     its cap. Killing the outer ``bwrap`` (``--die-with-parent``) tears down the pid namespace, which kills every
-    process in it, however it was forked; :meth:`Sandbox.kill` then checks that nothing survived.
+    process in it, however it was forked; :meth:`Sandbox.kill` then checks that nothing survived. As root, every
+    process of the sandbox is also in a control group of its own (:mod:`autograder.cgroups`, made by
+    :meth:`Sandbox.prepare`, joined before bwrap runs: :meth:`Sandbox.command`), which bounds their memory (shared
+    memory and tmpfs pages included), processes and CPU together; the watchdog stops the sandbox when the kernel's
+    OOM killer acted in it (:meth:`Sandbox.note_memory`).
 """
 
 from __future__ import annotations
@@ -81,7 +85,7 @@ from traitlets import Any, Int, Type, default
 from zmq.utils.monitor import parse_monitor_message
 
 import decoder_course
-from autograder import sandbox_uids, syscall_profile
+from autograder import cgroups, sandbox_uids, syscall_profile
 
 UNAVAILABLE = "bubblewrap is not available: install it, or pass --no-sandbox to grade without one (unsafe)"
 HOME = "/home/student"  # the kernel's cwd and $HOME inside the sandbox
@@ -151,8 +155,13 @@ class Limits:
     output_bytes: int = 16 << 20  # bytes of kernel messages one notebook may store (outputs, widgets, updates)
     cell_output_bytes: int = 4 << 20  # the same for one cell; also the largest message frame the grader accepts
     notebook_bytes: int = 16 << 20  # submitted notebooks larger than this are refused before grading
+    # The sandbox's control group (as root: see autograder.cgroups), all of its processes together:
+    sandbox_memory_bytes: int = 4 << 30  # memory, shared memory and tmpfs pages, page cache; past it: stopped
+    sandbox_pids: int = 0  # processes and threads (pids.max); 0: processes + PIDS_SPARE
+    cpus: float = 0.0  # cores of CPU time per period; 0: cgroups.cpu_share() (grade_many: cores / its workers)
 
 
+PIDS_SPARE = 4  # a sandbox's processes besides the student's: the outer bwrap, its init, the zygote
 PROBE_CPU_SECONDS = 0.05  # CPU time :func:`slowdown`'s busy loop gets; its wall time is the measurement
 MAX_SLOWDOWN = 8.0  # limits stretch no further: a machine this busy should not grade (a timeout says so)
 
@@ -182,6 +191,13 @@ def stretch_note(seconds: float, factor: float) -> str:
     """How a stretched time limit came about, after its value: "" or " (120 s × 2.5, this machine's measured
     slowdown)"."""
     return f" ({seconds:g} s × {factor:g}, this machine's measured slowdown)" if factor > 1.0 else ""
+
+
+def memory_note(limit_bytes: int) -> str:
+    """What the log says when a notebook's sandbox reached its memory limit (see :meth:`Sandbox.note_memory`)."""
+    return (f"the notebook's processes together reached the sandbox's memory limit ({limit_bytes / 2**20:g} MB: "
+            "memory, shared memory and the files of /tmp, /dev/shm and $HOME together): the kernel's OOM killer "
+            "ended one of them and the sandbox was stopped")
 
 
 class SandboxUnavailable(RuntimeError):
@@ -372,6 +388,9 @@ class Sandbox:
     _started: float = 0.0
     _noted_others: bool = False
     uid_lease: sandbox_uids.UidLease | None = None
+    cgroup: cgroups.Group | None = None  # as root: all of the sandbox's processes (prepare, release)
+    memory_hit: bool = False  # the sandbox's memory limit was reached: its kernel was stopped
+    _oom_seen: int = 0  # the group's OOM kills before this notebook
 
     def __post_init__(self) -> None:
         if self.uid < 0:
@@ -431,6 +450,7 @@ class Sandbox:
                 (self.space / name).chmod(mode)
             self.space.chmod(0o755)
             os.chown(self.space / "home", self.uid, self.uid)
+        self.join_cgroup()
 
     def seal(self) -> None:
         """After the cases are written: the sandbox uid owns what it may write, and only that."""
@@ -448,8 +468,37 @@ class Sandbox:
         go. Call once no process of the sandbox runs."""
         for folder, _, _ in self.capped().values():
             unmount(folder)
+        self.leave_cgroup()  # first: what is left of the sandbox is killed, so its uid can go back
         if self.uid_lease is not None and not sandbox_uids.running(self.uid):
             self.uid_lease.release()  # else kept (until this process ends): no other sandbox gets that uid
+
+    # -- the control group (autograder.cgroups) --------------------------------------------------------------
+    def join_cgroup(self) -> None:
+        """Make this sandbox's control group (once), unless groups cannot be made here (then warned once): every
+        process :meth:`command` starts is in it from its first instruction."""
+        if self.cgroup is None:
+            lim = self.limits
+            self.cgroup = cgroups.for_sandbox(lim.sandbox_memory_bytes, lim.sandbox_pids or lim.processes + PIDS_SPARE,
+                                              lim.cpus or cgroups.cpu_share())
+            self._oom_seen = 0
+
+    def leave_cgroup(self) -> None:
+        """Kill what is left in the group and remove it."""
+        if self.cgroup is not None:
+            if left := self.cgroup.remove():
+                self.events.append(f"processes of the sandbox survived the kill: {left}")
+            self.cgroup = None
+
+    def out_of_memory(self) -> bool:
+        """The kernel's OOM killer killed a process of this sandbox, since this notebook began, because the
+        sandbox as a whole reached ``Limits.sandbox_memory_bytes``."""
+        return self.cgroup is not None and self.cgroup.oom_kills() > self._oom_seen
+
+    def note_memory(self) -> None:
+        """Say (once) that the notebook reached the sandbox's memory limit: the cause of the kernel's end."""
+        if self.out_of_memory() and not self.memory_hit:
+            self.memory_hit = True
+            self.events.append(memory_note(self.limits.sandbox_memory_bytes))
 
     def full(self) -> list[str]:
         """The capped file systems the notebook filled (no byte or no inode left), in words; as root only."""
@@ -491,7 +540,8 @@ class Sandbox:
         """The bwrap command line that runs ``kernel_argv`` inside this sandbox (as the sandbox uid, unless it is
         a warm sandbox's ``zygote``, which stays root so that no kernel can signal it)."""
         lim = self.limits
-        args = [bwrap() or "bwrap", "--unshare-pid", "--unshare-net", "--unshare-ipc", "--unshare-uts",
+        args = [*(self.cgroup.attach_command() if self.cgroup else ()),  # its group first: see autograder.cgroups
+                bwrap() or "bwrap", "--unshare-pid", "--unshare-net", "--unshare-ipc", "--unshare-uts",
                 "--unshare-cgroup-try", "--hostname", "sandbox", "--die-with-parent", "--new-session",
                 "--clearenv"]
         if not self.root_mode:  # as root, the launcher keeps the capabilities to drop to the sandbox uid
@@ -582,6 +632,9 @@ class Sandbox:
     def _watch(self) -> None:
         lim = self.limits
         while not self._stop.wait(0.2):
+            if self.out_of_memory():  # the OOM killer took one process: the notebook as a whole is stopped
+                self._kill_for("")
+                return
             if self.process is None or self.process.poll() is not None:
                 return
             if not self.pid_ns:
@@ -600,7 +653,8 @@ class Sandbox:
                 return
 
     def _kill_for(self, why: str) -> None:
-        self.events.append(why)
+        if why:
+            self.events.append(why)
         self.kill()
 
     def scratch_usage(self) -> int:
@@ -659,6 +713,7 @@ class Sandbox:
                 pass
         if left := _kill_until_gone(self.survivors):
             self.events.append(f"processes of the sandbox survived the kill: {left}")
+        self.note_memory()
         self.note_full()
 
     def note_full(self) -> None:
@@ -1439,6 +1494,7 @@ class WarmSandbox(Sandbox):
         self.events, self.process, self._watchdog, self._limit_hit = [], None, None, False
         self.slowdown, self.deadline_hit = 1.0, False
         self._stop, self._noted_others = threading.Event(), False
+        self.memory_hit, self._oom_seen = False, self.cgroup.oom_kills() if self.cgroup else 0
         with open(self.log_path, "wb"):
             pass  # the previous notebook's kernel messages are not this one's
         self.seal()
@@ -1481,6 +1537,7 @@ class WarmSandbox(Sandbox):
                 self.process.wait(timeout=2)
             except subprocess.TimeoutExpired:
                 pass
+        self.note_memory()
         self.note_full()
 
     def _kill_for(self, why: str) -> None:
@@ -1489,10 +1546,10 @@ class WarmSandbox(Sandbox):
 
     def finish_notebook(self) -> None:
         """After :meth:`kill`: keep the sandbox for the student's next notebook, unless the notebook hit a limit
-        (the deadline), left a process that would not die, left anything on the capped file systems that
-        emptying them did not take away (as the kernel counts: a tree too deep or too odd to walk), or the
+        (the deadline, the sandbox's memory), left a process that would not die, left anything on the capped file
+        systems that emptying them did not take away (as the kernel counts: a tree too deep or too odd to walk), or the
         sandbox itself stopped. Retiring costs the next notebook a fresh sandbox, never a grade."""
-        if self._limit_hit or not self.alive() or self.survivors() or not self._emptied() \
+        if self._limit_hit or self.memory_hit or not self.alive() or self.survivors() or not self._emptied() \
                 or self._usage() != self.fresh:
             self.retire()
 

@@ -299,6 +299,15 @@ def timed_out_notebook(seconds: float, how: str = "") -> str:
             f"its hidden cases could not be judged. {_TIME_ADVICE}")
 
 
+def out_of_memory(limit_bytes: int) -> str:
+    """The verdict of an item whose cell was running, or not reached yet, when the notebook's sandbox reached its
+    memory limit (every process of it together: see :mod:`autograder.cgroups`) and was stopped."""
+    return (f"stopped: your notebook's processes together used more than the {limit_bytes / 2**20:g} MB of memory "
+            "a notebook may use (arrays, shared memory and files in /tmp, /dev/shm and your home folder all count) "
+            "before this cell finished, so the kernel was stopped and its hidden cases could not be judged. Free "
+            "what you no longer need (del, smaller arrays, fewer processes) and run the notebook again.")
+
+
 def not_run_after_timeout(cell: str) -> str:
     """The verdict of an item after a timed-out cell whose kernel had to be stopped."""
     return (f"not run: {cell} timed out and did not stop when interrupted, so the kernel was stopped before this "

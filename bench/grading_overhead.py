@@ -14,7 +14,8 @@ The same submission (the lesson's reference solutions typed into the release) is
   without root both are cold sandboxes;
 
 each in its own work folder, side by side: every round runs the three in a rotated order, and the table gives
-medians (and the spread) over the rounds. Feedback is timed apart. Prints a markdown table.
+medians (and the spread) over the rounds. Feedback is timed apart. Then, as root, what a sandbox's control group
+costs and a classmate's notebook graded beside a hostile one (``bench/hostile_neighbour.py``). Prints markdown.
 """
 
 from __future__ import annotations
@@ -40,6 +41,7 @@ from nbgrader.apps import NbGraderAPI  # noqa: E402
 from nbgrader.coursedir import CourseDirectory  # noqa: E402
 
 from autograder import notebooks, pipeline, samples, sandbox  # noqa: E402
+from bench import hostile_neighbour  # noqa: E402
 
 STUDENT = "bench"
 FIRST = "trusted verdicts + sandbox, a student's first notebook"
@@ -126,6 +128,15 @@ def main(argv: list[str] | None = None) -> None:
             with Gradebook(grader.coursedir.db_url, pipeline.COURSE_ID) as gb:
                 sub = gb.find_submission(args.lesson, STUDENT)
                 scores[name] = f"{sub.score:g}/{sub.max_score:g}"
+
+        def classmate() -> str:  # a student's next notebook, as above: graded, then its score
+            assert variants[NEXT].autograde(args.lesson, STUDENT, force=True, create=True)["success"]
+            with Gradebook(variants[NEXT].coursedir.db_url, pipeline.COURSE_ID) as gb:
+                sub = gb.find_submission(args.lesson, STUDENT)
+                return f"{sub.score:g}/{sub.max_score:g}"
+
+        beside = hostile_neighbour.report(classmate, args.lesson, args.repeats)
+        sandbox.retire_warm()
     plain_start, boxed_start = startup(max(5, args.repeats))
     base = statistics.median(grade[names[0]])
     print(f"### Grading one `{args.lesson}` notebook ({args.repeats} rounds, medians; "
@@ -146,6 +157,7 @@ def main(argv: list[str] | None = None) -> None:
           f"{mean13 / base:.2f}× ({'yes' if mean13 <= base else '**no**'}).")
     print(f"\nSandbox start-up alone: `python -c pass` {plain_start * 1000:.0f} ms directly, "
           f"{boxed_start * 1000:.0f} ms inside bubblewrap ({(boxed_start - plain_start) * 1000:+.0f} ms).")
+    print(beside)
 
 
 if __name__ == "__main__":

@@ -41,7 +41,8 @@ CONTROLS = ("a-honest", "m-honest", "z-honest")  # graded before, among and afte
 # Tight limits so that hangs cost seconds; generous enough for the honest notebook on a loaded 2-core machine.
 LIMITS = pipeline.Limits(cell_timeout=6, interrupt_grace=2, deadline=15, cpu_seconds=60, memory_bytes=1536 << 20,
                          processes=64, file_bytes=16 << 20, tmpfs_bytes=32 << 20, scratch_bytes=48 << 20,
-                         output_bytes=2 << 20, cell_output_bytes=1 << 20, notebook_bytes=2 << 20)
+                         output_bytes=2 << 20, cell_output_bytes=1 << 20, notebook_bytes=2 << 20,
+                         sandbox_memory_bytes=2 << 30)  # above RLIMIT_AS: memory_bomb.py meets that first
 UNIT = replace(LIMITS, cpu_seconds=2, memory_bytes=512 << 20, processes=24, tmpfs_bytes=4 << 20)
 
 # -- the corpus ------------------------------------------------------------------------------------------------

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+from dataclasses import replace
 from pathlib import Path
 
 import nbformat
@@ -14,7 +15,7 @@ from nbgrader.api import Gradebook
 from nbgrader.apps import NbGraderAPI
 from nbgrader.coursedir import CourseDirectory
 
-from autograder import pipeline, samples, sandbox
+from autograder import cgroups, pipeline, samples, sandbox
 
 ROOT = Path(__file__).resolve().parent.parent
 LESSONS = ["01-masks", "05-decoder-layer"]
@@ -222,3 +223,30 @@ def test_nothing_of_a_warm_sandbox_outlives_it(course):
     assert getattr(sandbox._WARM, "box", None) is None
     if box is not None:
         assert box.outer.poll() is not None and box._all() == [] and not box.scratch.exists()
+
+
+# SysV segments that no process holds, past the sandbox's memory (768 MB below), under every rlimit.
+SHM_HOG = (ROOT / "tests" / "adversarial" / "memory_sysv_shm.py").read_text().split('"""', 2)[2]
+
+
+@pytest.mark.skipif(not sandbox.warm_possible(), reason="warm sandboxes need grading as root (cold ones are used)")
+def test_a_notebook_past_its_sandboxs_memory_costs_its_items_and_the_next_notebook_gets_a_fresh_sandbox(course):
+    limits = sandbox.Limits(**course["warm"].config.TrustedExecute.limits)
+    course["tight"] = pipeline.api(course["work"], limits=replace(limits, sandbox_memory_bytes=768 << 20))
+    nb = samples.perfect("01-masks")
+    for cell in nb.cells:
+        if cell.cell_type == "code" and "def combine_masks" in cell.source:
+            cell.source = SHM_HOG + cell.source
+    hit, graded = _grade(course, "w8", "01-masks", nb, "tight")
+    box = sandbox._WARM.box
+    assert box.retired and box.cgroup is None, "the sandbox that hit its memory limit was kept, or its group"
+    assert _item_scores(course, "01-masks", "w8") == {"causal_mask": 1.0, "padding_mask": 1.0, "combine_masks": 0.0,
+                                                       "mask_to_bias": 0.0}, hit
+    assert any("used more than the 768 MB of memory" in verdict for verdict in _verdicts(graded))
+    assert any("reached the sandbox's memory limit" in note for note in hit.notes), hit.notes
+    after, _ = _grade(course, "w8", "01-masks", samples.perfect("01-masks"), "tight")
+    fresh = sandbox._WARM.box
+    assert after.score == 4 and fresh is not box and fresh.notebooks == 1, "the next notebook got no fresh sandbox"
+    memory = cgroups.hierarchy().parents["memory"]
+    groups = [folder for folder in memory.iterdir() if folder.name.startswith(f"{cgroups.PREFIX}{os.getpid()}-")]
+    assert groups == [fresh.cgroup.folders["memory"]], "the retired sandbox's group is still there"
