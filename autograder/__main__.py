@@ -134,7 +134,7 @@ def main(argv: list[str] | None = None) -> int:
                   "answers shown as given code; not for graded use)")
         else:
             print(f"released {', '.join(done)} into {out} for the term {chosen.path}, as of "
-                  f"{term.shown_time(args.as_of or term.now())}")
+                  f"{term.shown_time(args.as_of or term.now(), chosen.zone)}")
             for warning in integrity.extensions_after_answers(chosen, integrity.ledger_of(out)):
                 print(f"warning: {shown(warning)}")
         return 0

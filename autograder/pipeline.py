@@ -50,7 +50,7 @@ from nbgrader.utils import capture_log, temp_attrs
 from sqlalchemy.exc import SAWarning
 from traitlets.config import Config
 
-from autograder import access, bugs, intake, integrity, nbgrader_plugins, notebooks, parallel
+from autograder import access, bugs, gradebook_views, intake, integrity, nbgrader_plugins, notebooks, parallel
 from autograder import term as term_module
 from autograder.exchange import CourseExchangeCollect
 from autograder.intake import BadSubmission
@@ -188,6 +188,8 @@ def tools_config(c: Config, work: Path | None = None) -> Config:
     c.HandedOutFile.file = str(handed_out_ledger(work))
     _stage_generate_assignment()
     _sanitise_formgrader()
+    gradebook_views.install()  # final scores (the late penalty taken), the term's lessons
+    c.ExportApp.plugin_class = gradebook_views.CourseCsvExport  # each student's due date, extension included
     return c
 
 
@@ -305,7 +307,8 @@ def release(lessons: list[str] | None = None, out: Path | None = None, work: Pat
     if term is not None and not lessons:
         lessons = term.released_by(at)
         if not lessons:
-            raise ReleaseRefused(f"no lesson of the term {term.path} is released by {term_module.shown_time(at)}: "
+            raise ReleaseRefused(f"no lesson of the term {term.path} is released by "
+                                 f"{term_module.shown_time(at, term.zone)}: "
                                  "name the lessons (--lessons) to release one early")
     lessons = lessons or notebooks.lessons()
     out = Path(out or (TERM_RELEASE if term is not None else LESSONS_DIR))
@@ -420,11 +423,12 @@ def _grade_one(grader: NbGraderAPI, work: Path, db_url: str | None, student: str
 def _feedback_held(grader: NbGraderAPI, work: Path, student: str, lesson: str) -> str:
     """Why ``student``'s feedback for ``lesson`` must wait (:func:`autograder.integrity.feedback_held_until`),
     with any page an earlier run wrote removed; "" when it may be written now."""
-    until = integrity.feedback_held_until(term_module.from_config(grader), lesson, term_module.now())
+    term = term_module.from_config(grader)
+    until = integrity.feedback_held_until(term, lesson, term_module.now())
     if until is None:
         return ""
     shutil.rmtree(work / "feedback" / student / lesson, ignore_errors=True)
-    return f"feedback held until {term_module.shown_time(until)}, when every lesson it builds on has closed"
+    return f"feedback held until {term_module.shown_time(until, term.zone)}, when every lesson it builds on has closed"
 
 
 def _last_error(text: str) -> str:
@@ -515,6 +519,20 @@ class NothingToGrade(ValueError):
     """A submissions folder with no notebook of the lessons being graded; the message says what was expected."""
 
 
+def name_students(db_url: str, roster: dict[str, dict[str, str]]) -> None:
+    """Give the gradebook the names (and emails) an LMS export's roster has, so that formgrader and ``nbgrader
+    export`` show them: "Ada Lovelace" is first name "Ada", last name "Lovelace". A student without one keeps
+    what the gradebook has (formgrader then shows the id: :mod:`autograder.gradebook_views`)."""
+    named = {student: entry for student, entry in roster.items() if entry.get("name") or entry.get("email")}
+    if not named:
+        return
+    with Gradebook(db_url, COURSE_ID) as gb:
+        for student, entry in sorted(named.items()):
+            first, _, last = entry.get("name", "").strip().rpartition(" ")
+            gb.update_or_create_student(student, first_name=first or None, last_name=last or None,
+                                        email=entry.get("email") or None)
+
+
 def default_lessons(term: term_module.Term | None) -> list[str]:
     """The lessons a run grades when none are named: the term's (in the course's order), else all of them."""
     return [lesson for lesson in notebooks.lessons() if term is None or term.scheduled(lesson)]
@@ -568,6 +586,7 @@ def grade(submissions: Path, work: Path, lessons: list[str] | None = None, db_ur
         if not jobs and not collected.refused:  # before the canaries: nothing would come of them
             raise NothingToGrade(nothing_to_grade(submissions, lessons, collected))
         grader, outcomes = prepare(work, lessons, db_url, verbose, sandbox, limits, term_file)
+        name_students(grader.coursedir.db_url, collected.roster)
         if scheduler:
             outcomes += distributed.grade_on_cluster(jobs, work, db_url, scheduler, progress, verbose=verbose,
                                                      sandbox=sandbox, limits=limits, term_file=term_file,

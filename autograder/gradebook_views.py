@@ -1,4 +1,5 @@
-"""formgrader's pages with the score the course gives: the final one, the late penalty taken.
+"""nbgrader's views of the gradebook as the course gives them: formgrader's pages with the final score (the late
+penalty taken), and ``nbgrader export`` with each student's own due date.
 
 nbgrader keeps a late notebook's penalty beside its raw score (``SubmittedNotebook.late_submission_penalty``,
 :mod:`autograder.late`); its export and the feedback's ``GetGrades`` subtract it, but formgrader's API hands its
@@ -9,18 +10,30 @@ with each ``score`` the final one and the raw score and penalty beside it (``raw
 - every page's *Score* column is the final score; the detail pages keep nbgrader's *Code Score* (the raw score
   the tests gave), so the two side by side show the penalty;
 - Manage Submissions' *Timestamp* of a late submission says so: ``… (late: 2 − 0.2 = 1.8)``;
-- a student with no name in the gradebook is shown by their id, not "None, None".
+- a student with no name in the gradebook is shown by their id, not "None, None";
+- with a term, the assignments are the term's lessons (not every lesson of the course, the rest as drafts).
 
 :func:`install` makes formgrader build this API (``autograder.pipeline.tools_config``, for the repository's
 ``nbgrader_config.py``); formgrader has no setting for its API class.
+
+:class:`CourseCsvExport` is nbgrader's CSV export (the same columns, ``--CsvExportPlugin.to`` as before) with the
+``duedate`` of each student's submission, extension included (nbgrader's own writes the assignment's), and every
+cell written by :mod:`csv` through :func:`~autograder.text.csv_cell` (nbgrader's joins them with commas
+unquoted, so a name with a comma shifted the columns, and a cell could be read as a formula).
 """
 
 from __future__ import annotations
 
-from nbgrader.api import MissingEntry
-from nbgrader.apps import NbGraderAPI
+import csv
 
-__all__ = ["FinalScoreAPI", "install"]
+from nbgrader.api import Gradebook, MissingEntry
+from nbgrader.apps import NbGraderAPI
+from nbgrader.plugins import CsvExportPlugin
+
+from autograder import term as term_module
+from autograder.text import csv_cell
+
+__all__ = ["CourseCsvExport", "FinalScoreAPI", "install"]
 
 
 def _final(entry: dict, penalty: float) -> dict:
@@ -59,6 +72,13 @@ class FinalScoreAPI(NbGraderAPI):
                 for notebook in submission.notebooks:
                     found[(*key, notebook.name)] = float(notebook.late_submission_penalty or 0.0)
         return found
+
+    def get_source_assignments(self):
+        """With a term, the term's lessons only (Manage Assignments, a student's page): the course's other lessons
+        are not this term's assignments, and formgrader would list them as drafts."""
+        every = super().get_source_assignments()
+        term = term_module.from_config(self)
+        return every if term is None else {lesson for lesson in every if term.scheduled(lesson)}
 
     def get_submissions(self, assignment_id):
         penalties = self._penalties(assignment_id)
@@ -109,3 +129,36 @@ def install() -> None:
     from nbgrader.server_extensions.formgrader import base
 
     base.NbGraderAPI = FinalScoreAPI
+
+
+EXPORT_COLUMNS = ["assignment", "duedate", "timestamp", "student_id", "last_name", "first_name", "email", "raw_score",
+                  "late_submission_penalty", "score", "max_score"]
+
+
+class CourseCsvExport(CsvExportPlugin):
+    """nbgrader's CSV export with each student's due date, extension included (see the module doc)."""
+
+    def export(self, gradebook: Gradebook) -> None:
+        dest = self.to or "grades.csv"
+        assignments, students = [str(a) for a in self.assignment], [str(s) for s in self.student]
+        self.log.info("Exporting grades to %s", dest)
+        with open(dest, "w", newline="") as handle:
+            writer = csv.writer(handle)
+            writer.writerow(EXPORT_COLUMNS)
+            for assignment in gradebook.assignments:
+                if assignments and assignment.name not in assignments:
+                    continue
+                for student in gradebook.students:
+                    if students and student.id not in students:
+                        continue
+                    try:
+                        submission = gradebook.find_submission(assignment.name, student.id)
+                    except MissingEntry:  # nothing submitted: zero, by the lesson's own due date
+                        due, when, raw, penalty = assignment.duedate, None, 0.0, 0.0
+                    else:
+                        due, when = submission.duedate, submission.timestamp
+                        raw, penalty = float(submission.score), float(submission.late_submission_penalty or 0.0)
+                    writer.writerow([csv_cell(assignment.name), due or "", when or "", csv_cell(student.id),
+                                     csv_cell(student.last_name or ""), csv_cell(student.first_name or ""),
+                                     csv_cell(student.email or ""), raw, penalty, max(0.0, raw - penalty),
+                                     float(assignment.max_score)])
