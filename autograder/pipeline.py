@@ -50,9 +50,18 @@ from nbgrader.utils import capture_log, temp_attrs
 from sqlalchemy.exc import SAWarning
 from traitlets.config import Config
 
-from autograder import access, bugs, gradebook_views, intake, integrity, nbgrader_plugins, notebooks, parallel
+from autograder import (
+    access,
+    bugs,
+    gradebook_views,
+    hub_steps,
+    intake,
+    integrity,
+    nbgrader_plugins,
+    notebooks,
+    parallel,
+)
 from autograder import term as term_module
-from autograder.exchange import CourseExchangeCollect
 from autograder.intake import BadSubmission
 from autograder.integrity import HoldWhileOpen, WithholdOpenAnswers
 from autograder.late import TermLatePenalties, TermLatePolicy, sync_gradebook
@@ -181,7 +190,10 @@ def tools_config(c: Config, work: Path | None = None) -> Config:
     # a term's release (./course release with a term) is what release_assignment hands out; else the lessons
     c.CourseDirectory.release_directory = str(work / "lessons") if term_module.path() else "lessons"
     c.Exchange.root = os.environ.get("NBGRADER_EXCHANGE_ROOT") or exchange or "/srv/nbgrader/exchange"
-    c.ExchangeFactory.collect = CourseExchangeCollect
+    # nbgrader's exchange steps, each saying what it did in one line (collect: CourseExchangeCollect's checks)
+    c.ExchangeFactory.collect = hub_steps.SayingCollect
+    c.ExchangeFactory.release_assignment = hub_steps.SayingReleaseAssignment
+    c.ExchangeFactory.release_feedback = hub_steps.SayingReleaseFeedback
     c.CourseExchangeCollect.set_apart_directory = str(work / "set_apart")
     c.Autograde.pre_convert_hook = refuse_oversized
     # what their Generate and feedback hand out is recorded beside the term's release (integrity.ledger_from_config)
@@ -573,6 +585,8 @@ def grade(submissions: Path, work: Path, lessons: list[str] | None = None, db_ur
         from autograder import distributed  # imports this module: only when asked for
 
         distributed.check_scheduler(scheduler)  # before the canaries: an unreachable cluster fails at once
+    if sandbox:
+        check_available()  # no sandbox: said first, whatever the submissions (prepare checks again, cached)
     with tempfile.TemporaryDirectory(prefix="collect-") as tmp:
         collected = intake.collect_submissions(submissions, lessons, Path(tmp), limits.notebook_bytes,
                                                layout=layout, zone=term.zone if term else UTC)

@@ -131,7 +131,8 @@ def test_formgrader_shows_the_final_score_with_the_penalty(course, browser):
         assert sorted(cells[2] for cells in manual.values() if cells[2].endswith("/ 4")) == ["3.6 / 4", "4 / 4",
                                                                                              "4 / 4"], manual
         students = _table(page, f"{base}/manage_students", "lin")
-        assert "3.6 / 8" in _row(students, "lin") or "3.6 / 4" in _row(students, "lin"), students
+        totals = {cells[1]: cells[3] for cells in students.values()}  # over the term's lessons in the gradebook
+        assert [totals[name].split(" / ")[0] for name in ("ada", "bea", "lin")] == ["4", "4", "3.6"], totals
         mine = _table(page, f"{base}/manage_students/lin", LESSON)
         assert "3.6 / 4" in _row(mine, LESSON), mine
         notebooks = _table(page, f"{base}/manage_students/lin/{LESSON}", LESSON)
@@ -142,3 +143,31 @@ def test_formgrader_shows_the_final_score_with_the_penalty(course, browser):
         page.close()
         lab.close()
     assert not blocked, blocked
+
+
+def test_formgrader_s_api_gives_final_scores_beside_raw_ones(course, monkeypatch):
+    """What formgrader's pages are built from (the API the repository's nbgrader_config.py installs), every route:
+    the final score, with the raw score and penalty beside it."""
+    from nbgrader.apps import NbGraderAPI
+    from nbgrader.coursedir import CourseDirectory
+    from nbgrader.server_extensions.formgrader import base
+    from traitlets.config.loader import PyFileConfigLoader
+
+    for key in ("DECODER_COURSE_TERM", "DECODER_COURSE_WORK", "NBGRADER_EXCHANGE_ROOT"):
+        monkeypatch.setenv(key, course["env"][key])
+    config = PyFileConfigLoader("nbgrader_config.py", path=str(ROOT)).load_config()
+    api = base.NbGraderAPI(coursedir=CourseDirectory(config=config), config=config)
+    assert type(api) is not NbGraderAPI  # formgrader builds the course's
+    lin = {s["student"]: s for s in api.get_submissions(LESSON)}["lin"]
+    assert (lin["score"], lin["raw_score"], lin["late_penalty"]) == pytest.approx((3.6, 4.0, 0.4))
+    assert api.get_submission(LESSON, "lin")["score"] == pytest.approx(3.6)
+    assert [s["score"] for s in api.get_student_submissions("lin") if s["name"] == LESSON] == [pytest.approx(3.6)]
+    assert [s["score"] for s in api.get_notebook_submissions(LESSON, LESSON) if s["student"] == "lin"] == \
+        [pytest.approx(3.6)]
+    [notebook] = api.get_student_notebook_submissions("lin", LESSON)
+    assert (notebook["score"], notebook["code_score"]) == pytest.approx((3.6, 4.0))
+    assert {s["id"]: s["score"] for s in api.get_students()}["lin"] == pytest.approx(3.6)
+    assert api.get_student("lin")["score"] == pytest.approx(3.6)
+    assert sorted(api.get_source_assignments()) == ["01-masks", "02-attention"]
+    assert {s["student"]: s["score"] for s in api.get_submissions(LESSON)} == pytest.approx(
+        {"ada": 4.0, "bea": 4.0, "lin": 3.6})
