@@ -136,3 +136,17 @@ def test_the_work_folder_is_made_private_on_any_machine(tmp_path):
     access.private_folder(work)
     access.private_folder(tmp_path / "new" / "work")
     assert stat.S_IMODE(work.stat().st_mode) == stat.S_IMODE((tmp_path / "new" / "work").stat().st_mode) == 0o700
+
+
+def test_setup_s_check_refuses_and_lock_down_fixes(checkout, monkeypatch, capsys):
+    """``./course setup`` runs ``python -m autograder.access check``; ``./course lock-down`` its ``lock-down``."""
+    monkeypatch.setenv(access.SHARED_VAR, "1")
+    monkeypatch.setattr(access, "ROOT", checkout)
+    monkeypatch.delenv("DECODER_COURSE_WORK", raising=False)
+    monkeypatch.delenv("GRADEBOOK_URL", raising=False)
+    assert access.main(["check"]) == 1
+    assert "Close them with: ./course lock-down" in capsys.readouterr().err
+    assert access.main(["lock-down"]) == 0
+    said = capsys.readouterr().out
+    assert f"{checkout}: drwxr-xr-x -> drwx------" in said and "can no longer read" in said
+    assert access.main(["check"]) == 0
