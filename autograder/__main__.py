@@ -24,7 +24,7 @@ import time
 from datetime import datetime
 from pathlib import Path
 
-from autograder import distributed, intake, integrity, notebooks, parallel, pipeline, samples, term
+from autograder import access, distributed, intake, integrity, notebooks, parallel, pipeline, samples, term
 from autograder.text import shown
 
 
@@ -73,7 +73,7 @@ def main(argv: list[str] | None = None) -> int:
         p.add_argument("--work", type=Path, default=pipeline.ROOT / ".grading",
                        help="where nbgrader's trees, the gradebook, feedback and grades.csv go (default .grading)")
         p.add_argument("--db-url", default=None, help="gradebook SQLAlchemy URL (default: SQLite in --work)")
-        p.add_argument("--lessons", nargs="*", help="lesson ids (default: all)")
+        p.add_argument("--lessons", nargs="*", help="lesson ids (default: the term's, else all)")
         p.add_argument("-v", "--verbose", action="store_true", help="show nbgrader's log")
         p.add_argument("--no-sandbox", action="store_true",
                        help="run student code without the bubblewrap sandbox (unsafe: it can read the solutions, "
@@ -124,6 +124,12 @@ def main(argv: list[str] | None = None) -> int:
             print(f"error: {shown(exc, True)}", file=sys.stderr)
             return 2
         return 0
+    if args.command in ("release", "grade", "demo"):
+        try:  # on a hub, nothing runs while students' accounts can read the solutions or the gradebook
+            access.refuse_if_exposed(access.ROOT, getattr(args, "work", None), getattr(args, "db_url", None))
+        except access.Exposed as exc:
+            print(f"error: {exc}", file=sys.stderr)
+            return 2
     if args.command == "release":
         try:
             chosen = term.configured(args.term)
@@ -137,7 +143,7 @@ def main(argv: list[str] | None = None) -> int:
                   "answers shown as given code; not for graded use)")
         else:
             print(f"released {', '.join(done)} into {out} for the term {chosen.path}, as of "
-                  f"{term.shown_time(args.as_of or term.now())}")
+                  f"{term.shown_time(args.as_of or term.now(), chosen.zone)}")
             for warning in integrity.extensions_after_answers(chosen, integrity.ledger_of(out)):
                 print(f"warning: {shown(warning)}")
         return 0
@@ -168,7 +174,8 @@ def main(argv: list[str] | None = None) -> int:
                                   sandbox=not args.no_sandbox, workers=args.workers, progress=True,
                                   scheduler=args.scheduler, layout=getattr(args, "layout", None),
                                   term_file=term_file)
-    except (pipeline.SandboxUnavailable, distributed.ClusterUnavailable, term.TermError) as exc:
+    except (pipeline.SandboxUnavailable, distributed.ClusterUnavailable, term.TermError,
+            pipeline.NothingToGrade) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
     print(pipeline.score_table(outcomes))

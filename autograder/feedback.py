@@ -578,7 +578,8 @@ class SafeFeedback(NbGraderPreprocessor):
         term = term_module.from_config(self)
         policy = term.late if term is not None else None
         penalty = float(info.get("late_penalty") or 0)
-        when, due_at = term_module.shown_time(submitted), term_module.shown_time(due)
+        zone = term.zone if term is not None else None  # the term's clock, UTC beside it
+        when, due_at = term_module.shown_time(submitted, zone), term_module.shown_time(due, zone)
         extension = f"an extension of {term_module.shown_span(extension.total_seconds())} included" \
             if extension else ""
         extended = f" ({extension})" if extension else ""

@@ -46,6 +46,7 @@ from pathlib import Path
 import nbformat
 import yaml
 
+from autograder.lessons import ids as lesson_ids
 from autograder.term import timestamp_text
 from autograder.text import shown
 
@@ -91,6 +92,17 @@ class Collected:
     # (student, lesson) whose notebook is in nbgrader's student/lesson/ layout: only there are the exchange's files
     # beside it (timestamp.txt, submission_secret.txt) nbgrader's; anywhere else a student could have uploaded them
     exchange: set[tuple[str, str]] = field(default_factory=set)
+    # lesson -> how many notebooks of it were left alone: a lesson of the course this run was not asked to grade
+    # (``--lessons``, the term's); not a problem, said once (:meth:`skipped_lessons`)
+    unselected: dict[str, int] = field(default_factory=dict)
+
+    def skipped_lessons(self) -> str:
+        """One line for the notebooks of lessons not graded in this run ("" when none)."""
+        if not self.unselected:
+            return ""
+        count = sum(self.unselected.values())
+        return (f"{count} notebook{'s' if count != 1 else ''} of lessons not graded in this run skipped "
+                f"({', '.join(f'{lesson}: {n}' for lesson, n in sorted(self.unselected.items()))})")
 
     def refuse(self, student: str, lesson: str, why: str) -> None:
         self.refused.setdefault(student, {})[lesson] = why
@@ -237,6 +249,12 @@ class _Reading:
     uploads: list[_Upload] = field(default_factory=list)
     seen: set[str] = field(default_factory=set)
     conflicts: dict[str, str] = field(default_factory=dict)
+    elsewhere: set[str] = field(default_factory=set)  # students with notebooks of lessons this run does not grade
+
+    def unselected(self, student: str, lesson: str) -> None:
+        """A notebook of a lesson of the course that this run does not grade: counted, not a problem."""
+        self.out.unselected[lesson] = self.out.unselected.get(lesson, 0) + 1
+        self.elsewhere.add(student)
 
     def enrol(self, student: str, lms_id: str, name: str = "", email: str = "", note: str = "") -> None:
         """Add a student the LMS named to the roster; an id that two of the LMS's users would get is refused."""
@@ -309,13 +327,20 @@ def _read_nbgrader(reading: _Reading, shapes: set[int]) -> None:
         where = shown("/".join(parts))
         if len(parts) == 3 and 3 in shapes:
             student, lesson = parts[0], parts[1]
+            if lesson not in lessons and lesson in lesson_ids():  # a lesson of the course this run does not grade
+                reading.unselected(student, lesson)
+                continue
             if lesson not in lessons:
                 out.problems.append(f"{where}: {shown(lesson)!s} is not a lesson id; the layout is "
-                                    f"student/lesson/notebook.ipynb with a lesson among {', '.join(lessons)}")
+                                    f"student/lesson/notebook.ipynb with a lesson among {', '.join(lesson_ids())}")
                 continue
         elif len(parts) == 1 and 1 in shapes:
             matches = [lid for lid in lessons if lid in name]
             student = name.split("_", 1)[0] if "_" in name else ""
+            others = [lid for lid in lesson_ids() if lid in name and lid not in lessons]
+            if not matches and len(others) == 1:  # a lesson of the course this run does not grade
+                reading.unselected(student, others[0])
+                continue
             if len(matches) != 1:
                 out.problems.append(f"{where}: no single lesson id in its name; a flat file is named "
                                     "student_anything_<lesson>.ipynb")
@@ -568,7 +593,8 @@ def _choose(reading: _Reading, max_bytes: int) -> None:
             if chosen.exchange:
                 out.exchange.add((student, lesson))
 
-    for student in sorted(reading.seen - set(out.found) - set(out.refused) - set(reading.conflicts)):
+    for student in sorted(reading.seen - set(out.found) - set(out.refused) - set(reading.conflicts)
+                          - reading.elsewhere):
         name = out.roster.get(student, {}).get("name")
         out.problems.append(f"{student} ({shown(name)}): no notebook in their upload" if student in out.roster
                             else f"{shown(student)}: no notebook in this student's folder")

@@ -258,7 +258,8 @@ def check_release(folder: Path, lessons: list[str], term: Term | None, at: datet
                         label = f"given={','.join(given)}" if given else (source.strip().splitlines() or [""])[0][:60]
                         problems.append(
                             f"{path.name}, cell {index} ({label}): holds {', '.join(what)}, a graded answer of "
-                            f"{other}, which closes {shown_time(term.closes(other))} (line: {hits[0]!r}). Release "
+                            f"{other}, which closes {shown_time(term.closes(other), term.zone)} "
+                            f"(line: {hits[0]!r}). Release "
                             f"{lesson} after then, or show that block as a given= cell (a stand-in until it closes)")
     return problems
 
@@ -273,14 +274,15 @@ def schedule(term: Term, at: datetime, ledger: Path | None = None) -> str:
     for lesson in lessons_registry.ids():
         if not term.scheduled(lesson):
             continue
-        extended = ", ".join(f"{student} {shown_time(by_lesson[lesson])}" for student, by_lesson in
+        extended = ", ".join(f"{student} {shown_time(by_lesson[lesson], term.zone)}" for student, by_lesson in
                              sorted(term.extensions.items()) if lesson in by_lesson)
         state = "withheld (open)" if protected(term, lesson, at) else "shown (closed)"
-        first = f"{shown_time(out[lesson][0])} ({out[lesson][1]})" if lesson in out else ""
-        rows.append(f"| {lesson} | {shown_time(term.release(lesson))} | {shown_time(term.due(lesson))} | "
-                    f"{extended} | {shown_time(term.closes(lesson))} | {state} | {first} |")
+        first = f"{shown_time(out[lesson][0], term.zone)} ({out[lesson][1]})" if lesson in out else ""
+        rows.append(f"| {lesson} | {shown_time(term.release(lesson), term.zone)} | "
+                    f"{shown_time(term.due(lesson), term.zone)} | "
+                    f"{extended} | {shown_time(term.closes(lesson), term.zone)} | {state} | {first} |")
     warnings = [f"warning: {text}" for text in (extensions_after_answers(term, ledger) if ledger is not None else [])]
-    tail = f"\n\nlate policy: {term.late.describe()}\nnow: {shown_time(at)}"
+    tail = f"\n\nlate policy: {term.late.describe()}\nnow: {shown_time(at, term.zone)}"
     return "\n".join(rows + ([""] + warnings if warnings else [])) + tail
 
 
@@ -365,10 +367,11 @@ def extensions_after_answers(term: Term, ledger: Path) -> list[str]:
                 continue
             when, by = out[lesson]
             if term.due(lesson, student) + term.late.grace + term.late.cutoff > when:
-                due = shown_time(term.due(lesson, student))
+                due = shown_time(term.due(lesson, student), term.zone)
                 warnings.append(
                     f"{student}'s extension of {lesson} (due {due}) lets them earn points after "
-                    f"{lesson}'s answers went out ({by}, {shown_time(when)}): they may have seen them. Shorten it "
+                    f"{lesson}'s answers went out ({by}, {shown_time(when, term.zone)}): they may have seen them. "
+                    "Shorten it "
                     f"so that, with the grace and the cutoff, it ends by then, or grade {student}'s {lesson} by "
                     f"other means; until it ends, a new release shows stand-ins for {lesson} again")
     return warnings
@@ -433,7 +436,8 @@ class HoldWhileOpen(NbGraderPreprocessor):
         term, at = term_module.from_config(self), term_module.now()
         until = feedback_held_until(term, lesson, at)
         if until is not None:
-            raise FeedbackHeld(f"feedback for {lesson} is held until {shown_time(until)}: its grading ran the "
+            raise FeedbackHeld(f"feedback for {lesson} is held until {shown_time(until, term.zone)}: its grading "
+                               "ran the "
                                "course's code of an earlier lesson still open, which the student's code could "
                                "have printed; generate it again after then")
         ledger = ledger_from_config(self)

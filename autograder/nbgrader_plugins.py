@@ -568,7 +568,8 @@ class SafeCsvExport(CsvExportPlugin):
     """``nbgrader export`` as nbgrader's CSV plugin writes it (its columns and rows, every student of every
     assignment, zero for none submitted), through the course's one CSV writer (:func:`autograder.text.csv_writer`):
     nbgrader's own joins the cells with commas unquoted and unescaped, so a student id, name or email (a name an
-    instructor copied from the LMS) could start a formula or a column of its own."""
+    instructor copied from the LMS) could start a formula or a column of its own. ``duedate`` is the student's own
+    (the lesson's, with the term's extension for that student, as the gradebook stores it on the submission)."""
 
     COLUMNS = ("assignment", "duedate", "timestamp", "student_id", "last_name", "first_name", "email", "raw_score",
                "late_submission_penalty", "score", "max_score")
@@ -588,13 +589,13 @@ class SafeCsvExport(CsvExportPlugin):
                         continue
                     try:
                         submission = gradebook.find_submission(assignment.name, student.id)
-                    except MissingEntry:  # nothing submitted: zero, as nbgrader's export gives
-                        timestamp, raw, penalty, score = None, 0.0, 0.0, 0.0
+                    except MissingEntry:  # nothing submitted: zero by the lesson's own due date, as nbgrader's
+                        due, timestamp, raw, penalty, score = assignment.duedate, None, 0.0, 0.0, 0.0
                     else:
-                        timestamp, raw, penalty = (submission.timestamp, submission.score,
-                                                   submission.late_submission_penalty)
+                        due, timestamp = submission.duedate, submission.timestamp  # the extension included
+                        raw, penalty = float(submission.score), float(submission.late_submission_penalty or 0.0)
                         score = max(0.0, raw - penalty)
-                    row = (assignment.name, assignment.duedate, timestamp, student.id, student.last_name,
+                    row = (assignment.name, due, timestamp, student.id, student.last_name,
                            student.first_name, student.email, raw, penalty, score, assignment.max_score)
                     writer.writerow(["" if cell is None else cell if isinstance(cell, (int, float)) else str(cell)
                                      for cell in row])

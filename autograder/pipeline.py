@@ -15,6 +15,7 @@ extension, and a late notebook loses points by the term's policy, through nbgrad
 
 from __future__ import annotations
 
+import csv
 import json
 import logging
 import multiprocessing.util
@@ -49,9 +50,19 @@ from nbgrader.utils import capture_log, temp_attrs
 from sqlalchemy.exc import SAWarning
 from traitlets.config import Config
 
-from autograder import bugs, cgroups, intake, integrity, nbgrader_plugins, notebooks, parallel
+from autograder import (
+    access,
+    bugs,
+    cgroups,
+    gradebook_views,
+    hub_steps,
+    intake,
+    integrity,
+    nbgrader_plugins,
+    notebooks,
+    parallel,
+)
 from autograder import term as term_module
-from autograder.exchange import CourseExchangeCollect
 from autograder.intake import BadSubmission
 from autograder.integrity import HoldWhileOpen, WithholdOpenAnswers
 from autograder.late import TermLatePenalties, TermLatePolicy, sync_gradebook
@@ -180,14 +191,18 @@ def tools_config(c: Config, work: Path | None = None) -> Config:
     # a term's release (./course release with a term) is what release_assignment hands out; else the lessons
     c.CourseDirectory.release_directory = str(work / "lessons") if term_module.path() else "lessons"
     c.Exchange.root = os.environ.get("NBGRADER_EXCHANGE_ROOT") or exchange or "/srv/nbgrader/exchange"
-    c.ExchangeFactory.collect = CourseExchangeCollect
+    # nbgrader's exchange steps, each saying what it did in one line (collect: CourseExchangeCollect's checks)
+    c.ExchangeFactory.collect = hub_steps.SayingCollect
+    c.ExchangeFactory.release_assignment = hub_steps.SayingReleaseAssignment
+    c.ExchangeFactory.release_feedback = hub_steps.SayingReleaseFeedback
     c.CourseExchangeCollect.set_apart_directory = str(work / "set_apart")
     c.Autograde.pre_convert_hook = refuse_oversized
-    c.ExportApp.plugin_class = "autograder.nbgrader_plugins.SafeCsvExport"  # through the course's CSV writer
+    c.ExportApp.plugin_class = "autograder.nbgrader_plugins.SafeCsvExport"  # the CSV writer; own due dates
     # what their Generate and feedback hand out is recorded beside the term's release (integrity.ledger_from_config)
     c.HandedOutFile.file = str(handed_out_ledger(work))
     _stage_generate_assignment()
     _sanitise_formgrader()
+    gradebook_views.install()  # final scores (the late penalty taken), the term's lessons
     return c
 
 
@@ -305,7 +320,8 @@ def release(lessons: list[str] | None = None, out: Path | None = None, work: Pat
     if term is not None and not lessons:
         lessons = term.released_by(at)
         if not lessons:
-            raise ReleaseRefused(f"no lesson of the term {term.path} is released by {term_module.shown_time(at)}: "
+            raise ReleaseRefused(f"no lesson of the term {term.path} is released by "
+                                 f"{term_module.shown_time(at, term.zone)}: "
                                  "name the lessons (--lessons) to release one early")
     lessons = lessons or notebooks.lessons()
     out = Path(out or (TERM_RELEASE if term is not None else LESSONS_DIR))
@@ -420,11 +436,12 @@ def _grade_one(grader: NbGraderAPI, work: Path, db_url: str | None, student: str
 def _feedback_held(grader: NbGraderAPI, work: Path, student: str, lesson: str) -> str:
     """Why ``student``'s feedback for ``lesson`` must wait (:func:`autograder.integrity.feedback_held_until`),
     with any page an earlier run wrote removed; "" when it may be written now."""
-    until = integrity.feedback_held_until(term_module.from_config(grader), lesson, term_module.now())
+    term = term_module.from_config(grader)
+    until = integrity.feedback_held_until(term, lesson, term_module.now())
     if until is None:
         return ""
     shutil.rmtree(work / "feedback" / student / lesson, ignore_errors=True)
-    return f"feedback held until {term_module.shown_time(until)}, when every lesson it builds on has closed"
+    return f"feedback held until {term_module.shown_time(until, term.zone)}, when every lesson it builds on has closed"
 
 
 def _last_error(text: str) -> str:
@@ -493,7 +510,7 @@ def prepare(work: Path, lessons: list[str], db_url: str | None = None, verbose: 
     else:
         log.warning("grading WITHOUT a sandbox (--no-sandbox): student code can read the solutions and the "
                     "gradebook, and harm this machine")
-    work.mkdir(parents=True, exist_ok=True)
+    access.private_folder(work)  # the gradebook, the secret, every student's feedback: the instructor's alone
     notebooks.build_all()
     grader = api(work, db_url, verbose=verbose, sandbox=sandbox, limits=limits, term_file=term_file)
     canary = canary_api(work, verbose=verbose, sandbox=sandbox, limits=limits)
@@ -505,7 +522,43 @@ def prepare(work: Path, lessons: list[str], db_url: str | None = None, verbose: 
     with Gradebook(grader.coursedir.db_url, COURSE_ID) as gb:
         for lesson in lessons:
             sync_gradebook(gb, term, lesson)
+    gradebook = access.sqlite_file(db_url, work)
+    if gradebook is not None:
+        access.private_file(gradebook)
     return grader, [run_canary(canary, work, lesson) for lesson in lessons]
+
+
+class NothingToGrade(ValueError):
+    """A submissions folder with no notebook of the lessons being graded; the message says what was expected."""
+
+
+def name_students(db_url: str, roster: dict[str, dict[str, str]]) -> None:
+    """Give the gradebook the names (and emails) an LMS export's roster has, so that formgrader and ``nbgrader
+    export`` show them: "Ada Lovelace" is first name "Ada", last name "Lovelace". A student without one keeps
+    what the gradebook has (formgrader then shows the id: :mod:`autograder.gradebook_views`)."""
+    named = {student: entry for student, entry in roster.items() if entry.get("name") or entry.get("email")}
+    if not named:
+        return
+    with Gradebook(db_url, COURSE_ID) as gb:
+        for student, entry in sorted(named.items()):
+            first, _, last = entry.get("name", "").strip().rpartition(" ")
+            gb.update_or_create_student(student, first_name=first or None, last_name=last or None,
+                                        email=entry.get("email") or None)
+
+
+def default_lessons(term: term_module.Term | None) -> list[str]:
+    """The lessons a run grades when none are named: the term's (in the course's order), else all of them."""
+    return [lesson for lesson in notebooks.lessons() if term is None or term.scheduled(lesson)]
+
+
+def nothing_to_grade(submissions: Path, lessons: list[str], collected: intake.Collected) -> str:
+    """Why a run found nothing to grade, with the layout it expected and what it found instead."""
+    found = [collected.skipped_lessons(), *collected.problems[:5]]
+    more = len(collected.problems) - 5
+    return (f"no notebook to grade in {shown(str(submissions))} for {', '.join(lessons)}: expected "
+            "student/lesson/notebook.ipynb (nbgrader's layout, what nbgrader collect writes), flat "
+            "student_anything_<lesson>.ipynb files, or an LMS export (--layout)"
+            + "".join(f"\n  {line}" for line in found if line) + (f"\n  … and {more} more" if more > 0 else ""))
 
 
 def grade(submissions: Path, work: Path, lessons: list[str] | None = None, db_url: str | None = None,
@@ -522,10 +575,10 @@ def grade(submissions: Path, work: Path, lessons: list[str] | None = None, db_ur
     when there, ``""``: none); it is read first, and a term that cannot be used stops the run before any grading
     (:class:`~autograder.term.TermError`).
     """
-    lessons = lessons or notebooks.lessons()
     limits = limits or Limits()
     term_file = term_file_of(term_file)
     term = term_module.load(term_file) if term_file else None
+    lessons = lessons or default_lessons(term)
     ledger = handed_out_ledger(work)
     if term is not None:
         integrity.handed_out(ledger)  # a record that cannot be read stops the run here, before any grading
@@ -533,15 +586,22 @@ def grade(submissions: Path, work: Path, lessons: list[str] | None = None, db_ur
         from autograder import distributed  # imports this module: only when asked for
 
         distributed.check_scheduler(scheduler)  # before the canaries: an unreachable cluster fails at once
-    grader, outcomes = prepare(work, lessons, db_url, verbose, sandbox, limits, term_file)
+    if sandbox:
+        check_available()  # no sandbox: said first, whatever the submissions (prepare checks again, cached)
     with tempfile.TemporaryDirectory(prefix="collect-") as tmp:
         collected = intake.collect_submissions(submissions, lessons, Path(tmp), limits.notebook_bytes,
                                                layout=layout, zone=term.zone if term else UTC)
         log.info("submissions in the %s layout, %d students", collected.layout, len(collected.found))
         for problem in collected.problems:
             log.warning("skipped: %s", problem)
+        if collected.skipped_lessons() and progress:
+            print(collected.skipped_lessons())
         jobs = [(student, lesson, collected.found[student][lesson])
                 for student in sorted(collected.found) for lesson in lessons if lesson in collected.found[student]]
+        if not jobs and not collected.refused:  # before the canaries: nothing would come of them
+            raise NothingToGrade(nothing_to_grade(submissions, lessons, collected))
+        grader, outcomes = prepare(work, lessons, db_url, verbose, sandbox, limits, term_file)
+        name_students(grader.coursedir.db_url, collected.roster)
         if scheduler:
             outcomes += distributed.grade_on_cluster(jobs, work, db_url, scheduler, progress, verbose=verbose,
                                                      sandbox=sandbox, limits=limits, term_file=term_file,
@@ -566,7 +626,7 @@ def grade(submissions: Path, work: Path, lessons: list[str] | None = None, db_ur
         for o in outcomes:
             after = integrity.submitted_after_answers(out, o.lesson, o.submitted) if o.ok and o.score else ""
             o.notes += [after] if after else []
-    write_csv(work / "grades.csv", outcomes)
+    write_term_sheet(work / "grades.csv", outcomes)
     # a feedback page shows the course's code of its given cells: answers of the lessons closed by now
     fed = [o.lesson for o in outcomes if o.student != CANARY and (work / "feedback" / o.student / o.lesson).is_dir()]
     integrity.record_handed_out(ledger, term, sorted(set(fed)), term_module.now(), "the feedback of")
@@ -681,21 +741,79 @@ def _csv_time(moment: datetime | None) -> str:
     return "" if moment is None else term_module.as_utc(moment).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
+SHEET_COLUMNS = ["student", "lesson", "raw_score", "late_penalty", "score", "max_score", "submitted", "due", "status",
+                 "message"]
+SHEET_BYTES = 64 << 20  # the term's sheet read back: ~100 bytes a row, so far more than any class's
+
+
+def _sheet_row(o: Outcome) -> list:
+    """grades.csv's row of one notebook, every text through :func:`~autograder.text.csv_cell`."""
+    return [csv_cell(o.student), csv_cell(o.lesson), o.raw_score, o.late_penalty, o.score, o.max_score,
+            _csv_time(o.submitted), _csv_time(o.due), "ok" if o.ok else "needs attention",
+            csv_cell("; ".join(filter(None, [o.message, *o.notes, o.feedback_held])))]
+
+
 def write_csv(path: Path, outcomes: list[Outcome]) -> None:
     """One row per student's notebook (never the canary): the raw score, the late penalty, the final score
     (``score``), when it was submitted and was due (UTC, empty without a term); every text escaped, never read as
-    a formula."""
+    a formula. Only these outcomes: the term's sheet, which keeps earlier runs' rows, is :func:`write_term_sheet`."""
     with open(path, "w", newline="") as handle:
         writer = csv_writer(handle)
-        writer.writerow(["student", "lesson", "raw_score", "late_penalty", "score", "max_score", "submitted", "due",
-                         "status", "message"])
-        for o in outcomes:
-            if o.student == CANARY:
-                continue
-            writer.writerow([csv_cell(o.student), csv_cell(o.lesson), o.raw_score, o.late_penalty, o.score,
-                             o.max_score, _csv_time(o.submitted), _csv_time(o.due),
-                             "ok" if o.ok else "needs attention",
-                             csv_cell("; ".join(filter(None, [o.message, *o.notes, o.feedback_held])))])
+        writer.writerow(SHEET_COLUMNS)
+        writer.writerows(_sheet_row(o) for o in outcomes if o.student != CANARY)
+
+
+def read_sheet(path: Path) -> list[list[str]]:
+    """The rows of an earlier grades.csv (without its header), as the course wrote them; [] when there is none.
+
+    Read within :data:`SHEET_BYTES`. A sheet that is not one the course wrote (another header, too big, not
+    UTF-8 CSV) raises ``ValueError`` saying so."""
+    try:
+        with open(path, "rb") as handle:
+            raw = handle.read(SHEET_BYTES + 1)
+    except FileNotFoundError:
+        return []
+    if len(raw) > SHEET_BYTES:
+        raise ValueError(f"over {SHEET_BYTES >> 20} MB")
+    try:
+        rows = list(csv.reader(raw.decode("utf-8").splitlines()))
+    except (UnicodeDecodeError, csv.Error) as exc:
+        raise ValueError(f"not a CSV file of the course ({exc})") from None
+    if not rows:
+        return []
+    if rows[0] != SHEET_COLUMNS:
+        raise ValueError(f"its header is not grades.csv's ({', '.join(SHEET_COLUMNS)})")
+    return [row for row in rows[1:] if len(row) == len(SHEET_COLUMNS)]
+
+
+def write_term_sheet(path: Path, outcomes: list[Outcome]) -> None:
+    """grades.csv as the term's sheet: this run's rows replace the earlier rows of the same (student, lesson), and
+    every other row stays, so that grading one lesson a week never drops another's. Sorted by student, then by
+    the course's lesson order; written to a temporary file and renamed over the old sheet (a crash leaves one or
+    the other, whole). An earlier sheet that cannot be read (:func:`read_sheet`) is kept beside it as
+    ``grades.csv.unreadable`` with a warning, and the new sheet holds this run's rows."""
+    try:
+        earlier = read_sheet(path)
+    except ValueError as exc:
+        aside = path.with_name(path.name + ".unreadable")
+        os.replace(path, aside)
+        log.warning("the earlier %s cannot be read (%s): kept as %s; this sheet holds this run's rows only", path,
+                    exc, aside)
+        earlier = []
+    rows = {(row[0], row[1]): row for row in earlier}
+    rows.update({(str(row[0]), str(row[1])): row for row in map(_sheet_row, outcomes) if row[0] != CANARY})
+    order = {lesson: index for index, lesson in enumerate(notebooks.lessons())}
+    keys = sorted(rows, key=lambda key: (key[0], order.get(key[1], len(order)), key[1]))
+    with tempfile.NamedTemporaryFile("w", newline="", dir=path.parent, prefix=".grades-", suffix=".csv",
+                                     delete=False) as handle:
+        try:
+            writer = csv_writer(handle)
+            writer.writerow(SHEET_COLUMNS)
+            writer.writerows(rows[key] for key in keys)
+        except BaseException:
+            os.unlink(handle.name)
+            raise
+    os.replace(handle.name, path)
 
 
 def write_roster(path: Path, roster: dict[str, dict[str, str]]) -> None:

@@ -92,9 +92,16 @@ def as_utc(moment: datetime) -> datetime:
     return moment.replace(tzinfo=UTC) if moment.tzinfo is None else moment.astimezone(UTC)
 
 
-def shown_time(moment: datetime | None) -> str:
-    """``2027-01-25 22:59 UTC``: how a time is written for people (reports, messages, feedback)."""
-    return "never" if moment is None else as_utc(moment).strftime("%Y-%m-%d %H:%M UTC")
+def shown_time(moment: datetime | None, zone: tzinfo | None = None) -> str:
+    """How a time is written for people (reports, messages, feedback): in the term's ``zone`` with UTC beside it,
+    ``2027-01-25 23:59 CET (22:59 UTC)``, or ``2027-01-25 22:59 UTC`` when the zone is UTC or not given."""
+    if moment is None:
+        return "never"
+    utc = as_utc(moment)
+    if zone is None or str(zone) in ("UTC", "Etc/UTC"):
+        return utc.strftime("%Y-%m-%d %H:%M UTC")
+    local = utc.astimezone(zone)
+    return f"{local.strftime('%Y-%m-%d %H:%M')} {local.tzname()} ({utc.strftime('%H:%M')} UTC)"
 
 
 def timestamp_text(moment: datetime) -> str:
@@ -140,14 +147,19 @@ def parse_timestamp(text: str, zone: tzinfo | None = None) -> datetime:
 
 
 def shown_span(seconds: float) -> str:
-    """``3 days 4 h``, ``5 h 20 min``, ``12 min``: how late a notebook is, for people (rounded up to a minute)."""
-    minutes = math.ceil(max(0.0, seconds) / 60)
+    """How late a notebook is, for people, never more than it was: ``47 s``, ``11 min 19 s`` under an hour (to the
+    second: a minute can decide the grace), ``5 h 20 min``, ``3 days 4 h 2 min`` (whole minutes, cut, not
+    rounded up)."""
+    whole = int(max(0.0, seconds))
+    if whole < 3600:
+        minutes, rest = divmod(whole, 60)
+        return " ".join(part for part in (f"{minutes} min" if minutes else "", f"{rest} s" if rest or not minutes
+                                          else "") if part)
+    minutes = whole // 60
     days, hours, minutes = minutes // 1440, minutes % 1440 // 60, minutes % 60
-    if days:
-        return f"{days} day{'s' if days != 1 else ''}" + (f" {hours} h" if hours else "")
-    if hours:
-        return f"{hours} h" + (f" {minutes} min" if minutes else "")
-    return f"{minutes} min"
+    parts = [f"{days} day{'s' if days != 1 else ''}" if days else "", f"{hours} h" if hours else "",
+             f"{minutes} min" if minutes else ""]
+    return " ".join(part for part in parts if part)
 
 
 @dataclass(frozen=True)
@@ -349,8 +361,8 @@ def parse(data: dict, where: Path | str = "<term>") -> Term:
         due = moment(entry["due"], f"[lessons] {lesson}.due")
         release = moment(entry["release"], f"[lessons] {lesson}.release") if "release" in entry else due
         if release > due:
-            raise TermError(f"{where}: [lessons] {lesson} is released ({shown_time(release)}) after it is due "
-                            f"({shown_time(due)})")
+            raise TermError(f"{where}: [lessons] {lesson} is released ({shown_time(release, zone)}) after it is due "
+                            f"({shown_time(due, zone)})")
         dates[lesson] = Dates(release, due)
 
     extensions: dict[str, dict[str, datetime]] = {}
@@ -372,8 +384,8 @@ def parse(data: dict, where: Path | str = "<term>") -> Term:
             else:
                 extended = moment(value, key)
                 if extended <= dates[lesson].due:
-                    raise TermError(f"{where}: {key} ({shown_time(extended)}) is not after the lesson's due "
-                                    f"date ({shown_time(dates[lesson].due)})")
+                    raise TermError(f"{where}: {key} ({shown_time(extended, zone)}) is not after the lesson's due "
+                                    f"date ({shown_time(dates[lesson].due, zone)})")
             extensions.setdefault(student, {})[lesson] = extended
     return Term(lessons=dates, late=policy, extensions=extensions, path=Path(where) if where else None, zone=zone)
 

@@ -206,7 +206,8 @@ def test_exchange_cycle_between_two_accounts_delivers_the_course_feedback(studen
         return _run([python, "-m", "nbgrader", *args, *on_exchange], user=user, cwd=course, env=as_student)
 
     # The instructor hands out lessons/01-masks; the student fetches it.
-    _run([*nbgrader, "release_assignment", LESSON], cwd=ROOT, env=instructor)
+    said = _run([*nbgrader, "release_assignment", LESSON], cwd=ROOT, env=instructor)
+    assert f"released {LESSON} to the exchange ({exchange}/{COURSE}/outbound/{LESSON})" in said, said  # one line
     released = exchange / COURSE / "outbound" / LESSON / f"{LESSON}.ipynb"
     assert released.read_bytes() == (ROOT / "lessons" / LESSON / f"{LESSON}.ipynb").read_bytes()
     as_the_student("fetch_assignment", LESSON)
@@ -220,7 +221,8 @@ def test_exchange_cycle_between_two_accounts_delivers_the_course_feedback(studen
     as_the_student("submit", LESSON)
 
     # The instructor collects into the work tree, then grades that very tree with ./course grade.
-    _run([*nbgrader, "collect", LESSON], cwd=ROOT, env=instructor)
+    said = _run([*nbgrader, "collect", LESSON], cwd=ROOT, env=instructor)
+    assert f"collected {LESSON}: 1 submission into {work / 'submitted'}" in said, said
     collected = work / "submitted" / user / LESSON
     assert sorted(p.name for p in collected.iterdir()) == [f"{LESSON}.ipynb", "submission_secret.txt",
                                                              "timestamp.txt"]
@@ -240,7 +242,8 @@ def test_exchange_cycle_between_two_accounts_delivers_the_course_feedback(studen
     _assert_course_feedback(feedback, work, user)
 
     # release_feedback, and the student's fetch_feedback receives exactly the course's page.
-    _run([*nbgrader, "release_feedback", LESSON], cwd=ROOT, env=instructor)
+    said = _run([*nbgrader, "release_feedback", LESSON], cwd=ROOT, env=instructor)
+    assert f"released the feedback of {LESSON}: 1 page for 1 student" in said, said
     as_the_student("fetch_feedback", LESSON)
     received = sorted((course / LESSON / "feedback").glob(f"*/{LESSON}.html"))
     assert len(received) == 1, f"fetch_feedback delivered {received}"

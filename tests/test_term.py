@@ -189,11 +189,23 @@ def test_a_lesson_closes_after_its_latest_due_date_the_grace_and_the_cutoff():
 
 
 @pytest.mark.parametrize("seconds, text", [
-    (0, "0 min"), (59, "1 min"), (3600, "1 h"), (3660, "1 h 1 min"), (86400, "1 day"), (2 * 86400 + 7200,
-                                                                                        "2 days 2 h"),
+    (0, "0 s"), (59, "59 s"), (60, "1 min"), (11 * 60 + 19, "11 min 19 s"), (11 * 60 + 19.9, "11 min 19 s"),
+    (3599, "59 min 59 s"), (3600, "1 h"), (3660, "1 h 1 min"), (3719, "1 h 1 min"), (86400, "1 day"),
+    (2 * 86400 + 7200, "2 days 2 h"), (86400 + 59, "1 day"), (3 * 86400 - 1, "2 days 23 h 59 min"),
 ])
-def test_how_late_is_written_for_people(seconds, text):
+def test_how_late_is_written_for_people_never_more_than_it_was(seconds, text):
     assert term.shown_span(seconds) == text
+
+
+@pytest.mark.parametrize("moment, zone, text", [
+    (datetime(2027, 1, 25, 22, 59, tzinfo=UTC), "Europe/Berlin", "2027-01-25 23:59 CET (22:59 UTC)"),
+    (datetime(2027, 7, 25, 21, 59, tzinfo=UTC), "Europe/Berlin", "2027-07-25 23:59 CEST (21:59 UTC)"),
+    (datetime(2027, 1, 25, 22, 59, tzinfo=UTC), "America/New_York", "2027-01-25 17:59 EST (22:59 UTC)"),
+    (datetime(2027, 1, 25, 22, 59, tzinfo=UTC), "UTC", "2027-01-25 22:59 UTC"),
+    (datetime(2027, 1, 25, 22, 59, tzinfo=UTC), None, "2027-01-25 22:59 UTC"),
+])
+def test_times_are_shown_in_the_term_s_zone_with_utc_beside(moment, zone, text):
+    assert term.shown_time(moment, ZoneInfo(zone) if zone else None) == text
 
 
 # -- which term nbgrader's steps use, and the steps ------------------------------------------------------------------
@@ -388,3 +400,12 @@ def test_a_bad_term_stops_grading_before_anything_is_graded(tmp_path, capsys):
     assert main(["grade", str(tmp_path / "in"), "--work", str(tmp_path / "work2"), "--term",
                  str(tmp_path / "none.toml")]) == 2
     assert "cannot read the term file" in capsys.readouterr().err
+
+
+def test_the_term_s_schedule_shows_its_own_clock_with_utc_beside():
+    """``./course term`` of a term written in Europe/Berlin: its dates as written there (the issue found UTC)."""
+    from autograder import integrity
+
+    table = integrity.schedule(term.parse(GOOD), datetime(2027, 1, 12, tzinfo=UTC))
+    assert "2027-01-18 23:59 CET (22:59 UTC)" in table  # 01-masks' due date, as the term file writes it
+    assert "now: 2027-01-12 01:00 CET (00:00 UTC)" in table

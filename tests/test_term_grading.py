@@ -148,13 +148,13 @@ def test_the_feedback_says_when_it_was_submitted_and_what_lateness_cost(run, cas
     page = (run["work"] / "feedback" / case.student / case.lesson / f"{case.lesson}.html").read_text()
     [line] = re.findall(r'<p data-course-grader="submitted"[^>]*>(.*?)</p>', page)
     line = html.unescape(line)
-    due = run["term"].due(case.lesson, case.student)
-    assert line.startswith(f"Submitted {term.shown_time(_when(case))}, ")
-    assert term.shown_time(due) in line
+    due, zone = run["term"].due(case.lesson, case.student), ZoneInfo(ZONE)
+    assert line.startswith(f"Submitted {term.shown_time(_when(case), zone)}, ")  # the term's clock, UTC beside
+    assert term.shown_time(due, zone) in line and " UTC)" in line and (" CET " in line or " CEST " in line)
     assert ("extension of" in line) == (case.student == "bea")
     penalty = float(run["rows"][(case.student, case.lesson)]["late_penalty"])
     if case.percent:
-        assert f"after the due date {term.shown_time(due)}" in line
+        assert f"after the due date {term.shown_time(due, zone)}" in line
         assert f": −{penalty:g} points by the late policy: {run['term'].late.describe()}." in line
         assert f"(after a late penalty of {penalty:g})" in page  # the report's title: the final score
     else:
