@@ -10,6 +10,8 @@ Sections (pick with ``--sections``; default all):
   attention   6. reference attention and decoder layer vs SDPA and nn.TransformerDecoderLayer (target ≤ 1.5×)
   dask        7. section 3's class on a Dask cluster of 2 workers on this machine vs local grading: the same
               grades.csv (a difference fails the section)
+  report      8. the class report (./course report) for a synthetic class of 100 students x 13 lessons, built
+              without grading (target ≤ 30 s on 2 cores)
 
 Medians of ``--repeats`` runs (3 by default); what is compared is timed in turn in the same run, so a busy
 machine slows both sides. ``--quick`` is a smoke run: one repeat, a 2-student class, fewer sizes. These are not
@@ -42,6 +44,7 @@ SECTIONS = {
     "kv-cache": "5. Lesson 09: KV-cache speed-up",
     "attention": "6. Reference attention and decoder layer vs PyTorch",
     "dask": "7. The class on a Dask cluster of two local workers vs local grading",
+    "report": "8. The class report for 100 students × 13 lessons",
 }
 
 
@@ -86,6 +89,10 @@ def section(name: str, args) -> str:
         from bench import grading_dask
 
         return grading_dask.run(args.quick, args.students)
+    if name == "report":
+        from bench import report
+
+        return report.run(args.quick, repeats)
     raise ValueError(name)
 
 
