@@ -96,6 +96,8 @@ def synthetic_class(work: Path, students: list[str], lessons: list[str], seed: i
                         mistake, code = wrong[name][int(rng.integers(len(wrong[name])))]
                     outcome[name] = (kind, mistake, code, points)
                 for cell in nb["cells"]:
+                    if isinstance(cell.get("source"), list):
+                        cell["source"] = "".join(cell["source"])
                     names = cell.get("metadata", {}).get("course", {}).get("exercise")
                     if names:
                         parts = []

@@ -66,6 +66,13 @@ def _rows(path) -> list[dict]:
         return list(csv.DictReader(handle))
 
 
+def _verdict_line(work, student: str, item: str) -> str:
+    """The first line of ``student``'s failed verdict of ``item``, read from their autograded notebook."""
+    nb = nbformat.read(work / "autograded" / student / LESSON / f"{LESSON}.ipynb", as_version=4)
+    cell = next(c for c in nb.cells if c.metadata.get("nbgrader", {}).get("grade_id") == item)
+    return next(o.evalue for o in cell.outputs if o.output_type == "error").splitlines()[0]
+
+
 def _item_scores(work) -> dict[str, dict[str, float]]:
     """student -> item -> points, read from the gradebook itself."""
     with Gradebook(f"sqlite:///{work / 'gradebook.db'}", pipeline.COURSE_ID) as gb:
@@ -90,7 +97,7 @@ def test_mistakes_are_named_with_their_count_and_share(graded):
         assert row["lesson"] == LESSON
         assert int(row["students"]) == len(planted), row
         assert float(row["share"]) == pytest.approx(len(planted) / students, abs=1e-3)
-        assert mistake in row["example"], row
+        assert row["example"] == _verdict_line(work, sorted(planted)[0], item), row
     assert not rows, f"mistakes nobody planted: {rows}"
 
 

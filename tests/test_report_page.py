@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from bench.report import synthetic_class
-from tests.test_browser import CHROMIUM, FLAGS
+from tests import test_browser
 
 pytestmark = pytest.mark.notebook
 
@@ -22,6 +22,7 @@ HOSTILE_ID = f"<img src=x onerror=\"document.title='{PWNED}'\">"
 HOSTILE_LINE = f"<script>document.title='{PWNED}'</script>"
 HOSTILE_CODE = f"# </pre><script>document.title='{PWNED}'</script><b onmouseover=alert(1)>"
 LESSONS = ["01-masks", "02-attention"]
+browser = test_browser.browser  # the same headless Chromium fixture
 
 
 @pytest.fixture(scope="module")
@@ -33,16 +34,6 @@ def page_path(tmp_path_factory):
     synthetic_class(work, students, LESSONS, seed=3, verdict_lines={HOSTILE_ID: HOSTILE_LINE},
                     code_extra={HOSTILE_ID: HOSTILE_CODE}, copied=("ada", "zed"))
     return report.write(work)
-
-
-@pytest.fixture(scope="module")
-def browser():
-    from playwright.sync_api import sync_playwright
-
-    with sync_playwright() as playwright:
-        chromium = playwright.chromium.launch(executable_path=CHROMIUM, args=FLAGS)
-        yield chromium
-        chromium.close()
 
 
 def _open(browser, path: Path):
