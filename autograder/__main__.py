@@ -8,7 +8,9 @@ Commands
   term                       the term's lessons: release, due, closing dates, extensions, what is open now
   grade SUBMISSIONS          canary, then every student in SUBMISSIONS (nbgrader's layout, or a Canvas, Moodle or
                              Gradescope export: --layout, else found from the files), feedback, grades.csv, roster.csv;
-                             --scheduler tcp://HOST:PORT grades them on a Dask cluster
+                             --scheduler tcp://HOST:PORT grades them on a Dask cluster; then the class report
+  report [WORK]              the class report of a graded class (default .grading): WORK/report/index.html, items.csv,
+                             mistakes.csv, students.csv, similarity.csv (autograder/report.py)
   demo                       release, then grade three sample students (perfect, untouched, typical mistakes)
   student-edition DIR        the tree students get (lessons/, decoder_course, README, LICENSE, pyproject.toml);
                              --git makes it a git repository tagged v<version>, ready to push to the public repo
