@@ -86,6 +86,9 @@ def test_grading_writes_the_report(graded):
     for name in ("index.html", "items.csv", "mistakes.csv", "students.csv", "similarity.csv",
                  f"lesson-{LESSON}.png"):
         assert (work / "report" / name).is_file(), name
+    # for the instructor only: nothing of it in what students get (feedback pages, the release)
+    handed_out = [p for folder in ("feedback", "release") for p in (work / folder).rglob("*") if p.is_file()]
+    assert handed_out and not [p for p in handed_out if "Class report" in p.read_text(errors="replace")]
 
 
 def test_mistakes_are_named_with_their_count_and_share(graded):
@@ -175,3 +178,22 @@ def test_report_of_a_folder_without_a_gradebook_says_what_to_do(tmp_path, capsys
 
     assert main(["report", str(tmp_path)]) == 2
     assert "grade the class first" in capsys.readouterr().err
+
+
+def test_a_linked_or_oversized_notebook_is_not_read(tmp_path, monkeypatch):
+    from bench.report import synthetic_class
+
+    work = tmp_path / "class"
+    synthetic_class(work, ["ann", "bob", "cy"], [LESSON], seed=1)
+
+    def path(student):
+        return work / "autograded" / student / LESSON / f"{LESSON}.ipynb"
+
+    path("bob").unlink()
+    path("bob").symlink_to(path("ann"))
+    limit = path("ann").stat().st_size
+    path("cy").write_text(path("cy").read_text() + " " * limit)  # still a notebook, now over the limit
+    monkeypatch.setattr(report, "MAX_NOTEBOOK_BYTES", limit)
+    data = report.read_class(work)
+    assert all(set(by_student) <= {"ann"} for by_student in data.code.values()), data.code.keys()
+    assert data.code and data.submissions.keys() >= {("bob", LESSON), ("cy", LESSON)}  # their scores still count
