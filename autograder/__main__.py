@@ -8,7 +8,9 @@ Commands
   term                       the term's lessons: release, due, closing dates, extensions, what is open now
   grade SUBMISSIONS          canary, then every student in SUBMISSIONS (nbgrader's layout, or a Canvas, Moodle or
                              Gradescope export: --layout, else found from the files), feedback, grades.csv, roster.csv;
-                             --scheduler tcp://HOST:PORT grades them on a Dask cluster
+                             --scheduler tcp://HOST:PORT grades them on a Dask cluster; then the class report
+  report [WORK]              the class report of a graded class (default .grading): WORK/report/index.html, items.csv,
+                             mistakes.csv, students.csv, similarity.csv (autograder/report.py)
   demo                       release, then grade three sample students (perfect, untouched, typical mistakes)
   student-edition DIR        the tree students get (lessons/, decoder_course, README, LICENSE, pyproject.toml);
                              --git makes it a git repository tagged v<version>, ready to push to the public repo;
@@ -56,6 +58,10 @@ def main(argv: list[str] | None = None) -> int:
     p_term.add_argument("--out", type=Path, default=None,
                         help="the term's release folder, beside which releases record when each lesson's answers went "
                              "out (default .grading/lessons)")
+    p_report = sub.add_parser("report", help="write the class report of a graded class into WORK/report/")
+    p_report.add_argument("work", type=Path, nargs="?", default=pipeline.WORK,
+                          help="the grading folder (default .grading)")
+    p_report.add_argument("--db-url", default=None, help="gradebook SQLAlchemy URL (default: SQLite in WORK)")
     p_edition = sub.add_parser("student-edition", help="write the student edition into a new folder")
     p_edition.add_argument("dest", type=Path, help="a new or empty folder")
     p_edition.add_argument("--git", action="store_true", help=f"make it a git repository tagged {notebooks.TAG}")
@@ -108,6 +114,17 @@ def main(argv: list[str] | None = None) -> int:
               + (f" (a git repository, tag {notebooks.TAG})" if args.git else ""))
         print(f"publish it at https://github.com/{args.repository} with that tag: the lessons' badges and "
               "first cells point there")
+        return 0
+    if args.command == "report":
+        from autograder import report
+
+        try:
+            page = report.write(args.work, args.db_url)
+        except FileNotFoundError as exc:
+            print(f"error: {shown(exc)}", file=sys.stderr)
+            return 2
+        print(f"class report: {page} (items.csv, mistakes.csv, students.csv, similarity.csv beside it); for the "
+              "instructor only")
         return 0
     if args.command == "term":
         try:

@@ -103,6 +103,8 @@ class RestoreGradingMetadata(NbGraderPreprocessor):
                 last[grade_id] = index
         for index, cell in enumerate(nb.cells):
             meta = cell.setdefault("metadata", NotebookNode())
+            if isinstance(meta.get("course"), dict):  # only the grader writes a verdict (verdicts.apply)
+                meta["course"].pop(verdicts.VERDICT_KEY, None)
             if "nbgrader" not in meta:
                 name = by_source.pop(strip_hidden(cell.get("source", "")), None) if cell.cell_type == "code" else None
                 if name is None:

@@ -61,6 +61,7 @@ from autograder import (
     nbgrader_plugins,
     notebooks,
     parallel,
+    report,
 )
 from autograder import term as term_module
 from autograder.intake import BadSubmission
@@ -632,6 +633,7 @@ def grade(submissions: Path, work: Path, lessons: list[str] | None = None, db_ur
     integrity.record_handed_out(ledger, term, sorted(set(fed)), term_module.now(), "the feedback of")
     write_roster(work / "roster.csv", collected.roster)
     (work / "problems.json").write_text(json.dumps([shown(p) for p in collected.problems], indent=2))
+    report.after_grading(work, db_url)  # the instructor's class report (autograder/report.py): work/report/
     return outcomes
 
 

@@ -41,6 +41,9 @@ from decoder_course.guard import TAMPER
 # How verdicts.apply writes a verdict into a graded cell, and autograder.feedback finds it again.
 PASSED_PREFIX = "✓ Hidden checks: "  # a passed item's last output: a stdout stream, this and the message
 FAILED_NAME = "HiddenCheckFailed"  # a failed item's verdict: the cell's only error output, by this name
+# ... and beside it, as data for the instructor's class report (autograder.report): cell.metadata.course.verdict =
+# {"item", "passed", "kind", "mistake"}; every submitted copy of it is dropped before grading (RestoreGradingMetadata)
+VERDICT_KEY = "verdict"
 
 
 def exercises_for(lesson: str) -> dict[str, type[Exercise]]:
@@ -334,15 +337,15 @@ def decide(plan: Plan, unfinished: dict[str, str] | None = None) -> dict[str, Ve
             outputs, unreadable = None, str(exc)
         broken = reached_at_run_time(ex, outputs[0]) if outputs else {}
         if broken:
-            decided[item] = Verdict(False, policy_message(item, broken))
+            decided[item] = Verdict(False, policy_message(item, broken), kind=framework.POLICY)
         elif unreadable:
             decided[item] = Verdict(False, (
                 f"the grader refused to read what your notebook handed in for `{item}` ({unreadable}): it was not "
-                "written by the course's hidden checks. Do not write into the grading folder."))
+                "written by the course's hidden checks. Do not write into the grading folder."), kind=framework.OTHER)
         else:
             decided[item] = run_judge(ex, plan.scratch / "outputs", cases, sound, outputs)
             if item in unfinished and not decided[item].passed:
-                decided[item] = Verdict(False, unfinished[item])
+                decided[item] = Verdict(False, unfinished[item], kind=framework.TIMED_OUT)
         if seen and not broken:
             decided[item] = replace(decided[item], message=f"{decided[item].message} {policy_warning(item, seen)}")
         # sound: passed, and so did everything it is built on (an item judged relative to a wrong building block
@@ -372,7 +375,12 @@ def apply(nb: NotebookNode, verdicts: dict[str, Verdict]) -> None:
         kept = [out for out in (_as_text(o) for o in cell.get("outputs", [])) if out is not None]
         verdict = verdicts.get(item)
         if verdict is None:
-            verdict = Verdict(False, "this cell has no hidden checks registered; tell your instructor.")
+            verdict = Verdict(False, "this cell has no hidden checks registered; tell your instructor.",
+                              kind=framework.OTHER)
+        course = cell.setdefault("metadata", NotebookNode()).setdefault("course", NotebookNode())
+        course[VERDICT_KEY] = NotebookNode(item=item, passed=verdict.passed,
+                                           kind="" if verdict.passed else verdict.kind or framework.OTHER,
+                                           mistake="" if verdict.passed else verdict.mistake)
         if verdict.passed:
             kept.append(NotebookNode(output_type="stream", name="stdout", text=f"{PASSED_PREFIX}{verdict.message}\n"))
         else:

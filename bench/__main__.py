@@ -12,6 +12,8 @@ Sections (pick with ``--sections``; default all):
               grades.csv (a difference fails the section)
   guard       8. the run-time policy guard: a notebook's restricted items judged guarded vs unguarded, and the
               time to arm it (bench/policy_guard.py)
+  report      9. the class report (./course report) for a synthetic class of 100 students x 13 lessons, built
+              without grading (target ≤ 30 s on 2 cores)
 
 Medians of ``--repeats`` runs (3 by default); what is compared is timed in turn in the same run, so a busy
 machine slows both sides. ``--quick`` is a smoke run: one repeat, a 2-student class, fewer sizes. These are not
@@ -45,6 +47,7 @@ SECTIONS = {
     "attention": "6. Reference attention and decoder layer vs PyTorch",
     "dask": "7. The class on a Dask cluster of two local workers vs local grading",
     "guard": "8. The run-time policy guard: its cost per notebook",
+    "report": "9. The class report for 100 students × 13 lessons",
 }
 
 
@@ -93,6 +96,10 @@ def section(name: str, args) -> str:
         from bench import policy_guard
 
         return policy_guard.run(args.quick, repeats)
+    if name == "report":
+        from bench import report
+
+        return report.run(args.quick, repeats)
     raise ValueError(name)
 
 

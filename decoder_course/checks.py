@@ -51,8 +51,21 @@ __all__ = [
 ]
 
 
+# What kind of failure a check found, as data beside its message: the grader records it with each verdict and
+# the instructor's class report (autograder.report) counts by it, so no one reads the prose back.
+SHAPE_OR_DTYPE = "wrong shape or dtype"
+NOT_FINITE = "NaN or inf"
+LEAKAGE = "leakage"
+WRONG_VALUES = "wrong values"
+
+
 class CheckFailed(AssertionError):
-    """A visible check failed; the message says which idea broke."""
+    """A visible check failed; the message says which idea broke. ``kind``: one of the kinds above ("" when none
+    fits); ``mistake``: the known mistake the values are, where one was recognised."""
+
+    def __init__(self, *args, kind: str = "", mistake: str = ""):
+        super().__init__(*args)
+        self.kind, self.mistake = kind, mistake
 
     def _render_traceback_(self) -> list[str]:
         # IPython (JupyterLab, Colab) shows these lines instead of a traceback through the checker's internals:
@@ -198,9 +211,9 @@ def _number(v: Any) -> str:
 
 def _shape(x: Any, what: str) -> tuple[int, ...]:
     if x is None:
-        raise CheckFailed(f"{what} is None: did you forget to `return` the result?")
+        raise CheckFailed(f"{what} is None: did you forget to `return` the result?", kind=SHAPE_OR_DTYPE)
     if not hasattr(x, "shape"):
-        raise CheckFailed(f"{what} should be an array or a tensor, got {type(x).__name__}")
+        raise CheckFailed(f"{what} should be an array or a tensor, got {type(x).__name__}", kind=SHAPE_OR_DTYPE)
     return tuple(int(n) for n in x.shape)
 
 
@@ -235,7 +248,7 @@ def expect_type(x: Any, types: type | tuple[type, ...], what: str = "the result"
         hint = ": return all the values as a tuple, e.g. `return out, weights`"
     elif isinstance(x, (list, tuple)) and (np.ndarray in types or (_torch() and _torch().Tensor in types)):
         hint = ": build an array, not a Python list"
-    raise CheckFailed(f"{what} should be {wanted}, got {got}{hint}")
+    raise CheckFailed(f"{what} should be {wanted}, got {got}{hint}", kind=SHAPE_OR_DTYPE)
 
 
 def _parse_names(names: str | Sequence[str] | None, ndim: int) -> list[str] | None:
@@ -322,7 +335,8 @@ def expect_shape(
         return
     sizes = "(" + ", ".join("?" if w is None else str(w) for w in want) + ")"
     expected = f"({', '.join(names)}) = {sizes}" if names else f"shape {sizes}"
-    raise CheckFailed(f"{what}: expected {expected}, got {got}: {_diagnose_shape(got, want, names)}")
+    raise CheckFailed(f"{what}: expected {expected}, got {got}: {_diagnose_shape(got, want, names)}",
+                      kind=SHAPE_OR_DTYPE)
 
 
 def _dtype_name(dtype: Any) -> str:
@@ -377,7 +391,7 @@ def expect_dtype(x: Any, dtype: Any, what: str = "the result") -> None:
         hint = ": float32 inputs became float64, which happens when they meet a float64 array or constant"
     elif not _KINDS["float"](got) and "float" in names:
         hint = ": integer or boolean values need converting to floats before this arithmetic"
-    raise CheckFailed(f"{what} should have dtype {names}, got {got}{hint}")
+    raise CheckFailed(f"{what} should have dtype {names}, got {got}{hint}", kind=SHAPE_OR_DTYPE)
 
 
 def expect_bool(x: Any, what: str = "the mask") -> None:
@@ -400,12 +414,13 @@ def expect_finite(x: Any, what: str = "the result", hint: str | None = None) -> 
     if nan.any():
         first = _index(np.argwhere(nan)[0])
         why = hint or "a fully masked row divided 0 by 0?"
-        raise CheckFailed(f"{what} contains NaN at {first} ({int(nan.sum())} NaN values in all): {why}")
+        raise CheckFailed(f"{what} contains NaN at {first} ({int(nan.sum())} NaN values in all): {why}",
+                          kind=NOT_FINITE)
     if inf.any():
         first = np.argwhere(inf)[0]
         why = hint or "did -inf scores reach the output, or did exp() overflow on large scores?"
         raise CheckFailed(f"{what} contains {_number(values[tuple(first)])} at {_index(first)} "
-                          f"({int(inf.sum())} infinite values in all): {why}")
+                          f"({int(inf.sum())} infinite values in all): {why}", kind=NOT_FINITE)
 
 
 def expect_close(
@@ -434,7 +449,7 @@ def expect_close(
             first = np.argwhere(wrong)[0]
             raise CheckFailed(f"{what} is wrong at {int(wrong.sum())} of {n} entries, the first at "
                               f"{_index(first)}: got {values[tuple(first)].item()!r}, expected "
-                              f"{expected[tuple(first)].item()!r}{suffix}")
+                              f"{expected[tuple(first)].item()!r}{suffix}", kind=WRONG_VALUES)
         return
     values, expected = values.astype(np.float64), expected.astype(np.float64)
     surprise_nan = np.isnan(values) & ~np.isnan(expected)
@@ -442,7 +457,7 @@ def expect_close(
         first = np.argwhere(surprise_nan)[0]
         why = suffix or ": a fully masked row divided 0 by 0?"
         raise CheckFailed(f"{what} contains NaN at {_index(first)} where {_number(expected[tuple(first)])} "
-                          f"is expected ({int(surprise_nan.sum())} NaN values in all){why}")
+                          f"is expected ({int(surprise_nan.sum())} NaN values in all){why}", kind=NOT_FINITE)
     with np.errstate(invalid="ignore"):
         error = np.abs(values - expected)  # NaN where both are NaN, or inf - inf
     same = (values == expected) | (np.isnan(values) & np.isnan(expected))  # equal infinities count as equal
@@ -454,7 +469,8 @@ def expect_close(
         raise CheckFailed(
             f"{what} differs from the expected values: max abs error {_number(error[worst])} at "
             f"{_index(worst)} (got {_number(values[worst])}, expected {_number(expected[worst])}); "
-            f"{int(wrong.sum())} of {n} entries are off by more than {atol:g} + {rtol:g}·|expected|{suffix}")
+            f"{int(wrong.sum())} of {n} entries are off by more than {atol:g} + {rtol:g}·|expected|{suffix}",
+            kind=WRONG_VALUES)
 
 
 def expect_rows_sum_to_one(

@@ -28,6 +28,9 @@ import numpy as np
 
 from decoder_course import guard
 from decoder_course.checks import (
+    LEAKAGE,
+    SHAPE_OR_DTYPE,
+    WRONG_VALUES,
     CheckFailed,
     _is_tensor,
     _torch,
@@ -152,7 +155,8 @@ def contract(spec: Spec | ModuleSpec, args: dict, got: Any, what: str, tensor: b
     except CheckFailed as wrong:
         hint = spec.shape_hint(given, tuple(got.shape)) if callable(spec.shape_hint) else spec.shape_hint
         text = str(wrong)
-        raise CheckFailed(f"{text}{'' if text.endswith(('.', '?')) else '.'} {hint}" if hint else text) from None
+        raise CheckFailed(f"{text}{'' if text.endswith(('.', '?')) else '.'} {hint}" if hint else text,
+                          kind=SHAPE_OR_DTYPE) from None
 
 
 def tolerance(spec: Spec | ModuleSpec, args: dict) -> tuple[float, float]:
@@ -243,7 +247,8 @@ def run(spec: Spec, fn: Callable[..., Any], seed: int = 0, modules: dict | None 
                     grads = _explained(spec, lambda a=args: _function_gradients(spec, fn, a), args)
                     expect_gradients(spec, grads, desc)
             except CheckFailed as failed:  # the check's title names the situation already
-                raise CheckFailed(str(failed).replace(f" ({desc})", "")) from None
+                raise CheckFailed(str(failed).replace(f" ({desc})", ""), kind=failed.kind,
+                                  mistake=failed.mistake) from None
     for desc, args, why in spec.refused:
         with check(f"{spec.name} refuses a case with {desc}"):
             positional, by_name = call_args(spec, args)
@@ -510,7 +515,8 @@ def judge_items(spec: ModuleSpec, row: Build, got: list[np.ndarray], what: str, 
         known = variant(spec, row, got, rtol, atol)
         if known:
             whose = f"{spec.name}'s result" if spec.outputs else what_of(spec, 0)
-            raise CheckFailed(f"{whose} ({what}) is what PyTorch's own modules compute when {known}")
+            raise CheckFailed(f"{whose} ({what}) is what PyTorch's own modules compute when {known}",
+                              kind=WRONG_VALUES, mistake=known)
 
 
 def expect_unmoved(probe: Perturbed, first: np.ndarray, moved: np.ndarray, what: str, situation: str) -> None:
@@ -518,7 +524,7 @@ def expect_unmoved(probe: Perturbed, first: np.ndarray, moved: np.ndarray, what:
     same = np.shape(moved) == np.shape(first) and agrees(probe.kept(moved), probe.kept(first), 1e-5, 1e-4)
     if same == probe.moves:
         how = "did not move on the second call" if probe.moves else "moved where it must not"
-        raise CheckFailed(f"{what} {how} ({situation}): {probe.leak}")
+        raise CheckFailed(f"{what} {how} ({situation}): {probe.leak}", kind=LEAKAGE)
 
 
 def expect_gradients(spec: ModuleSpec, grads: dict, situation: str) -> None:
@@ -593,7 +599,8 @@ def _run_row(spec: ModuleSpec, cls: Any, row: Build, given: dict | None = None) 
                 keys = None if cache.keys[0] is None else tuple(cache.keys[0].shape)
                 expect_cached(spec, row, values[0], [as_numpy(p) for p in parts], keys, row.situation)
         except CheckFailed as failed:  # the check's title names the situation already
-            raise CheckFailed(str(failed).replace(f" ({row.situation})", "")) from None
+            raise CheckFailed(str(failed).replace(f" ({row.situation})", ""), kind=failed.kind,
+                                  mistake=failed.mistake) from None
         rtol, atol = tolerance(spec, args)
         want = expected(spec, row)
         for i in compared(spec):
@@ -604,7 +611,8 @@ def _run_row(spec: ModuleSpec, cls: Any, row: Build, given: dict | None = None) 
                 expect_gradients(spec, _function_gradients(spec, built(spec, cls, row), row.inputs),
                                  row.situation)
             except CheckFailed as failed:
-                raise CheckFailed(str(failed).replace(f" ({row.situation})", "")) from None
+                raise CheckFailed(str(failed).replace(f" ({row.situation})", ""), kind=failed.kind,
+                                  mistake=failed.mistake) from None
 
 
 @dataclass(frozen=True)

@@ -8,6 +8,7 @@ with a message that teaches. Reference code runs only here, never in the student
 
 from __future__ import annotations
 
+import contextvars
 import errno
 import io
 import json
@@ -24,6 +25,7 @@ from typing import Any
 import numpy as np
 
 from decoder_course import harvest
+from decoder_course.checks import LEAKAGE, NOT_FINITE, SHAPE_OR_DTYPE, WRONG_VALUES
 
 REGISTRY: dict[str, dict[str, type[Exercise]]] = {}
 MAX_REPORT_BYTES = 4 << 20  # the most of a kernel's JSON report the grader reads
@@ -36,12 +38,31 @@ MAX_LEAVES = 50_000  # arrays in one .npz
 PASSED_MESSAGE = "all {n} hidden cases passed"  # a passed item's verdict (autograder.feedback reads it back)
 
 
+# The kinds of failure a verdict records beside its message (autograder.report counts by them): the public checks'
+# (decoder_course.checks) and the grader's own. A failure no kind fits is OTHER.
+RAISED = "raised"
+POLICY = "policy"
+TIMED_OUT = "timed out"
+NOT_ATTEMPTED = "not attempted"
+OTHER = "other check"
+KINDS = (NOT_ATTEMPTED, RAISED, SHAPE_OR_DTYPE, WRONG_VALUES, LEAKAGE, NOT_FINITE, POLICY, TIMED_OUT, OTHER)
+
+
 class Fail(Exception):
-    """A hidden check failed; the message is shown to the student and must say which idea broke."""
+    """A hidden check failed; the message is shown to the student and must say which idea broke. ``kind`` (one of
+    :data:`KINDS`) and ``mistake`` (the known mistake the values are) travel beside it as data."""
+
+    kind = OTHER
+
+    def __init__(self, *args, kind: str = "", mistake: str = ""):
+        super().__init__(*args)
+        self.kind, self.mistake = kind or type(self).kind, mistake
 
 
 class Raised(Fail):
     """The student's code raised where it should have returned: nothing of what it computes can be observed."""
+
+    kind = RAISED
 
 
 class Unobservable(Raised):
@@ -232,7 +253,7 @@ class Result:
         if got_type not in allowed_types:
             wanted = {"ndarray": "a NumPy array", "tensor": "a torch.Tensor", "array": "an array",
                       "any": "an array or a number"}[kind]
-            raise Fail(f"{what} should be {wanted}, but your code returned `{got_type}` ({desc}).")
+            raise Fail(f"{what} should be {wanted}, but your code returned `{got_type}` ({desc}).", kind=SHAPE_OR_DTYPE)
         key = f"{case_id}/{name}"
         if key not in self.leaves:
             raise Fail(f"{what}: the returned value could not be read ({desc}).")
@@ -242,12 +263,13 @@ class Result:
         if dtype is not None:
             _check_dtype(array, meta.get("dtype", ""), dtype, what, desc)
         if shape is not None and tuple(array.shape) != tuple(shape):
-            raise Fail(f"{what} should have shape {tuple(shape)}, got {tuple(array.shape)} ({desc}).")
+            raise Fail(f"{what} should have shape {tuple(shape)}, got {tuple(array.shape)} ({desc}).",
+                       kind=SHAPE_OR_DTYPE)
         if finite and array.dtype.kind in "fc" and not np.isfinite(array).all():
             bad = np.argwhere(~np.isfinite(array))[0].tolist()
             raise Fail(
                 f"{what} contains NaN or inf (first at index {bad}) on a case with {desc}. A fully masked row "
-                "or huge scores? Subtract the row max before exp, and give fully masked rows zeros."
+                "or huge scores? Subtract the row max before exp, and give fully masked rows zeros.", kind=NOT_FINITE
             )
         return array
 
@@ -445,7 +467,7 @@ def _check_dtype(array: np.ndarray, declared: str, want: str, what: str, desc: s
     else:
         ok = declared == want
     if not ok:
-        raise Fail(f"{what} should have a {want} dtype, got {declared or array.dtype} ({desc}).")
+        raise Fail(f"{what} should have a {want} dtype, got {declared or array.dtype} ({desc}).", kind=SHAPE_OR_DTYPE)
 
 
 # -- comparing ----------------------------------------------------------------------------------------------------
@@ -455,12 +477,13 @@ def expect_close(got: np.ndarray, want: np.ndarray, what: str, desc: str, hint: 
     got = np.asarray(got)
     want = np.asarray(want)
     if got.shape != want.shape:
-        raise Fail(f"{what} should have shape {want.shape}, got {got.shape} ({desc}).")
+        raise Fail(f"{what} should have shape {want.shape}, got {got.shape} ({desc}).", kind=SHAPE_OR_DTYPE)
     if got.dtype == np.bool_ or want.dtype == np.bool_:
         wrong = got.astype(bool) != want.astype(bool)
         if wrong.any():
             where = np.argwhere(wrong)[0].tolist()
-            raise Fail(f"{what} is wrong at {int(wrong.sum())} place(s), first at index {where} ({desc}). {hint}")
+            raise Fail(f"{what} is wrong at {int(wrong.sum())} place(s), first at index {where} ({desc}). {hint}",
+                       kind=WRONG_VALUES)
         return
     close = np.isclose(got.astype(np.float64), want.astype(np.float64), rtol=rtol, atol=atol)
     if not close.all():
@@ -468,7 +491,7 @@ def expect_close(got: np.ndarray, want: np.ndarray, what: str, desc: str, hint: 
         err = float(np.max(np.abs(got.astype(np.float64) - want.astype(np.float64))))
         raise Fail(
             f"{what} differs from the expected values on a case with {desc}: max abs error {err:.3g}, "
-            f"first at index {where}. {hint}".rstrip()
+            f"first at index {where}. {hint}".rstrip(), kind=WRONG_VALUES
         )
 
 
@@ -478,6 +501,32 @@ class Verdict:
     message: str
     raised: bool = False  # failed because the student's code raised (tests/test_hidden_checks.py's double faults)
     unobservable: bool = False  # not judged: every case stopped inside another item that raised (Unobservable)
+    kind: str = ""  # a failure's kind (one of KINDS), as data beside the message; "" when it passed
+    mistake: str = ""  # the known mistake (its description in the reference's MISTAKES) the answer was found to be
+
+
+# The known mistakes named while one item is judged (name_mistake): run_judge records the last with its verdict.
+_NAMED: contextvars.ContextVar[list[str] | None] = contextvars.ContextVar("named_mistakes", default=None)
+
+
+def name_mistake(description: str) -> None:
+    """Note that the item being judged gave a known mistake's values (``description``, its MISTAKES text): the
+    verdict carries it as data (:attr:`Verdict.mistake`), beside the message that names it in prose."""
+    named = _NAMED.get()
+    if named is not None and description:
+        named.append(description)
+
+
+def _not_attempted(result: Result | None) -> bool:
+    """Whether the student's code raised NotImplementedError on a case: the released stub, left as it was."""
+    for case_id in (result.cases if result is not None else {}):
+        try:
+            error = result.error(case_id)
+        except Fail:
+            continue
+        if error and error.strip().splitlines()[-1].startswith("NotImplementedError"):
+            return True
+    return False
 
 
 class Exercise:
@@ -525,6 +574,8 @@ def run_judge(ex: Exercise, folder: Path, cases: list[Case], passed: dict[str, b
     ``passed`` holds the verdicts of the notebook's items judged before this one: an item built on the student's
     other items (``uses``) whose building blocks all passed their own checks is judged by its own checks alone."""
     result = None
+    named: list[str] = []
+    token = _NAMED.set(named)
     try:
         result = Result(folder, ex.name, cases, outputs)
         if ex.uses:
@@ -534,11 +585,17 @@ def run_judge(ex: Exercise, folder: Path, cases: list[Case], passed: dict[str, b
         else:
             ex.judge(result)
     except Fail as fail:
-        return Verdict(False, str(fail), raised=isinstance(fail, Raised) or _quotes_an_error(result, str(fail)),
-                       unobservable=isinstance(fail, Unobservable))
+        raised = isinstance(fail, Raised) or _quotes_an_error(result, str(fail))
+        mistake = "" if raised else fail.mistake or (named[-1] if named else "")
+        kind = (NOT_ATTEMPTED if raised and _not_attempted(result) else RAISED if raised else
+                WRONG_VALUES if fail.kind == OTHER and mistake else fail.kind)  # a property broken by a known mistake
+        return Verdict(False, str(fail), raised=raised, unobservable=isinstance(fail, Unobservable), kind=kind,
+                       mistake=mistake)
     except Exception as exc:  # a grader bug must not look like the student's fault; say so plainly
         return Verdict(False, f"the grader could not judge this exercise ({type(exc).__name__}: {exc}); "
-                              "tell your instructor.")
+                              "tell your instructor.", kind=OTHER)
+    finally:
+        _NAMED.reset(token)
     return Verdict(True, PASSED_MESSAGE.format(n=len(cases)))
 
 

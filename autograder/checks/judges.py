@@ -22,7 +22,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from autograder.checks.framework import Case, Fail, Result
+from autograder.checks.framework import Case, Fail, Result, name_mistake
+from decoder_course.checks import LEAKAGE
 
 
 # -- case makers ------------------------------------------------------------------------------------------------
@@ -81,6 +82,7 @@ def diagnose(got: np.ndarray, candidates: dict, rtol: float = 1e-4, atol: float 
     matches, if any; never a value."""
     for mistake, want in candidates.items():
         if want is not None and np.shape(got) == np.shape(want) and np.allclose(got, want, rtol=rtol, atol=atol):
+            name_mistake(mistake)
             return f"Your output matches {mistake}."
     return ""
 
@@ -105,7 +107,7 @@ def dropout(result: Result, case_id: str, what: str, shape: tuple, where: str,
 def leak(base: np.ndarray, moved: np.ndarray, message: str, atol: float = 1e-5) -> None:
     """``moved`` is the output after perturbing only what must not matter; any change there is a leak."""
     if np.shape(base) != np.shape(moved) or not np.allclose(base, moved, rtol=1e-5, atol=atol):
-        raise Fail(message)
+        raise Fail(message, kind=LEAKAGE)
 
 
 def scalar(got, want: float, what: str, desc: str, hint: str, rtol: float = 1e-5, atol: float = 1e-6) -> None:

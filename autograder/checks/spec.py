@@ -19,7 +19,7 @@ from types import ModuleType
 
 import numpy as np
 
-from autograder.checks import judges
+from autograder.checks import framework, judges
 from autograder.checks.framework import REGISTRY, Case, Exercise, Fail, Raised, Result, exercise, expect_close
 from decoder_course.checks import CheckFailed, _is_tensor
 from decoder_course.spec import (
@@ -69,7 +69,8 @@ def shared():
         yield
     except CheckFailed as failed:
         text = str(failed)
-        raise Fail(text if text.endswith((".", "?", "!")) else f"{text}.") from None
+        raise Fail(text if text.endswith((".", "?", "!")) else f"{text}.", kind=failed.kind,
+                   mistake=failed.mistake) from None
 
 
 def _value(case: Case, value, tensors: bool, grad: bool = False):
@@ -144,9 +145,10 @@ def _mistakes(lesson: str, item: str) -> tuple[tuple[str, Callable], ...]:
 
 
 def known_mistake(lesson: str, item: str, got: np.ndarray | list, produce: Callable, rtol: float,
-                  atol: float) -> str:
+                  atol: float, same_kind: bool = False) -> str:
     """The description of the item's known mistake whose result (``produce(mistake)``) is ``got``, or "" (a list:
-    the items of a tuple result, which must all agree)."""
+    the items of a tuple result, which must all agree). ``same_kind``: the dtypes' kinds must agree too (a result
+    that failed its contract: 0/1 integers are not the booleans of a mistake that has the same values)."""
     for description, wrong in _mistakes(lesson, item):
         try:
             with warnings.catch_warnings(), np.errstate(all="ignore"):
@@ -155,7 +157,11 @@ def known_mistake(lesson: str, item: str, got: np.ndarray | list, produce: Calla
                 value = [as_numpy(v) for v in value] if isinstance(got, list) else np.asarray(as_numpy(value))
         except Exception:  # noqa: BLE001, S112 - a mistake that raises here is not the one the student made
             continue
+        if same_kind and [np.asarray(v).dtype.kind for v in (value if isinstance(got, list) else [value])] != \
+                [np.asarray(g).dtype.kind for g in (got if isinstance(got, list) else [got])]:
+            continue
         if all_agree(got, value, rtol, atol) if isinstance(got, list) else agrees(got, value, rtol, atol):
+            framework.name_mistake(description)
             return description
     return ""
 
@@ -237,7 +243,12 @@ class SpecExercise(Exercise):
             meta = result.meta(case.id, "out")
             got = (_read_list(result, case, "out", what) if spec.listed
                    else result.get(case.id, "out", what=what, kind=kind, finite=False))
-            with shared():
+
+            def produce(wrong, args=args):
+                positional, by_name = call_args(spec, copy.deepcopy(args), vars(self.ref))  # mistakes may write
+                return wrong(*positional, **by_name)
+
+            with self._naming(got, produce, args), shared():
                 contract(spec, args, got, f"{what} ({case.desc})",
                          declared=meta.get("type") if spec.scalar else meta.get("dtype"))
                 if spec.properties is not None:
@@ -256,16 +267,25 @@ class SpecExercise(Exercise):
                     with shared():
                         spec.compare(given, got, want, case.desc)
 
-                def produce(wrong, args=args):
-                    positional, by_name = call_args(spec, copy.deepcopy(args), vars(self.ref))  # mistakes may write
-                    return wrong(*positional, **by_name)
-
                 _compare(self.lesson, self.name, np.asarray(got), np.asarray(want), what, case, spec.hint,
                          tolerance(spec, args), produce, scalar=spec.scalar)
             if spec.keeps_inputs:
                 judges.unchanged(result, case.id, {n: v for n, v in given.items() if isinstance(v, np.ndarray)},
                                  self.name)
                 _dicts_unchanged(result, case, given, self.name)
+
+    @contextlib.contextmanager
+    def _naming(self, got, produce: Callable, args: dict):
+        """A failure of the contract or the properties (which come before the values) still records the known
+        mistake the values are, as data (``Fail.mistake``: the class report counts it); the message is unchanged."""
+        try:
+            yield
+        except Fail as fail:
+            if not fail.mistake and self.spec.compare:
+                values = got if isinstance(got, list) else np.asarray(got)
+                fail.mistake = known_mistake(self.lesson, self.name, values, produce, *tolerance(self.spec, args),
+                                             same_kind=True)
+            raise
 
     def _judge_items(self, result: Result, case: Case) -> None:
         """A tuple result: each item's contract, the properties, the probe, then each item against the reference's
@@ -274,7 +294,13 @@ class SpecExercise(Exercise):
         got = _recorded_items(result, case, spec, self.name, "out", kind="tensor" if returns_tensor(spec, args)
                               else "ndarray")
         declared = [result.meta(case.id, f"out/{key}").get("dtype") for key in _keys(result, case, spec, "out")]
-        with shared():
+
+        def produce(wrong, args=args):
+            positional, by_name = call_args(spec, copy.deepcopy(args), vars(self.ref))  # a mistake may write into them
+            with autocast(options(args)):
+                return list(wrong(*positional, **by_name))
+
+        with self._naming(got, produce, args), shared():
             judge_parts(spec, args, got, case.desc, declared)
             probe = case.data["probe"]
             if probe is not None:
@@ -286,12 +312,6 @@ class SpecExercise(Exercise):
         with autocast(options(args)):
             want = [np.asarray(as_numpy(w)) for w in getattr(self.ref, self.name)(*positional, **by_name)]
         tol = tolerance(spec, args)
-
-        def produce(wrong, args=args):
-            positional, by_name = call_args(spec, copy.deepcopy(args), vars(self.ref))  # a mistake may write into them
-            with autocast(options(args)):
-                return list(wrong(*positional, **by_name))
-
         known = "" if all_agree(got, want, *tol) else known_mistake(self.lesson, self.name, got, produce, *tol)
         for i in compared(spec):
             _compare(self.lesson, self.name, got[i], want[i], what_of(spec, i), case, hint_for(spec, i), tol, None,
