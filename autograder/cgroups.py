@@ -183,8 +183,10 @@ class Group:
                 continue
         return sorted(found)
 
-    def remove(self, seconds: float = 5.0) -> list[int]:
-        """Kill what is left in the group, then remove it; the pids that would not die (then the group stays)."""
+    def remove(self, seconds: float = 15.0) -> list[int]:
+        """Kill what is left in the group, then remove it; the pids that would not die (then the group stays).
+        ``seconds`` is generous: a process killed while it holds gigabytes leaves the group only once the kernel
+        has freed them, which a busy machine can take seconds to do."""
         deadline = time.monotonic() + seconds
         while (left := self.pids()) and time.monotonic() < deadline:
             for pid in left:
@@ -194,7 +196,7 @@ class Group:
                     pass
             time.sleep(0.02)
         for folder in dict.fromkeys(self.folders.values()):
-            for _ in range(100):  # a killed process leaves its group a moment after it is reaped
+            while True:  # a killed process leaves its group a moment after it is reaped
                 try:
                     folder.rmdir()
                     break

@@ -51,7 +51,7 @@ from sqlalchemy import func
 from autograder import lessons as lessons_registry
 from autograder import similarity, verdicts
 from autograder.checks.framework import KINDS
-from autograder.text import csv_cell, shown
+from autograder.text import csv_cell, csv_writer, shown
 
 log = logging.getLogger("autograder")
 
@@ -391,10 +391,10 @@ def sorted_students(rows: list[StudentRow], by: str) -> list[StudentRow]:
 # -- writing -------------------------------------------------------------------------------------------------------
 def _write_csv(path: Path, header: list[str], rows) -> None:
     with open(path, "w", newline="") as handle:
-        writer = csv.writer(handle)
+        writer = csv_writer(handle)  # every cell through csv_cell
         writer.writerow(header)
         for row in rows:
-            writer.writerow([csv_cell(value) if value is not None else "" for value in row])
+            writer.writerow(["" if value is None else value for value in row])
 
 
 def _rounded(value: float | None, digits: int = 3):

@@ -52,7 +52,7 @@ __all__ = [
 
 
 # What kind of failure a check found, as data beside its message: the grader records it with each verdict and
-# the instructor's class report (autograder.report) counts by it, so no one reads the prose back.
+# the instructor's class report counts by it, so no one reads the prose back.
 SHAPE_OR_DTYPE = "wrong shape or dtype"
 NOT_FINITE = "NaN or inf"
 LEAKAGE = "leakage"

@@ -148,8 +148,10 @@ def test_a_notebooks_ipc_objects_are_gone_in_the_next_notebook_of_its_warm_sandb
         assert all(made >= 0 for made in got["made"]), got["made"]
         assert got["refused"] == {"unshare ipc": -1, "add_key": -1}, got["refused"]
         assert got["filters"] == ["2"], "the kernel does not run under the zygote's profile and its own"
-    namespaces = {got["namespace"] for got in seen} | {os.readlink(f"/proc/{box.zygote}/ns/ipc")}
-    assert len(namespaces) == 4, "two kernels (or a kernel and its zygote) shared an IPC namespace"
+    # A namespace's inode number is reused once it is gone, so two kernels one after the other may show the same
+    # number: what they left is checked above. The zygote's namespace lives on, and no kernel may be in it.
+    zygote = os.readlink(f"/proc/{box.zygote}/ns/ipc")
+    assert all(got["namespace"] != zygote for got in seen), "a kernel shared its zygote's IPC namespace"
 
 
 @pytest.mark.skipif(not sandbox.warm_possible(), reason="warm sandboxes need grading as root (cold ones are used)")
