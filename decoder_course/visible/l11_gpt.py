@@ -229,17 +229,29 @@ def check_gpt(GPT, KVCache) -> None:  # noqa: N803 - the classes under test
                           "norm, then out_proj")
     with check("no leakage: changing the tokens after any position leaves the logits up to it unchanged"):
         causal_leakage_probe(model, ids, time_axis=1, what="the logits: pass the causal mask to every layer")
-    with check("with a KVCache: a prefill of 4 tokens, then one at a time, gives the full forward's logits"):
+    with check("with a KVCache: a prefill of 4 tokens, a chunk of 3 (several new tokens after a non-empty cache), "
+               "then one at a time, gives the full forward's logits"):
         cache = KVCache(L)
         with torch.no_grad():
-            cached = torch.cat([model(ids[:, :4], cache)] + [model(ids[:, t:t + 1], cache) for t in range(4, 9)], 1)
             full = model(ids)
+            parts = []
+            for a, b in ((0, 4), (4, 7), (7, 8), (8, 9)):
+                try:
+                    parts.append(model(ids[:, a:b], cache))
+                except Exception as exc:  # noqa: BLE001 - any failure here is the promise broken
+                    raise CheckFailed(
+                        f"GPT raised on {b - a} new tokens after a cache of {a} positions ({type(exc).__name__}: "
+                        f"{exc}): the docstring promises any number of new positions per call, so the mask is "
+                        "(T_new, S), aligned to absolute positions (cached_causal_mask(positions, S)), not a "
+                        "(T_new, T_new) causal mask") from None
+            cached = torch.cat(parts, 1)
         if cache.length != 9:
             raise CheckFailed(f"after 9 positions the cache holds {cache.length}: each layer appends its keys and "
                               "values with cache.update(k, v, layer_idx)")
         expect_close(cached, full, "cached logits", atol=1e-4, rtol=1e-4,
                      hint="the new tokens are at positions cache.length .. (read it before the first layer updates "
-                          "it); attend over all cached keys with cached_causal_mask(positions, S)")
+                          "it); attend over all cached keys with cached_causal_mask(positions, S): a chunk of "
+                          "several new tokens sees the cached past and its own earlier tokens")
     with check("more than max_len positions raise ValueError"):
         expect_value_error(lambda: model(torch.zeros(1, M + 1, dtype=torch.long)),
                            f"GPT was given {M + 1} positions with max_len={M}")
@@ -318,9 +330,15 @@ def check_generate(generate) -> None:
             for t in range(3, 9):
                 best = int(model.next_logits(out[b, :t].tolist()).argmax())
                 if int(out[b, t]) != best:
+                    first = (" The first new token is the argmax of the prefill's last position: feed no prompt "
+                             "token again after the prefill" if t == 3 else "")
                     raise CheckFailed(f"row {b}, position {t}: {int(out[b, t])} is not the argmax {best} of the "
                                       "logits after the tokens so far (feed the prompt once with a KVCache, then "
-                                      "only each new token)")
+                                      f"only each new token).{first}")
+    with check("the mode is left as it is: a model in training mode is still in training mode after generate"):
+        if not model.training:
+            raise CheckFailed("generate switched the model out of training mode: the caller puts the model in eval "
+                              "mode before calling, and generate leaves the mode as it is (no model.eval() inside)")
     with check("the cache is used: the model runs the prompt once, then one position per new token"):
         if model.positions_run > 3 + 6:
             raise CheckFailed(f"the model ran {model.positions_run} positions per row for a prompt of 3 and 6 new "

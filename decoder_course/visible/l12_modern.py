@@ -117,13 +117,26 @@ def _rope_rows(rng: np.random.Generator) -> list:
                     **({} if base is None else {"base": Keyword(base)})}) for desc, x, positions, base in rows]
 
 
+def _expect_unrotated(got: np.ndarray, x: np.ndarray, desc: str) -> None:
+    """Rows at position 0 come back as they went in; where only their order changed, the order is named (the
+    angles are right there: zero), not the angle."""
+    if np.allclose(got, x, atol=1e-5):
+        return
+    if np.allclose(np.sort(got, axis=-1), np.sort(x, axis=-1), atol=1e-5):
+        raise CheckFailed(f"at position 0 (no rotation) rotary_embedding returns the right values in another order "
+                          f"({desc}): each rotated pair goes back to its own place (2i, 2i+1), e.g. torch.stack([..., "
+                          "...], dim=-1).flatten(-2), not the halves concatenated (torch.cat puts all the first "
+                          "halves of the pairs before all the second ones)")
+    raise CheckFailed(f"rotary_embedding moved a row at position 0 ({desc}): the angle is position · θ_i, zero there, "
+                      "so that row comes back unchanged")
+
+
 def _rope_properties(args: dict, got: np.ndarray, desc: str) -> None:
     """A rotation by position · θ: none at position 0, and each pair (2i, 2i+1) keeps its length."""
     x, positions = args["x"].astype(np.float64), args["positions"]
     got = got.astype(np.float64)
-    if (positions == 0).any() and not np.allclose(got[..., positions == 0, :], x[..., positions == 0, :], atol=1e-5):
-        raise CheckFailed(f"rotary_embedding moved a row at position 0 ({desc}): the angle is position · θ_i, zero "
-                          "there")
+    if (positions == 0).any():
+        _expect_unrotated(got[..., positions == 0, :], x[..., positions == 0, :], desc)
     def pair_lengths(a):
         return np.hypot(a[..., 0::2], a[..., 1::2])  # (..., Dh/2): |(a[2i], a[2i+1])|
 
@@ -152,8 +165,7 @@ def check_rotary_embedding(rotary_embedding) -> None:
         out = rotary_embedding(x, positions)
         expect_type(out, torch.Tensor, "rotary_embedding(x, positions)")
         expect_shape(out, (2, 3, 5, 8), "rotary_embedding(x, positions)", names="B H T Dh")
-        expect_close(out[:, :, 0], x[:, :, 0], "the rotation at position 0", atol=1e-6,
-                     hint="the angle is position · θ_i: zero at position 0")
+        _expect_unrotated(out[:, :, 0].detach().double().numpy(), x[:, :, 0].double().numpy(), "x (2, 3, 5, 8)")
         expect_close(out.norm(dim=-1), x.norm(dim=-1), "the lengths after rotating", **CLOSE,
                      hint="rotate each pair (a, b) -> (a cos - b sin, a sin + b cos): a rotation keeps lengths")
     with check("equal to the complex form: pair (x[2i], x[2i+1]) times exp(j · position · base^(-2i/Dh))"):
@@ -204,9 +216,13 @@ def _gqa(state: dict, H: int, Hkv: int, x, positions=None, allowed=None, *, tile
     return F.linear(out.nan_to_num(0.0).transpose(1, 2).reshape(B, T, D), state["out_proj.weight"])  # (B, T, D)
 
 
-def _decoded(x: np.ndarray, positions: np.ndarray, causal: np.ndarray, prefill: int = 3) -> tuple[dict, ...]:
-    """A row's calls with a cache: the first ``prefill`` positions at once, then each later one alone."""
-    cuts = [(0, prefill), *((t, t + 1) for t in range(prefill, x.shape[1]))]
+def _decoded(x: np.ndarray, positions: np.ndarray, causal: np.ndarray, prefill: int = 3,
+             chunk: int = 2) -> tuple[dict, ...]:
+    """A row's calls with a cache: the first ``prefill`` positions at once, then a chunk of ``chunk`` positions
+    (several new queries after a non-empty cache: the mask must be (T_new, S), aligned to absolute positions), then
+    each later one alone."""
+    cuts = [(0, prefill), (prefill, prefill + chunk),
+            *((t, t + 1) for t in range(prefill + chunk, x.shape[1]))]
     return tuple({"x": x[:, a:b], "positions": positions[a:b], "allowed": causal[a:b, :b]} for a, b in cuts)
 
 
@@ -342,16 +358,17 @@ def check_sliding_window_mask(sliding_window_mask) -> None:
 
 # -- ModernBlock -------------------------------------------------------------------------------------------------------
 def _block(init: dict, state: dict, inputs: dict, *, post: bool = False, rope: bool = True,
-           one_norm: bool = False) -> torch.Tensor:
+           one_norm: bool = False, eps: float | None = None) -> torch.Tensor:
     """The pre-norm block over ``state`` with F.rms_norm, PyTorch's GQA and F.silu; the keywords make the known
-    miswirings."""
+    miswirings (``eps``: the norms' eps instead of the block's)."""
     x, positions, allowed = inputs.values()
+    eps = init.get("eps", 1e-6) if eps is None else eps
 
     def sub(prefix):
         return {k.removeprefix(prefix): v for k, v in state.items() if k.startswith(prefix)}
 
     def norm(name, h):
-        return F.rms_norm(h, (h.shape[-1],), state[f"{name}.weight"], init.get("eps", 1e-6))
+        return F.rms_norm(h, (h.shape[-1],), state[f"{name}.weight"], eps)
 
     def attn(h):
         return _gqa(sub("attn."), init["n_heads"], init["n_kv_heads"], h, positions if rope else None, allowed)
@@ -367,9 +384,10 @@ def _block(init: dict, state: dict, inputs: dict, *, post: bool = False, rope: b
 
 
 def _block_rows(rng: np.random.Generator) -> list[Build]:
-    """Two different norm gains far from ones; a causal GQA block also decoded with a cache, an MHA one unmasked."""
+    """Two different norm gains far from ones; a causal GQA block also decoded with a cache (a prefill, a chunk of
+    two, single positions), an MHA one unmasked; an eps large enough that a norm built without it shows."""
     rows = []
-    for (D, H, Hkv, Fw), B, T, causal in (((16, 4, 2, 24), 3, 6, True), ((8, 2, 2, 12), 2, 5, False)):
+    for (D, H, Hkv, Fw), B, T, causal, eps in (((16, 4, 2, 24), 3, 6, True, 1e-5), ((8, 2, 2, 12), 2, 5, False, 0.25)):
         Dh = D // H
         shapes = {"attn_norm.weight": (D,), "ffn_norm.weight": (D,), "attn.q_proj.weight": (D, D),
                   "attn.k_proj.weight": (Hkv * Dh, D), "attn.v_proj.weight": (Hkv * Dh, D),
@@ -380,9 +398,9 @@ def _block_rows(rng: np.random.Generator) -> list[Build]:
         positions = (np.arange(T) + int(rng.integers(1, 30))).astype(np.int64)
         allowed = np.tril(np.ones((T, T), bool)) if causal else None
         rows.append(Build(
-            f"ModernBlock(D={D}, n_heads={H}, n_kv_heads={Hkv}, d_ff={Fw}, eps=1e-5) with random weights, B={B}, "
+            f"ModernBlock(D={D}, n_heads={H}, n_kv_heads={Hkv}, d_ff={Fw}, eps={eps}) with random weights, B={B}, "
             f"T={T}, positions from {int(positions[0])}, {'a causal mask' if causal else 'no mask'}",
-            {"d_model": D, "n_heads": H, "n_kv_heads": Hkv, "d_ff": Fw, "eps": Keyword(1e-5)},
+            {"d_model": D, "n_heads": H, "n_kv_heads": Hkv, "d_ff": Fw, "eps": Keyword(eps)},
             {"x": x, "positions": positions, "allowed": allowed}, state=state,
             cached=_decoded(x, positions, allowed) if causal else ()))
     return rows
@@ -396,7 +414,9 @@ SPECS["ModernBlock"] = ModuleSpec(
         "`positions` are not passed to the attention: without them RoPE never happens and the block cannot tell "
         "positions apart": _block(init, state, inputs, rope=False),
         "attn_norm is used before the feed-forward too: each sublayer has its own norm (ffn_norm)":
-            _block(init, state, inputs, one_norm=True)},
+            _block(init, state, inputs, one_norm=True),
+        "the norms ignore the block's eps (RMSNorm(d_model) keeps its default 1e-6): build both with "
+        "RMSNorm(d_model, eps), every constructor argument is honoured": _block(init, state, inputs, eps=1e-6)},
     names="attn_norm, ffn_norm (RMSNorm), attn (GroupedQueryAttention), feed_forward (SwiGLUFeedForward)",
     dtype=lambda a: a["x"].dtype, shape=lambda a: a["x"].shape, axes="B, T, D", rtol=1e-4, atol=1e-4,
     uses=("RMSNorm", "GroupedQueryAttention", "SwiGLUFeedForward"),
