@@ -92,6 +92,16 @@ def _bpe_rows(rng: np.random.Generator) -> list:
         ("", 300, "the empty text")]]
 
 
+def _each_most_frequent(ids: list[int], merges: list) -> bool:
+    """Whether each of ``merges``, replayed on ``ids`` in order, is a most frequent pair of its step."""
+    for k, pair in enumerate(merges):
+        counts = Counter(zip(ids, ids[1:]))
+        if not counts or counts.get(pair, 0) != max(counts.values()):
+            return False
+        ids = _merged(ids, pair, 256 + k)
+    return True
+
+
 def _most_frequent_each_step(args: dict, got: list, desc: str) -> None:
     """Replaying the merges: each is a pair of the sequence at its step, as frequent as any; no more than
     vocab_size - 256 of them, and fewer only when the sequence has no pair left."""
@@ -102,6 +112,11 @@ def _most_frequent_each_step(args: dict, got: list, desc: str) -> None:
         counts = Counter(zip(ids, ids[1:]))
         n = counts.get(pair, 0)
         if not counts or n != max(counts.values()):
+            code_points = [ord(c) for c in args["text"]]
+            if code_points != list(args["text"].encode("utf-8")) and _each_most_frequent(code_points, got[:k + 1]):
+                raise CheckFailed(f"merge {k}, {pair}, is the most frequent pair of the text's code points, not of its "
+                                  f"UTF-8 bytes ({desc}): start from list(text.encode('utf-8')), where a character "
+                                  "such as 'é' or '😀' is two to four bytes, never from ord(c)")
             if any(t >= 256 + k for t in pair):
                 idea = "it uses an id that does not exist yet: merge k makes token 256 + k"
             elif n == 0:
@@ -292,6 +307,15 @@ def _windows(args: dict, got: list, desc: str) -> None:
                           "(its high end is exclusive)")
 
 
+def _window_error(args: dict, error: str) -> str:
+    """An index past the stream: a start drawn too high, whose window or target runs off the end."""
+    if "IndexError" in error or "out of bounds" in error or "out of range" in error:
+        return ("An index ran past the end of the stream: the last start is N - block - 1, so that the window's "
+                "target ids[o + block] still exists; draw torch.randint(0, N - block, (batch,)) (its high end is "
+                "exclusive).")
+    return ""
+
+
 SPECS = {
     "train_bpe": Spec(
         "train_bpe", _bpe_rows, dtype=lambda a: None, shape=lambda a: (), listed=True,
@@ -301,6 +325,7 @@ SPECS = {
     "lm_batches": Spec(
         "lm_batches", _batch_rows, dtype=lambda a: np.int64, shape=lambda a: ((a["batch"], a["block"]),) * 2,
         outputs=("inputs", "targets"), axes=("batch, block",) * 2, properties=_windows, tensors=True,
+        on_error=_window_error,
         refused=(("a stream of N = block tokens", {"ids": np.arange(6), "block": 6, "batch": 2,
                                                     "generator": Seeded(0)},
                   "lm_batches was handed a stream of N = block tokens, and there is no window with a target"),),

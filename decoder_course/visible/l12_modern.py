@@ -216,6 +216,9 @@ def _gqa(state: dict, H: int, Hkv: int, x, positions=None, allowed=None, *, tile
     return F.linear(out.nan_to_num(0.0).transpose(1, 2).reshape(B, T, D), state["out_proj.weight"])  # (B, T, D)
 
 
+DECODED = ", also decoded with a KVCache (a prefill of 3 positions, a chunk of 2, then one at a time)"
+
+
 def _decoded(x: np.ndarray, positions: np.ndarray, causal: np.ndarray, prefill: int = 3,
              chunk: int = 2) -> tuple[dict, ...]:
     """A row's calls with a cache: the first ``prefill`` positions at once, then a chunk of ``chunk`` positions
@@ -251,7 +254,8 @@ def _gqa_rows(rng: np.random.Generator) -> list[Build]:
         rows.append(Build(
             f"{what}: D={D}, n_heads={H}, n_kv_heads={Hkv}, B={B}, T={T}, "
             f"{f'RoPE at positions from {int(positions[0])}' if rope else 'no positions'}, "
-            f"{'a causal mask' if causal else 'a random mask with a fully masked row'}",
+            f"{'a causal mask' if causal else 'a random mask with a fully masked row'}"
+            f"{DECODED if rope and causal else ''}",
             {"d_model": D, "n_heads": H, "n_kv_heads": Hkv}, {"x": x, "positions": positions, "allowed": allowed},
             state=state, cached=_decoded(x, positions, allowed) if rope and causal else ()))
     return rows
@@ -399,7 +403,8 @@ def _block_rows(rng: np.random.Generator) -> list[Build]:
         allowed = np.tril(np.ones((T, T), bool)) if causal else None
         rows.append(Build(
             f"ModernBlock(D={D}, n_heads={H}, n_kv_heads={Hkv}, d_ff={Fw}, eps={eps}) with random weights, B={B}, "
-            f"T={T}, positions from {int(positions[0])}, {'a causal mask' if causal else 'no mask'}",
+            f"T={T}, positions from {int(positions[0])}, {'a causal mask' if causal else 'no mask'}"
+            f"{DECODED if causal else ''}",
             {"d_model": D, "n_heads": H, "n_kv_heads": Hkv, "d_ff": Fw, "eps": Keyword(eps)},
             {"x": x, "positions": positions, "allowed": allowed}, state=state,
             cached=_decoded(x, positions, allowed) if causal else ()))
