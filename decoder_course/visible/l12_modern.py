@@ -210,7 +210,7 @@ def _gqa(state: dict, H: int, Hkv: int, x, positions=None, allowed=None, *, tile
     if positions is not None:
         q = complex_rotation(q, positions).to(x.dtype)
         k = complex_rotation(k, positions).to(x.dtype) if rope_k else k
-    if tile:  # (B, H, T, Dh): query head h gets kv head h % H_kv
+    if tile:  # (B, H, T, Dh): query head h gets kv head h % H_kv (not h // g)
         k, v = k.repeat(1, H // Hkv, 1, 1), v.repeat(1, H // Hkv, 1, 1)
     out = F.scaled_dot_product_attention(q, k, v, attn_mask=allowed, scale=scale, enable_gqa=True)  # True = may attend
     return F.linear(out.nan_to_num(0.0).transpose(1, 2).reshape(B, T, D), state["out_proj.weight"])  # (B, T, D)
@@ -268,7 +268,7 @@ def _gqa_twin(init: dict, state: dict, inputs: dict, train: bool) -> torch.Tenso
 def _gqa_variants(init: dict, state: dict, inputs: dict, train: bool) -> dict[str, torch.Tensor]:
     H, Hkv, (x, positions, allowed) = init["n_heads"], init["n_kv_heads"], inputs.values()
     wrong = {"the key/value heads are tiled (repeat: query head h gets kv head h % n_kv_heads): consecutive query "
-             "heads h·g .. h·g + g - 1 share kv head h, so repeat_interleave(g, dim=1)":
+             "heads j·g .. j·g + g - 1 share kv head j, so repeat_interleave(g, dim=1)":
              _gqa(state, H, Hkv, x, positions, allowed, tile=True)}
     if positions is not None:
         wrong["only the queries are rotated: rotate the keys at their positions too, or the score depends on "
