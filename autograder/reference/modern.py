@@ -336,6 +336,11 @@ MISTAKES = [
      ("rotated = torch.stack([a * cos - b * sin, a * sin + b * cos], dim=-1)",
       "rotated = torch.cat([a * cos - b * sin, a * sin + b * cos], dim=-1)"),
      ("return rotated.flatten(-2).to(x.dtype)", "return rotated.to(x.dtype)")),
+    ("rotary_embedding", "the rotated pairs' halves concatenated (torch.cat), not put back in pairs: right angles, "
+                         "wrong order",
+     ("rotated = torch.stack([a * cos - b * sin, a * sin + b * cos], dim=-1)",
+      "rotated = torch.cat([a * cos - b * sin, a * sin + b * cos], dim=-1)"),
+     ("return rotated.flatten(-2).to(x.dtype)", "return rotated.to(x.dtype)")),
     ("rotary_embedding", "ignores positions: rotates row t by t",
      ("angles = positions.to(x.device, torch.float32)[:, None] * theta",
       "angles = torch.arange(x.shape[-2], device=x.device, dtype=torch.float32)[:, None] * theta")),
