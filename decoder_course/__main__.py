@@ -23,7 +23,7 @@ from typing import Any
 
 from decoder_course.text import shown
 
-DEFAULT_TIMEOUT = 300  # seconds per cell: the longest lesson cell (training) takes about two minutes on a laptop
+DEFAULT_TIMEOUT = 300  # seconds per cell: every lesson's training cell caps itself well below (about a minute)
 HARVEST_ENV = "DECODER_COURSE_HARVEST"  # set only during a grading run (decoder_course.harvest)
 NOT_IMPLEMENTED = "is not implemented yet"  # how decoder_course.checks words an unwritten exercise
 
@@ -85,11 +85,29 @@ def graded_cells(nb: Any) -> list[tuple[int, Any]]:
             if cell.cell_type == "code" and cell.get("metadata", {}).get("nbgrader", {}).get("grade")]
 
 
-def verdict_of(cell: Any, bugs: set[str] = frozenset()) -> Verdict:
+def cell_name(nb: Any, index: int) -> str:
+    """A code cell as JupyterLab shows it: ``cell [7]`` by its execution count, which JupyterLab prints beside it,
+    or "the 7th code cell" when it never ran; never an index that counts markdown cells too."""
+    cell = nb.cells[index]
+    if cell.get("execution_count") is not None:
+        return f"cell [{cell['execution_count']}]"
+    nth = sum(c.cell_type == "code" for c in nb.cells[:index + 1])
+    suffix = "th" if 10 <= nth % 100 <= 20 else {1: "st", 2: "nd", 3: "rd"}.get(nth % 10, "th")
+    return f"the {nth}{suffix} code cell"
+
+
+def _timed_out(timeout: int | None) -> str:
+    """What a cell interrupted by this command was: it hit the per-cell time limit (the only interrupt we send)."""
+    limit = f"the time limit of {timeout} s a cell" if timeout else "the time limit a cell has"
+    return f"hit {limit} and was stopped (an endless loop? or a slow machine: --timeout gives more)"
+
+
+def verdict_of(cell: Any, bugs: set[str] = frozenset(), timeout: int | None = None) -> Verdict:
     """The verdict of one executed graded cell, from its outputs only; ``bugs``: the find-the-bug exercises not
-    started yet (:func:`bugs_to_find`), whose failure is where the exercise begins."""
+    started yet (:func:`bugs_to_find`), whose failure is where the exercise begins; ``timeout``: the per-cell limit
+    it ran under, to name it when the cell was stopped."""
     name = cell.metadata["nbgrader"].get("grade_id", "?")
-    verdict = _verdict_of(cell, name)
+    verdict = _verdict_of(cell, name, timeout)
     if name in bugs and not verdict.passed and not verdict.not_implemented:
         return Verdict(name, False, f"bug not fixed yet (find the bug: the cell above holds the given code with one "
                        f"mistake; its check says: {verdict.message})", checks_passed=verdict.checks_passed,
@@ -97,7 +115,7 @@ def verdict_of(cell: Any, bugs: set[str] = frozenset()) -> Verdict:
     return verdict
 
 
-def _verdict_of(cell: Any, name: str) -> Verdict:
+def _verdict_of(cell: Any, name: str, timeout: int | None) -> Verdict:
     passed = sum(line.startswith("✓") for line in _text_of(cell).splitlines())
     if cell.get("execution_count") is None and not cell.get("outputs"):
         return Verdict(name, False, "did not run (the kernel stopped before this cell; see the notes below)")
@@ -114,12 +132,13 @@ def _verdict_of(cell: Any, name: str) -> Verdict:
         hint = " (run the cell that defines it; did you rename it?)"
         return Verdict(name, False, f"{evalue}{hint}", checks_passed=passed)
     if ename == "KeyboardInterrupt":
-        return Verdict(name, False, "took too long and was stopped (an endless loop?)", checks_passed=passed)
+        return Verdict(name, False, _timed_out(timeout), checks_passed=passed)
     return Verdict(name, False, f"raised {ename}: {evalue.strip()}", checks_passed=passed)
 
 
-def notes_on_other_cells(nb: Any) -> list[str]:
-    """Errors in cells that are not graded (your exercise cells, plots), except "not implemented yet"."""
+def notes_on_other_cells(nb: Any, timeout: int | None = None) -> list[str]:
+    """Errors in cells that are not graded (your exercise cells, plots), except "not implemented yet"; a cell this
+    command stopped is said to have hit the time limit, and the names it never defined are why later cells fail."""
     notes = []
     for i, cell in enumerate(nb.cells):
         meta = cell.get("metadata", {}).get("nbgrader", {})
@@ -129,7 +148,11 @@ def notes_on_other_cells(nb: Any) -> list[str]:
         if error is None or _is_not_implemented(*error):
             continue
         where = f"your cell for {meta['grade_id'].removesuffix('_solution')}" if meta.get("solution") \
-            else f"cell {i + 1}"
+            else cell_name(nb, i)
+        if error[0] == "KeyboardInterrupt":
+            notes.append(f"{where} {_timed_out(timeout)}; what it had not yet defined is missing in the cells "
+                         "after it (a NameError there comes from this)")
+            continue
         first_line = shown((error[1].splitlines() or [""])[0][:200])
         notes.append(f"{where} raised {error[0]}: {first_line}")
     return notes
@@ -204,11 +227,11 @@ def check(path: Path, timeout: int = DEFAULT_TIMEOUT, kernel_name: str | None = 
         print(f"error: cannot run {path}: {exc}", file=sys.stderr)
         return 2
     bugs = bugs_to_find(nb)
-    verdicts = [verdict_of(cell, bugs) for _, cell in graded_cells(nb)]
+    verdicts = [verdict_of(cell, bugs, timeout) for _, cell in graded_cells(nb)]
     if not verdicts:
         print(f"error: {path} has no graded exercise (is it a lesson notebook of this course?)", file=sys.stderr)
         return 2
-    notes = ([stopped] if stopped else []) + notes_on_other_cells(nb)
+    notes = ([stopped] if stopped else []) + notes_on_other_cells(nb, timeout)
     print(report(verdicts, notes))
     print(f"(ran in {time.perf_counter() - started:.0f} s)", file=sys.stderr)
     return 0 if all(v.passed for v in verdicts) else 1

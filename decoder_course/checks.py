@@ -386,12 +386,25 @@ def expect_dtype(x: Any, dtype: Any, what: str = "the result") -> None:
     elif _KINDS["float"](got) and all(_KINDS["integer"](_kind_name(option)) for option in wanted):
         hint = ": token ids and positions are integers; did a division or np.mean turn them into floats?"
     elif _KINDS["integer"](got) and all(_KINDS["integer"](_kind_name(option)) for option in wanted):
-        hint = ": integer widths matter too; make new tensors with the input's dtype (dtype=x.dtype: int32 stays int32)"
+        explicit = [_dtype_name(option) for option in wanted if option not in _KINDS]
+        if explicit and all(_bits(name) > _bits(got) for name in explicit):
+            # a result whose width is fixed (int64 ids from int32 ones): the input's dtype is not the answer
+            hint = (f": this result is {names} whatever the input's integer width; convert it (.long() in "
+                    "PyTorch, .astype(np.int64) in NumPy)")
+        else:
+            hint = (": integer widths matter too; make new tensors with the input's dtype (dtype=x.dtype: int32 "
+                    "stays int32)")
     elif got == "float64" and "float32" in names:
         hint = ": float32 inputs became float64, which happens when they meet a float64 array or constant"
     elif not _KINDS["float"](got) and "float" in names:
         hint = ": integer or boolean values need converting to floats before this arithmetic"
     raise CheckFailed(f"{what} should have dtype {names}, got {got}{hint}", kind=SHAPE_OR_DTYPE)
+
+
+def _bits(dtype_name: str) -> int:
+    """The width in bits a dtype's name states ("int32" -> 32; 0 when it states none)."""
+    digits = "".join(c for c in dtype_name.rsplit(".", 1)[-1] if c.isdigit())
+    return int(digits) if digits else 0
 
 
 def expect_bool(x: Any, what: str = "the mask") -> None:

@@ -643,7 +643,8 @@ def expect_cached(spec: ModuleSpec, row: Build, first: np.ndarray, parts: list, 
                   situation: str) -> None:
     """The cached calls' outputs, each of its own length, joined along axis 1 equal the full forward's ``first``;
     the cache holds keys of the shape the spec's ``cache.keys`` says (if it says one)."""
-    what = f"{spec.name}'s output with a cache ({situation}: a prefill, then one position at a time)"
+    lengths = ", ".join(str(np.shape(unwrap(next(iter(step.values()))))[1]) for step in row.cached)
+    what = f"{spec.name}'s output with a cache ({situation}: calls of {lengths} new positions in a row on one cache)"
     for step, got in zip(row.cached, parts):
         T = np.shape(unwrap(next(iter(step.values()))))[1]
         expect_shape(got, (first.shape[0], T, *first.shape[2:]), what, names=spec.axes or None)

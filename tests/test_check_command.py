@@ -107,8 +107,8 @@ def test_verdicts_read_only_the_cell_outputs():
     assert crash.message == "raised ValueError: operands could not be broadcast"
     missing = cli.verdict_of(_cell("a", [_error("NameError", "name 'a' is not defined")]))
     assert "run the cell that defines it" in missing.message
-    hang = cli.verdict_of(_cell("a", [_error("KeyboardInterrupt", "")]))
-    assert "took too long" in hang.message
+    hang = cli.verdict_of(_cell("a", [_error("KeyboardInterrupt", "")]), timeout=300)
+    assert "hit the time limit of 300 s a cell and was stopped" in hang.message
     never = cli.verdict_of(_cell("a", [], count=None))
     assert not never.passed and "did not run" in never.message
 
@@ -124,9 +124,28 @@ def test_notes_name_the_students_cell_and_skip_unwritten_exercises():
     ]
     assert cli.notes_on_other_cells(nb) == [
         "your cell for causal_mask raised SyntaxError: invalid syntax",
-        "cell 4 raised ZeroDivisionError: division by zero",
+        "the 4th code cell raised ZeroDivisionError: division by zero",
     ]
     assert [i for i, _ in cli.graded_cells(nb)] == [4]
+
+
+def test_a_stopped_cell_is_named_as_jupyterlab_shows_it_and_said_to_have_hit_the_time_limit():
+    """Cells are named by the execution count JupyterLab prints beside them (markdown cells do not count), or as
+    the Nth code cell when they never ran; an interrupted one hit the time limit, and the NameError below it is
+    traced back to it."""
+    nb = nbformat.v4.new_notebook()
+    nb.cells = [nbformat.v4.new_markdown_cell("# title"), nbformat.v4.new_markdown_cell("prose"),
+                nbformat.v4.new_code_cell("train()", execution_count=7,
+                                          outputs=[_error("KeyboardInterrupt", "")]),
+                nbformat.v4.new_markdown_cell("more prose"),
+                nbformat.v4.new_code_cell("plot(runs)", execution_count=None,
+                                          outputs=[_error("NameError", "name 'runs' is not defined")])]
+    notes = cli.notes_on_other_cells(nb, timeout=60)
+    assert notes[0] == ("cell [7] hit the time limit of 60 s a cell and was stopped (an endless loop? or a slow "
+                        "machine: --timeout gives more); what it had not yet defined is missing in the cells after "
+                        "it (a NameError there comes from this)")
+    assert notes[1] == "the 2nd code cell raised NameError: name 'runs' is not defined"
+    assert all("cell 3" not in note and "cell 5" not in note for note in notes)
 
 
 def test_report_summary_counts():

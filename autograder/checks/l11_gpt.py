@@ -6,11 +6,13 @@
   saw, the empty string), decoding cut multi-byte characters gives U+FFFD, a bad id raises;
 - ``GPT`` is loaded (strictly, by the contract's names) with random weights and compared with the reference,
   itself proven equal to ``nn.TransformerEncoderLayer(norm_first=True)`` with a causal mask: B >= 2, T != max_len,
-  biases far from 0; the output projection must *be* the embedding (same storage); the cached path (prefill, then
-  one token at a time) must give the full forward's logits; embeddings start small; more than max_len raises;
+  biases far from 0; the output projection must *be* the embedding (same storage); the cached path (prefill, a chunk
+  of several tokens, then one token at a time) must give the full forward's logits; embeddings start small; more
+  than max_len raises;
 - ``generate`` on ``decoder_course.testing.HashedLM``, a stand-in whose logits are fixed by the prefix and whose
   past lives only in the cache it is handed: greedy tokens exactly, positions run (the cache used, each token
-  fed once), reproducible draws, nothing outside top-k, first-token frequencies = softmax(logits / T).
+  fed once), the model's mode left as it is, reproducible draws, nothing outside top-k, first-token frequencies =
+  softmax(logits / T).
 
 Generic judges (inputs unchanged, ValueError, the known mistakes' diagnosis) come from
 :mod:`autograder.checks.judges`.
@@ -189,7 +191,9 @@ class GPTCheck(Exercise):
 
     forbidden = ("nn.TransformerEncoderLayer", "nn.TransformerEncoder", "nn.TransformerDecoderLayer",
                  "nn.Transformer")
-    PREFILL, TOTAL = 4, 9  # the cached case: a prefill of 4 positions, then one at a time up to 9
+    # the cached case: a prefill of 4 positions, a chunk of 3 (several new queries after a non-empty cache, so the
+    # mask must be (T_new, S) aligned to absolute positions), then one at a time up to 9
+    PREFILL, CHUNK, TOTAL = 4, 3, 9
 
     def cases(self, rng):
         cases = []
@@ -210,13 +214,13 @@ class GPTCheck(Exercise):
         ids = rng.integers(0, V, size=(2, self.TOTAL))
         with torch.no_grad():
             want = model(torch.from_numpy(ids)).numpy()
-        case = Case("cache", f"B=2, a KVCache prefilled with {self.PREFILL} positions, then "
-                             f"{self.TOTAL - self.PREFILL} single tokens", data={"want": want})
+        case = Case("cache", f"B=2, a KVCache prefilled with {self.PREFILL} positions, then a chunk of "
+                             f"{self.CHUNK} tokens, then {self.TOTAL - self.PREFILL - self.CHUNK} single tokens",
+                    data={"want": want})
         _build_gpt(case, state)
         case.call("KVCache", LAYERS, let="cache")
-        case.call({"ref": "m"}, case.tensor(ids[:, :self.PREFILL]), {"ref": "cache"}, record="step0")
-        for step, t in enumerate(range(self.PREFILL, self.TOTAL), start=1):
-            case.call({"ref": "m"}, case.tensor(ids[:, t:t + 1]), {"ref": "cache"}, record=f"step{step}")
+        for step, (a, b) in enumerate(self._cuts()):
+            case.call({"ref": "m"}, case.tensor(ids[:, a:b]), {"ref": "cache"}, record=f"step{step}")
         cases.append(case)
         case = Case("init", "a freshly built GPT(300, 64, 4, 128, 1, 32)")
         case.seed(int(rng.integers(2**31)))
@@ -229,6 +233,11 @@ class GPTCheck(Exercise):
         case.call({"ref": "m"}, case.tensor(rng.integers(0, V, size=(2, MAX_LEN + 1))), record="out")
         cases.append(case)
         return cases
+
+    def _cuts(self) -> list[tuple[int, int]]:
+        """The cached case's calls: the prefill, the chunk, then single positions."""
+        chunk_end = self.PREFILL + self.CHUNK
+        return [(0, self.PREFILL), (self.PREFILL, chunk_end), *((t, t + 1) for t in range(chunk_end, self.TOTAL))]
 
     def judge(self, result: Result):
         for case_id in ("full", "max_len"):
@@ -246,15 +255,21 @@ class GPTCheck(Exercise):
                        "self.tok_embed.weight), one Parameter that both embeds and scores tokens.")
         case = result.cases["cache"]
         _load_error(result, case)
+        error = result.error(case.id)
+        if error is not None:
+            raise Fail(f"GPT raised with a KVCache ({case.desc}):\n    {error.splitlines()[-1]}\nThe docstring "
+                       "promises any number of new positions per call after a non-empty cache, not only a prefill "
+                       "and then one token at a time: the mask is (T_new, S), aligned to absolute positions "
+                       "(cached_causal_mask(positions, S)), not a (T_new, T_new) causal mask.")
         B = case.data["want"].shape[0]
-        steps = [result.get(case.id, "step0", what="GPT's logits on the prefill", kind="tensor", dtype="float",
-                            shape=(B, self.PREFILL, V))]
-        steps += [result.get(case.id, f"step{s}", what=f"GPT's logits at cached step {s}", kind="tensor",
-                             dtype="float", shape=(B, 1, V)) for s in range(1, self.TOTAL - self.PREFILL + 1)]
+        steps = [result.get(case.id, f"step{s}", what=f"GPT's logits at cached call {s} ({b - a} new positions)",
+                            kind="tensor", dtype="float", shape=(B, b - a, V))
+                 for s, (a, b) in enumerate(self._cuts())]
         expect_close(np.concatenate(steps, axis=1), case.data["want"], "GPT's logits with a KVCache", case.desc,
                      rtol=1e-4, atol=1e-4, hint="With a cache the new tokens sit at positions cache.length .. (read "
                      "it before the first layer updates it); each layer appends its new keys and values "
-                     "(cache.update(k, v, i)) and attends over all of them with cached_causal_mask(positions, S).")
+                     "(cache.update(k, v, i)) and attends over all of them with cached_causal_mask(positions, S): "
+                     "a chunk of several new tokens sees the cached past and its own earlier tokens.")
         case = result.cases["init"]
         for name in ("tok_embed", "pos_embed"):
             w = result.get(case.id, name, what=f"{name}.weight", kind="tensor", dtype="float")
@@ -300,13 +315,14 @@ class Generate(Exercise):
         seed, T, new = int(rng.integers(2**31)), 3, int(rng.integers(5, 8))
         prompt = rng.integers(0, 14, size=(3, T))
         case = Case("greedy", f"B=3, a prompt of T={T}, max_new_tokens={new}, temperature=0, a 3-layer stand-in",
-                    data={"prompt": prompt, "T": T, "new": new})
+                    data={"prompt": prompt, "T": T, "new": new, "lm": (seed, 3, 16)})
         model = _lm(case, "m", seed, n_layers=3, max_len=16)
         case.data["want"] = ref.generate(model, torch.from_numpy(prompt), new, temperature=0).numpy()
         case.let("prompt_ids", case.tensor(prompt))
         case.call("generate", {"ref": "m"}, {"ref": "prompt_ids"}, new, temperature=0, record="out")
         record_after(case, ["prompt_ids"])
         case.record("positions", {"attr": ["m", "positions_run"]})
+        case.record("training", {"attr": ["m", "training"]})  # a stand-in left in training mode: still so after
         cases.append(case)
         # 2. reproducible draws
         seed, g1, g2 = (int(s) for s in rng.integers(2**31, size=3))
@@ -346,10 +362,20 @@ class Generate(Exercise):
             raise Fail(f"generate should return (B, T + max_new_tokens) = {(B, T + new)}, got {got.shape} "
                        f"({case.desc}): the prompt, then the new tokens.")
         _prompt_head(result, case, got, "generate")
+        if not bool(result.get(case.id, "training", what="model.training after generate", kind="any")):
+            raise Fail(f"generate switched the model out of training mode ({case.desc}): the caller puts the model "
+                       "in eval mode before calling, and generate leaves the mode as it is (no model.eval() inside; "
+                       "a caller that trains on after sampling would train without dropout).")
         positions = int(result.get(case.id, "positions", what="positions run", kind="any"))
         if not np.array_equal(got, d["want"]):
             idea = "At temperature 0 take the argmax of the last position's logits, each step."
-            if positions > T + new:
+            seed, layers, max_len = d["lm"]
+            known = spec.known_mistake(LESSON, "generate", got, lambda wrong: wrong(
+                HashedLM(14, seed, n_layers=layers, max_len=max_len), torch.from_numpy(d["prompt"]), new,
+                temperature=0), rtol=0, atol=0)
+            if known:
+                idea = f"Your tokens are those of a known mistake: {known}."
+            elif positions > T + new:
                 idea = ("The model saw more positions than the prompt plus one per new token: with a cache feed the "
                         "prompt once, then only the newest token (B, 1); never the whole sequence again.")
             raise Fail(f"generate's tokens are wrong ({case.desc}). {idea}")

@@ -130,6 +130,8 @@ def _same(a: Any, b: Any, rtol: float = _RTOL, atol: float = _ATOL) -> bool:
     if x is not None or y is not None:
         if x is None or y is None or x.shape != y.shape:
             return False
+        if (x.dtype.kind in "fc") != (y.dtype.kind in "fc"):
+            return False  # float ids where ints are due (or the reverse): what the caller does with them differs
         if x.dtype.kind in "fc" or y.dtype.kind in "fc":
             return bool(np.allclose(x.astype(np.float64), y.astype(np.float64), rtol=rtol, atol=atol,
                                     equal_nan=True))
@@ -543,7 +545,10 @@ def answered(ex, result: Result) -> list[Case] | None:
     sent = False
     for case in result.cases.values():
         calls = _recorded_calls(result, case.id)
-        stopped = any(not call.returned for made in calls.values() for call in made)
+        # stopped: a building block raised, or the item raised after its building blocks returned (on a wrong
+        # one's answer, e.g. float ids handed to an embedding): either way a correct one's answers may let it run on
+        stopped = any(not call.returned for made in calls.values() for call in made) or (
+            bool(calls) and result.error(case.id) is not None)
         if not stopped or not case.relative:
             again.append(case)
             continue

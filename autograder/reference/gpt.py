@@ -174,9 +174,11 @@ class GPT(nn.Module):
 
     ``forward(ids)`` runs every position with the causal mask (query t sees keys 0 .. t). ``forward(ids,
     cache)`` with a lesson 09 ``KVCache`` (one slot per layer) runs only the new positions ``cache.length ..
-    cache.length + T - 1``: each layer's self-attention appends its keys and values to the cache and attends
-    over everything cached (mask aligned to absolute positions), so prefilling a prompt and then feeding one
-    token at a time gives the logits of the full forward. More than ``max_len`` positions raise ``ValueError``.
+    cache.length + T - 1``, any number of them per call: each layer's self-attention appends its keys and values to
+    the cache and attends over everything cached (a (T, S) mask aligned to absolute positions), so prefilling a
+    prompt, then feeding chunks of several tokens or one token at a time, gives the logits of the full forward.
+    More than ``max_len`` positions raise ``ValueError``; ``self.max_len`` keeps the constructor's ``max_len``
+    (``generate`` and ``generate_long`` read it).
 
     Shape:
         ids: (B, T) int64 with cache.length + T <= max_len -> logits (B, T, V) float32
@@ -303,7 +305,9 @@ def generate(model: nn.Module, prompt_ids: torch.Tensor, max_new_tokens: int, te
     argmax (greedy); otherwise divide by the temperature, keep the ``top_k`` largest (lesson 08's ``top_k_filter``, when
     ``top_k`` is not None), and draw one token per row with ``torch.multinomial(softmax, 1,
     generator=generator)``, so a seeded generator reproduces the draws whatever the global random state.
-    Needs ``T + max_new_tokens <= model.max_len``. Call ``model.eval()`` first; ``prompt_ids`` is unchanged.
+    Needs ``T + max_new_tokens <= model.max_len`` (``GPT`` keeps its ``max_len`` as an attribute for this). The
+    caller puts the model in eval mode (``model.eval()``, as the lesson's cells do) before calling: ``generate``
+    leaves the mode as it is, and ``prompt_ids`` is unchanged.
 
     Shape:
         prompt_ids: (B, T) int64, T >= 1 -> ids (B, T + max_new_tokens): the prompt, then the new tokens
@@ -371,6 +375,9 @@ MISTAKES = [
     ("train_bpe", "one merge too few: range(257, vocab_size)",
      ("range(256, vocab_size)", "range(257, vocab_size)"),
      ("merge_pair(ids, best, new_id)", "merge_pair(ids, best, new_id - 1)")),
+    ("train_bpe", "starts from the text's code points (ord(c)), not its UTF-8 bytes",
+     ('ids = list(text.encode("utf-8"))  # the 256 byte values',
+      "ids = [ord(c) for c in text]  # the 256 byte values")),
     ("BPETokenizer", "decodes token by token: a character split across tokens becomes U+FFFD",
      ('data = b"".join(self.vocab[i] for i in ids)\n        return data.decode("utf-8", errors="replace")',
       'return "".join(self.vocab[i].decode("utf-8", errors="replace") for i in ids)')),
@@ -385,6 +392,9 @@ MISTAKES = [
      ("        self.out_proj.weight = self.tok_embed.weight  # tied: the same Parameter (V, D)\n", "")),
     ("GPT", "no final LayerNorm after the pre-LN stack",
      ("return self.out_proj(self.norm(x))", "return self.out_proj(x)")),
+    ("GPT", "with a cache, a (T_new, T_new) causal mask, not one aligned to absolute positions: right for a "
+            "prefill and single tokens, raises on a chunk of several tokens after a non-empty cache",
+     ("allowed = cached_causal_mask(positions, k.shape[2])", "allowed = causal_allowed(x.shape[1], x.device)")),
     ("GPT", "with a cache, the new tokens get positions 0, 1, ... again",
      ("self.pos_embed(positions))", "self.pos_embed(torch.arange(T, device=ids.device)))")),
     ("lm_batches", "offsets from the global random state: the generator is ignored",
@@ -392,6 +402,8 @@ MISTAKES = [
       "starts = torch.randint(0, N - block, (batch,))")),
     ("lm_batches", "the last window is never drawn: randint(0, N - block - 1)",
      ("starts = torch.randint(0, N - block,", "starts = torch.randint(0, N - block - 1,")),
+    ("lm_batches", "starts drawn up to N - block: the last window's target runs past the stream",
+     ("starts = torch.randint(0, N - block,", "starts = torch.randint(0, N - block + 1,")),
     ("lm_batches", "targets are the inputs themselves, not shifted",
      ("targets = ids[offsets + 1].long()", "targets = ids[offsets].long()")),
     ("generate", "no cache: the whole sequence runs again at every step",
@@ -399,6 +411,13 @@ MISTAKES = [
      ("logits = model(next_id[:, None], cache)[:, -1]", "logits = model(ids)[:, -1]")),
     ("generate", "feeds the whole sequence again, with the cache",
      ("logits = model(next_id[:, None], cache)[:, -1]", "logits = model(ids, cache)[:, -1]")),
+    ("generate", "feeds the last prompt token twice: the prefill's last logits already predict the first new "
+                 "token, so feed each new token once, after it is drawn",
+     ("logits = model(prompt_ids, cache)[:, -1]",
+      "model(prompt_ids, cache)\n    logits = model(prompt_ids[:, -1:], cache)[:, -1]")),
+    ("generate", "switches the model to eval mode itself: the caller's mode is not left as it is",
+     ("cache = KVCache(len(model.layers))\n    ids = prompt_ids",
+      "model.eval()\n    cache = KVCache(len(model.layers))\n    ids = prompt_ids")),
     ("generate", "draws from the global random state: the generator is ignored",
      ("torch.multinomial(scores.softmax(-1), 1, generator=generator)", "torch.multinomial(scores.softmax(-1), 1)")),
     ("generate", "divides the probabilities by the temperature, not the logits",

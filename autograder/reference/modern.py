@@ -201,7 +201,7 @@ def sliding_window_mask(T: int, window: int) -> torch.Tensor:
 class ModernBlock(nn.Module):
     """A pre-norm decoder block of today's models: RMSNorm, grouped-query attention with RoPE, SwiGLU.
 
-    Submodules: ``attn_norm`` and ``ffn_norm`` (``RMSNorm(D, eps)``), ``attn``
+    Submodules: ``attn_norm`` and ``ffn_norm`` (``RMSNorm(D, eps)``: both with the block's ``eps``), ``attn``
     (``GroupedQueryAttention(D, n_heads, n_kv_heads)``), ``feed_forward`` (``SwiGLUFeedForward(D, d_ff)``).
     ``x = x + attn(attn_norm(x), positions, allowed, cache, layer_idx)``, then ``x = x + feed_forward(ffn_norm(x))``:
     each sublayer reads a normalised copy and adds to the unnormalised stream (the stack needs a final norm).
@@ -336,6 +336,11 @@ MISTAKES = [
      ("rotated = torch.stack([a * cos - b * sin, a * sin + b * cos], dim=-1)",
       "rotated = torch.cat([a * cos - b * sin, a * sin + b * cos], dim=-1)"),
      ("return rotated.flatten(-2).to(x.dtype)", "return rotated.to(x.dtype)")),
+    ("rotary_embedding", "the rotated pairs' halves concatenated (torch.cat), not put back in pairs: right angles, "
+                         "wrong order",
+     ("rotated = torch.stack([a * cos - b * sin, a * sin + b * cos], dim=-1)",
+      "rotated = torch.cat([a * cos - b * sin, a * sin + b * cos], dim=-1)"),
+     ("return rotated.flatten(-2).to(x.dtype)", "return rotated.to(x.dtype)")),
     ("rotary_embedding", "ignores positions: rotates row t by t",
      ("angles = positions.to(x.device, torch.float32)[:, None] * theta",
       "angles = torch.arange(x.shape[-2], device=x.device, dtype=torch.float32)[:, None] * theta")),
@@ -369,6 +374,9 @@ MISTAKES = [
     ("ModernBlock", "positions not passed to the attention (no RoPE at all)",
      ("x = x + self.attn(self.attn_norm(x), positions, allowed, cache, layer_idx)",
       "x = x + self.attn(self.attn_norm(x), allowed=allowed, cache=cache, layer_idx=layer_idx)")),
+    ("ModernBlock", "RMSNorm(d_model) built without the block's eps: the argument is silently ignored",
+     ("self.attn_norm = RMSNorm(d_model, eps)", "self.attn_norm = RMSNorm(d_model)"),
+     ("self.ffn_norm = RMSNorm(d_model, eps)", "self.ffn_norm = RMSNorm(d_model)")),
     ("ModernBlock", "one norm for both sublayers (attn_norm before the feed-forward too)",
      ("return x + self.feed_forward(self.ffn_norm(x))", "return x + self.feed_forward(self.attn_norm(x))")),
     ("mha_to_gqa",

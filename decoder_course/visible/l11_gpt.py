@@ -92,6 +92,16 @@ def _bpe_rows(rng: np.random.Generator) -> list:
         ("", 300, "the empty text")]]
 
 
+def _each_most_frequent(ids: list[int], merges: list) -> bool:
+    """Whether each of ``merges``, replayed on ``ids`` in order, is a most frequent pair of its step."""
+    for k, pair in enumerate(merges):
+        counts = Counter(zip(ids, ids[1:]))
+        if not counts or counts.get(pair, 0) != max(counts.values()):
+            return False
+        ids = _merged(ids, pair, 256 + k)
+    return True
+
+
 def _most_frequent_each_step(args: dict, got: list, desc: str) -> None:
     """Replaying the merges: each is a pair of the sequence at its step, as frequent as any; no more than
     vocab_size - 256 of them, and fewer only when the sequence has no pair left."""
@@ -102,6 +112,11 @@ def _most_frequent_each_step(args: dict, got: list, desc: str) -> None:
         counts = Counter(zip(ids, ids[1:]))
         n = counts.get(pair, 0)
         if not counts or n != max(counts.values()):
+            code_points = [ord(c) for c in args["text"]]
+            if code_points != list(args["text"].encode("utf-8")) and _each_most_frequent(code_points, got[:k + 1]):
+                raise CheckFailed(f"merge {k}, {pair}, is the most frequent pair of the text's code points, not of its "
+                                  f"UTF-8 bytes ({desc}): start from list(text.encode('utf-8')), where a character "
+                                  "such as 'é' or '😀' is two to four bytes, never from ord(c)")
             if any(t >= 256 + k for t in pair):
                 idea = "it uses an id that does not exist yet: merge k makes token 256 + k"
             elif n == 0:
@@ -229,17 +244,29 @@ def check_gpt(GPT, KVCache) -> None:  # noqa: N803 - the classes under test
                           "norm, then out_proj")
     with check("no leakage: changing the tokens after any position leaves the logits up to it unchanged"):
         causal_leakage_probe(model, ids, time_axis=1, what="the logits: pass the causal mask to every layer")
-    with check("with a KVCache: a prefill of 4 tokens, then one at a time, gives the full forward's logits"):
+    with check("with a KVCache: a prefill of 4 tokens, a chunk of 3 (several new tokens after a non-empty cache), "
+               "then one at a time, gives the full forward's logits"):
         cache = KVCache(L)
         with torch.no_grad():
-            cached = torch.cat([model(ids[:, :4], cache)] + [model(ids[:, t:t + 1], cache) for t in range(4, 9)], 1)
             full = model(ids)
+            parts = []
+            for a, b in ((0, 4), (4, 7), (7, 8), (8, 9)):
+                try:
+                    parts.append(model(ids[:, a:b], cache))
+                except Exception as exc:  # noqa: BLE001 - any failure here is the promise broken
+                    raise CheckFailed(
+                        f"GPT raised on {b - a} new tokens after a cache of {a} positions ({type(exc).__name__}: "
+                        f"{exc}): the docstring promises any number of new positions per call, so the mask is "
+                        "(T_new, S), aligned to absolute positions (cached_causal_mask(positions, S)), not a "
+                        "(T_new, T_new) causal mask") from None
+            cached = torch.cat(parts, 1)
         if cache.length != 9:
             raise CheckFailed(f"after 9 positions the cache holds {cache.length}: each layer appends its keys and "
                               "values with cache.update(k, v, layer_idx)")
         expect_close(cached, full, "cached logits", atol=1e-4, rtol=1e-4,
                      hint="the new tokens are at positions cache.length .. (read it before the first layer updates "
-                          "it); attend over all cached keys with cached_causal_mask(positions, S)")
+                          "it); attend over all cached keys with cached_causal_mask(positions, S): a chunk of "
+                          "several new tokens sees the cached past and its own earlier tokens")
     with check("more than max_len positions raise ValueError"):
         expect_value_error(lambda: model(torch.zeros(1, M + 1, dtype=torch.long)),
                            f"GPT was given {M + 1} positions with max_len={M}")
@@ -280,6 +307,15 @@ def _windows(args: dict, got: list, desc: str) -> None:
                           "(its high end is exclusive)")
 
 
+def _window_error(args: dict, error: str) -> str:
+    """An index past the stream: a start drawn too high, whose window or target runs off the end."""
+    if "IndexError" in error or "out of bounds" in error or "out of range" in error:
+        return ("An index ran past the end of the stream: the last start is N - block - 1, so that the window's "
+                "target ids[o + block] still exists; draw torch.randint(0, N - block, (batch,)) (its high end is "
+                "exclusive).")
+    return ""
+
+
 SPECS = {
     "train_bpe": Spec(
         "train_bpe", _bpe_rows, dtype=lambda a: None, shape=lambda a: (), listed=True,
@@ -289,6 +325,7 @@ SPECS = {
     "lm_batches": Spec(
         "lm_batches", _batch_rows, dtype=lambda a: np.int64, shape=lambda a: ((a["batch"], a["block"]),) * 2,
         outputs=("inputs", "targets"), axes=("batch, block",) * 2, properties=_windows, tensors=True,
+        on_error=_window_error,
         refused=(("a stream of N = block tokens", {"ids": np.arange(6), "block": 6, "batch": 2,
                                                     "generator": Seeded(0)},
                   "lm_batches was handed a stream of N = block tokens, and there is no window with a target"),),
@@ -318,9 +355,15 @@ def check_generate(generate) -> None:
             for t in range(3, 9):
                 best = int(model.next_logits(out[b, :t].tolist()).argmax())
                 if int(out[b, t]) != best:
+                    first = (" The first new token is the argmax of the prefill's last position: feed no prompt "
+                             "token again after the prefill" if t == 3 else "")
                     raise CheckFailed(f"row {b}, position {t}: {int(out[b, t])} is not the argmax {best} of the "
                                       "logits after the tokens so far (feed the prompt once with a KVCache, then "
-                                      "only each new token)")
+                                      f"only each new token).{first}")
+    with check("the mode is left as it is: a model in training mode is still in training mode after generate"):
+        if not model.training:
+            raise CheckFailed("generate switched the model out of training mode: the caller puts the model in eval "
+                              "mode before calling, and generate leaves the mode as it is (no model.eval() inside)")
     with check("the cache is used: the model runs the prompt once, then one position per new token"):
         if model.positions_run > 3 + 6:
             raise CheckFailed(f"the model ran {model.positions_run} positions per row for a prompt of 3 and 6 new "

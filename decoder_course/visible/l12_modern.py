@@ -117,13 +117,26 @@ def _rope_rows(rng: np.random.Generator) -> list:
                     **({} if base is None else {"base": Keyword(base)})}) for desc, x, positions, base in rows]
 
 
+def _expect_unrotated(got: np.ndarray, x: np.ndarray, desc: str) -> None:
+    """Rows at position 0 come back as they went in; where only their order changed, the order is named (the
+    angles are right there: zero), not the angle."""
+    if np.allclose(got, x, atol=1e-5):
+        return
+    if np.allclose(np.sort(got, axis=-1), np.sort(x, axis=-1), atol=1e-5):
+        raise CheckFailed(f"at position 0 (no rotation) rotary_embedding returns the right values in another order "
+                          f"({desc}): each rotated pair goes back to its own place (2i, 2i+1), e.g. torch.stack([..., "
+                          "...], dim=-1).flatten(-2), not the halves concatenated (torch.cat puts all the first "
+                          "halves of the pairs before all the second ones)")
+    raise CheckFailed(f"rotary_embedding moved a row at position 0 ({desc}): the angle is position · θ_i, zero there, "
+                      "so that row comes back unchanged")
+
+
 def _rope_properties(args: dict, got: np.ndarray, desc: str) -> None:
     """A rotation by position · θ: none at position 0, and each pair (2i, 2i+1) keeps its length."""
     x, positions = args["x"].astype(np.float64), args["positions"]
     got = got.astype(np.float64)
-    if (positions == 0).any() and not np.allclose(got[..., positions == 0, :], x[..., positions == 0, :], atol=1e-5):
-        raise CheckFailed(f"rotary_embedding moved a row at position 0 ({desc}): the angle is position · θ_i, zero "
-                          "there")
+    if (positions == 0).any():
+        _expect_unrotated(got[..., positions == 0, :], x[..., positions == 0, :], desc)
     def pair_lengths(a):
         return np.hypot(a[..., 0::2], a[..., 1::2])  # (..., Dh/2): |(a[2i], a[2i+1])|
 
@@ -152,8 +165,7 @@ def check_rotary_embedding(rotary_embedding) -> None:
         out = rotary_embedding(x, positions)
         expect_type(out, torch.Tensor, "rotary_embedding(x, positions)")
         expect_shape(out, (2, 3, 5, 8), "rotary_embedding(x, positions)", names="B H T Dh")
-        expect_close(out[:, :, 0], x[:, :, 0], "the rotation at position 0", atol=1e-6,
-                     hint="the angle is position · θ_i: zero at position 0")
+        _expect_unrotated(out[:, :, 0].detach().double().numpy(), x[:, :, 0].double().numpy(), "x (2, 3, 5, 8)")
         expect_close(out.norm(dim=-1), x.norm(dim=-1), "the lengths after rotating", **CLOSE,
                      hint="rotate each pair (a, b) -> (a cos - b sin, a sin + b cos): a rotation keeps lengths")
     with check("equal to the complex form: pair (x[2i], x[2i+1]) times exp(j · position · base^(-2i/Dh))"):
@@ -198,15 +210,22 @@ def _gqa(state: dict, H: int, Hkv: int, x, positions=None, allowed=None, *, tile
     if positions is not None:
         q = complex_rotation(q, positions).to(x.dtype)
         k = complex_rotation(k, positions).to(x.dtype) if rope_k else k
-    if tile:  # (B, H, T, Dh): query head h gets kv head h % H_kv
+    if tile:  # (B, H, T, Dh): query head h gets kv head h % H_kv (not h // g)
         k, v = k.repeat(1, H // Hkv, 1, 1), v.repeat(1, H // Hkv, 1, 1)
     out = F.scaled_dot_product_attention(q, k, v, attn_mask=allowed, scale=scale, enable_gqa=True)  # True = may attend
     return F.linear(out.nan_to_num(0.0).transpose(1, 2).reshape(B, T, D), state["out_proj.weight"])  # (B, T, D)
 
 
-def _decoded(x: np.ndarray, positions: np.ndarray, causal: np.ndarray, prefill: int = 3) -> tuple[dict, ...]:
-    """A row's calls with a cache: the first ``prefill`` positions at once, then each later one alone."""
-    cuts = [(0, prefill), *((t, t + 1) for t in range(prefill, x.shape[1]))]
+DECODED = ", also decoded with a KVCache (a prefill of 3 positions, a chunk of 2, then one at a time)"
+
+
+def _decoded(x: np.ndarray, positions: np.ndarray, causal: np.ndarray, prefill: int = 3,
+             chunk: int = 2) -> tuple[dict, ...]:
+    """A row's calls with a cache: the first ``prefill`` positions at once, then a chunk of ``chunk`` positions
+    (several new queries after a non-empty cache: the mask must be (T_new, S), aligned to absolute positions), then
+    each later one alone."""
+    cuts = [(0, prefill), (prefill, prefill + chunk),
+            *((t, t + 1) for t in range(prefill + chunk, x.shape[1]))]
     return tuple({"x": x[:, a:b], "positions": positions[a:b], "allowed": causal[a:b, :b]} for a, b in cuts)
 
 
@@ -235,7 +254,8 @@ def _gqa_rows(rng: np.random.Generator) -> list[Build]:
         rows.append(Build(
             f"{what}: D={D}, n_heads={H}, n_kv_heads={Hkv}, B={B}, T={T}, "
             f"{f'RoPE at positions from {int(positions[0])}' if rope else 'no positions'}, "
-            f"{'a causal mask' if causal else 'a random mask with a fully masked row'}",
+            f"{'a causal mask' if causal else 'a random mask with a fully masked row'}"
+            f"{DECODED if rope and causal else ''}",
             {"d_model": D, "n_heads": H, "n_kv_heads": Hkv}, {"x": x, "positions": positions, "allowed": allowed},
             state=state, cached=_decoded(x, positions, allowed) if rope and causal else ()))
     return rows
@@ -248,7 +268,7 @@ def _gqa_twin(init: dict, state: dict, inputs: dict, train: bool) -> torch.Tenso
 def _gqa_variants(init: dict, state: dict, inputs: dict, train: bool) -> dict[str, torch.Tensor]:
     H, Hkv, (x, positions, allowed) = init["n_heads"], init["n_kv_heads"], inputs.values()
     wrong = {"the key/value heads are tiled (repeat: query head h gets kv head h % n_kv_heads): consecutive query "
-             "heads h·g .. h·g + g - 1 share kv head h, so repeat_interleave(g, dim=1)":
+             "heads j·g .. j·g + g - 1 share kv head j, so repeat_interleave(g, dim=1)":
              _gqa(state, H, Hkv, x, positions, allowed, tile=True)}
     if positions is not None:
         wrong["only the queries are rotated: rotate the keys at their positions too, or the score depends on "
@@ -342,16 +362,17 @@ def check_sliding_window_mask(sliding_window_mask) -> None:
 
 # -- ModernBlock -------------------------------------------------------------------------------------------------------
 def _block(init: dict, state: dict, inputs: dict, *, post: bool = False, rope: bool = True,
-           one_norm: bool = False) -> torch.Tensor:
+           one_norm: bool = False, eps: float | None = None) -> torch.Tensor:
     """The pre-norm block over ``state`` with F.rms_norm, PyTorch's GQA and F.silu; the keywords make the known
-    miswirings."""
+    miswirings (``eps``: the norms' eps instead of the block's)."""
     x, positions, allowed = inputs.values()
+    eps = init.get("eps", 1e-6) if eps is None else eps
 
     def sub(prefix):
         return {k.removeprefix(prefix): v for k, v in state.items() if k.startswith(prefix)}
 
     def norm(name, h):
-        return F.rms_norm(h, (h.shape[-1],), state[f"{name}.weight"], init.get("eps", 1e-6))
+        return F.rms_norm(h, (h.shape[-1],), state[f"{name}.weight"], eps)
 
     def attn(h):
         return _gqa(sub("attn."), init["n_heads"], init["n_kv_heads"], h, positions if rope else None, allowed)
@@ -367,9 +388,10 @@ def _block(init: dict, state: dict, inputs: dict, *, post: bool = False, rope: b
 
 
 def _block_rows(rng: np.random.Generator) -> list[Build]:
-    """Two different norm gains far from ones; a causal GQA block also decoded with a cache, an MHA one unmasked."""
+    """Two different norm gains far from ones; a causal GQA block also decoded with a cache (a prefill, a chunk of
+    two, single positions), an MHA one unmasked; an eps large enough that a norm built without it shows."""
     rows = []
-    for (D, H, Hkv, Fw), B, T, causal in (((16, 4, 2, 24), 3, 6, True), ((8, 2, 2, 12), 2, 5, False)):
+    for (D, H, Hkv, Fw), B, T, causal, eps in (((16, 4, 2, 24), 3, 6, True, 1e-5), ((8, 2, 2, 12), 2, 5, False, 0.25)):
         Dh = D // H
         shapes = {"attn_norm.weight": (D,), "ffn_norm.weight": (D,), "attn.q_proj.weight": (D, D),
                   "attn.k_proj.weight": (Hkv * Dh, D), "attn.v_proj.weight": (Hkv * Dh, D),
@@ -380,9 +402,10 @@ def _block_rows(rng: np.random.Generator) -> list[Build]:
         positions = (np.arange(T) + int(rng.integers(1, 30))).astype(np.int64)
         allowed = np.tril(np.ones((T, T), bool)) if causal else None
         rows.append(Build(
-            f"ModernBlock(D={D}, n_heads={H}, n_kv_heads={Hkv}, d_ff={Fw}, eps=1e-5) with random weights, B={B}, "
-            f"T={T}, positions from {int(positions[0])}, {'a causal mask' if causal else 'no mask'}",
-            {"d_model": D, "n_heads": H, "n_kv_heads": Hkv, "d_ff": Fw, "eps": Keyword(1e-5)},
+            f"ModernBlock(D={D}, n_heads={H}, n_kv_heads={Hkv}, d_ff={Fw}, eps={eps}) with random weights, B={B}, "
+            f"T={T}, positions from {int(positions[0])}, {'a causal mask' if causal else 'no mask'}"
+            f"{DECODED if causal else ''}",
+            {"d_model": D, "n_heads": H, "n_kv_heads": Hkv, "d_ff": Fw, "eps": Keyword(eps)},
             {"x": x, "positions": positions, "allowed": allowed}, state=state,
             cached=_decoded(x, positions, allowed) if causal else ()))
     return rows
@@ -396,7 +419,9 @@ SPECS["ModernBlock"] = ModuleSpec(
         "`positions` are not passed to the attention: without them RoPE never happens and the block cannot tell "
         "positions apart": _block(init, state, inputs, rope=False),
         "attn_norm is used before the feed-forward too: each sublayer has its own norm (ffn_norm)":
-            _block(init, state, inputs, one_norm=True)},
+            _block(init, state, inputs, one_norm=True),
+        "the norms ignore the block's eps (RMSNorm(d_model) keeps its default 1e-6): build both with "
+        "RMSNorm(d_model, eps), every constructor argument is honoured": _block(init, state, inputs, eps=1e-6)},
     names="attn_norm, ffn_norm (RMSNorm), attn (GroupedQueryAttention), feed_forward (SwiGLUFeedForward)",
     dtype=lambda a: a["x"].dtype, shape=lambda a: a["x"].shape, axes="B, T, D", rtol=1e-4, atol=1e-4,
     uses=("RMSNorm", "GroupedQueryAttention", "SwiGLUFeedForward"),
