@@ -311,10 +311,8 @@ def test_honest_answers_keep_their_marks_under_the_guard():
 # before the guard was armed (an os.register_at_fork hook, an audit hook on the child's first file read). PyTorch's
 # dispatcher refuses the forbidden operator for the whole process, whoever calls it. The hooks stay registered in
 # this process after the test (neither kind can be removed): each does its work only while `_helping` holds True.
-AT_FORK_HELPER = """
-import os, queue, threading, torch
-_jobs, _answers, _helping = queue.Queue(), queue.Queue(), [True]
-
+# a helper thread's loop: it runs each job the attack's cell puts in _jobs and puts its answer in _answers
+HELPER_LOOP = """
 def _helper():
     while True:
         job = _jobs.get()
@@ -322,7 +320,11 @@ def _helper():
             _answers.put(job())
         except BaseException as exc:
             _answers.put(exc)
-
+"""
+AT_FORK_HELPER = """
+import os, queue, threading, torch
+_jobs, _answers, _helping = queue.Queue(), queue.Queue(), [True]
+""" + HELPER_LOOP + """
 def _start_helper():
     if _helping[0]:
         threading.Thread(target=_helper, daemon=True).start()
@@ -333,15 +335,7 @@ KEPT = "\n_kept = (torch.nn.functional.scaled_dot_product_attention,)  # a tuple
 AUDIT_HELPER = """
 import os, sys, queue, _thread, torch
 _jobs, _answers, _helping, _started = queue.Queue(), queue.Queue(), [True], []
-
-def _helper():
-    while True:
-        job = _jobs.get()
-        try:
-            _answers.put(job())
-        except BaseException as exc:
-            _answers.put(exc)
-
+""" + HELPER_LOOP + """
 def _on_event(event, args):
     if _helping[0] and event == "open" and os.getpid() not in _started:  # the child's first read of its cases
         _started.append(os.getpid())
