@@ -203,6 +203,9 @@ def main(argv: list[str] | None = None) -> int:
           f"(+ canaries) in {time.perf_counter() - started:.0f} s; "
           f"grades: {args.work / 'grades.csv'} (who each id is: {args.work / 'roster.csv'}); "
           f"feedback: {args.work / 'feedback'}")
+    if (args.work / "report" / "index.html").exists():
+        print(f"class report (for you only: what the class got wrong, similar submissions): "
+              f"{args.work / 'report' / 'index.html'}")
     print(pipeline.summary(outcomes))
     for warning in late_extensions:
         print(f"warning: {shown(warning)}")
