@@ -183,11 +183,26 @@ class Group:
                 continue
         return sorted(found)
 
+    def _lift_memory_limit(self) -> None:
+        """Before the kill: the group's own memory limit off (the grader's group still bounds it), so that no
+        process blocked at the limit (v1 parks tasks in its OOM wait) outlives a SIGKILL."""
+        folder = self.folders.get("memory")
+        if folder is None:
+            return
+        names = ("memory.max",) if self.version == 2 else ("memory.memsw.limit_in_bytes", "memory.limit_in_bytes")
+        for name in names:  # v1: memory plus swap first, as it may never be below memory alone
+            try:
+                (folder / name).write_text("max" if self.version == 2 else "-1")
+            except OSError:
+                pass
+
     def remove(self, seconds: float = 15.0) -> list[int]:
         """Kill what is left in the group, then remove it; the pids that would not die (then the group stays).
         ``seconds`` is generous: a process killed while it holds gigabytes leaves the group only once the kernel
         has freed them, which a busy machine can take seconds to do."""
         deadline = time.monotonic() + seconds
+        if self.pids():
+            self._lift_memory_limit()  # a task waiting in the group's OOM path dies only once it may run again
         while (left := self.pids()) and time.monotonic() < deadline:
             for pid in left:
                 try:
