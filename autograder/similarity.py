@@ -4,10 +4,13 @@ For the instructor's class report (:mod:`autograder.report`) only: it reports, i
 
 Each exercise cell a student submitted is fingerprinted as MOSS and copydetect do (winnowing, Schleimer et al. 2003):
 the code is tokenised, comments and whitespace go, every name becomes ``V`` and every string ``S``, and the k-grams
-of what is left are hashed and winnowed by ``copydetect`` (its ``get_document_fingerprints``; the overlap and the
-slices of the matching code are its functions too). The tokenising is ours (:func:`filtered`): copydetect's own,
-through pygments, costs about 20 ms a cell, over two minutes for 100 students x 13 lessons, where a regular
-expression of Python's tokens takes a fraction of a millisecond. Every fingerprint of the lesson's released notebook
+of what is left are hashed and winnowed (``copydetect``'s ``winnow``; the overlap and the slices of the matching
+code are its functions too). Two parts are ours. The tokenising (:func:`filtered`): copydetect's own, through
+pygments, costs about 20 ms a cell, over two minutes for 100 students x 13 lessons, where a regular expression of
+Python's tokens takes a fraction of a millisecond. And the k-gram hash (:func:`kgram_hashes`): copydetect's
+``hashed_kgrams`` uses Python's ``hash()``, which is salted anew in every process, so the same class scored a copied
+cell 0.33 in one run and 0.54 in the next, and a pair was flagged or not by chance; a polynomial hash (Karp-Rabin,
+as the winnowing paper has it) gives the same report every time. Every fingerprint of the lesson's released notebook
 is *boilerplate* and discarded, so the given code, the stubs and the lesson's scaffolding never count. A fingerprint
 more than :data:`COMMON_SHARE` of the class has in one cell (with at least :data:`COMMON_MIN_STUDENTS` students) is
 how everyone writes that line, and counts for no pair.
@@ -37,6 +40,7 @@ COMMON_MIN_STUDENTS = 8  # ... judged so only with at least this many students i
 MIN_FINGERPRINTS = 4  # a cell with fewer fingerprints of the student's own is too short to compare
 CELL_MATCH = 0.5  # a cell's similarity from which it counts for the pair
 MIN_CELLS = 2  # cells that must match for a pair to be flagged
+_BASE = 1_000_003  # the k-gram hash's base: a prime past every code point
 MAX_PAIRS = 200  # pairs written to similarity.csv (the highest scores); the page shows fewer
 MAX_CODE_CHARS = 20_000  # of one cell, fingerprinted (a longer cell is cut: nobody copies by the megabyte)
 
@@ -85,13 +89,31 @@ def filtered(code: str) -> tuple[str, np.ndarray]:
 def fingerprint(code: str, boilerplate: frozenset | None = None, limit: int = MAX_CODE_CHARS) -> Fingerprint:
     """The winnowed fingerprint of Python ``code`` (its first ``limit`` characters), without the ``boilerplate``
     hashes: copydetect's winnowing over :func:`filtered` code (imported here: copydetect imports matplotlib)."""
-    from copydetect.utils import get_document_fingerprints
+    from copydetect.utils import winnow
 
     text, origin = filtered(code[:limit])
     if len(text) < K:
         return Fingerprint(set(), {}, origin)
-    hashes, idx = get_document_fingerprints(text, K, WINDOW, np.array(sorted(boilerplate)) if boilerplate else None)
-    return Fingerprint(hashes, idx, origin)
+    hashes, positions = winnow(kgram_hashes(text), WINDOW, remove_duplicates=False)
+    if boilerplate:
+        kept = ~np.isin(hashes, np.fromiter(boilerplate, dtype=np.int64, count=len(boilerplate)))
+        hashes, positions = hashes[kept], positions[kept]
+    where: dict[int, list[int]] = defaultdict(list)  # copydetect's hash_idx: each hash's positions
+    for value, position in zip(hashes.tolist(), positions.tolist()):
+        where[value].append(position)
+    return Fingerprint(set(where), dict(where), origin)
+
+
+def kgram_hashes(text: str) -> np.ndarray:
+    """The hash of every ``K``-character window of ``text`` (``len(text) - K + 1`` int64s): the polynomial
+    ``sum(text[i + j] * BASE ** (K - 1 - j))`` modulo 2**64, the same in every process (unlike ``hash()``)."""
+    codes = np.frombuffer(text.encode("utf-32-le"), dtype=np.uint32).astype(np.uint64)
+    windows = max(len(codes) - K + 1, 0)
+    hashes = np.zeros(windows, dtype=np.uint64)
+    with np.errstate(over="ignore"):  # modulo 2**64 is the point
+        for offset in range(K):
+            hashes = hashes * np.uint64(_BASE) + codes[offset:offset + windows]
+    return hashes.view(np.int64)
 
 
 @dataclass

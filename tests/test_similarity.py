@@ -2,7 +2,10 @@
 given code never counts. No grading: the code of each cell is handed in as the report reads it."""
 
 import json
+import os
 import re
+import subprocess
+import sys
 
 from autograder import notebooks, similarity
 
@@ -161,3 +164,27 @@ def test_the_matching_lines_are_located():
             source = code[match.cell][who]
             lines = similarity.matching_lines(source, slices)
             assert lines and max(lines) < len(source.splitlines()), (match.cell, who)
+
+
+def test_the_same_class_gets_the_same_scores_in_every_process():
+    """Python salts ``hash()`` anew in every process; fingerprints built on it scored the same copied cell 0.33 in
+    one run and 0.54 in the next. Two processes with different salts must agree on every pair's cells."""
+    program = ("import json, sys; sys.path.insert(0, 'tests'); import test_similarity as t; "
+               "from autograder import similarity; "
+               "pairs = similarity.pairs(t._class(), {t.LESSON: t._released(t.LESSON)}); "
+               "print(json.dumps([[p.a, p.b, [[c.cell, c.similarity] for c in p.cells]] for p in pairs]))")
+    runs = [subprocess.run([sys.executable, "-c", program], capture_output=True, text=True, check=True,
+                           cwd=notebooks.ROOT, env={**os.environ, "PYTHONHASHSEED": seed}).stdout
+            for seed in ("1", "2", "3")]
+    assert runs[0] == runs[1] == runs[2], runs
+
+
+def test_kgram_hashes_are_the_polynomial_of_each_window():
+    text = "V=V(V)+V*S\nreturn V@V.T"
+    expected = []
+    for start in range(len(text) - similarity.K + 1):
+        value = 0
+        for char in text[start:start + similarity.K]:
+            value = (value * similarity._BASE + ord(char)) % 2**64
+        expected.append(value - 2**64 if value >= 2**63 else value)
+    assert similarity.kgram_hashes(text).tolist() == expected
