@@ -40,11 +40,13 @@ what then holds).
 
 from __future__ import annotations
 
+import atexit
 import errno
 import logging
 import os
 import secrets
 import signal
+import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -117,6 +119,9 @@ def keyed(text: str) -> dict[str, int]:
 @dataclass
 class Group:
     """One sandbox's group: its folder in each controller's hierarchy (v2: one folder for all)."""
+
+    __hash__ = object.__hash__  # one group is itself only (kept in _UNREMOVED until it is gone)
+    __eq__ = object.__eq__
 
     version: int
     folders: dict[str, Path]  # controller -> folder (v1: memory, pids, cpu and perhaps cpuacct; v2: the same one)
@@ -196,10 +201,22 @@ class Group:
             except OSError:
                 pass
 
+    def exists(self) -> bool:
+        return any(folder.is_dir() for folder in self.folders.values())
+
     def remove(self, seconds: float = 15.0) -> list[int]:
-        """Kill what is left in the group, then remove it; the pids that would not die (then the group stays).
-        ``seconds`` is generous: a process killed while it holds gigabytes leaves the group only once the kernel
-        has freed them, which a busy machine can take seconds to do."""
+        """Kill what is left in the group, then remove it; the pids that would not die in ``seconds``. A group
+        that is still there then is not forgotten: every later group made in this process, and its exit, try again
+        (:func:`reap_unremoved`), so a process that dies late (the kernel frees what it held first, which a loaded
+        machine can take longer than ``seconds`` to do) leaves no group behind."""
+        left = self._kill_and_rmdir(seconds)
+        if self.exists():
+            with _UNREMOVED_LOCK:
+                if self not in _UNREMOVED:
+                    _UNREMOVED.append(self)
+        return left
+
+    def _kill_and_rmdir(self, seconds: float) -> list[int]:
         deadline = time.monotonic() + seconds
         if self.pids():
             self._lift_memory_limit()  # a task waiting in the group's OOM path dies only once it may run again
@@ -391,11 +408,38 @@ def hierarchy() -> Hierarchy | None:
     return found if isinstance(found, Hierarchy) else None
 
 
+_UNREMOVED: list[Group] = []  # groups whose removal found processes still dying: tried again (reap_unremoved)
+_UNREMOVED_LOCK = threading.Lock()
+
+
+def reap_unremoved(seconds: float = 1.0) -> list[Group]:
+    """Kill and remove the groups an earlier :meth:`Group.remove` had to leave (each waits at most ``seconds``); the
+    groups still there. Called before every new group and when the grading process exits."""
+    with _UNREMOVED_LOCK:
+        waiting = list(_UNREMOVED)
+    for group in waiting:
+        group._lift_memory_limit()
+        group._kill_and_rmdir(seconds)
+    with _UNREMOVED_LOCK:
+        _UNREMOVED[:] = [group for group in _UNREMOVED if group.exists()]
+        left = list(_UNREMOVED)
+    for group in left:
+        log.warning("the control group %s is still there: its processes %s have not died yet", group.name,
+                    group.pids())
+    return left
+
+
+atexit.register(reap_unremoved, 15.0)
+
+
 def for_sandbox(memory_bytes: int, pids: int, cpus: float) -> Group | None:
-    """A new group for one sandbox with these limits, or None where groups cannot be made (warned once)."""
+    """A new group for one sandbox with these limits, or None where groups cannot be made (warned once). Groups an
+    earlier removal had to leave are removed first (:func:`reap_unremoved`)."""
     found = hierarchy()
     if found is None:
         return None
+    if _UNREMOVED:
+        reap_unremoved()
     try:
         return found.create(memory_bytes, pids, cpus)
     except CgroupUnavailable as exc:
@@ -404,4 +448,4 @@ def for_sandbox(memory_bytes: int, pids: int, cpus: float) -> Group | None:
 
 
 __all__ = ["ATTACH", "CgroupUnavailable", "Group", "Hierarchy", "cpu_share", "enable_v2", "find", "for_sandbox",
-           "hierarchy", "keyed", "settings"]
+           "hierarchy", "keyed", "reap_unremoved", "settings"]

@@ -15,6 +15,7 @@ import logging
 import os
 import subprocess
 import sys
+import time
 from dataclasses import replace
 from pathlib import Path
 
@@ -315,3 +316,33 @@ def test_a_sandbox_starts_in_its_group_or_not_at_all(tmp_path):
     finally:
         box.release()
     assert box.cgroup is None
+
+
+@as_root
+def test_a_group_whose_process_dies_late_is_removed_by_the_next_sandbox_or_at_exit(monkeypatch):
+    """A killed process leaves its group only once the kernel has freed what it held, which a loaded machine can take
+    longer than :meth:`Group.remove` waits. Such a group is not forgotten: the next group made in this process (or
+    its exit) removes it. Here the process "dies late" because the first removal's kill is withheld."""
+    group = cgroups.for_sandbox(64 * MB, 16, 1.0)
+    process = subprocess.Popen(group.attach_command() + ["sleep", "600"])
+    following = None
+    try:
+        for _ in range(100):
+            if process.pid in group.pids():
+                break
+            time.sleep(0.02)
+        assert process.pid in group.pids()
+        with monkeypatch.context() as patched:
+            patched.setattr(cgroups.os, "kill", lambda pid, sig: None)  # the kill lands after the removal's wait
+            left = group.remove(seconds=0.2)
+        assert left == [process.pid] and group.exists() and group in cgroups._UNREMOVED
+        following = cgroups.for_sandbox(64 * MB, 16, 1.0)
+        assert not group.exists(), "the group left behind was still there after the next sandbox's group was made"
+        assert group not in cgroups._UNREMOVED and process.wait(timeout=10) == -9
+        assert following.remove() == [] and not following.exists()
+    finally:
+        process.kill()
+        process.wait()
+        if following is not None:
+            following.remove()
+        cgroups.reap_unremoved()
