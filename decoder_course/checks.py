@@ -20,6 +20,7 @@ import contextlib
 import copy
 import inspect
 import io
+import re
 import sys
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
@@ -198,6 +199,31 @@ def snapshot(x: Any) -> Any:
     if isinstance(x, np.ndarray):
         return x.copy()
     return copy.deepcopy(x)
+
+
+_SINGULAR_IN_S = ("bias", "mass", "loss", "its", "this")  # singular nouns a subject may end with that end in "s"
+
+
+def is_plural(subject: str) -> bool:
+    """Whether a message's subject takes a plural verb ("the weights differ", "RMSNorm's output differs"): judged
+    on its head noun, after dropping parenthesised asides and what follows " on ", " of ", " for ", " with " or
+    " at ". Names of code (with ``_``, ``.`` or a call) are one thing: ``lm_batches`` differs, its ``inputs``
+    differ; two things joined by "and" are plural."""
+    head = subject
+    while re.search(r"\([^()]*\)", head):
+        head = re.sub(r"\([^()]*\)", "", head)
+    head = re.split(r" (?:on|of|for|with|at) ", head.strip(), maxsplit=1)[0].strip().strip("`'\"")
+    if " and " in head:
+        return True
+    last = head.split()[-1].strip("`'\"") if head.split() else ""
+    if not last or "_" in last or "." in last or last.endswith("'s") or last.lower() in _SINGULAR_IN_S:
+        return False
+    return last.endswith("s") and not last.endswith(("ss", "us", "is"))
+
+
+def agreeing(subject: str, singular: str, plural: str) -> str:
+    """``subject`` followed by the verb that agrees with it: ``agreeing("weights", "differs", "differ")``."""
+    return f"{subject} {plural if is_plural(subject) else singular}"
 
 
 def _index(idx: Sequence[int]) -> str:
@@ -460,7 +486,7 @@ def expect_close(
         wrong = values != expected
         if wrong.any():
             first = np.argwhere(wrong)[0]
-            raise CheckFailed(f"{what} is wrong at {int(wrong.sum())} of {n} entries, the first at "
+            raise CheckFailed(f"{agreeing(what, 'is', 'are')} wrong at {int(wrong.sum())} of {n} entries, the first at "
                               f"{_index(first)}: got {values[tuple(first)].item()!r}, expected "
                               f"{expected[tuple(first)].item()!r}{suffix}", kind=WRONG_VALUES)
         return
@@ -480,7 +506,7 @@ def expect_close(
         ranked = np.where(wrong, np.nan_to_num(error, nan=np.inf), -1.0)
         worst = np.unravel_index(np.argmax(ranked), ranked.shape)
         raise CheckFailed(
-            f"{what} differs from the expected values: max abs error {_number(error[worst])} at "
+            f"{agreeing(what, 'differs', 'differ')} from the expected values: max abs error {_number(error[worst])} at "
             f"{_index(worst)} (got {_number(values[worst])}, expected {_number(expected[worst])}); "
             f"{int(wrong.sum())} of {n} entries are off by more than {atol:g} + {rtol:g}·|expected|{suffix}",
             kind=WRONG_VALUES)
