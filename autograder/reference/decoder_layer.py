@@ -189,6 +189,8 @@ def count_parameters(module: nn.Module) -> dict[str, int]:
 def init_numpy_decoder_params(D: int, H: int, F: int, rng: np.random.Generator | None = None) -> dict:
     """Random parameters for ``numpy_decoder_layer``; weights are stored (in, out): a layer is ``x @ W + b``.
 
+    NumPy only, like the layer (no torch: the checks refuse a ``torch.`` call).
+
     Each weight matrix is drawn separately from N(0, 1/fan_in) (standard deviation 1/sqrt(fan_in)), biases are
     zeros, LayerNorm gains ones and biases zeros; every number comes from ``rng``. Raises ValueError when D is not
     divisible by H.
