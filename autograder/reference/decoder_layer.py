@@ -61,7 +61,8 @@ class DecoderLayer(nn.Module):
     In training mode the layer's own ``dropout1``, ``dropout2``, ``dropout3`` act once each, in that order
     (``dropout2`` only with cross-attention), on each sublayer's (B, T, D) output before its residual addition; in
     eval mode nothing is random. Parameters load by the names ``self_attn``, ``cross_attn``, ``feed_forward``,
-    ``norm1``..``norm3``; the caller's inputs are unchanged.
+    ``norm1``..``norm3``; the caller's inputs are unchanged. Built by hand: ``nn.TransformerDecoderLayer`` and
+    ``nn.TransformerDecoder`` are what it is compared with, not to be used (the checks refuse them).
 
     Sublayers may be injected (``self_attn``, ``cross_attn``, ``feed_forward``); by default they are built
     from ``MultiHeadAttention``, ``CrossAttention`` and ``FeedForward``. Masks are boolean, True = may attend.

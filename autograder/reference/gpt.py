@@ -178,7 +178,9 @@ class GPT(nn.Module):
     the cache and attends over everything cached (a (T, S) mask aligned to absolute positions), so prefilling a
     prompt, then feeding chunks of several tokens or one token at a time, gives the logits of the full forward.
     More than ``max_len`` positions raise ``ValueError``; ``self.max_len`` keeps the constructor's ``max_len``
-    (``generate`` and ``generate_long`` read it).
+    (``generate`` and ``generate_long`` read it). Built from your ``DecoderLayer``: ``nn.TransformerEncoderLayer``,
+    ``nn.TransformerEncoder``, ``nn.TransformerDecoderLayer`` and ``nn.Transformer`` are not to be used (the checks
+    refuse them).
 
     Shape:
         ids: (B, T) int64 with cache.length + T <= max_len -> logits (B, T, V) float32
