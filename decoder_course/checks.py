@@ -237,7 +237,8 @@ def _number(v: Any) -> str:
 
 def _shape(x: Any, what: str) -> tuple[int, ...]:
     if x is None:
-        raise CheckFailed(f"{what} is None: did you forget to `return` the result?", kind=SHAPE_OR_DTYPE)
+        raise CheckFailed(f"{agreeing(what, 'is', 'are')} None: did you forget to `return` the result?",
+                          kind=SHAPE_OR_DTYPE)
     if not hasattr(x, "shape"):
         raise CheckFailed(f"{what} should be an array or a tensor, got {type(x).__name__}", kind=SHAPE_OR_DTYPE)
     return tuple(int(n) for n in x.shape)
@@ -453,12 +454,13 @@ def expect_finite(x: Any, what: str = "the result", hint: str | None = None) -> 
     if nan.any():
         first = _index(np.argwhere(nan)[0])
         why = hint or "a fully masked row divided 0 by 0?"
-        raise CheckFailed(f"{what} contains NaN at {first} ({int(nan.sum())} NaN values in all): {why}",
+        raise CheckFailed(f"{agreeing(what, 'contains', 'contain')} NaN at {first} ({int(nan.sum())} NaN values in "
+                          f"all): {why}",
                           kind=NOT_FINITE)
     if inf.any():
         first = np.argwhere(inf)[0]
         why = hint or "did -inf scores reach the output, or did exp() overflow on large scores?"
-        raise CheckFailed(f"{what} contains {_number(values[tuple(first)])} at {_index(first)} "
+        raise CheckFailed(f"{agreeing(what, 'contains', 'contain')} {_number(values[tuple(first)])} at {_index(first)} "
                           f"({int(inf.sum())} infinite values in all): {why}", kind=NOT_FINITE)
 
 
@@ -495,7 +497,8 @@ def expect_close(
     if surprise_nan.any():
         first = np.argwhere(surprise_nan)[0]
         why = suffix or ": a fully masked row divided 0 by 0?"
-        raise CheckFailed(f"{what} contains NaN at {_index(first)} where {_number(expected[tuple(first)])} "
+        raise CheckFailed(f"{agreeing(what, 'contains', 'contain')} NaN at {_index(first)} where "
+                          f"{_number(expected[tuple(first)])} "
                           f"is expected ({int(surprise_nan.sum())} NaN values in all){why}", kind=NOT_FINITE)
     with np.errstate(invalid="ignore"):
         error = np.abs(values - expected)  # NaN where both are NaN, or inf - inf
@@ -528,7 +531,8 @@ def expect_rows_sum_to_one(
     expect_finite(w, what)
     if (w < -atol).any():
         first = np.argwhere(w < -atol)[0]
-        raise CheckFailed(f"{what} has a negative weight {_number(w[tuple(first)])} at {_index(first)}: "
+        raise CheckFailed(f"{agreeing(what, 'has', 'have')} a negative weight {_number(w[tuple(first)])} at "
+                          f"{_index(first)}: "
                           "attention weights are probabilities, never negative")
     sums = w.sum(axis=-1)  # (..., T)
     if allowed is None:
@@ -567,7 +571,7 @@ def expect_rows_sum_to_one(
 def expect_unchanged(before: Any, after: Any, what: str = "your input") -> None:
     """Fail if ``after`` differs from the copy ``before`` taken earlier (see :func:`snapshot`)."""
     old, new = to_numpy(before), to_numpy(after)
-    message = f"{what} was changed: you modified the caller's input in place"
+    message = f"{agreeing(what, 'was', 'were')} changed: you modified the caller's input in place"
     if old.shape != new.shape or old.dtype != new.dtype:
         raise CheckFailed(f"{message} (it went from {old.dtype} {old.shape} to {new.dtype} {new.shape})")
     changed = old != new
@@ -688,7 +692,8 @@ def causal_leakage_probe(
     out_axis = axis if out_time_axis is None else out_time_axis % base.ndim
     T = shape[axis]
     if base.ndim <= out_axis or base.shape[out_axis] != T:
-        raise CheckFailed(f"{what} has shape {base.shape}, but the input has T = {T} positions along axis "
+        raise CheckFailed(f"{agreeing(what, 'has', 'have')} shape {base.shape}, but the input has T = {T} "
+                          f"positions along axis "
                           f"{axis}: the output should keep one position per input position along axis "
                           f"{out_axis}")
     positions = np.arange(T).reshape([-1 if i == axis else 1 for i in range(len(shape))])  # T along `axis`

@@ -296,14 +296,16 @@ def test_split_heads_reshape_raising_on_a_valid_input_is_told_the_input_was_vali
     ("sequence_loss", False), ("the loss", False), ("the bias", False), ("row 2 of the logits", False),
     ("mask_to_bias(...)", False), ("out", False)])
 def test_a_comparison_agrees_with_its_subject(subject, plural):
-    """Issue 37: "weights differs". Both layers' comparisons (the visible expect_close, the hidden one, the hidden
-    scalar judge) write the verb that agrees with what they compare."""
+    """Issue 37: "weights differs". Both layers' comparisons (the visible expect_close and expect_finite, the hidden
+    expect_close, the hidden scalar judge) write the verb that agrees with what they compare."""
     import numpy as np
 
     from autograder.checks import framework, judges
-    from decoder_course.checks import CheckFailed, expect_close
+    from decoder_course.checks import CheckFailed, expect_close, expect_finite
 
     verb, is_verb = ("differ", "are") if plural else ("differs", "is")
+    with pytest.raises(CheckFailed) as visible_nan:
+        expect_finite(np.array([np.nan]), subject)
     with pytest.raises(CheckFailed) as visible:
         expect_close(np.zeros(3), np.ones(3), subject)
     with pytest.raises(CheckFailed) as visible_exact:
@@ -315,7 +317,7 @@ def test_a_comparison_agrees_with_its_subject(subject, plural):
     with pytest.raises(framework.Fail) as hidden_scalar:
         judges.scalar(0.0, 1.0, subject, "B=1", "")
     for raised, wanted in ((visible, verb), (visible_exact, is_verb), (hidden, verb), (hidden_exact, is_verb),
-                           (hidden_scalar, verb)):
+                           (hidden_scalar, verb), (visible_nan, "contain" if plural else "contains")):
         assert str(raised.value).replace("✗ ", "").startswith(f"{subject} {wanted} "), str(raised.value)
 
 

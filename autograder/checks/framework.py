@@ -272,7 +272,8 @@ class Result:
         if finite and array.dtype.kind in "fc" and not np.isfinite(array).all():
             bad = np.argwhere(~np.isfinite(array))[0].tolist()
             raise Fail(
-                f"{what} contains NaN or inf (first at index {bad}) on a case with {desc}. A fully masked row "
+                f"{agreeing(what, 'contains', 'contain')} NaN or inf (first at index {bad}) on a case with {desc}. "
+                f"A fully masked row "
                 "or huge scores? Subtract the row max before exp, and give fully masked rows zeros.", kind=NOT_FINITE
             )
         return array
