@@ -56,3 +56,30 @@ def test_visible_checks_catch_at_least_95_percent_of_each_lessons_mutants(capsys
 def test_every_graded_item_has_a_visible_test_cell(lesson):
     missing = set(verdicts.exercises_for(lesson)) - set(visible_test_cells(lesson))
     assert not missing, f"graded items without a visible test cell in solutions/{lesson}.py: {sorted(missing)}"
+
+
+def test_rates_count_the_visible_among_the_hidden_and_the_strict_among_all():
+    """The published rates (bench section catch_rate): the visible rate's denominator is what the hidden checks
+    catch; the strict rate's is every mistake, and a mistake that costs another item too is not strict."""
+    caught = [{"hidden": True, "visible": True, "others": []},
+              {"hidden": True, "visible": False, "others": ["train_step"]},
+              {"hidden": False, "visible": True, "others": []}]
+    counted = mutants.rates(caught)
+    assert (counted["mistakes"], counted["hidden"], counted["visible"], counted["strict"]) == (3, 2, 1, 1)
+    assert counted["visible_rate"] == 0.5 and counted["strict_rate"] == 1 / 3
+    assert mutants.rates([])["visible_rate"] == 1.0
+
+
+def test_the_catch_rate_section_reports_each_lesson_and_what_was_missed(monkeypatch):
+    """bench/catch_rate.py on one lesson, quick: a row per lesson and the total; a mistake the visible cell misses
+    is listed by name (here the visible cell is made to miss them all)."""
+    from bench import catch_rate
+
+    monkeypatch.setattr(lessons, "ids", lambda: ("00-setup",))
+    table = catch_rate.run(quick=True)
+    assert "| 00-setup | 3 | 3 | 3/3 = 100.0 % | 3/3 = 100.0 % |" in table and "| **all** |" in table
+    assert "not by the visible cell" not in table
+    monkeypatch.setattr(mutants, "run_visible", lambda *args, **kwargs: None)
+    missed = catch_rate.run(quick=True)
+    assert "0/3 = 0.0 %" in missed and "Caught by the hidden checks but not by the visible cell:" in missed
+    assert "- 00-setup `flatten_batch`:" in missed
