@@ -14,6 +14,8 @@ Sections (pick with ``--sections``; default all):
               time to arm it (bench/policy_guard.py)
   report      9. the class report (./course report) for a synthetic class of 100 students x 13 lessons, built
               without grading (target ≤ 30 s on 2 cores)
+  catch_rate 10. the corpus of realistic mistakes (autograder.mutants): the share the visible checks catch of
+              what the hidden ones do, and the share costing exactly their own item (bench/catch_rate.py)
 
 Medians of ``--repeats`` runs (3 by default); what is compared is timed in turn in the same run, so a busy
 machine slows both sides. ``--quick`` is a smoke run: one repeat, a 2-student class, fewer sizes. These are not
@@ -48,6 +50,7 @@ SECTIONS = {
     "dask": "7. The class on a Dask cluster of two local workers vs local grading",
     "guard": "8. The run-time policy guard: its cost per notebook",
     "report": "9. The class report for 100 students × 13 lessons",
+    "catch_rate": "10. The corpus of realistic mistakes: what the visible and hidden checks catch",
 }
 
 
@@ -100,6 +103,10 @@ def section(name: str, args) -> str:
         from bench import report
 
         return report.run(args.quick, repeats)
+    if name == "catch_rate":
+        from bench import catch_rate
+
+        return catch_rate.run(args.quick)
     raise ValueError(name)
 
 

@@ -20,6 +20,7 @@ import contextlib
 import copy
 import inspect
 import io
+import re
 import sys
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
@@ -200,6 +201,31 @@ def snapshot(x: Any) -> Any:
     return copy.deepcopy(x)
 
 
+_SINGULAR_IN_S = ("bias", "mass", "loss", "its", "this")  # singular nouns a subject may end with that end in "s"
+
+
+def is_plural(subject: str) -> bool:
+    """Whether a message's subject takes a plural verb ("the weights differ", "RMSNorm's output differs"): judged
+    on its head noun, after dropping parenthesised asides and what follows " on ", " of ", " for ", " with " or
+    " at ". Names of code (with ``_``, ``.`` or a call) are one thing: ``lm_batches`` differs, its ``inputs``
+    differ; two things joined by "and" are plural."""
+    head = subject
+    while re.search(r"\([^()]*\)", head):
+        head = re.sub(r"\([^()]*\)", "", head)
+    head = re.split(r" (?:on|of|for|with|at) ", head.strip(), maxsplit=1)[0].strip().strip("`'\"")
+    if " and " in head:
+        return True
+    last = head.split()[-1].strip("`'\"") if head.split() else ""
+    if not last or "_" in last or "." in last or last.endswith("'s") or last.lower() in _SINGULAR_IN_S:
+        return False
+    return last.endswith("s") and not last.endswith(("ss", "us", "is"))
+
+
+def agreeing(subject: str, singular: str, plural: str) -> str:
+    """``subject`` followed by the verb that agrees with it: ``agreeing("weights", "differs", "differ")``."""
+    return f"{subject} {plural if is_plural(subject) else singular}"
+
+
 def _index(idx: Sequence[int]) -> str:
     """(0, 2, 1) → "[0, 2, 1]", the way you would index the array."""
     return "[" + ", ".join(str(int(i)) for i in idx) + "]"
@@ -211,7 +237,8 @@ def _number(v: Any) -> str:
 
 def _shape(x: Any, what: str) -> tuple[int, ...]:
     if x is None:
-        raise CheckFailed(f"{what} is None: did you forget to `return` the result?", kind=SHAPE_OR_DTYPE)
+        raise CheckFailed(f"{agreeing(what, 'is', 'are')} None: did you forget to `return` the result?",
+                          kind=SHAPE_OR_DTYPE)
     if not hasattr(x, "shape"):
         raise CheckFailed(f"{what} should be an array or a tensor, got {type(x).__name__}", kind=SHAPE_OR_DTYPE)
     return tuple(int(n) for n in x.shape)
@@ -427,12 +454,13 @@ def expect_finite(x: Any, what: str = "the result", hint: str | None = None) -> 
     if nan.any():
         first = _index(np.argwhere(nan)[0])
         why = hint or "a fully masked row divided 0 by 0?"
-        raise CheckFailed(f"{what} contains NaN at {first} ({int(nan.sum())} NaN values in all): {why}",
+        raise CheckFailed(f"{agreeing(what, 'contains', 'contain')} NaN at {first} ({int(nan.sum())} NaN values in "
+                          f"all): {why}",
                           kind=NOT_FINITE)
     if inf.any():
         first = np.argwhere(inf)[0]
         why = hint or "did -inf scores reach the output, or did exp() overflow on large scores?"
-        raise CheckFailed(f"{what} contains {_number(values[tuple(first)])} at {_index(first)} "
+        raise CheckFailed(f"{agreeing(what, 'contains', 'contain')} {_number(values[tuple(first)])} at {_index(first)} "
                           f"({int(inf.sum())} infinite values in all): {why}", kind=NOT_FINITE)
 
 
@@ -460,7 +488,7 @@ def expect_close(
         wrong = values != expected
         if wrong.any():
             first = np.argwhere(wrong)[0]
-            raise CheckFailed(f"{what} is wrong at {int(wrong.sum())} of {n} entries, the first at "
+            raise CheckFailed(f"{agreeing(what, 'is', 'are')} wrong at {int(wrong.sum())} of {n} entries, the first at "
                               f"{_index(first)}: got {values[tuple(first)].item()!r}, expected "
                               f"{expected[tuple(first)].item()!r}{suffix}", kind=WRONG_VALUES)
         return
@@ -469,7 +497,8 @@ def expect_close(
     if surprise_nan.any():
         first = np.argwhere(surprise_nan)[0]
         why = suffix or ": a fully masked row divided 0 by 0?"
-        raise CheckFailed(f"{what} contains NaN at {_index(first)} where {_number(expected[tuple(first)])} "
+        raise CheckFailed(f"{agreeing(what, 'contains', 'contain')} NaN at {_index(first)} where "
+                          f"{_number(expected[tuple(first)])} "
                           f"is expected ({int(surprise_nan.sum())} NaN values in all){why}", kind=NOT_FINITE)
     with np.errstate(invalid="ignore"):
         error = np.abs(values - expected)  # NaN where both are NaN, or inf - inf
@@ -480,7 +509,7 @@ def expect_close(
         ranked = np.where(wrong, np.nan_to_num(error, nan=np.inf), -1.0)
         worst = np.unravel_index(np.argmax(ranked), ranked.shape)
         raise CheckFailed(
-            f"{what} differs from the expected values: max abs error {_number(error[worst])} at "
+            f"{agreeing(what, 'differs', 'differ')} from the expected values: max abs error {_number(error[worst])} at "
             f"{_index(worst)} (got {_number(values[worst])}, expected {_number(expected[worst])}); "
             f"{int(wrong.sum())} of {n} entries are off by more than {atol:g} + {rtol:g}·|expected|{suffix}",
             kind=WRONG_VALUES)
@@ -502,7 +531,8 @@ def expect_rows_sum_to_one(
     expect_finite(w, what)
     if (w < -atol).any():
         first = np.argwhere(w < -atol)[0]
-        raise CheckFailed(f"{what} has a negative weight {_number(w[tuple(first)])} at {_index(first)}: "
+        raise CheckFailed(f"{agreeing(what, 'has', 'have')} a negative weight {_number(w[tuple(first)])} at "
+                          f"{_index(first)}: "
                           "attention weights are probabilities, never negative")
     sums = w.sum(axis=-1)  # (..., T)
     if allowed is None:
@@ -541,7 +571,7 @@ def expect_rows_sum_to_one(
 def expect_unchanged(before: Any, after: Any, what: str = "your input") -> None:
     """Fail if ``after`` differs from the copy ``before`` taken earlier (see :func:`snapshot`)."""
     old, new = to_numpy(before), to_numpy(after)
-    message = f"{what} was changed: you modified the caller's input in place"
+    message = f"{agreeing(what, 'was', 'were')} changed: you modified the caller's input in place"
     if old.shape != new.shape or old.dtype != new.dtype:
         raise CheckFailed(f"{message} (it went from {old.dtype} {old.shape} to {new.dtype} {new.shape})")
     changed = old != new
@@ -662,7 +692,8 @@ def causal_leakage_probe(
     out_axis = axis if out_time_axis is None else out_time_axis % base.ndim
     T = shape[axis]
     if base.ndim <= out_axis or base.shape[out_axis] != T:
-        raise CheckFailed(f"{what} has shape {base.shape}, but the input has T = {T} positions along axis "
+        raise CheckFailed(f"{agreeing(what, 'has', 'have')} shape {base.shape}, but the input has T = {T} "
+                          f"positions along axis "
                           f"{axis}: the output should keep one position per input position along axis "
                           f"{out_axis}")
     positions = np.arange(T).reshape([-1 if i == axis else 1 for i in range(len(shape))])  # T along `axis`

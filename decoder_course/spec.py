@@ -34,6 +34,7 @@ from decoder_course.checks import (
     CheckFailed,
     _is_tensor,
     _torch,
+    agreeing,
     check,
     expect_close,
     expect_dropout,
@@ -213,6 +214,18 @@ def _explained(spec: Spec | ModuleSpec, call: Callable[[], Any], args: dict) -> 
         if not hint:
             raise
         raise CheckFailed(f"{spec.name} raised {type(exc).__name__}: {exc}. {hint}") from None
+
+
+def _decoding(spec: ModuleSpec, call: Callable[[], Any]) -> Any:
+    """``call()``, one of a row's cached calls: the call on all the positions at once has already worked, so an
+    exception here is the cache's (a cache not passed on, keys not appended) and says so, with the spec's hint."""
+    try:
+        return call()
+    except (CheckFailed, NotImplementedError):
+        raise
+    except Exception as exc:
+        raise CheckFailed(f"{spec.name} raised {type(exc).__name__}: {exc} when decoding with a cache, though the "
+                          f"same positions in one call without a cache worked. {spec.cache.hint}".strip()) from None
 
 
 def _called(spec: Spec, fn: Callable[..., Any], args: dict, modules: dict | None = None) -> Any:
@@ -594,8 +607,8 @@ def _run_row(spec: ModuleSpec, cls: Any, row: Build, given: dict | None = None) 
                 expect_unmoved(row.perturbed, values[0], as_numpy(moved), what_of(spec, 0), row.situation)
             if row.cached:
                 cache = given[spec.cache.given](1)
-                parts = [items(spec, forward(spec, module, row, {**step, "cache": Keyword(cache)}), spec.name)[0]
-                         for step in row.cached]
+                parts = [items(spec, _decoding(spec, lambda step=step: forward(
+                    spec, module, row, {**step, "cache": Keyword(cache)})), spec.name)[0] for step in row.cached]
                 keys = None if cache.keys[0] is None else tuple(cache.keys[0].shape)
                 expect_cached(spec, row, values[0], [as_numpy(p) for p in parts], keys, row.situation)
         except CheckFailed as failed:  # the check's title names the situation already
@@ -649,7 +662,8 @@ def expect_cached(spec: ModuleSpec, row: Build, first: np.ndarray, parts: list, 
         T = np.shape(unwrap(next(iter(step.values()))))[1]
         expect_shape(got, (first.shape[0], T, *first.shape[2:]), what, names=spec.axes or None)
     if not agrees(np.concatenate(parts, axis=1), first, *tolerance(spec, {**row.init, **row.inputs})):
-        raise CheckFailed(f"{what} differs from the output of one call on all the positions. {spec.cache.hint}")
+        raise CheckFailed(f"{agreeing(what, 'differs', 'differ')} from the output of one call on all the positions. "
+                          f"{spec.cache.hint}".rstrip())
     want = None if spec.cache.keys is None else tuple(spec.cache.keys(plain({**row.init, **row.inputs})))
     if want is not None and keys != want:
         raise CheckFailed(f"the cache holds keys of shape {keys}, should be {want} ({situation}). "

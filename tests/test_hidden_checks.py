@@ -11,7 +11,7 @@ import re
 
 import pytest
 
-from autograder import lessons, notebooks, samples, verdicts
+from autograder import lessons, mutants, notebooks, samples, verdicts
 from autograder.checks.framework import Exercise
 
 LESSONS = lessons.ids()
@@ -22,7 +22,7 @@ def _reference_namespace(lesson: str) -> dict:
 
 
 def _mutants(lesson: str) -> list:
-    return samples.mutants_of(lesson)
+    return list(mutants.of(lesson))
 
 
 def _stub(obj):
@@ -65,12 +65,12 @@ def test_untouched_release_fails_every_item(lesson):
 
 
 @pytest.mark.parametrize("lesson", LESSONS)
-def test_each_exercise_has_two_realistic_wrong_answers(lesson):
+def test_each_exercise_has_three_realistic_wrong_answers(lesson):
     counts: dict[str, int] = {}
     for item, _, _ in _mutants(lesson):
         counts[item] = counts.get(item, 0) + 1
-    missing = {item: counts.get(item, 0) for item in verdicts.exercises_for(lesson) if counts.get(item, 0) < 2}
-    assert not missing, f"exercises with fewer than two wrong answers in autograder.mutants: {missing}"
+    missing = {item: counts.get(item, 0) for item in verdicts.exercises_for(lesson) if counts.get(item, 0) < 3}
+    assert not missing, f"exercises with fewer than three wrong answers in autograder.mutants: {missing}"
 
 
 def _mutant_cases():
@@ -86,8 +86,8 @@ _NOT_A_REASON = ("could not judge", "tell your instructor")
 # The sentences autograder.checks.framework writes by itself: where and how far off, never why.
 _BARE = [re.compile(pattern) for pattern in (
     r"\S+(?: \S+)*? should have shape \([^)]*\), got \([^)]*\) \([^)]*\)\.",
-    r"\S+(?: \S+)*? is wrong at \d+ place\(s\), first at index \[[^\]]*\] \([^)]*\)\.",
-    r"\S+(?: \S+)*? differs from the expected values on a case with .*?: max abs error \S+, first at index "
+    r"\S+(?: \S+)*? (?:is|are) wrong at \d+ place\(s\), first at index \[[^\]]*\] \([^)]*\)\.",
+    r"\S+(?: \S+)*? differs? from the expected values on a case with .*?: max abs error \S+, first at index "
     r"\[[^\]]*\]\.",
 )]
 
@@ -103,7 +103,7 @@ def _names_an_idea(message: str) -> bool:
 
 def test_a_bare_comparison_does_not_name_an_idea():
     assert not _names_an_idea("out is wrong at 3 place(s), first at index [0, 1] (B=2, T=3). ")
-    assert not _names_an_idea("weights differs from the expected values on a case with B=2, T=3: max abs error "
+    assert not _names_an_idea("weights differ from the expected values on a case with B=2, T=3: max abs error "
                               "0.5, first at index [0, 1, 2].")
     assert not _names_an_idea("could not judge: tell your instructor")
     assert _names_an_idea("out is wrong at 3 place(s), first at index [0, 1] (B=2, T=3). The key padding sits on "
@@ -113,7 +113,7 @@ def test_a_bare_comparison_does_not_name_an_idea():
 @pytest.mark.parametrize("lesson,index", list(_mutant_cases()))
 def test_wrong_answer_loses_its_item_and_no_other(lesson, index):
     item, description, replacement = _mutants(lesson)[index]
-    decided = verdicts.judge_namespace(lesson, samples.notebook_namespace(lesson, replacement))
+    decided = mutants.hidden_verdicts(lesson, replacement)
     assert not decided[item].passed, f"the wrong answer '{description}' passed the hidden checks of {item}"
     # Only its own: an item built on the wrong one is judged relative to it, and where the wrong one raises, a
     # correct one's answers stand in for it (autograder.checks.relative.answered), so that item is still seen.
@@ -130,7 +130,7 @@ def test_a_building_block_just_wrong_enough_to_fail_is_never_taken_for_right(sec
     as strictly as the items' own checks do). On secret a1 it once cost train_step too."""
     lesson = "07-training"
     item, description, replacement = next(m for m in _mutants(lesson) if "V - 1 wrong tokens" in m[1])
-    decided = verdicts.judge_namespace(lesson, samples.notebook_namespace(lesson, replacement), secret=secret)
+    decided = mutants.hidden_verdicts(lesson, replacement, secret=secret)
     assert [name for name, v in decided.items() if not v.passed] == [item], (description, {
         name: v.message for name, v in decided.items() if not v.passed})
 
@@ -258,3 +258,105 @@ def test_a_correct_sampler_cannot_fail_sample_by_chance():
             worst["filters"] = max(worst["filters"], filters.data["B"] * _first_draw_of_bos(
                 filters.data["model"], **setting))
     assert worst["temp"] < 1e-6 and worst["filters"] < 1e-6, worst
+
+
+def _split_heads_reshape_mistake(words: str) -> dict:
+    """The known mistake of split_heads_reshape whose description holds ``words``."""
+    found = [r for item, d, r in _mutants("03-multi-head") if item == "split_heads_reshape" and words in d]
+    assert len(found) == 1, words
+    return found[0]
+
+
+_TORCH_ONLY_HINT = ".transpose(1, 2) and .view(shape) are torch's"
+
+
+def test_split_heads_reshape_raising_on_a_valid_input_is_told_the_input_was_valid():
+    """Issue 37: any exception on a NumPy input was answered with the torch-only .transpose/.view hint, even an
+    exception the student raised on purpose on a valid input. Both layers now name the input and say that a
+    valid input must not raise; a torch-only call on NumPy still gets the hint about the two libraries."""
+    from autograder.mutants import run_visible
+
+    lesson, item = "03-multi-head", "split_heads_reshape"
+    wrong = _split_heads_reshape_mistake("raises ValueError on a valid input")
+    hidden = mutants.hidden_verdicts(lesson, wrong)[item].message
+    visible = run_visible(lesson, item, wrong)
+    for message in (hidden, visible):
+        assert "a valid input must not raise" in message and "NumPy array of shape" in message, message
+        assert _TORCH_ONLY_HINT not in message, message
+    merge = "merge_heads_reshape"
+    torch_only = next(r for name, d, r in _mutants(lesson) if name == merge and "torch-only" in d)
+    assert _TORCH_ONLY_HINT in mutants.hidden_verdicts(lesson, torch_only)[merge].message
+    assert _TORCH_ONLY_HINT in run_visible(lesson, merge, torch_only)
+    assert _TORCH_ONLY_HINT in run_visible(lesson, item, _split_heads_reshape_mistake("torch's .transpose(1, 2)"))
+
+
+@pytest.mark.parametrize("subject,plural", [
+    ("weights", True), ("the attention weights", True), ("GPT's logits", True), ("lm_batches's inputs", True),
+    ("q and k", True), ("RMSNorm's output (vs PyTorch's own modules)", False), ("lm_batches", False),
+    ("sequence_loss", False), ("the loss", False), ("the bias", False), ("row 2 of the logits", False),
+    ("mask_to_bias(...)", False), ("out", False)])
+def test_a_comparison_agrees_with_its_subject(subject, plural):
+    """Issue 37: "weights differs". Both layers' comparisons (the visible expect_close and expect_finite, the hidden
+    expect_close, the hidden scalar judge) write the verb that agrees with what they compare."""
+    import numpy as np
+
+    from autograder.checks import framework, judges
+    from decoder_course.checks import CheckFailed, expect_close, expect_finite
+
+    verb, is_verb = ("differ", "are") if plural else ("differs", "is")
+    with pytest.raises(CheckFailed) as visible_nan:
+        expect_finite(np.array([np.nan]), subject)
+    with pytest.raises(CheckFailed) as visible:
+        expect_close(np.zeros(3), np.ones(3), subject)
+    with pytest.raises(CheckFailed) as visible_exact:
+        expect_close(np.zeros(3, bool), np.ones(3, bool), subject)
+    with pytest.raises(framework.Fail) as hidden:
+        framework.expect_close(np.zeros(3), np.ones(3), subject, "B=1")
+    with pytest.raises(framework.Fail) as hidden_exact:
+        framework.expect_close(np.zeros(3, bool), np.ones(3, bool), subject, "B=1")
+    with pytest.raises(framework.Fail) as hidden_scalar:
+        judges.scalar(0.0, 1.0, subject, "B=1", "")
+    for raised, wanted in ((visible, verb), (visible_exact, is_verb), (hidden, verb), (hidden_exact, is_verb),
+                           (hidden_scalar, verb), (visible_nan, "contain" if plural else "contains")):
+        assert str(raised.value).replace("✗ ", "").startswith(f"{subject} {wanted} "), str(raised.value)
+
+
+def _docstring(obj) -> str:
+    """What the student reads of an exercise: its docstring, and a class's __init__ and forward docstrings."""
+    import inspect
+
+    parts = [inspect.getdoc(obj) or ""]
+    if isinstance(obj, type):
+        parts += [inspect.getdoc(vars(obj)[name]) or "" for name in ("__init__", "forward") if name in vars(obj)]
+    return "\n".join(parts)
+
+
+def _named(name: str, doc: str) -> bool:
+    """A forbidden name is named in a docstring by its last part (``F.rms_norm``: rms_norm); a library's every
+    name (``torch.``, ``einops.rearrange``) by "no torch", "no einops"; ``nn.`` and ``F.`` are torch's too."""
+    parts = name.rstrip(".").split(".")
+    library = "torch" if parts[0] in ("nn", "F", "torch") else parts[0]
+    return f"no {library}" in doc or (not name.endswith(".") and parts[-1] in doc)
+
+
+@pytest.mark.parametrize("lesson", LESSONS)
+def test_a_docstring_states_what_its_checks_refuse(lesson):
+    """Issue 37: a check may not enforce what the exercise's docstring does not state. A check's forbidden names
+    (``nn.TransformerDecoder`` in Decoder, ``F.scaled_dot_product_attention`` in robust_attention, ``torch.`` in
+    the NumPy layer) are named in it, and where the spec refuses inputs, the docstring says which raise
+    ValueError."""
+    specs = getattr(lessons.module(lesson, "visible"), "SPECS", {})
+    reference = lessons.module(lesson, "reference")
+    unstated = []
+    for item, check in verdicts.exercises_for(lesson).items():
+        target = getattr(check, "target", item)
+        if target not in lessons.exercises(lesson):
+            continue
+        doc = _docstring(getattr(reference, target))
+        forbidden = getattr(check, "forbidden", ()) or ()
+        unstated += [f"{target}: {name}" for name in forbidden if not _named(name, doc)]
+        if forbidden and not re.search(r"not to be used|no torch|no einops", doc):
+            unstated.append(f"{target}: that {', '.join(forbidden)} may not be used")
+        if getattr(specs.get(target), "refused", ()) and "ValueError" not in doc:
+            unstated.append(f"{target}: the inputs it refuses with ValueError")
+    assert not unstated, f"checks enforce what the docstrings do not state: {unstated}"

@@ -14,9 +14,9 @@ import pytest
 import torch
 
 from autograder import samples, verdicts
+from autograder.mutants import run_visible, visible_test_cells
 from autograder.reference import training
 from decoder_course import data
-from tests.test_visible_catch_rate import _run, _test_cells
 
 # (lesson, item, a fragment of its known mistake's description, what the hidden verdict says, what its visible
 # cell says)
@@ -66,7 +66,7 @@ def test_the_hidden_verdict_names_the_promise(lesson, item, fragment, hidden, vi
 def _visible_failure(lesson: str, cell: str, item: str, fragment: str) -> tuple[str, str]:
     """The visible cell of ``cell`` run on the known mistake of ``item``: the mistake, and what the cell raised."""
     description, replacement = _mistake(lesson, item, fragment)
-    failure = _run(lesson, cell, replacement, _test_cells(lesson)[cell])
+    failure = run_visible(lesson, cell, replacement, visible_test_cells(lesson)[cell])
     assert failure is not None, f"the visible cell of {cell} passed with '{description}' in {item}"
     return description, failure
 

@@ -11,8 +11,8 @@ import pytest
 import torch
 
 from autograder import samples, verdicts
+from autograder.mutants import run_visible, visible_test_cells
 from decoder_course.checks import CheckFailed, expect_dtype
-from tests.test_visible_catch_rate import _run, _test_cells
 
 # (lesson, item, a words of the mistake's description, words the hidden message holds, words the visible one holds)
 NAMED = [
@@ -25,6 +25,10 @@ NAMED = [
     ("11-gpt", "train_bpe", "code points", "not of its UTF-8 bytes", "not of its UTF-8 bytes"),
     ("11-gpt", "lm_batches", "runs past the stream", "runs past the stream", "ran past the end of the stream"),
     ("12-modern", "rotary_embedding", "halves concatenated", "in another order", "in another order"),
+    # an exception only in the cached calls is the cache's: the spec's cache hint, not a bare RuntimeError
+    ("12-modern", "ModernBlock", "cache not passed on", "Pass cache and layer_idx on to the attention",
+     "Pass cache and layer_idx on to the attention"),
+    ("11-gpt", "lm_batches", "int32 ids come back int32", "convert it (.long()", "convert it (.long()"),
 ]
 
 
@@ -41,7 +45,7 @@ def test_the_broken_promise_is_named_in_both_layers(lesson, item, words, hidden,
     decided = verdicts.judge_namespace(lesson, samples.notebook_namespace(lesson, replacement))
     assert not decided[item].passed
     assert hidden in decided[item].message, decided[item].message
-    failure = _run(lesson, item, replacement, _test_cells(lesson)[item])
+    failure = run_visible(lesson, item, replacement, visible_test_cells(lesson)[item])
     assert failure is not None and visible in failure, failure
 
 

@@ -8,68 +8,20 @@ cell (``test_reference_passes_every_visible_check``), and the namespace holds th
 (``# %% given=module:names``), so that a missing name is never mistaken for a caught mistake.
 """
 
-import contextlib
-import importlib
-import io
-import re
-import warnings
-
 import matplotlib
 import pytest
 
-from autograder import lessons, notebooks, samples, verdicts
+from autograder import lessons, mutants, verdicts
+from autograder.mutants import run_visible, visible_test_cells
 
 matplotlib.use("Agg")
 TARGET = 0.95
 
 
-def _test_cells(lesson: str) -> dict[str, str]:
-    source = (notebooks.ROOT / "solutions" / f"{lesson}.py").read_text()
-    cells = {}
-    for cell in re.split(r"(?m)^# %%", source):
-        match = re.match(r" test=(\S+)", cell)
-        if match:
-            cells[match.group(1)] = cell.split("\n", 1)[1]
-    return cells
-
-
-def _givens(lesson: str) -> dict:
-    """The objects of the lesson's ``# %% given=module:names`` cells (earlier lessons' reference code)."""
-    source = (notebooks.ROOT / "solutions" / f"{lesson}.py").read_text()
-    given = {}
-    for module, names in re.findall(r"(?m)^# %% given=(\w+):(\S+)", source):
-        reference = importlib.import_module(f"autograder.reference.{module}")
-        given.update({name: getattr(reference, name) for name in names.split(",")})
-    return given
-
-
-def _namespace(lesson: str, replacement: dict | None = None) -> dict:
-    namespace = samples.notebook_namespace(lesson, replacement)
-    for name, obj in _givens(lesson).items():
-        namespace.setdefault(name, obj)
-    return namespace
-
-
-def _run(lesson: str, item: str, replacement: dict | None, cell: str) -> str | None:
-    """Run an item's visible test cell; the failure it raised, or None when it passed."""
-    namespace = _namespace(lesson, replacement)
-    with warnings.catch_warnings(), contextlib.redirect_stdout(io.StringIO()):
-        warnings.simplefilter("ignore")
-        try:
-            exec(compile(cell, f"<{lesson} test={item}>", "exec"), namespace)  # noqa: S102 - our own cells
-        except Exception as exc:  # noqa: BLE001 - any failure under the exercise is the student finding the bug
-            return f"{type(exc).__name__}: {exc}"
-    return None
-
-
-def _caught(lesson: str, item: str, replacement: dict, cell: str) -> bool:
-    return _run(lesson, item, replacement, cell) is not None
-
-
 @pytest.mark.parametrize("lesson", list(lessons.ids()))
 def test_reference_passes_every_visible_check(lesson):
-    cells = _test_cells(lesson)
-    failed = {item: _run(lesson, item, None, cells[item]) for item in verdicts.exercises_for(lesson)}
+    cells = visible_test_cells(lesson)
+    failed = {item: run_visible(lesson, item, None, cells[item]) for item in verdicts.exercises_for(lesson)}
     failed = {item: why for item, why in failed.items() if why is not None}
     assert not failed, f"the reference fails its own visible checks in {lesson}: {failed}"
 
@@ -78,18 +30,19 @@ def test_visible_checks_catch_at_least_95_percent_of_each_lessons_mutants(capsys
     caught_all = total = 0
     lines, missed, under = [], [], []
     for lesson in lessons.ids():
-        cells = _test_cells(lesson)
-        mutants = samples.mutants_of(lesson)
+        cells = visible_test_cells(lesson)
+        wrong_answers = mutants.of(lesson)
         caught = 0
-        for item, description, replacement in mutants:
-            if _caught(lesson, item, replacement, cells[item]):
+        for item, description, replacement in wrong_answers:
+            if run_visible(lesson, item, replacement, cells[item]) is not None:
                 caught += 1
             else:
                 missed.append(f"{lesson} {item}: {description}")
-        caught_all, total = caught_all + caught, total + len(mutants)
-        if caught < TARGET * len(mutants):
-            under.append(f"{lesson} {caught}/{len(mutants)}")
-        lines.append(f"{lesson:20s} {caught:3d}/{len(mutants):3d} = {100 * caught / len(mutants):5.1f} %")
+        caught_all, total = caught_all + caught, total + len(wrong_answers)
+        if caught < TARGET * len(wrong_answers):
+            under.append(f"{lesson} {caught}/{len(wrong_answers)}")
+        lines.append(f"{lesson:20s} {caught:3d}/{len(wrong_answers):3d} = "
+                     f"{100 * caught / len(wrong_answers):5.1f} %")
     lines.append(f"{'all':20s} {caught_all:3d}/{total:3d} = {100 * caught_all / total:5.1f} %")
     with capsys.disabled():
         print("\nvisible checks, mutants caught per lesson:\n  " + "\n  ".join(lines))
@@ -101,5 +54,32 @@ def test_visible_checks_catch_at_least_95_percent_of_each_lessons_mutants(capsys
 
 @pytest.mark.parametrize("lesson", list(lessons.ids()))
 def test_every_graded_item_has_a_visible_test_cell(lesson):
-    missing = set(verdicts.exercises_for(lesson)) - set(_test_cells(lesson))
+    missing = set(verdicts.exercises_for(lesson)) - set(visible_test_cells(lesson))
     assert not missing, f"graded items without a visible test cell in solutions/{lesson}.py: {sorted(missing)}"
+
+
+def test_rates_count_the_visible_among_the_hidden_and_the_strict_among_all():
+    """The published rates (bench section catch_rate): the visible rate's denominator is what the hidden checks
+    catch; the strict rate's is every mistake, and a mistake that costs another item too is not strict."""
+    caught = [{"hidden": True, "visible": True, "others": []},
+              {"hidden": True, "visible": False, "others": ["train_step"]},
+              {"hidden": False, "visible": True, "others": []}]
+    counted = mutants.rates(caught)
+    assert (counted["mistakes"], counted["hidden"], counted["visible"], counted["strict"]) == (3, 2, 1, 1)
+    assert counted["visible_rate"] == 0.5 and counted["strict_rate"] == 1 / 3
+    assert mutants.rates([])["visible_rate"] == 1.0
+
+
+def test_the_catch_rate_section_reports_each_lesson_and_what_was_missed(monkeypatch):
+    """bench/catch_rate.py on one lesson, quick: a row per lesson and the total; a mistake the visible cell misses
+    is listed by name (here the visible cell is made to miss them all)."""
+    from bench import catch_rate
+
+    monkeypatch.setattr(lessons, "ids", lambda: ("00-setup",))
+    table = catch_rate.run(quick=True)
+    assert "| 00-setup | 3 | 3 | 3/3 = 100.0 % | 3/3 = 100.0 % |" in table and "| **all** |" in table
+    assert "not by the visible cell" not in table
+    monkeypatch.setattr(mutants, "run_visible", lambda *args, **kwargs: None)
+    missed = catch_rate.run(quick=True)
+    assert "0/3 = 0.0 %" in missed and "Caught by the hidden checks but not by the visible cell:" in missed
+    assert "- 00-setup `flatten_batch`:" in missed

@@ -25,7 +25,7 @@ from typing import Any
 import numpy as np
 
 from decoder_course import harvest
-from decoder_course.checks import LEAKAGE, NOT_FINITE, SHAPE_OR_DTYPE, WRONG_VALUES
+from decoder_course.checks import LEAKAGE, NOT_FINITE, SHAPE_OR_DTYPE, WRONG_VALUES, agreeing
 
 REGISTRY: dict[str, dict[str, type[Exercise]]] = {}
 MAX_REPORT_BYTES = 4 << 20  # the most of a kernel's JSON report the grader reads
@@ -221,6 +221,10 @@ class Result:
         error = self._entry(case_id).get("error")
         return str(error) if error is not None else None
 
+    def recorded(self, case_id: str) -> set[str]:
+        """The names this case recorded before it finished or raised: where it raised, what had worked."""
+        return set(self._entry(case_id).get("outputs", {}))
+
     def raise_if_error(self, case_id: str) -> None:
         error = self.error(case_id)
         if error is not None:
@@ -268,7 +272,8 @@ class Result:
         if finite and array.dtype.kind in "fc" and not np.isfinite(array).all():
             bad = np.argwhere(~np.isfinite(array))[0].tolist()
             raise Fail(
-                f"{what} contains NaN or inf (first at index {bad}) on a case with {desc}. A fully masked row "
+                f"{agreeing(what, 'contains', 'contain')} NaN or inf (first at index {bad}) on a case with {desc}. "
+                f"A fully masked row "
                 "or huge scores? Subtract the row max before exp, and give fully masked rows zeros.", kind=NOT_FINITE
             )
         return array
@@ -482,7 +487,8 @@ def expect_close(got: np.ndarray, want: np.ndarray, what: str, desc: str, hint: 
         wrong = got.astype(bool) != want.astype(bool)
         if wrong.any():
             where = np.argwhere(wrong)[0].tolist()
-            raise Fail(f"{what} is wrong at {int(wrong.sum())} place(s), first at index {where} ({desc}). {hint}",
+            raise Fail(f"{agreeing(what, 'is', 'are')} wrong at {int(wrong.sum())} place(s), first at index {where} "
+                       f"({desc}). {hint}",
                        kind=WRONG_VALUES)
         return
     close = np.isclose(got.astype(np.float64), want.astype(np.float64), rtol=rtol, atol=atol)
@@ -490,8 +496,8 @@ def expect_close(got: np.ndarray, want: np.ndarray, what: str, desc: str, hint: 
         where = np.argwhere(~close)[0].tolist()
         err = float(np.max(np.abs(got.astype(np.float64) - want.astype(np.float64))))
         raise Fail(
-            f"{what} differs from the expected values on a case with {desc}: max abs error {err:.3g}, "
-            f"first at index {where}. {hint}".rstrip(), kind=WRONG_VALUES
+            f"{agreeing(what, 'differs', 'differ')} from the expected values on a case with {desc}: max abs error "
+            f"{err:.3g}, first at index {where}. {hint}".rstrip(), kind=WRONG_VALUES
         )
 
 

@@ -23,7 +23,7 @@ from __future__ import annotations
 import numpy as np
 
 from autograder.checks.framework import Case, Fail, Result, name_mistake
-from decoder_course.checks import LEAKAGE
+from decoder_course.checks import LEAKAGE, agreeing
 
 
 # -- case makers ------------------------------------------------------------------------------------------------
@@ -114,4 +114,5 @@ def scalar(got, want: float, what: str, desc: str, hint: str, rtol: float = 1e-5
     """A scalar must agree with the expected one; the message never gives the expected value or the gap."""
     value = float(np.asarray(got, dtype=np.float64))
     if not abs(value - want) <= atol + rtol * abs(want):
-        raise Fail(f"{what} differs from the expected value on a case with {desc}. {hint}".rstrip())
+        raise Fail(f"{agreeing(what, 'differs', 'differ')} from the expected value on a case with {desc}. "
+                   f"{hint}".rstrip())

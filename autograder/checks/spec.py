@@ -190,6 +190,19 @@ def _raise_hint(spec, result: Result, case: Case, args: dict) -> None:
             raise Raised(f"your code raised an exception on a case with {case.desc}:\n    {last}\n{hint}")
 
 
+def _raised_decoding(spec, result: Result, case: Case) -> None:
+    """A module that raised only in the row's cached calls (its call on all the positions had been recorded, and
+    its perturbed call if any): the exception is the cache's, and the spec's cache hint says what to look at."""
+    error, row = result.error(case.id), case.data["row"]
+    if error is None or not row.cached or "NotImplementedError" in error:
+        return
+    done = result.recorded(case.id)
+    if "out" in done and (row.perturbed is None or "moved" in done):
+        raise Raised(f"your code raised an exception when decoding with a cache on a case with {case.desc}, "
+                     f"though the same positions in one call without a cache worked:\n    "
+                     f"{error.strip().splitlines()[-1]}\n{spec.cache.hint}".rstrip())
+
+
 def _unrefused(result: Result) -> list[Case]:
     """The cases built to be refused (a ``why``) are judged first: each must have raised a ValueError; the others
     are returned for the exercise's judge."""
@@ -423,6 +436,7 @@ class ModuleSpecExercise(Exercise):
                            f"{error.strip().splitlines()[-1]}\nThe names are part of the contract: "
                            f"{names_for(spec, row)}.")
             _raise_hint(spec, result, case, args)
+            _raised_decoding(spec, result, case)
             if row.seed is not None and spec.dropout:
                 judges.dropout(result, case.id, self.name, spec.shape(plain(args)), spec.dropout)
                 continue

@@ -47,6 +47,11 @@ def merge_heads(x):  # noqa: F811
     return rearrange(x, "b h t dh -> b t (dh h)")
 
 
+@mutant(MUTANTS, "merge_heads", "stacks the heads along time, (B, H * T, Dh), instead of side by side along D")
+def merge_heads(x):  # noqa: F811
+    return rearrange(x, "b h t dh -> b (h t) dh")
+
+
 # -- split_heads_reshape -----------------------------------------------------------------------------------------
 @mutant(MUTANTS, "split_heads_reshape", "torch's .transpose(1, 2): breaks on NumPy arrays")
 def split_heads_reshape(x, H):
@@ -64,6 +69,14 @@ def split_heads_reshape(x, H):  # noqa: F811
 def split_heads_reshape(x, H):  # noqa: F811
     B, T, D = x.shape
     return x.reshape(B, T, D // H, H).swapaxes(1, 2)
+
+
+@mutant(MUTANTS, "split_heads_reshape", "checks H % D instead of D % H: raises ValueError on a valid input")
+def split_heads_reshape(x, H):  # noqa: F811
+    B, T, D = x.shape
+    if H % D:
+        raise ValueError(f"D={D} is not divisible by H={H}")
+    return x.reshape(B, T, H, D // H).swapaxes(1, 2)
 
 
 # -- merge_heads_reshape -----------------------------------------------------------------------------------------

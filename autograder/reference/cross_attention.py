@@ -34,6 +34,8 @@ class CrossAttention(MultiHeadAttention):
     Same parameters as ``MultiHeadAttention`` (``q_proj``, ``k_proj``, ``v_proj``, ``out_proj``), and its contract:
     ``allowed`` True = this query may attend to this memory token, a query with no allowed key gets zero weights
     (its output row is ``out_proj.bias``), gradients stay finite, the caller's inputs (and ``memory_kv``) unchanged.
+    Written by hand like it: ``nn.MultiheadAttention``, ``F.scaled_dot_product_attention`` and
+    ``F.multi_head_attention_forward`` are not to be used (the checks refuse them).
 
     Shape:
         query: (B, T, D), memory: (B, S, D), allowed: (B, H, T, S)-broadcastable bool or None

@@ -61,7 +61,8 @@ class DecoderLayer(nn.Module):
     In training mode the layer's own ``dropout1``, ``dropout2``, ``dropout3`` act once each, in that order
     (``dropout2`` only with cross-attention), on each sublayer's (B, T, D) output before its residual addition; in
     eval mode nothing is random. Parameters load by the names ``self_attn``, ``cross_attn``, ``feed_forward``,
-    ``norm1``..``norm3``; the caller's inputs are unchanged.
+    ``norm1``..``norm3``; the caller's inputs are unchanged. Built by hand: ``nn.TransformerDecoderLayer`` and
+    ``nn.TransformerDecoder`` are what it is compared with, not to be used (the checks refuse them).
 
     Sublayers may be injected (``self_attn``, ``cross_attn``, ``feed_forward``); by default they are built
     from ``MultiHeadAttention``, ``CrossAttention`` and ``FeedForward``. Masks are boolean, True = may attend.
@@ -188,6 +189,8 @@ def count_parameters(module: nn.Module) -> dict[str, int]:
 
 def init_numpy_decoder_params(D: int, H: int, F: int, rng: np.random.Generator | None = None) -> dict:
     """Random parameters for ``numpy_decoder_layer``; weights are stored (in, out): a layer is ``x @ W + b``.
+
+    NumPy only, like the layer (no torch: the checks refuse a ``torch.`` call).
 
     Each weight matrix is drawn separately from N(0, 1/fan_in) (standard deviation 1/sqrt(fan_in)), biases are
     zeros, LayerNorm gains ones and biases zeros; every number comes from ``rng``. Raises ValueError when D is not

@@ -178,7 +178,9 @@ class GPT(nn.Module):
     the cache and attends over everything cached (a (T, S) mask aligned to absolute positions), so prefilling a
     prompt, then feeding chunks of several tokens or one token at a time, gives the logits of the full forward.
     More than ``max_len`` positions raise ``ValueError``; ``self.max_len`` keeps the constructor's ``max_len``
-    (``generate`` and ``generate_long`` read it).
+    (``generate`` and ``generate_long`` read it). Built from your ``DecoderLayer``: ``nn.TransformerEncoderLayer``,
+    ``nn.TransformerEncoder``, ``nn.TransformerDecoderLayer`` and ``nn.Transformer`` are not to be used (the checks
+    refuse them).
 
     Shape:
         ids: (B, T) int64 with cache.length + T <= max_len -> logits (B, T, V) float32
@@ -404,6 +406,9 @@ MISTAKES = [
      ("starts = torch.randint(0, N - block,", "starts = torch.randint(0, N - block - 1,")),
     ("lm_batches", "starts drawn up to N - block: the last window's target runs past the stream",
      ("starts = torch.randint(0, N - block,", "starts = torch.randint(0, N - block + 1,")),
+    ("lm_batches", "keeps the stream's dtype: int32 ids come back int32, not int64",
+     ("inputs = ids[offsets].long()", "inputs = ids[offsets]"),
+     ("targets = ids[offsets + 1].long()", "targets = ids[offsets + 1]")),
     ("lm_batches", "targets are the inputs themselves, not shifted",
      ("targets = ids[offsets + 1].long()", "targets = ids[offsets].long()")),
     ("generate", "no cache: the whole sequence runs again at every step",

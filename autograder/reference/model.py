@@ -88,6 +88,8 @@ class EncoderLayer(nn.Module):
     ``norm_first=False`` is the paper's post-LN (normalise the residual sum), ``True`` pre-LN (normalise each
     sublayer's input). With copied weights it equals ``nn.TransformerEncoderLayer(batch_first=True,
     norm_first=...)`` in eval mode, whose ``src_key_padding_mask`` is ``~src_is_real``. The input is unchanged.
+    Built from your modules: ``nn.TransformerEncoderLayer`` and ``nn.TransformerEncoder`` are not to be used (the
+    checks refuse them).
 
     Shape:
         x: (B, S, D), src_is_real: (B, S) bool or None -> (B, S, D)
@@ -192,7 +194,9 @@ class Decoder(nn.Module):
 
     Submodules ``layers`` (an ``nn.ModuleList`` of ``n_layers`` separate ``DecoderLayer`` s, each given ``dropout``
     and ``norm_first``) and ``norm`` (``nn.LayerNorm(d_model)`` when pre-LN, ``nn.Identity()`` when post-LN, whose
-    layers already end normalised). Every layer gets the masks; the caller's inputs are unchanged.
+    layers already end normalised). Every layer gets the masks; the caller's inputs are unchanged. Built from your
+    ``DecoderLayer``: ``nn.TransformerDecoder`` and ``nn.TransformerDecoderLayer`` are not to be used (the checks
+    refuse them: the stack is the exercise).
 
     Shape:
         x: (B, T, D), memory: (B, S, D), self_allowed: (B, H, T, T)-broadcastable bool or None,
@@ -237,7 +241,9 @@ class Seq2SeqTransformer(nn.Module):
     Submodules ``src_embed``, ``tgt_embed``, ``pos_encoding``, ``encoder``, ``decoder``, ``out_proj``.
     ``scale_embedding=True`` multiplies both embeddings by sqrt(D) (the paper); the default does not. Tied weights
     are one Parameter (``out_proj.weight is tgt_embed.weight``); ``dropout`` reaches every submodule; the caller's
-    inputs are unchanged.
+    inputs are unchanged. Built from this course's modules: ``nn.Transformer``, ``nn.TransformerEncoder``,
+    ``nn.TransformerEncoderLayer``, ``nn.TransformerDecoder`` and ``nn.TransformerDecoderLayer`` are not to be used
+    (the checks refuse them).
 
     ``encode``/``decode`` are separate so that generation (lesson 08) encodes the source once. The decoder
     self-attention is causal and, when ``tgt_is_real`` is given, skips target padding keys; cross-attention

@@ -36,7 +36,8 @@ class RMSNorm(nn.Module):
 
     No mean is subtracted and there is no bias (unlike LayerNorm); ``eps`` is added *inside* the square root.
     One parameter, ``weight`` (D,), starting at ones. Computed in float32, returned in ``x``'s dtype; ``x`` is
-    unchanged. Equal to ``torch.nn.RMSNorm(d, eps)`` with the same weight.
+    unchanged. Equal to ``torch.nn.RMSNorm(d, eps)`` with the same weight, but written by hand: ``nn.RMSNorm`` and
+    ``F.rms_norm`` are not to be used (the checks refuse them).
 
     Shape:
         x: (..., D) -> (..., D)
@@ -129,7 +130,9 @@ class GroupedQueryAttention(nn.Module):
     n_kv_heads)``: consecutive query heads form a group (``repeat_interleave`` of the key/value heads, as
     ``F.scaled_dot_product_attention(..., enable_gqa=True)``). ``n_kv_heads = 1`` is multi-query attention,
     ``n_kv_heads = n_heads`` multi-head attention. ``D`` not divisible by ``n_heads``, or ``n_heads`` not by
-    ``n_kv_heads``, raises ``ValueError``.
+    ``n_kv_heads``, raises ``ValueError``. Written by hand: ``F.scaled_dot_product_attention`` (with or without
+    ``enable_gqa``) and ``nn.MultiheadAttention`` are what it is compared with, not to be used (the checks refuse
+    them).
 
     ``forward(x, positions=None, allowed=None, cache=None, layer_idx=0)``: with ``positions`` (the absolute
     positions of x's T rows) queries and keys are rotated by ``rotary_embedding`` before the scores; without,
@@ -328,6 +331,8 @@ MISTAKES = [
     ("RMSNorm", "eps added outside the square root",
      ("torch.sqrt(h.pow(2).mean(dim=-1, keepdim=True) + self.eps)",
       "h.pow(2).mean(dim=-1, keepdim=True).sqrt() + self.eps")),
+    ("RMSNorm", "no eps inside the square root: a tiny position is blown up, an all-zero one is 0 / 0 (NaN)",
+     ("torch.sqrt(h.pow(2).mean(dim=-1, keepdim=True) + self.eps)", "torch.sqrt(h.pow(2).mean(dim=-1, keepdim=True))")),
     ("RMSNorm", "a bfloat16 input comes back float32 (the float32 weight promotes it)",
      ("return (h / rms * self.weight).to(x.dtype)", "return h / rms * self.weight")),
     ("rotary_embedding", "pairs dimension i with i + Dh/2 (rotate-half) instead of (2i, 2i+1)",
@@ -365,6 +370,8 @@ MISTAKES = [
      ("q, k = rotary_embedding(q, positions), rotary_embedding(k, positions)", "q = rotary_embedding(q, positions)")),
     ("sliding_window_mask", "off by one: window + 1 keys (t - s <= window)",
      ("(t - s < window)", "(t - s <= window)")),
+    ("sliding_window_mask", "off by one: window - 1 keys (t - s < window - 1), the oldest key of the window dropped",
+     ("(t - s < window)", "(t - s < window - 1)")),
     ("sliding_window_mask", "not causal: |t - s| < window",
      ("return (s <= t) & (t - s < window)", "return (t - s).abs() < window")),
     ("ModernBlock", "post-norm: normalises after each residual addition",
@@ -377,6 +384,9 @@ MISTAKES = [
     ("ModernBlock", "RMSNorm(d_model) built without the block's eps: the argument is silently ignored",
      ("self.attn_norm = RMSNorm(d_model, eps)", "self.attn_norm = RMSNorm(d_model)"),
      ("self.ffn_norm = RMSNorm(d_model, eps)", "self.ffn_norm = RMSNorm(d_model)")),
+    ("ModernBlock", "the cache not passed on to the attention: a cached step sees only its own new tokens",
+     ("self.attn(self.attn_norm(x), positions, allowed, cache, layer_idx)",
+      "self.attn(self.attn_norm(x), positions, allowed)")),
     ("ModernBlock", "one norm for both sublayers (attn_norm before the feed-forward too)",
      ("return x + self.feed_forward(self.ffn_norm(x))", "return x + self.feed_forward(self.attn_norm(x))")),
     ("mha_to_gqa",

@@ -113,7 +113,9 @@ class MultiHeadAttention(nn.Module):
     weights are per head (not averaged). In training mode ``dropout`` acts on the attention weights, before they
     average the values, and the weights returned are the dropped-out ones (as ``nn.MultiheadAttention``;
     ``attention(..., dropout=self.dropout)`` does both); in eval mode there is no dropout. Gradients stay finite
-    when a query row is fully blocked; the caller's inputs are unchanged.
+    when a query row is fully blocked; the caller's inputs are unchanged. Written with ``attention`` and your
+    head split: ``nn.MultiheadAttention``, ``F.scaled_dot_product_attention`` and ``F.multi_head_attention_forward``
+    are what it is compared with, not to be used (the checks refuse them).
 
     ``allowed`` is boolean, True = "this query may attend to this key", broadcastable to (B, H, T, S). A fully
     blocked query gets zero attention output, so its output row is ``out_proj.bias``.

@@ -86,7 +86,8 @@ def robust_attention(
     """Scaled dot-product attention that is NaN-free in float16, bfloat16 and under ``torch.autocast``.
 
     Float16 gradients stay finite when a row is fully blocked (a finite fill, never -inf); the caller's inputs are
-    unchanged.
+    unchanged. Written by hand: ``F.scaled_dot_product_attention`` is what it is compared with, not to be used (the
+    checks refuse it).
 
     A blocked key weighs exactly 0; a fully blocked query row gets zero weights and a zero output, as
     ``F.scaled_dot_product_attention`` gives in recent PyTorch; every other row agrees with it too. ``out`` and

@@ -37,6 +37,8 @@ def sequence_loss(
     """Mean cross-entropy over real (non-pad) target tokens, with optional label smoothing.
 
     Computed with torch operations only, so that gradients reach the logits; the caller's inputs are unchanged.
+    Written by hand from ``log_softmax``: ``F.cross_entropy``, ``nn.CrossEntropyLoss``, ``F.nll_loss`` and
+    ``nn.NLLLoss`` are what it is compared with, not to be used (the checks refuse them).
 
     Equals ``F.cross_entropy(logits.reshape(-1, V), targets.reshape(-1), ignore_index=pad_id,
     label_smoothing=label_smoothing)``, except that a batch with no real token gives 0 instead of NaN.

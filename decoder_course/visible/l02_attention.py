@@ -11,6 +11,7 @@ import numpy as np
 
 from decoder_course.checks import (
     CheckFailed,
+    agreeing,
     check,
     expect_close,
     expect_finite,
@@ -50,11 +51,13 @@ def check_weights(w: np.ndarray, allowed: np.ndarray | None, what: str, desc: st
     full = np.broadcast_to(True if allowed is None else allowed, w.shape)  # (..., T, S)
     has_key = full.any(axis=-1)  # (..., T)
     if not np.isfinite(w).all():
-        raise CheckFailed(f"{what} contains NaN or inf ({desc}). A fully masked row filled with -inf gives "
+        raise CheckFailed(f"{agreeing(what, 'contains', 'contain')} NaN or inf ({desc}). A fully masked row filled "
+                          f"with -inf gives "
                           "exp(-inf - (-inf)) = NaN, and exp overflows on huge scores: give a row with no allowed "
                           "key zeros, and subtract each row's max before exp.")
     if (w < -ATOL).any():
-        raise CheckFailed(f"{what} has negative weights ({desc}): softmax outputs are probabilities.")
+        raise CheckFailed(f"{agreeing(what, 'has', 'have')} negative weights ({desc}): softmax outputs are "
+                          f"probabilities.")
     empty_rows = w[~has_key]  # (rows, S)
     if empty_rows.size and np.allclose(empty_rows, 1.0 / w.shape[-1], atol=1e-4):
         raise CheckFailed(f"a fully masked row of {what} came out as a uniform average, 1/S on every key ({desc}): "

@@ -126,12 +126,26 @@ BOTH_LIBRARIES = ("It must work on NumPy arrays and torch tensors alike: .reshap
                   "while .transpose(1, 2) and .view(shape) are torch's (NumPy reads them differently).")
 
 
-def _numpy_crash(args: dict, error: str) -> str:
-    return BOTH_LIBRARIES if isinstance(args["x"], np.ndarray) else ""
+# What NumPy says when it is handed torch's .transpose(1, 2), .view(shape), .contiguous(), .permute or .size(-1).
+_TORCH_ONLY_ON_NUMPY = ("axes don't match array", "has no attribute", "object is not callable", "data type")
+
+
+def _crash_hint(args: dict, error: str) -> str:
+    """Why a head split or merge raised on one of the spec's inputs, every one of them valid: a torch-only call on
+    a NumPy array, else a valid input that must not raise (the input named, so that the student can try it)."""
+    x = args["x"]
+    if isinstance(x, np.ndarray) and any(text in error for text in _TORCH_ONLY_ON_NUMPY):
+        return BOTH_LIBRARIES
+    given = f"a {'NumPy array' if isinstance(x, np.ndarray) else 'torch tensor'} of shape {tuple(x.shape)}"
+    if "H" not in args:
+        return f"The input was valid ({given}, (B, H, T, Dh)): a valid input must not raise."
+    D, H = x.shape[-1], args["H"]
+    return (f"The input was valid ({given} with H={H}: D={D} is a multiple of H): a valid input must not raise; "
+            f"only a D that H does not divide raises ValueError.")
 
 
 def _heads_spec(name: str, split: bool, **more) -> Spec:
-    return Spec(name, _head_rows(split), dtype=lambda a: a["x"].dtype, on_error=_numpy_crash,
+    return Spec(name, _head_rows(split), dtype=lambda a: a["x"].dtype, on_error=_crash_hint,
                 shape=(lambda a: (a["x"].shape[0], a["H"], a["x"].shape[1], a["x"].shape[2] // a["H"])) if split
                 else (lambda a: (a["x"].shape[0], a["x"].shape[2], a["x"].shape[1] * a["x"].shape[3])),
                 axes="B, H, T, Dh" if split else "B, T, D", shape_hint=_split_shape_hint if split else "",
@@ -166,16 +180,17 @@ def _no_einops(fn, name: str) -> None:
         raise CheckFailed(f"{name} must not use einops: this version practises .reshape and .swapaxes by hand")
 
 
-def _call_on(fn, name: str, backend: str, *args):
-    """``fn(*args)``, turning a crash on NumPy input into a message about the two libraries."""
+def _call_on(fn, name: str, *args):
+    """``fn(*args)`` (a valid input), turning a crash into a message that names its likely cause: a torch-only call
+    on a NumPy array, or a valid input that must not raise."""
     try:
         return expect_inputs_unchanged(fn, *args)
     except (CheckFailed, NotImplementedError):
         raise
     except Exception as exc:
-        if backend != "NumPy":
-            raise
-        raise CheckFailed(f"{name} crashed on a NumPy array ({type(exc).__name__}: {exc}). {BOTH_LIBRARIES}") from None
+        error = f"{type(exc).__name__}: {exc}"
+        given = {"x": args[0], "H": args[1]} if len(args) > 1 else {"x": args[0]}
+        raise CheckFailed(f"{name} raised {error}. {_crash_hint(given, error)}") from None
 
 
 def _worked_example(fn, name: str, title: str, x: np.ndarray, args: tuple, want: np.ndarray, names: str,
@@ -184,7 +199,7 @@ def _worked_example(fn, name: str, title: str, x: np.ndarray, args: tuple, want:
     call = f"{name}({', '.join(['x', *map(str, args)])})"
     with check(f"{name} on the worked example {title}"):
         for backend, given in [("NumPy", x.copy()), ("torch", torch.from_numpy(x.copy()))]:
-            got = _call_on(fn, name, backend, given, *args)
+            got = _call_on(fn, name, given, *args)
             expect_type(got, type(given), f"{call} on a {backend} input")
             expect_shape(got, want.shape, call, names=names)
             expect_dtype(got, "float32", call)

@@ -18,6 +18,7 @@ import torch.nn.functional as F
 
 from decoder_course.checks import (
     CheckFailed,
+    agreeing,
     check,
     expect_close,
     expect_dtype,
@@ -138,10 +139,12 @@ def _log_sum_exp(args: dict, got: np.ndarray, desc: str) -> None:
     own_row = ("Each query must subtract the max of its own row of scores (amax over the last axis, keepdim=True): "
                "not one max shared by many queries (the whole tensor's, or each (T, S) matrix's), and not none.")
     if np.isnan(got).any():
-        raise CheckFailed(f"{what} contains NaN ({desc}): a fill of -inf gives -inf - (-inf) = NaN; the given code "
+        raise CheckFailed(f"{agreeing(what, 'contains', 'contain')} NaN ({desc}): a fill of -inf gives -inf - "
+                          f"(-inf) = NaN; the given code "
                           f"fills with mask_fill_value, which must be finite. {own_row}")
     if np.isposinf(got).any():
-        raise CheckFailed(f"{what} contains +inf ({desc}): exp of a large score overflowed. {own_row}")
+        raise CheckFailed(f"{agreeing(what, 'contains', 'contain')} +inf ({desc}): exp of a large score "
+                          f"overflowed. {own_row}")
     allowed = np.broadcast_to(True if args["allowed"] is None else args["allowed"], scores.shape)
     dead = ~allowed.any(-1)  # (..., T): queries with no allowed key
     lowest = np.finfo(got.dtype).min
