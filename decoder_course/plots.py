@@ -33,6 +33,8 @@ from matplotlib.colors import ListedColormap
 from matplotlib.figure import Figure
 from matplotlib.patches import Patch, Rectangle
 
+from decoder_course import describe_figures_in_notebooks
+
 __all__ = [
     "DescribedImage",
     "LiveCurves",
@@ -147,6 +149,7 @@ def describe(target: Axes | Figure, text: str) -> Axes | Figure:
         raise ValueError("describe needs a text that says what the figure shows, e.g. "
                          "'loss falls from 2.3 to 0.4 over 500 steps'")
     setattr(target, DESCRIPTION_ATTR, " ".join(text.split()))
+    describe_figures_in_notebooks()  # a kernel that imported the package before its shell existed (see the end)
     return target
 
 
@@ -289,8 +292,8 @@ def _mask_pattern(mask: np.ndarray) -> str:
     if (mask == mask[0]).all():
         return (f"the same in every row: keys {_ranges(np.nonzero(~mask[0])[0].tolist())} blocked, keys "
                 f"{_ranges(np.nonzero(mask[0])[0].tolist())} allowed")
-    rows = [f"query {t}: " + (f"keys {_ranges(np.nonzero(row)[0].tolist())}" if row.any() else "no key")
-            for t, row in enumerate(mask)]
+    rows = [f"query {t}: " + (f"key{'s' if row.sum() > 1 else ''} {_ranges(np.nonzero(row)[0].tolist())}"
+                              if row.any() else "no key") for t, row in enumerate(mask)]
     return f"{int(mask.sum())} of {T * S} cells True; allowed keys by row: {_listed(rows)}"
 
 
@@ -742,3 +745,8 @@ def plot_speedup(
     if title is not None:
         fig.suptitle(title)
     return fig
+
+
+# A kernel that imported the package before its shell existed registers here, when a lesson imports the plots, or
+# when a helper describes a figure: a grading sandbox imports both before it forks each notebook's kernel.
+describe_figures_in_notebooks()

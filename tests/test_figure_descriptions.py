@@ -159,14 +159,18 @@ def test_live_curves_show_their_description_beside_the_png():
 def test_in_a_kernel_every_figure_gets_its_html_form_with_alt():
     """The registration ``decoder_course`` makes when imported in a kernel: by name, for any Figure."""
     from IPython.core.interactiveshell import InteractiveShell
+    from IPython.core.pylabtools import select_figure_formats
 
     shell = InteractiveShell.instance()
     try:
         assert decoder_course.describe_figures_in_notebooks()
+        # the inline backend sets its formats on pyplot's import, and removes every per-type formatter of Figure
+        select_figure_formats(shell, {"png"})
         fig, ax = plt.subplots()
         ax.plot([3.0, 2.0, 1.0])
         data, _ = shell.display_formatter.format(fig)
         assert 'alt="a line: 3 points (0, 3), (1, 2), (2, 1)"' in data["text/html"], data.get("text/html")
+        assert data["image/png"], "the PNG is still there, for front ends that show no HTML"
     finally:
         InteractiveShell.clear_instance()
 
