@@ -67,6 +67,7 @@ import select
 import signal
 import time
 import unicodedata
+from pathlib import Path
 
 import jinja2
 import nbformat
@@ -554,8 +555,8 @@ class SafeFeedback(NbGraderPreprocessor):
         return markdown_block(
             f'<div data-course-grader="report" class="tex2jax_ignore" style="border:3px solid {NAVY};'
             f'border-radius:6px;background:#f2f6fb;padding:12px 16px;margin:4px 0 18px 0;{FONT};color:#111">'
-            f'<div style="font-size:19px;font-weight:bold;color:{NAVY}">Grader\'s report · '
-            f'{html.escape(lesson)} · {html.escape(student)} · {score} / {total} points{late}</div>'
+            f'<h2 style="font-size:19px;font-weight:bold;color:{NAVY};margin:0">Grader\'s report · '
+            f'{html.escape(lesson)} · {html.escape(student)} · {score} / {total} points{late}</h2>'
             f'<div style="font-size:12px;font-weight:bold;color:{NAVY};letter-spacing:0.08em;margin:2px 0 6px 0">'
             f'SEAL {self._seal}</div>{self._submitted_line(resources)}'
             f'<p style="margin:0 0 8px 0;font-size:13px">{html.escape(explain)}</p>'
@@ -915,6 +916,20 @@ class FormgradeExporter(BoundedExporter):
             resources = self._init_resources(resources)
             return self._plain(nbformat.v4.new_notebook(), resources, reason), resources
         return super().from_filename(filename, resources, **kw)
+
+
+# The course's feedback template (autograder/templates/course-feedback): nbgrader's page with a language, a <main>
+# landmark and the page's title as its first heading, for a screen reader. It extends nbgrader's "feedback", so
+# nbgrader's template folder stays on the path.
+PAGE_TEMPLATE, PAGE_FILE = "course-feedback", "page.html.j2"
+
+
+def page_template_dirs() -> list[str]:
+    """The template folders the feedback page needs: nbgrader's (its "feedback" template) and the course's."""
+    import nbgrader.server_extensions.formgrader
+
+    nbgrader_templates = Path(nbgrader.server_extensions.formgrader.__file__).with_name("templates")
+    return [str(nbgrader_templates), str(Path(__file__).with_name("templates"))]
 
 
 class FeedbackExporter(BoundedExporter):

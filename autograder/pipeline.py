@@ -54,6 +54,7 @@ from autograder import (
     access,
     bugs,
     cgroups,
+    feedback,
     gradebook_views,
     hub_steps,
     intake,
@@ -153,6 +154,11 @@ def nbgrader_config(work: Path, db_url: str | None = None, release_dir: Path | N
     ]
     # nbconvert's HTMLExporter, same template and page, without its BeautifulSoup pass over the whole page.
     c.GenerateFeedback.exporter_class = "autograder.feedback.FeedbackExporter"
+    # Its template: nbgrader's page with a language, a <main> landmark and headings in order (the exporter's own
+    # section, so formgrader's HTMLExporter keeps its "formgrade" template)
+    c.FeedbackExporter.template_name = feedback.PAGE_TEMPLATE
+    c.FeedbackExporter.template_file = feedback.PAGE_FILE
+    c.FeedbackExporter.extra_template_basedirs = feedback.page_template_dirs()
     return c
 
 

@@ -6,11 +6,20 @@ on: the ``Axes`` for one-panel plots, the ``Figure`` for several panels. In Jupy
 figure with ``;`` or assign the result, or the figure shows twice. :class:`LiveCurves` redraws one image
 in place while a training loop runs.
 
+Every figure says what it shows to a reader who cannot see it. Each helper writes a description of its panel
+computed from the data (:func:`describe`; "mask 6×6 (queries × keys): True on and below the diagonal, ..."), and a
+panel drawn without a helper is described from what it holds (title, axis labels, each line's first, last and
+lowest values, each image's size and range: :func:`figure_description`). In a notebook a figure is shown with
+that text as its image's ``alt``: ``decoder_course`` registers :func:`figure_html` as the figure's ``text/html``
+form, which JupyterLab prefers to the PNG (its PNG renderer writes no ``alt``), beside the usual ``image/png``.
+
 Axes follow the course's letters: rows are queries (``T``), columns are keys (``S``).
 """
 
 from __future__ import annotations
 
+import base64
+import html
 import io
 import sys
 import time
@@ -24,8 +33,14 @@ from matplotlib.colors import ListedColormap
 from matplotlib.figure import Figure
 from matplotlib.patches import Patch, Rectangle
 
+from decoder_course import describe_figures_in_notebooks
+
 __all__ = [
+    "DescribedImage",
     "LiveCurves",
+    "describe",
+    "figure_description",
+    "figure_html",
     "plot_attention",
     "plot_attention_heads",
     "plot_curves",
@@ -115,6 +130,189 @@ def _new_axes(ax: Axes | None, size: tuple[float, float]) -> Axes:
     return ax
 
 
+# ------------------------------------------------------------------------------------------------------------
+# Descriptions: what a figure shows, in words, for a reader who cannot see it (the image's alt text)
+# ------------------------------------------------------------------------------------------------------------
+
+DESCRIPTION_ATTR = "_course_description"  # where describe() keeps a panel's or a figure's text
+LISTED = 8  # rows, series or labels a description lists one by one; beyond, it says how many more
+
+
+def describe(target: Axes | Figure, text: str) -> Axes | Figure:
+    """Say in words what a panel (an ``Axes``) or a whole ``Figure`` shows: a screen reader reads it as the
+    image's alt text. It replaces the description made from the panel's content (:func:`figure_description`),
+    which names only what is drawn; write what the reader should see in it. Returns ``target``."""
+    if not isinstance(target, (Axes, Figure)):
+        raise TypeError(f"describe takes a matplotlib Axes or Figure, got {type(target).__name__}: "
+                        "pass the ax (or fig) you drew on")
+    if not isinstance(text, str) or not text.strip():
+        raise ValueError("describe needs a text that says what the figure shows, e.g. "
+                         "'loss falls from 2.3 to 0.4 over 500 steps'")
+    setattr(target, DESCRIPTION_ATTR, " ".join(text.split()))
+    describe_figures_in_notebooks()  # a kernel that imported the package before its shell existed (see the end)
+    return target
+
+
+def _num(x: float) -> str:
+    return f"{float(x):.3g}"
+
+
+def _listed(items: Sequence[str]) -> str:
+    """The first LISTED items joined by "; ", and how many more there are."""
+    shown = "; ".join(items[:LISTED])
+    return shown + (f"; and {len(items) - LISTED} more" if len(items) > LISTED else "")
+
+
+def _ranges(positions: Sequence[int]) -> str:
+    """Integer positions as runs: [0, 1, 2, 5] → "0–2, 5"."""
+    runs: list[list[int]] = []
+    for p in positions:
+        if runs and p == runs[-1][1] + 1:
+            runs[-1][1] = p
+        else:
+            runs.append([p, p])
+    return ", ".join(str(a) if a == b else f"{a}–{b}" for a, b in runs)
+
+
+def _line_description(line: Any) -> str | None:
+    """One plotted line in words: its name, where it starts and ends, its lowest and highest points."""
+    x = np.asarray(line.get_xdata(), dtype=np.float64).reshape(-1)
+    y = np.asarray(line.get_ydata(), dtype=np.float64).reshape(-1)
+    keep = np.isfinite(x) & np.isfinite(y) if x.shape == y.shape else np.isfinite(y)
+    if x.shape != y.shape:
+        x = np.arange(len(y), dtype=np.float64)
+    x, y = x[keep], y[keep]
+    label = str(line.get_label())
+    name = f"'{label}'" if label and not label.startswith("_") else "a line"
+    if y.size == 0:
+        return None
+    if y.size == 2 and y[0] == y[1] and x[0] != x[1] and tuple(x) == (0.0, 1.0):
+        return f"{name}: a horizontal line at {_num(y[0])}"
+    if x.size == 2 and x[0] == x[1] and tuple(y) == (0.0, 1.0):
+        return f"{name}: a vertical line at {_num(x[0])}"
+    if y.size <= 6:
+        points = ", ".join(f"({_num(a)}, {_num(b)})" for a, b in zip(x, y, strict=True))
+        return f"{name}: {y.size} point{'s' if y.size > 1 else ''} {points}"
+    low, high = int(np.argmin(y)), int(np.argmax(y))
+    return (f"{name}: {y.size} points from x={_num(x[0])} to x={_num(x[-1])}, y going from {_num(y[0])} to "
+            f"{_num(y[-1])} (lowest {_num(y[low])} at x={_num(x[low])}, highest {_num(y[high])} at "
+            f"x={_num(x[high])})")
+
+
+def _content_description(ax: Axes) -> str:
+    """What a panel drawn without a helper holds: its images, lines, bars and text labels."""
+    parts = []
+    for image in ax.images:
+        values = np.ma.masked_invalid(np.ma.asarray(image.get_array(), dtype=np.float64))
+        if values.ndim == 2 and values.count():
+            parts.append(f"a heatmap of {values.shape[0]} rows × {values.shape[1]} columns, values from "
+                         f"{_num(values.min())} to {_num(values.max())}")
+    parts += [text for line in ax.lines if (text := _line_description(line)) is not None]
+    bars = [container for container in ax.containers if hasattr(container, "datavalues")]
+    for container in bars:
+        label = str(container.get_label())
+        values = ", ".join(_num(v) for v in list(container.datavalues)[:LISTED])
+        name = f"'{label}'" if label and not label.startswith("_") else "bars"
+        parts.append(f"{name}: {len(container.datavalues)} bars of heights {values}")
+    texts = [t.get_text() for t in ax.texts if t.get_text().strip()]
+    if texts:
+        parts.append("labels " + _listed([f"'{t}'" for t in texts]).replace("; ", ", "))
+    shapes = len(ax.patches) - sum(len(c) for c in bars)
+    if shapes > 0 and not parts:
+        parts.append(f"{shapes} shapes")
+    return _listed(parts) if parts else "nothing drawn"
+
+
+def _axes_description(ax: Axes) -> str:
+    """A panel in words: the text :func:`describe` gave it, else its title, axes and content."""
+    given = getattr(ax, DESCRIPTION_ATTR, None)
+    if given:
+        return given
+    head = f"'{ax.get_title()}': " if ax.get_title() else ""
+    axes = [f"{which} axis {label}" + (" (log scale)" if scale == "log" else "")
+            for which, label, scale in (("x", ax.get_xlabel(), ax.get_xscale()),
+                                         ("y", ax.get_ylabel(), ax.get_yscale())) if label]
+    return head + _content_description(ax) + (f"; {', '.join(axes)}" if axes else "")
+
+
+def figure_description(fig: Figure) -> str:
+    """What ``fig`` shows, in words: the text :func:`describe` gave the figure, else its title and each panel's
+    description (colour bars left out: the panel they belong to names its values)."""
+    given = getattr(fig, DESCRIPTION_ATTR, None)
+    if given:
+        return given
+    panels = [ax for ax in fig.axes if ax.get_visible() and not hasattr(ax, "_colorbar")]
+    suptitle = fig._suptitle.get_text() if getattr(fig, "_suptitle", None) is not None else ""
+    head = f"Figure '{suptitle}'. " if suptitle else ""
+    if len(panels) == 1:
+        return head + _axes_description(panels[0])
+    if not panels:
+        return head + "An empty figure."
+    return head + " ".join(f"Panel {i} of {len(panels)}: {_axes_description(ax)}."
+                           for i, ax in enumerate(panels, start=1))
+
+
+def _img_html(png_base64: str, description: str) -> str:
+    """An ``<img>`` of a PNG with its description as ``alt`` (escaped: a title may come from anyone's code)."""
+    return f'<img src="data:image/png;base64,{png_base64}" alt="{html.escape(description, quote=True)}">'
+
+
+def figure_html(fig: Figure) -> str | None:
+    """The figure as an HTML ``<img>`` whose ``alt`` is :func:`figure_description`: the ``text/html`` form a
+    notebook shows (JupyterLab writes no ``alt`` for an ``image/png`` output); None for an empty figure."""
+    from IPython.core.pylabtools import print_figure
+
+    png = print_figure(fig, "png", bbox_inches="tight", base64=True)  # as the inline backend draws it
+    return _img_html(png, figure_description(fig)) if png else None
+
+
+class DescribedImage:
+    """A PNG and what it shows: displayed as ``image/png`` and as an ``<img>`` with ``alt`` (``text/html``),
+    so that every front end shows the picture and JupyterLab gives a screen reader the description."""
+
+    def __init__(self, png: bytes, description: str):
+        self.data, self.description = png, description
+
+    def _repr_mimebundle_(self, include: Any = None, exclude: Any = None) -> dict[str, str]:
+        encoded = base64.b64encode(self.data).decode("ascii")
+        return {"image/png": encoded, "text/html": _img_html(encoded, self.description),
+                "text/plain": self.description}
+
+
+def _mask_pattern(mask: np.ndarray) -> str:
+    """Which cells of a (T, S) mask are True, in words: a named pattern when it is one, else row by row."""
+    T, S = mask.shape
+    if mask.all():
+        return "every cell True: every query may attend to every key"
+    if not mask.any():
+        return "every cell False: no query may attend to any key"
+    if T == S and np.array_equal(mask, np.tril(np.ones((T, S), dtype=bool))):
+        return ("True on and below the diagonal, False above it: each query may attend to itself and the "
+                "keys before it (causal)")
+    if (mask == mask[0]).all():
+        return (f"the same in every row: keys {_ranges(np.nonzero(~mask[0])[0].tolist())} blocked, keys "
+                f"{_ranges(np.nonzero(mask[0])[0].tolist())} allowed")
+    rows = [f"query {t}: " + (f"key{'s' if row.sum() > 1 else ''} {_ranges(np.nonzero(row)[0].tolist())}"
+                              if row.any() else "no key") for t, row in enumerate(mask)]
+    return f"{int(mask.sum())} of {T * S} cells True; allowed keys by row: {_listed(rows)}"
+
+
+def _strongest_keys(w: np.ndarray, query_tokens: Sequence[Any] | None, key_tokens: Sequence[Any] | None,
+                    blocked: np.ndarray | None) -> str:
+    """Each query's largest weight, in words: "query 0 → key 0 (1.00); query 1 → key 0 (0.62); …"."""
+    def name(kind: str, i: int, tokens: Sequence[Any] | None) -> str:
+        return f"{kind} {i} '{tokens[i]}'" if tokens is not None else f"{kind} {i}"
+
+    rows = []
+    for t, row in enumerate(w):
+        if blocked is not None and blocked[t].all():
+            rows.append(f"{name('query', t, query_tokens)}: no allowed key (all zeros)")
+        elif np.isfinite(row).any():
+            s = int(np.nanargmax(row))
+            rows.append(f"{name('query', t, query_tokens)} → {name('key', s, key_tokens)} ({row[s]:.2f})")
+    return "strongest key of each query: " + _listed(rows)
+
+
 def plot_mask(
     allowed: Any,
     title: str | None = None,
@@ -151,6 +349,8 @@ def plot_mask(
         # Outside the grid, on the right, so it never hides a cell.
         ax.legend(handles=handles, loc="upper left", bbox_to_anchor=(1.02, 1.0), frameon=False,
                   fontsize="small")
+    head = f"'{title}': " if title else ""
+    describe(ax, f"{head}mask {T}×{S} (rows: queries, columns: keys), {_mask_pattern(mask)}")
     return ax
 
 
@@ -233,6 +433,7 @@ def plot_attention(
     ax = _new_axes(ax, (min(2.0 + 0.45 * S, 10) + legend_width, min(1.0 + 0.45 * T, 9)))
     image = ax.imshow(w, cmap="viridis", vmin=0.0, vmax=vmax, interpolation="nearest", aspect="auto")
     ax.figure.colorbar(image, ax=ax, label="attention weight", shrink=0.9)
+    blocked = None
     if allowed is not None:
         blocked = _first_2d(_blocked_of(allowed, raw.shape if raw.ndim >= 2 else w.shape), "a mask")  # (T, S)
         _blocked_legend(ax.figure, _mark_blocked(ax, blocked))
@@ -242,7 +443,21 @@ def plot_attention(
     ax.set_ylabel("query (T)" if query_tokens is not None else QUERY_LABEL)
     if title is not None:
         ax.set_title(title)
+    describe(ax, _attention_description(w, query_tokens, key_tokens, blocked, title))
     return ax
+
+
+def _attention_description(w: np.ndarray, query_tokens: Sequence[Any] | None, key_tokens: Sequence[Any] | None,
+                           blocked: np.ndarray | None, title: str | None) -> str:
+    """A (T, S) heatmap of attention weights in words: its size, the blocked entries, each query's strongest key."""
+    T, S = w.shape
+    head = f"'{title}': " if title else ""
+    masked = ""
+    if blocked is not None and blocked.any():
+        masked = f"; {int(blocked.sum())} entries blocked by the mask (drawn pale and hatched, weight 0)"
+    return (f"{head}attention weights heatmap, {T} queries (rows) × {S} keys (columns), weights from "
+            f"{_num(np.nanmin(w))} to {_num(np.nanmax(w))}{masked}; "
+            f"{_strongest_keys(w, query_tokens, key_tokens, blocked)}")
 
 
 def plot_attention_heads(
@@ -285,6 +500,8 @@ def plot_attention_heads(
         if blocked is not None:
             kinds |= _mark_blocked(ax, blocked[h])
         ax.set_title(f"head {h}", fontsize="medium")
+        describe(ax, _attention_description(w[h], query_tokens, key_tokens,
+                                            None if blocked is None else blocked[h], f"head {h}"))
         _tick_labels(ax, key_tokens, S, "x")
         _tick_labels(ax, query_tokens, T, "y")
         # Tick labels only on the outer edge of the grid, to keep small panels readable.
@@ -316,6 +533,12 @@ def plot_positional_encoding(
     ax.set_ylabel("position (T)")
     if title is not None:
         ax.set_title(title)
+    T, D = table.shape
+    flips = [int((np.diff(np.sign(table[:, d])) != 0).sum()) for d in (0, D - 1)]
+    head = f"'{title}': " if title else ""
+    describe(ax, f"{head}positional encoding heatmap, {T} positions (rows) × {D} "
+                 f"dimensions (columns), values from {_num(table.min())} to {_num(table.max())}; going down the "
+                 f"positions, dimension 0 changes sign {flips[0]} times and dimension {D - 1} {flips[1]} times")
     return ax
 
 
@@ -481,13 +704,11 @@ class LiveCurves:
             else:
                 self._handle.update(image)
 
-    def _png(self) -> Any:
-        """The figure as an IPython PNG image (independent of the notebook's matplotlib backend)."""
-        from IPython.display import Image
-
+    def _png(self) -> DescribedImage:
+        """The figure as a PNG with its description (independent of the notebook's matplotlib backend)."""
         buffer = io.BytesIO()
         self.fig.savefig(buffer, format="png", dpi=80)
-        return Image(data=buffer.getvalue(), format="png")
+        return DescribedImage(buffer.getvalue(), figure_description(self.fig))
 
 
 # ------------------------------------------------------------------------------------------------------------
@@ -524,3 +745,8 @@ def plot_speedup(
     if title is not None:
         fig.suptitle(title)
     return fig
+
+
+# A kernel that imported the package before its shell existed registers here, when a lesson imports the plots, or
+# when a helper describes a figure: a grading sandbox imports both before it forks each notebook's kernel.
+describe_figures_in_notebooks()

@@ -135,6 +135,9 @@ def graded(tmp_path_factory):
 def _page(work: Path, student: str, lesson: str, exporter_class) -> str:
     """The feedback page as ``./course grade`` writes it, with ``exporter_class``."""
     grader = pipeline.api(work)
+    if exporter_class is HTMLExporter:  # the stock exporter, with the course's template as FeedbackExporter has it
+        exporter_class = type("StockExporter", (HTMLExporter,), {})
+        grader.config.StockExporter = copy.deepcopy(grader.config.FeedbackExporter)
     grader.config.GenerateFeedback.exporter_class = exporter_class
     result = grader.generate_feedback(lesson, student, force=True)
     assert result["success"], result["log"]
@@ -155,7 +158,8 @@ def test_the_course_writes_feedback_with_the_feedback_exporter(tmp_path, monkeyp
         converter = GenerateFeedback(coursedir=None, config=config)
         assert converter.exporter_class is FeedbackExporter
         exporter = converter.exporter_class(parent=converter, config=converter.config)  # as converter.start does
-        assert exporter.template_name == "feedback"  # the config's HTMLExporter section applies to it
+        # its own section: the course's page (nbgrader's, with a language, <main> and headings in order)
+        assert (exporter.template_name, exporter.template_file) == (feedback.PAGE_TEMPLATE, feedback.PAGE_FILE)
         assert converter.preprocessors[-1] == "autograder.feedback.SafeFeedback"
 
 
