@@ -13,6 +13,6 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 if HERE not in sys.path:  # formgrader reads this file again on every request
     sys.path.insert(0, HERE)
 
-from autograder.pipeline import tools_config  # noqa: E402
+from autograder.grading.pipeline import tools_config  # noqa: E402
 
 tools_config(get_config())  # noqa: F821 (traitlets defines get_config for config files)

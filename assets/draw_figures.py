@@ -2,7 +2,7 @@
 
 Every PNG in ``assets/`` comes from this one script, and ``tests/test_assets.py`` fails when a committed PNG is
 not what the script draws now: change a figure here, run the script, commit both. The lesson builder
-(``autograder/notebooks.py``) embeds a figure into a notebook where a lesson's markdown says
+(``autograder/course/notebooks.py``) embeds a figure into a notebook where a lesson's markdown says
 ``![what it shows](assets/<name>.png)``.
 
 One legend for every figure (:data:`ROLES`): the same colour, hatching and edge for queries, keys/values, the

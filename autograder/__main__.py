@@ -4,13 +4,13 @@ Commands
   build                      build solutions/<id>/<id>.ipynb from solutions/<id>.py and the references
   release                    build, then write the student release into lessons/ (nbgrader generate_assignment);
                              with a term (--term, term.toml), the lessons released by now into .grading/lessons,
-                             earlier answers still open withheld (autograder/integrity.py)
+                             earlier answers still open withheld (autograder/term/integrity.py)
   term                       the term's lessons: release, due, closing dates, extensions, what is open now
   grade SUBMISSIONS          canary, then every student in SUBMISSIONS (nbgrader's layout, or a Canvas, Moodle or
                              Gradescope export: --layout, else found from the files), feedback, grades.csv, roster.csv;
                              --scheduler tcp://HOST:PORT grades them on a Dask cluster; then the class report
   report [WORK]              the class report of a graded class (default .grading): WORK/report/index.html, items.csv,
-                             mistakes.csv, students.csv, similarity.csv (autograder/report.py)
+                             mistakes.csv, students.csv, similarity.csv (autograder/pages/report.py)
   demo                       release, then grade three sample students (perfect, untouched, typical mistakes)
   student-edition DIR        the tree students get (lessons/, decoder_course, README, LICENSE, pyproject.toml);
                              --git makes it a git repository tagged v<version>, ready to push to the public repo;
@@ -26,8 +26,14 @@ import time
 from datetime import datetime
 from pathlib import Path
 
-from autograder import access, distributed, intake, integrity, notebooks, parallel, pipeline, samples, term
-from autograder.text import shown
+from autograder.course import notebooks, samples
+from autograder.grading import access, pipeline
+from autograder.grading import cluster as distributed
+from autograder.grading import pool as parallel
+from autograder.intake import submissions as intake
+from autograder.term import integrity
+from autograder.term import schedule as term
+from decoder_course.text import shown
 
 
 def _moment(text: str) -> datetime:
@@ -68,7 +74,7 @@ def main(argv: list[str] | None = None) -> int:
     p_edition.add_argument("--repository", default=notebooks.REPOSITORY, metavar="OWNER/NAME",
                            help="the GitHub repository you will publish it at: every lesson's Colab badge and first "
                                 f"cell, and the README, point there (default {notebooks.REPOSITORY}, "
-                                "autograder/notebooks.py's REPOSITORY)")
+                                "autograder/course/notebooks.py's REPOSITORY)")
     for name in ("grade", "demo"):
         p = sub.add_parser(name)
         if name == "grade":
@@ -103,7 +109,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"built {len(notebooks.lessons())} solution notebooks ({len(stale)} changed)")
         return 0
     if args.command == "student-edition":
-        from autograder import edition
+        from autograder.term import edition
 
         try:
             written = edition.build(args.dest, git=args.git, repository=args.repository)
@@ -116,7 +122,7 @@ def main(argv: list[str] | None = None) -> int:
               "first cells point there")
         return 0
     if args.command == "report":
-        from autograder import report
+        from autograder.pages import report
 
         try:
             page = report.write(args.work, args.db_url)

@@ -14,7 +14,7 @@ Sections (pick with ``--sections``; default all):
               time to arm it (bench/policy_guard.py)
   report      9. the class report (./course report) for a synthetic class of 100 students x 13 lessons, built
               without grading (target ≤ 30 s on 2 cores)
-  catch_rate 10. the corpus of realistic mistakes (autograder.mutants): the share the visible checks catch of
+  catch_rate 10. the corpus of realistic mistakes (autograder.course.mutants): the share the visible checks catch of
               what the hidden ones do, and the share costing exactly their own item (bench/catch_rate.py)
 
 Medians of ``--repeats`` runs (3 by default); what is compared is timed in turn in the same run, so a busy

@@ -25,7 +25,7 @@ def _layer_rows(where, B, T, S, D, H, F_, norm_first, causal, repeats, budget) -
     import torch
     from torch import nn
 
-    from autograder.reference.decoder_layer import DecoderLayer, load_from_torch_decoder_layer
+    from autograder.course.reference.decoder_layer import DecoderLayer, load_from_torch_decoder_layer
 
     theirs = nn.TransformerDecoderLayer(D, H, F_, dropout=0.0, batch_first=True, norm_first=norm_first).eval()
     ours = load_from_torch_decoder_layer(DecoderLayer(D, H, F_, dropout=0.0, norm_first=norm_first), theirs).eval()
@@ -57,8 +57,8 @@ def _layer_rows(where, B, T, S, D, H, F_, norm_first, causal, repeats, budget) -
 
 def run(quick: bool = False, repeats: int = 5) -> str:
     try:
-        import autograder.reference.decoder_layer  # noqa: F401
-        from autograder.reference.multi_head import attention
+        import autograder.course.reference.decoder_layer  # noqa: F401
+        from autograder.course.reference.multi_head import attention
     except ImportError:
         return NOT_AVAILABLE
     import torch

@@ -1,8 +1,10 @@
 """Section ``catch_rate``: how much of the corpus of realistic mistakes each layer of checks catches.
 
-The corpus is :func:`autograder.mutants.of` (the reference modules' ``MISTAKES`` tables and the ``mNN_*.py`` whole
+The corpus is :func:`autograder.course.mutants.of` (the reference modules' ``MISTAKES`` tables and the ``mNN_*.py``
+whole
 wrong answers). Each mistake is typed after the lesson's reference, as a student's wrong cell would be, and judged
-twice (:func:`autograder.mutants.catch`, the code tests/test_hidden_checks.py and tests/test_visible_catch_rate.py
+twice (:func:`autograder.course.mutants.catch`, the code tests/test_hidden_checks.py and
+tests/test_visible_catch_rate.py
 run): by the hidden checks, as graded, and by its item's visible test cell, as the student runs it. Two rates per
 lesson and overall:
 
@@ -28,7 +30,7 @@ def run(quick: bool = False) -> str:
     import matplotlib
 
     matplotlib.use("Agg")  # some visible test cells draw
-    from autograder import lessons, mutants
+    from autograder.course import lessons, mutants
 
     rows, everything, missed, spilled = [], [], [], []
     for lesson in lessons.ids():
@@ -49,7 +51,8 @@ def run(quick: bool = False) -> str:
     lines = [table(["lesson", "exercises", "mistakes", "visible: caught by the visible cell / by the hidden checks",
                     "strict: cost exactly their own item / all"], rows), ""]
     scope = "the first mistake of each exercise" if quick else "every mistake"
-    lines.append(f"Over {scope} of the corpus (`autograder.mutants.of`, the reference modules' `MISTAKES` and the "
+    lines.append(f"Over {scope} of the corpus (`autograder.course.mutants.of`, the reference modules' `MISTAKES` "
+                 f"and the "
                  f"`mNN_*.py` wrong answers), judged by the hidden checks as graded and by the item's visible test "
                  f"cell as the student runs it.")
     if missed:

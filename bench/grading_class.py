@@ -15,8 +15,10 @@ from pathlib import Path
 
 import nbformat
 
-from autograder import notebooks, parallel, pipeline, samples
-from autograder.sandbox import SandboxUnavailable, check_available
+from autograder.course import notebooks, samples
+from autograder.grading import pipeline
+from autograder.grading import pool as parallel
+from autograder.sandbox.launch import SandboxUnavailable, check_available
 from bench.common import NOT_AVAILABLE, seconds, table
 
 TARGET = 30 * 60.0  # s for 100 students x all lessons on 2 cores (issue 7)

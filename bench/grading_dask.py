@@ -21,7 +21,8 @@ import time
 from contextlib import contextmanager
 from pathlib import Path
 
-from autograder import notebooks, pipeline
+from autograder.course import notebooks
+from autograder.grading import pipeline
 from bench.common import NOT_AVAILABLE, seconds, table
 from bench.grading_class import fresh_copy, grade_in_turn, make_class, sandboxing
 
@@ -85,7 +86,7 @@ def run(quick: bool = False, students: int | None = None) -> str:
     except ImportError:
         return "not available (dask and distributed are not installed: `./course setup`)"
     sandbox, note = sandboxing()
-    from autograder import distributed as on_dask
+    from autograder.grading import cluster as on_dask
 
     logging.getLogger("autograder").setLevel(logging.ERROR)
     with tempfile.TemporaryDirectory(prefix="bench-dask-") as tmp:

@@ -10,7 +10,8 @@ The same submission (the lesson's reference solutions typed into the release) is
   outside the kernel, metadata restored);
 - **trusted + sandbox**, twice: our pipeline as it grades (the kernel in bubblewrap), for a student's **first**
   notebook (grading as root, the student's warm sandbox starts: its zygote imports torch and the rest once) and
-  for a student's **next** one (the warm sandbox's zygote forks the kernel; see ``autograder.sandbox.WarmSandbox``);
+  for a student's **next** one (the warm sandbox's zygote forks the kernel; see
+  ``autograder.sandbox.launch.WarmSandbox``);
   without root both are cold sandboxes;
 
 each in its own work folder, side by side: every round runs the three in a rotated order, and the table gives
@@ -40,7 +41,9 @@ from nbgrader.api import Gradebook  # noqa: E402
 from nbgrader.apps import NbGraderAPI  # noqa: E402
 from nbgrader.coursedir import CourseDirectory  # noqa: E402
 
-from autograder import notebooks, pipeline, samples, sandbox  # noqa: E402
+from autograder.course import notebooks, samples  # noqa: E402
+from autograder.grading import pipeline  # noqa: E402
+from autograder.sandbox import launch as sandbox  # noqa: E402
 from bench import hostile_neighbour  # noqa: E402
 
 STUDENT = "bench"

@@ -2,7 +2,8 @@
 
 Part of ``./course bench --sections grading`` (:func:`report`, called by ``bench/grading_overhead.py``).
 
-- **Cost**: making and removing one sandbox's group (``autograder.cgroups``), and ``python -c pass`` started in a
+- **Cost**: making and removing one sandbox's group (``autograder.sandbox.cgroups``), and ``python -c pass`` started in
+a
   sandbox with its group and in one without (the group is joined by a ``sh`` that then execs bwrap).
 - **What it buys**: the classmate's notebook (the lesson's reference solutions) is autograded alone, then while a
   hostile sandbox runs beside it, as another grading worker's would (the same limits, its worker's half of the
@@ -26,7 +27,9 @@ import time
 from dataclasses import replace
 from pathlib import Path
 
-from autograder import cgroups, pipeline, sandbox
+from autograder.grading import pipeline
+from autograder.sandbox import cgroups
+from autograder.sandbox import launch as sandbox
 
 ROOT = Path(__file__).resolve().parent.parent
 

@@ -20,7 +20,7 @@ TARGET = 5.0  # speed-up at 256 tokens (issue 7)
 def make_model():
     import torch
 
-    from autograder.reference.model import Seq2SeqTransformer
+    from autograder.course.reference.model import Seq2SeqTransformer
     from decoder_course.conventions import BOS, EOS, PAD
 
     torch.manual_seed(0)
@@ -34,8 +34,8 @@ def make_model():
 
 def run(quick: bool = False, repeats: int = 3) -> str:
     try:
-        from autograder.reference.generation import greedy_decode
-        from autograder.reference.kv_cache import greedy_decode_cached
+        from autograder.course.reference.generation import greedy_decode
+        from autograder.course.reference.kv_cache import greedy_decode_cached
     except ImportError:
         return NOT_AVAILABLE
     import torch

@@ -11,7 +11,7 @@ import nbformat
 from jupyter_client.manager import KernelManager
 from nbclient import NotebookClient
 
-from autograder import notebooks
+from autograder.course import notebooks
 from bench.common import NOT_AVAILABLE, seconds, table
 
 TARGET = 60.0  # s per lesson (issue 7); lesson 07 trains inside that too

@@ -22,7 +22,7 @@ LESSONS = ("03-multi-head", "05-decoder-layer", "07-training", "10-numerics", "1
 
 
 def _restricted(lesson: str) -> dict[str, tuple[str, ...]]:
-    from autograder import verdicts
+    from autograder.judge import verdicts
 
     return {item: tuple(ex.forbidden) for item, ex in verdicts.exercises_for(lesson).items() if ex.forbidden}
 
@@ -54,7 +54,7 @@ def _arming_seconds(rules: tuple[str, ...]) -> tuple[float, float]:
 def _judged(lesson: str, namespace: dict, items: list[str], mode: str) -> None:
     """Judge ``items`` with the guard ``mode``: "guarded", "before the dispatcher" (the profile function and the
     stand-ins only, as before issue 36) or "unguarded"."""
-    from autograder import verdicts
+    from autograder.judge import verdicts
     from decoder_course import guard
 
     saved = {name: getattr(guard.Guard, name) for name in ("install", "arm_dispatcher", "replace_code")}
@@ -74,7 +74,7 @@ MODES = ("unguarded", "before the dispatcher", "guarded")
 
 
 def run(quick: bool = False, repeats: int = 3) -> str:
-    from autograder import samples
+    from autograder.course import samples
 
     rows = []
     for lesson in LESSONS[:2] if quick else LESSONS:

@@ -1,10 +1,11 @@
-"""Section ``report``: the class report (autograder/report.py) for a synthetic class of 100 students x 13 lessons.
+"""Section ``report``: the class report (autograder/pages/report.py) for a synthetic class of 100 students x 13 lessons.
 
 The class is built, not graded (grading 1,300 notebooks would take hours): a gradebook by nbgrader's own API with
 every lesson's graded cells, and for each student and lesson an autograded notebook as the grader leaves it (the
 release with the student's code in the exercise cells, a verdict in each graded cell: its error output and its
 ``course.verdict`` data). Who fails what is drawn from a seeded generator: items of varied difficulty, failures of
-every kind, known mistakes by name (the lessons' own, :func:`autograder.mutants.of`), some late work, and one pair
+every kind, known mistakes by name (the lessons' own, :func:`autograder.course.mutants.of`), some late work, and one
+pair
 of students who copied each other's code with the names changed. Then ``report.write`` is timed: reading the
 gradebook and 1,300 notebooks, statistics, similarity, figures, the page. Median of the repeats.
 
@@ -57,7 +58,10 @@ def synthetic_class(work: Path, students: list[str], lessons: list[str], seed: i
     from nbgrader.api import Gradebook
 
     # pipeline first: it puts the venv's bin (nbgrader's alembic, which a new gradebook runs) on PATH
-    from autograder import mutants, notebooks, pipeline, report, samples, verdicts
+    from autograder.course import mutants, notebooks, samples
+    from autograder.grading import pipeline
+    from autograder.judge import verdicts
+    from autograder.pages import report
 
     assert pipeline.COURSE_ID == report.COURSE_ID
 
@@ -163,7 +167,7 @@ _KEEP = {"def", "return", "for", "in", "if", "else", "elif", "not", "and", "or",
 
 def _outcomes_of(nb: dict, outcome: dict) -> dict:
     """The outcome of a copied notebook: its verdicts (the original's)."""
-    from autograder import verdicts
+    from autograder.judge import verdicts
 
     found = dict(outcome)
     for cell in nb["cells"]:
@@ -175,7 +179,8 @@ def _outcomes_of(nb: dict, outcome: dict) -> dict:
 
 
 def run(quick: bool = False, repeats: int = 3) -> str:
-    from autograder import notebooks, report
+    from autograder.course import notebooks
+    from autograder.pages import report
 
     lessons = notebooks.lessons()
     students = [f"s{i:03d}" for i in range(10 if quick else 100)]

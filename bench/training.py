@@ -28,8 +28,8 @@ def train_once(seed: int, limit: float, settings: dict = LESSON) -> tuple[float,
     """(training seconds, steps, final held-out exact match, wall seconds including evaluation)."""
     import torch
 
-    from autograder.reference.model import Seq2SeqTransformer
-    from autograder.reference.training import train
+    from autograder.course.reference.model import Seq2SeqTransformer
+    from autograder.course.reference.training import train
     from decoder_course.data import get_task
 
     task = get_task(TASK)
@@ -51,7 +51,7 @@ def train_once(seed: int, limit: float, settings: dict = LESSON) -> tuple[float,
 
 def run(quick: bool = False, repeats: int = 3, limit: float = 300.0) -> str:
     try:
-        import autograder.reference.training  # noqa: F401
+        import autograder.course.reference.training  # noqa: F401
     except ImportError:
         return NOT_AVAILABLE
     seeds = range(1 if quick else repeats)
@@ -78,7 +78,7 @@ def run(quick: bool = False, repeats: int = 3, limit: float = 300.0) -> str:
            f"{seconds(statistics.median(r[0] for r in baseline))}, "
            f"{statistics.median(r[0] for r in runs) / statistics.median(r[0] for r in baseline):.2f}× the time."
            if baseline else "")
-        + " Measured on the reference code of lesson 07 (`autograder.reference.training.train`)."])
+        + " Measured on the reference code of lesson 07 (`autograder.course.reference.training.train`)."])
 
 
 def settings_text(settings: dict) -> str:

@@ -1,4 +1,4 @@
-"""A shared hub: no other account reads the instructor's tree (autograder/access.py).
+"""A shared hub: no other account reads the instructor's tree (autograder/grading/access.py).
 
 A real second unix account (a student's, made with ``useradd`` as tests/test_exchange.py does) tries to read a
 solution, a reference, the gradebook, the secret and another student's feedback in an instructor's checkout laid
@@ -16,11 +16,11 @@ from pathlib import Path
 
 import pytest
 
-from autograder import access
 from autograder.__main__ import main
+from autograder.grading import access
 from tests.test_exchange import _accounts
 
-SECRETS = ["solutions/01-masks.py", "autograder/reference/masks.py", ".grading/gradebook.db", ".grading/secret",
+SECRETS = ["solutions/01-masks.py", "autograder/course/reference/masks.py", ".grading/gradebook.db", ".grading/secret",
            ".grading/feedback/bob/01-masks/01-masks.html"]
 
 
@@ -139,7 +139,8 @@ def test_the_work_folder_is_made_private_on_any_machine(tmp_path):
 
 
 def test_setup_s_check_refuses_and_lock_down_fixes(checkout, monkeypatch, capsys):
-    """``./course setup`` runs ``python -m autograder.access check``; ``./course lock-down`` its ``lock-down``."""
+    """``./course setup`` runs ``python -m autograder.grading.access check``; ``./course lock-down`` its
+    ``lock-down``."""
     monkeypatch.setenv(access.SHARED_VAR, "1")
     monkeypatch.setattr(access, "ROOT", checkout)
     monkeypatch.delenv("DECODER_COURSE_WORK", raising=False)

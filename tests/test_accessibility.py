@@ -3,7 +3,8 @@
 axe-core (axe-playwright-python, which ships axe.min.js) must find no serious or critical violation, and the
 violations found are listed in the failure's message.
 
-- **The feedback page** of a graded submission (``./course grade`` through :func:`autograder.pipeline.grade`): the
+- **The feedback page** of a graded submission (``./course grade`` through :func:`autograder.grading.pipeline.grade`):
+the
   release of 01-masks with typical mistakes and a cell of the student's own that plots their mask. It is opened
   from disk with every request outside its folder refused (MathJax's CDN). Besides axe: a language, one ``<main>``
   that holds the page, the page's title as its first heading, no heading level skipped, and the student's figure
@@ -32,7 +33,9 @@ import pytest
 from nbclient import NotebookClient
 from nbformat.v4 import new_code_cell
 
-from autograder import pipeline, samples, sandbox
+from autograder.course import samples
+from autograder.grading import pipeline
+from autograder.sandbox import launch as sandbox
 from tests import test_browser
 from tests.test_feedback import LIMITS
 

@@ -29,9 +29,14 @@ import numpy as np
 import pytest
 from nbgrader.api import Gradebook
 
-from autograder import intake, lessons, notebooks, pipeline, policy, samples, sandbox, sandbox_uids, verdicts
-from autograder.nbgrader_plugins import HIDDEN_BEGIN
-from autograder.reference import masks as ref
+from autograder.course import lessons, notebooks, samples
+from autograder.course.reference import masks as ref
+from autograder.grading import pipeline
+from autograder.intake import submissions as intake
+from autograder.judge import policy, verdicts
+from autograder.judge.preprocessors import HIDDEN_BEGIN
+from autograder.sandbox import launch as sandbox
+from autograder.sandbox import uids as sandbox_uids
 from tests.conftest import ROOT
 
 LESSON = "01-masks"
@@ -395,7 +400,7 @@ def run(tmp_path_factory):
     base = tmp_path_factory.mktemp("adversarial")
     write_submissions(base / "incoming")
     watched = [ROOT / "decoder_course" / "harvest.py", notebooks.solution_path(LESSON),
-               ROOT / "autograder" / "reference" / "masks.py"]
+               ROOT / "autograder" / "course" / "reference" / "masks.py"]
     before = {path: _sha(path) for path in watched}
     records = _Records()
     logger = logging.getLogger("autograder")
@@ -544,7 +549,7 @@ def _hidden_values(run, student: str) -> set[str]:
         for case in ex().cases(np.random.default_rng(seed)):
             for array in case.arrays.values():
                 found |= _renderings(np.asarray(array))
-            args = case.data["args"]  # the call's arguments by name (autograder/checks/spec.py)
+            args = case.data["args"]  # the call's arguments by name (autograder/course/checks/spec.py)
             if item in ("padding_mask", "combine_masks", "mask_to_bias"):
                 found |= _renderings(getattr(ref, item)(*args.values()))
     return found
@@ -565,7 +570,8 @@ def _solution_lines(lesson: str) -> set[str]:
 
 def _hidden_test_lines() -> set[str]:
     """Code of the lesson's hidden checks (not their teaching messages, which feedback shows on purpose)."""
-    source = "".join((ROOT / "autograder" / "checks" / name).read_text() for name in ("spec.py", "judges.py"))
+    source = "".join((ROOT / "autograder" / "course" / "checks" / name).read_text()
+                     for name in ("spec.py", "judges.py"))
     return {line.strip() for line in source.splitlines()
             if len(line.strip()) > 25 and not re.search(r"[\"'#]", line)}
 
@@ -663,7 +669,7 @@ def test_the_sandbox_uid_can_read_what_plotting_needs(tmp_path):
 
 
 def test_matplotlib_finds_its_font_list_and_cannot_change_it(tmp_path):
-    """The font list is built once outside (autograder.sandbox.font_cache), not again in every kernel; the
+    """The font list is built once outside (autograder.sandbox.launch.font_cache), not again in every kernel; the
     kernel can read it but not rewrite it for the next student (each sandbox binds it read-only)."""
     code = ("import os, time; t = time.perf_counter(); import matplotlib.font_manager as fm; "
             "d = os.environ['MPLCONFIGDIR']; names = sorted(os.listdir(d)); print(names); "
@@ -744,7 +750,7 @@ def test_kernel_text_is_escaped_in_the_terminal_the_log_and_the_csv(run):
     raw = (run["work"] / "grades.csv").read_bytes()
     assert b"\x1b" not in raw and b"\x07" not in raw and b"\\x1b[2J" in raw
     assert not any("\x1b" in line or "\x07" in line for line in run["log"])
-    from autograder.text import csv_cell, shown
+    from decoder_course.text import csv_cell, shown
     assert shown("a\x1b]0;t\x07\u202eb\nc") == "a\\x1b]0;t\\x07\\u202eb\\x0ac"
     assert csv_cell("=HYPERLINK(1)") == "'=HYPERLINK(1)" and csv_cell(2.5) == 2.5
 
@@ -760,8 +766,9 @@ RSS_SCRIPT = PEAK_KB + """
 import json, os, shutil, sys
 from pathlib import Path
 import nbformat, numpy as np
-from autograder import notebooks, verdicts
-from autograder.reference import masks
+from autograder.course import notebooks
+from autograder.judge import verdicts
+from autograder.course.reference import masks
 from decoder_course.harvest import ENV_VAR, collect
 step, lesson, folder, attack = sys.argv[1:5]
 folder = Path(folder)
@@ -811,7 +818,8 @@ GRADER_RSS_SCRIPT = PEAK_KB + """
 import json, sys
 from pathlib import Path
 import nbformat
-from autograder import pipeline, samples
+from autograder.grading import pipeline
+from autograder.course import samples
 from tests.test_adversarial import ATTACKS, LESSON, LIMITS, attack_notebook
 work, folder = Path(sys.argv[1]), Path(sys.argv[2])
 grader, _ = pipeline.prepare(work, [LESSON], sandbox=True, limits=LIMITS)

@@ -1,4 +1,4 @@
-"""Answers for a building block that raised (harvest's spy step, ``autograder.checks.relative.answered``).
+"""Answers for a building block that raised (harvest's spy step, ``autograder.course.checks.relative.answered``).
 
 Kernel side: an answer stands in for a watched call only on the arguments it was sent for. Trusted side: answers
 are sent only after a building block raised, and they are a correct building block's.
@@ -13,9 +13,10 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from autograder import samples, verdicts
-from autograder.checks import relative
-from autograder.checks.framework import Case, Result, write_cases
+from autograder.course import samples
+from autograder.course.checks import relative
+from autograder.course.checks.framework import Case, Result, write_cases
+from autograder.judge import verdicts
 from decoder_course import harvest
 
 SOURCE = '''

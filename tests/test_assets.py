@@ -16,7 +16,7 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from autograder import notebooks
+from autograder.course import notebooks
 from tests.conftest import ROOT
 
 ASSETS = ROOT / "assets"

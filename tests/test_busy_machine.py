@@ -1,7 +1,8 @@
 """A busy machine fails no canary (issue 32): time limits stretch with its measured slowdown, and an item that a
 time limit stopped says "timed out", never that its answer was wrong.
 
-- :func:`autograder.sandbox.slowdown` sees CPU-bound neighbours: two busy processes on this process's core slow it
+- :func:`autograder.sandbox.launch.slowdown` sees CPU-bound neighbours: two busy processes on this process's core slow
+it
   down at least twice, and a long run queue (the load average per CPU) as much as it says;
 - lesson 01's canary, its ``padding_mask`` made correct but slow (its first call sleeps past the cell limit of an
   idle machine, within the limit stretched by a measured slowdown of 3): on a machine measured idle it fails, its
@@ -28,7 +29,9 @@ from pathlib import Path
 import nbformat
 import pytest
 
-from autograder import notebooks, pipeline, samples, sandbox
+from autograder.course import notebooks, samples
+from autograder.grading import pipeline
+from autograder.sandbox import launch as sandbox
 
 pytestmark = pytest.mark.pipeline
 

@@ -1,6 +1,6 @@
 """Every path a student's kernel can write is a file system with its own cap, enforced by the kernel, not watched.
 
-Grading as root, each sandbox gets tmpfs mounts of its own (``autograder.sandbox.mount_tmpfs``): one for
+Grading as root, each sandbox gets tmpfs mounts of its own (``autograder.sandbox.launch.mount_tmpfs``): one for
 ``$HOME``, ``/tmp`` and ``/dev/shm`` together, one for the harvest outputs, one for the kernel's sockets. The tests
 below run plain processes in a sandbox (no kernel) and try every way of taking space there: writing, reserving
 without writing (fallocate), sparse files, many empty files, a tree deeper than PATH_MAX, files left behind by a
@@ -18,7 +18,7 @@ from dataclasses import replace
 
 import pytest
 
-from autograder import sandbox
+from autograder.sandbox import launch as sandbox
 
 pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="the grader mounts capped file systems as root only")
 
@@ -274,7 +274,7 @@ def test_outputs_handed_in_again_replace_the_last_round_across_file_systems(tmp_
     """Answer rounds hand an item's outputs in once per round (``verdicts.answer_rounds``): from the capped outputs
     (a tmpfs of their own) each copy replaces the last, as the rename on one file system does; a link still
     arrives as a link (refused when read), and a plain file after it replaces the link, without following it."""
-    from autograder.checks.framework import take_out
+    from autograder.course.checks.framework import take_out
 
     outputs, collected = tmp_path / "outputs", tmp_path / "collected"
     outputs.mkdir()
@@ -305,7 +305,7 @@ def test_mounts_of_a_killed_grading_process_are_swept_by_the_next(tmp_path):
     """A grading process killed before it retires its sandbox cannot unmount anything: the next one does, and
     leaves a live process's mounts alone."""
     code = (f"import sys, time; sys.path.insert(0, {str(sandbox.Path(__file__).parent.parent)!r}); "
-            "from autograder import sandbox; from dataclasses import replace; "
+            "from autograder.sandbox import launch as sandbox; from dataclasses import replace; "
             f"box = sandbox.Sandbox(sandbox.Path({str(tmp_path / 'killed')!r}), sandbox.Limits()); box.prepare(); "
             "print('ready', flush=True); time.sleep(600)")
     process = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True)

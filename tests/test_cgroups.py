@@ -21,7 +21,9 @@ from pathlib import Path
 
 import pytest
 
-from autograder import cgroups, pipeline, sandbox
+from autograder.grading import pipeline
+from autograder.sandbox import cgroups
+from autograder.sandbox import launch as sandbox
 
 MB = 1 << 20
 # RLIMIT_AS well above the group's memory, so that only the group can stop what the tests below take.

@@ -8,7 +8,7 @@ import sys
 import nbformat
 import pytest
 
-from autograder import samples
+from autograder.course import samples
 from decoder_course import __main__ as cli
 from tests.conftest import ROOT
 
@@ -25,7 +25,7 @@ def run_check(path, *args, env=None):
 
 
 def with_one_wrong_answer(exercise: str, description: str) -> nbformat.NotebookNode:
-    """The perfect submission with one exercise replaced by the named wrong answer of autograder.mutants."""
+    """The perfect submission with one exercise replaced by the named wrong answer of autograder.course.mutants."""
     nb = samples.perfect(LESSON)
     wrong = next(obj for item, what, replacement in samples.mutants_of(LESSON)
                  for obj in replacement.values() if item == exercise and what == description)
@@ -197,7 +197,7 @@ def _released(lesson: str) -> nbformat.NotebookNode:
 def test_as_released_is_nbgraders_checksum_on_every_solution_cell_of_every_lesson():
     from nbgrader.utils import compute_checksum
 
-    from autograder import notebooks
+    from autograder.course import notebooks
 
     solution_cells = 0
     for lesson in notebooks.lessons():
@@ -221,8 +221,8 @@ def test_bugs_to_find_are_the_find_the_bug_cells_left_as_released():
     import inspect
     import textwrap
 
-    from autograder import bugs, notebooks
-    from autograder import lessons as registry
+    from autograder.course import bugs, notebooks
+    from autograder.course import lessons as registry
 
     for lesson in notebooks.lessons():  # in every lesson: exactly the exercises whose reference holds a bug block
         shown = {name for name in registry.exercises(lesson) if bugs.regions(textwrap.dedent(inspect.getsource(

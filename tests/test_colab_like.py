@@ -28,7 +28,7 @@ import nbformat
 import pytest
 from nbclient import NotebookClient
 
-from autograder import notebooks
+from autograder.course import notebooks
 from tests.conftest import ROOT
 
 pytestmark = pytest.mark.notebook

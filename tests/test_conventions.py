@@ -17,12 +17,12 @@ import torch.nn.functional as F
 from torch import nn
 
 import decoder_course
-from autograder import lessons
+from autograder.course import lessons
 from decoder_course import conventions, data
 
 ROOT = Path(__file__).resolve().parent.parent
 PACKAGE_DIR = Path(decoder_course.__file__).resolve().parent
-REFERENCE_DIR = ROOT / "autograder" / "reference"
+REFERENCE_DIR = ROOT / "autograder" / "course" / "reference"
 SPEC = ROOT.parent / "shared" / "SPEC.md"  # the course contract, beside the repository when it is there
 DOC = decoder_course.__doc__ or ""
 
@@ -56,7 +56,7 @@ def _spec_table_names() -> set[str]:
 
 
 def _reference_exercises() -> set[str]:
-    """Every exercise of the hidden reference modules (autograder.lessons: read with ast, nothing runs)."""
+    """Every exercise of the hidden reference modules (autograder.course.lessons: read with ast, nothing runs)."""
     return {name for lesson in lessons.ids() for name in lessons.exercises(lesson)}
 
 

@@ -12,7 +12,9 @@ import hashlib
 import nbformat
 import pytest
 
-from autograder import notebooks, pipeline, samples, verdicts
+from autograder.course import notebooks, samples
+from autograder.grading import pipeline
+from autograder.judge import verdicts
 from tests.conftest import ROOT
 
 SOURCE = """\

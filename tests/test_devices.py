@@ -21,9 +21,10 @@ import pytest
 import torch
 
 import decoder_course
-from autograder import lessons, verdicts
-from autograder.reference import model as model_ref
-from autograder.reference import numerics, training
+from autograder.course import lessons
+from autograder.course.reference import model as model_ref
+from autograder.course.reference import numerics, training
+from autograder.judge import verdicts
 from decoder_course import devices
 from decoder_course.data import get_task
 from tests.virtual_device import VirtualDevice
@@ -177,7 +178,8 @@ def _on_device(obj, device):
 @pytest.mark.parametrize("lesson", ["07-training", "10-numerics"])
 def test_hidden_checks_accept_outputs_that_live_on_the_gpu(monkeypatch, lesson):
     monkeypatch.setenv(devices.ENV, "cuda")
-    module = importlib.import_module(f"autograder.reference.{'training' if lesson == '07-training' else 'numerics'}")
+    module = importlib.import_module(
+        f"autograder.course.reference.{'training' if lesson == '07-training' else 'numerics'}")
     namespace = dict(vars(module))
     for name in lessons.exercises(lesson):
         if callable(namespace[name]) and not isinstance(namespace[name], type):

@@ -33,7 +33,9 @@ import psutil
 import pytest
 from nbgrader.api import Comment, Grade, Gradebook, SubmittedAssignment
 
-from autograder import distributed, pipeline, samples
+from autograder.course import samples
+from autograder.grading import cluster as distributed
+from autograder.grading import pipeline
 from tests.conftest import ROOT
 
 pytestmark = pytest.mark.pipeline
@@ -425,7 +427,7 @@ def test_each_worker_is_checked_once_when_first_seen_and_one_that_cannot_grade_i
 
 @pytest.mark.parametrize(("why", "fix"), [
     ("ModuleNotFoundError: No module named 'autograder'", "./course worker"),
-    ("ImportError: cannot import name 'grade_one' from 'autograder.pipeline'", "./course worker"),
+    ("ImportError: cannot import name 'grade_one' from 'autograder.grading.pipeline'", "./course worker"),
     ("its checkout grades 01-masks differently from the instructor's (fingerprint)", "git pull"),
     ("bubblewrap (bwrap) is missing: grading runs student code inside it", "install bubblewrap"),
     ("OSError: [Errno 28] No space left on device", "./course setup"),

@@ -4,7 +4,7 @@ the student's fetch_feedback receiving the course's own feedback page (the grade
 test, no hidden value). Then nbgrader's ``export``, its API (what formgrader shows) and ``generate_feedback`` on
 the same tree and gradebook.
 
-Then whose submission collect takes (``autograder.exchange``): three students' accounts, bob forging, linking and
+Then whose submission collect takes (``autograder.intake.exchange``): three students' accounts, bob forging, linking and
 tampering against alice's and carol's submissions, graded end to end; every refused form of an inbound entry in one
 collect; a submission changed between the check and the copy; an inbound folder a student owns.
 
@@ -34,8 +34,9 @@ import nbformat
 import numpy as np
 import pytest
 
-from autograder import samples, verdicts
-from autograder.reference import masks as ref
+from autograder.course import samples
+from autograder.course.reference import masks as ref
+from autograder.judge import verdicts
 from tests.conftest import ROOT
 
 pytestmark = pytest.mark.pipeline
@@ -126,7 +127,7 @@ def _renderings(array: np.ndarray) -> set[str]:
 
 def _expected(item: str, data: dict) -> np.ndarray:
     """The reference output of one hidden case of lesson 01."""
-    return getattr(ref, item)(*data["args"].values())  # the call's arguments by name (autograder/checks/spec.py)
+    return getattr(ref, item)(*data["args"].values())  # the call's arguments by name (autograder/course/checks/spec.py)
 
 
 def _hidden_values(work: Path, student: str) -> set[str]:
@@ -278,7 +279,7 @@ def test_exchange_cycle_between_two_accounts_delivers_the_course_feedback(studen
 def test_grading_a_collected_tree_in_place_keeps_the_submission_when_writing_fails(tmp_path, monkeypatch):
     """``./course grade <work>/submitted`` replaces each folder it reads from: by renames, after everything is
     read, so a failure while writing leaves the collected submission (notebook and exchange files) as it was."""
-    from autograder import intake
+    from autograder.intake import submissions as intake
 
     folder = tmp_path / "submitted" / "ada" / LESSON
     folder.mkdir(parents=True)
@@ -499,7 +500,7 @@ def _collect_in_process(work: Path, exchange: Path, monkeypatch, *, stock: bool 
     from nbgrader.exchange.default.collect import ExchangeCollect
     from traitlets.config import Config
 
-    from autograder.pipeline import tools_config
+    from autograder.grading.pipeline import tools_config
 
     monkeypatch.setenv("DECODER_COURSE_WORK", str(work))
     monkeypatch.setenv("NBGRADER_EXCHANGE_ROOT", str(exchange))
@@ -605,7 +606,7 @@ def test_collect_checks_again_as_it_copies(classmates, shared, monkeypatch, capl
     link to the course's secret) is refused by the copy itself, which reads from descriptors it checked: nothing is
     collected for that student, nothing of the secret is copied, no staging folder is left, and the message says to
     collect again."""
-    from autograder.exchange import CourseExchangeCollect
+    from autograder.intake.exchange import CourseExchangeCollect
 
     exchange, work, _ = _exchange(shared)
     alice = _Account(classmates[0], exchange)
@@ -644,7 +645,8 @@ def test_collect_refuses_an_inbound_folder_a_student_owns(classmates, shared, mo
 
 def test_collect_dates_a_submission_no_earlier_than_the_exchange_saw_it_change(classmates, shared, monkeypatch,
                                                                               caplog, tmp_path):
-    """The collected ``timestamp.txt`` (what autograde dates a submission by, autograder.term's rule): nbgrader's
+    """The collected ``timestamp.txt`` (what autograde dates a submission by, autograder.term.schedule's rule):
+    nbgrader's
     time when the submission last changed within ``SUBMIT_SLACK`` of it (kept as written); else the newest
     ``ctime`` of the folder and its files, which no student can set back. Variants: an honest submission (kept to
     the microsecond); a forged name and ``timestamp.txt`` two days early; an honest name with ``timestamp.txt``
@@ -656,7 +658,7 @@ def test_collect_dates_a_submission_no_earlier_than_the_exchange_saw_it_change(c
     and the year-9999 notebook scores zero."""
     from nbgrader.utils import parse_utc
 
-    from autograder.exchange import SUBMIT_SLACK
+    from autograder.intake.exchange import SUBMIT_SLACK
 
     exchange, work, _ = _exchange(shared)
     alice, bob, carol = (_Account(entry, exchange) for entry in classmates)
@@ -702,7 +704,7 @@ def test_collect_dates_a_submission_no_earlier_than_the_exchange_saw_it_change(c
 
     from nbgrader.api import Gradebook
 
-    from autograder import pipeline
+    from autograder.grading import pipeline
 
     due = started - datetime.timedelta(hours=2)
     term_file = tmp_path / "term.toml"
@@ -737,8 +739,8 @@ def test_collect_before_duedate_takes_each_students_own_due_date_from_the_term(t
     from nbgrader.coursedir import CourseDirectory
     from traitlets.config import Config
 
-    from autograder.exchange import CourseExchangeCollect
-    from autograder.pipeline import tools_config
+    from autograder.grading.pipeline import tools_config
+    from autograder.intake.exchange import CourseExchangeCollect
 
     due = datetime(2027, 1, 18, 12, tzinfo=UTC)
     term_file = tmp_path / "term.toml"
@@ -793,7 +795,7 @@ def test_one_submission_never_stops_the_class_collect(classmates, shared, monkey
     100 kB; a file in a submission whose name is not UTF-8; a submission on which the check or the copy raises an
     error nobody expected. Collect runs to its end: each bad one is set apart with a note (UTF-8, the bytes shown
     escaped) or collected with a time of nbgrader's own format, and every honest submission is collected."""
-    from autograder import exchange as exchange_module
+    from autograder.intake import exchange as exchange_module
 
     exchange, work, _ = _exchange(shared)
     alice, bob, carol = (_Account(entry, exchange) for entry in classmates)
@@ -856,7 +858,7 @@ def test_one_submission_never_stops_the_class_collect(classmates, shared, monkey
         folder = student / LESSON
         assert (folder / f"{LESSON}.ipynb").read_bytes() == notebook
         text = (folder / "timestamp.txt").read_text()
-        from autograder.term import parse_timestamp
+        from autograder.term.schedule import parse_timestamp
         parse_timestamp(text)  # nbgrader's own format, which autograde reads
     notes = _notes(work)
     problems = []
@@ -878,7 +880,7 @@ def test_collect_reads_listings_within_their_caps(classmates, shared, monkeypatc
     inbound folder: 100 forgeries in alice's name, later than hers, and 12 of her own submissions (the latest
     honest) against caps of 5 own and 20 others: her latest is collected, 20 forgeries get a note, the rest are
     counted in one (the log names every submission set apart)."""
-    from autograder import exchange as exchange_module
+    from autograder.intake import exchange as exchange_module
 
     monkeypatch.setattr(exchange_module, "_MAX_ENTRIES", 100)
     monkeypatch.setattr(exchange_module, "_MAX_OWN", 5)
@@ -950,8 +952,8 @@ def test_collect_dates_what_changed_while_it_copied(classmates, shared, monkeypa
     import time
     import types
 
-    from autograder import exchange as exchange_module
-    from autograder.term import parse_timestamp
+    from autograder.intake import exchange as exchange_module
+    from autograder.term.schedule import parse_timestamp
 
     exchange, work, _ = _exchange(shared)
     alice, bob, carol = (_Account(entry, exchange) for entry in classmates)

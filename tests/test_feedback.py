@@ -1,11 +1,12 @@
-"""Feedback HTML is inert and its verdicts unforgeable (autograder.feedback), whatever the student's notebook holds.
+"""Feedback HTML is inert and its verdicts unforgeable (autograder.pages.feedback), whatever the student's notebook
+holds.
 
 Unit tests render constructed notebooks with nbgrader's feedback template, as ``GenerateFeedback`` does, and read
 the page with a real HTML parser: no script but the template's own (MathJax), no event handler, no ``style`` or
 ``javascript:`` URL from student content, no iframe, form or object; PNG images and tables still there; a printed
 "✓ Hidden checks" never inside the grader's boxes. Each attack is first shown to be live without
 :class:`SafeFeedback`, so the checks are known to see it. One end-to-end test grades a 01-masks notebook with
-the attacks through :func:`autograder.pipeline.grade` and reads its feedback file.
+the attacks through :func:`autograder.grading.pipeline.grade` and reads its feedback file.
 """
 
 from __future__ import annotations
@@ -25,8 +26,11 @@ from nbformat.v4 import new_code_cell, new_markdown_cell, new_notebook, new_outp
 from nbgrader.converters import GenerateFeedback
 from traitlets.config import Config
 
-from autograder import feedback, pipeline, samples, sandbox
-from autograder.feedback import SafeFeedback
+from autograder.course import samples
+from autograder.grading import pipeline
+from autograder.pages import feedback
+from autograder.pages.feedback import SafeFeedback
+from autograder.sandbox import launch as sandbox
 
 LESSON = "01-masks"
 # What an honest 01-masks notebook needs on a loaded 2-core machine (as tests/test_adversarial.py), a little more

@@ -1,8 +1,8 @@
-"""The feedback page of :class:`autograder.feedback.FeedbackExporter` is nbconvert's ``HTMLExporter`` page.
+"""The feedback page of :class:`autograder.pages.feedback.FeedbackExporter` is nbconvert's ``HTMLExporter`` page.
 
 ``HTMLExporter`` parses its whole rendered page with BeautifulSoup only to give ``<img>`` tags without one an
 ``alt`` and lab-template cells a ``tabindex``, then prints the tree again; ``FeedbackExporter`` makes the same
-edits on the template's text (:func:`autograder.feedback.accessibility_edits`) and leaves the page to nbconvert's
+edits on the template's text (:func:`autograder.pages.feedback.accessibility_edits`) and leaves the page to nbconvert's
 pass where its scanner does not plainly read the markup. Both pages, read with BeautifulSoup's html.parser (what
 the feedback tests read them with), are the same tree: for real graded notebooks of two lessons (every kind of
 image: a matplotlib plot, markdown images with and without a description, an image in HTML output), for the
@@ -27,8 +27,11 @@ from nbformat.v4 import new_code_cell, new_markdown_cell, new_notebook, new_outp
 from nbgrader.converters import GenerateFeedback
 from traitlets.config import Config
 
-from autograder import feedback, pipeline, samples, sandbox
-from autograder.feedback import NO_ALT, FeedbackExporter, SafeFeedback, accessibility_edits
+from autograder.course import samples
+from autograder.grading import pipeline
+from autograder.pages import feedback
+from autograder.pages.feedback import NO_ALT, FeedbackExporter, SafeFeedback, accessibility_edits
+from autograder.sandbox import launch as sandbox
 from tests.test_feedback import LIMITS, PNG, attack_notebook, problems
 
 LESSONS = ("01-masks", "05-decoder-layer")
@@ -160,7 +163,7 @@ def test_the_course_writes_feedback_with_the_feedback_exporter(tmp_path, monkeyp
         exporter = converter.exporter_class(parent=converter, config=converter.config)  # as converter.start does
         # its own section: the course's page (nbgrader's, with a language, <main> and headings in order)
         assert (exporter.template_name, exporter.template_file) == (feedback.PAGE_TEMPLATE, feedback.PAGE_FILE)
-        assert converter.preprocessors[-1] == "autograder.feedback.SafeFeedback"
+        assert converter.preprocessors[-1] == "autograder.pages.feedback.SafeFeedback"
 
 
 @pytest.mark.pipeline

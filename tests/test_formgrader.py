@@ -8,7 +8,7 @@ Nbgrader > Formgrader, Manage Assignments > 01-masks > its submissions, and clic
 
 Asserted: the course's scores and "graded" state (no "needs autograding", no canary row); after the click the
 score is still 3/4 and the autograded notebook holds the course's verdicts and the uid the sandbox gives a kernel
-started by *this* JupyterLab process (:func:`autograder.sandbox_uids.lease`): the button ran the course's trusted
+started by *this* JupyterLab process (:func:`autograder.sandbox.uids.lease`): the button ran the course's trusted
 execution in the sandbox, with the course's secret. Every request that leaves loopback is blocked.
 
 ``ada``'s notebook also displays every kind of live output a kernel can send (a script in HTML, ``onerror``, a
@@ -32,7 +32,9 @@ import nbformat
 import pytest
 from nbgrader.api import Gradebook
 
-from autograder import pipeline, samples, sandbox_uids
+from autograder.course import samples
+from autograder.grading import pipeline
+from autograder.sandbox import uids as sandbox_uids
 from tests import test_browser
 from tests.conftest import ROOT
 from tests.test_browser import Lab, _menu, loopback_page

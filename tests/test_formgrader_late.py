@@ -24,7 +24,7 @@ from zoneinfo import ZoneInfo
 import nbformat
 import pytest
 
-from autograder import samples
+from autograder.course import samples
 from tests import test_browser
 from tests.conftest import ROOT
 from tests.test_browser import Lab, loopback_page

@@ -1,4 +1,4 @@
-"""nbgrader's export as the course writes it, and the names formgrader shows (autograder/gradebook_views.py,
+"""nbgrader's export as the course writes it, and the names formgrader shows (autograder/pages/gradebook_views.py,
 ``pipeline.name_students``), on a gradebook made here: no grading needed. The graded, late case (formgrader in
 Chromium, export and grades.csv agreeing) is tests/test_formgrader_late.py."""
 
@@ -8,8 +8,9 @@ from datetime import datetime
 
 from nbgrader.api import Gradebook
 
-from autograder import gradebook_views, pipeline
-from autograder.nbgrader_plugins import SafeCsvExport
+from autograder.grading import pipeline
+from autograder.judge.preprocessors import SafeCsvExport
+from autograder.pages import gradebook_views
 
 
 def _export(tmp_path, url):

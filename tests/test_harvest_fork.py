@@ -17,8 +17,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from autograder import lessons, notebooks, verdicts
-from autograder.checks.framework import run_judge, write_cases
+from autograder.course import lessons, notebooks
+from autograder.course.checks.framework import run_judge, write_cases
+from autograder.judge import verdicts
 from decoder_course import harvest
 
 MASKS = "01-masks"
@@ -232,7 +233,7 @@ def test_outside_grading_collect_does_nothing(tmp_path, monkeypatch):
 
 
 def _reference_namespace(lesson: str) -> dict:
-    module = importlib.import_module(f"autograder.reference.{notebooks.REFERENCE_MODULES[lesson]}")
+    module = importlib.import_module(f"autograder.course.reference.{notebooks.REFERENCE_MODULES[lesson]}")
     return dict(vars(module))
 
 
@@ -306,7 +307,7 @@ def test_the_fast_array_header_reader_reads_what_numpys_does(version):
     whatever it reads must be what numpy reads, and a header it does not match goes to numpy's reader."""
     import io
 
-    from autograder.checks import framework
+    from autograder.course.checks import framework
 
     arrays = [np.zeros(()), np.arange(5), np.ones((2, 3), np.float32), np.asfortranarray(np.ones((3, 4))),
               np.zeros((0, 3), bool), np.ones((2, 1, 3, 5), np.float16), np.array(["ab", "c"]),

@@ -4,15 +4,16 @@ The namespace is what a notebook's kernel holds (``samples.notebook_namespace``)
 typed into cells, every function looking its helpers up in that one namespace, as a student's do; a mutant is
 typed after it, as a student's wrong cell would be. Each wrong answer must lose its own item and no other, even
 the items whose code calls it (they are judged relative to the student's own answers,
-``autograder.checks.relative``), with a message that says what broke.
+``autograder.course.checks.relative``), with a message that says what broke.
 """
 
 import re
 
 import pytest
 
-from autograder import lessons, mutants, notebooks, samples, verdicts
-from autograder.checks.framework import Exercise
+from autograder.course import lessons, mutants, notebooks, samples
+from autograder.course.checks.framework import Exercise
+from autograder.judge import verdicts
 
 LESSONS = lessons.ids()
 
@@ -70,7 +71,7 @@ def test_each_exercise_has_three_realistic_wrong_answers(lesson):
     for item, _, _ in _mutants(lesson):
         counts[item] = counts.get(item, 0) + 1
     missing = {item: counts.get(item, 0) for item in verdicts.exercises_for(lesson) if counts.get(item, 0) < 3}
-    assert not missing, f"exercises with fewer than three wrong answers in autograder.mutants: {missing}"
+    assert not missing, f"exercises with fewer than three wrong answers in autograder.course.mutants: {missing}"
 
 
 def _mutant_cases():
@@ -83,7 +84,7 @@ def _mutant_cases():
 _NOT_A_REASON = ("could not judge", "tell your instructor")
 
 
-# The sentences autograder.checks.framework writes by itself: where and how far off, never why.
+# The sentences autograder.course.checks.framework writes by itself: where and how far off, never why.
 _BARE = [re.compile(pattern) for pattern in (
     r"\S+(?: \S+)*? should have shape \([^)]*\), got \([^)]*\) \([^)]*\)\.",
     r"\S+(?: \S+)*? (?:is|are) wrong at \d+ place\(s\), first at index \[[^\]]*\] \([^)]*\)\.",
@@ -116,7 +117,7 @@ def test_wrong_answer_loses_its_item_and_no_other(lesson, index):
     decided = mutants.hidden_verdicts(lesson, replacement)
     assert not decided[item].passed, f"the wrong answer '{description}' passed the hidden checks of {item}"
     # Only its own: an item built on the wrong one is judged relative to it, and where the wrong one raises, a
-    # correct one's answers stand in for it (autograder.checks.relative.answered), so that item is still seen.
+    # correct one's answers stand in for it (autograder.course.checks.relative.answered), so that item is still seen.
     others = {other: v.message for other, v in decided.items() if other != item and not v.passed}
     assert not others, f"the wrong answer to {item} ('{description}') also cost: {others}"
     assert _names_an_idea(decided[item].message), (
@@ -159,7 +160,7 @@ def test_wrong_answer_on_a_wrong_building_block_is_still_caught(lesson, item, be
 
 
 def test_every_lesson_has_its_modules_and_nothing_is_stray():
-    """autograder.lessons: a lesson's modules are named after its id; none is missing, none belongs to no lesson;
+    """autograder.course.lessons: a lesson's modules are named after its id; none is missing, none belongs to no lesson;
     a checks module only where an exercise is still an Exercise class, a mutants module only where a wrong answer is
     not a patch of the reference."""
     ids = lessons.ids()
@@ -181,7 +182,8 @@ def test_every_lesson_has_its_modules_and_nothing_is_stray():
         if mutants is not None:
             assert mutants.MUTANTS, f"{lessons.path(lesson, 'mutants').name} holds no whole wrong answer"
     known = {lessons.path(lesson, kind).name for lesson in ids for kind in ("checks", "visible", "mutants")}
-    for folder, prefix in (("autograder/checks", "l"), ("decoder_course/visible", "l"), ("autograder/mutants", "m")):
+    for folder, prefix in (("autograder/course/checks", "l"), ("decoder_course/visible", "l"),
+                           ("autograder/course/mutants", "m")):
         stray = [p.name for p in (notebooks.ROOT / folder).glob(f"{prefix}[0-9][0-9]_*.py") if p.name not in known]
         assert not stray, f"{folder} holds modules of no lesson: {stray}"
     with pytest.raises(ValueError, match="NN-name"):
@@ -231,7 +233,7 @@ def _first_draw_of_bos(model, temperature: float = 1.0, top_k=None, top_p=None) 
     """The chance that a correct sampler draws BOS as the first token from a scripted model with these settings."""
     import torch
 
-    from autograder.reference import generation as ref
+    from autograder.course.reference import generation as ref
     from decoder_course.conventions import BOS
 
     x = model.next_logits([]).double()[None] / temperature
@@ -246,7 +248,7 @@ def test_a_correct_sampler_cannot_fail_sample_by_chance():
     floor of 1e-9 at temperature 2 it was 4 %, and lesson 08's canary failed on such a secret."""
     import numpy as np
 
-    from autograder.checks import l08_generation
+    from autograder.course.checks import l08_generation
 
     worst = {"temp": 0.0, "filters": 0.0}
     for seed in range(300):
@@ -274,7 +276,7 @@ def test_split_heads_reshape_raising_on_a_valid_input_is_told_the_input_was_vali
     """Issue 37: any exception on a NumPy input was answered with the torch-only .transpose/.view hint, even an
     exception the student raised on purpose on a valid input. Both layers now name the input and say that a
     valid input must not raise; a torch-only call on NumPy still gets the hint about the two libraries."""
-    from autograder.mutants import run_visible
+    from autograder.course.mutants import run_visible
 
     lesson, item = "03-multi-head", "split_heads_reshape"
     wrong = _split_heads_reshape_mistake("raises ValueError on a valid input")
@@ -300,7 +302,7 @@ def test_a_comparison_agrees_with_its_subject(subject, plural):
     expect_close, the hidden scalar judge) write the verb that agrees with what they compare."""
     import numpy as np
 
-    from autograder.checks import framework, judges
+    from autograder.course.checks import framework, judges
     from decoder_course.checks import CheckFailed, expect_close, expect_finite
 
     verb, is_verb = ("differ", "are") if plural else ("differs", "is")

@@ -1,4 +1,4 @@
-"""nbgrader's exchange steps say what they did (autograder/hub_steps.py), built from the repository's config as
+"""nbgrader's exchange steps say what they did (autograder/intake/hub_steps.py), built from the repository's config as
 nbgrader's commands build them. The exchange cycle between real accounts (tests/test_exchange.py) reads the
 success lines of release_assignment, collect and release_feedback; here: ``release_feedback`` with nothing to
 release says why, feedback held until a time in the term's zone, or not graded yet."""
@@ -8,7 +8,9 @@ from datetime import UTC, datetime, timedelta
 
 import pytest
 
-from autograder import hub_steps, integrity, term
+from autograder.intake import hub_steps
+from autograder.term import integrity
+from autograder.term import schedule as term
 
 LESSON = "02-attention"  # its given cells come from 01-masks: its feedback waits until 01-masks closes
 
@@ -18,7 +20,7 @@ def _release_feedback(tmp_path, monkeypatch, term_text: str | None):
     from nbgrader.coursedir import CourseDirectory
     from traitlets.config import Config
 
-    from autograder.pipeline import tools_config
+    from autograder.grading.pipeline import tools_config
 
     work, exchange = tmp_path / "work", tmp_path / "exchange"
     exchange.mkdir()

@@ -18,7 +18,7 @@ import nbformat
 import pytest
 import yaml
 
-from autograder import notebooks
+from autograder.course import notebooks
 from tests.conftest import ROOT
 
 PINS = dict(r.split("==") for r in tomllib.loads((ROOT / "pyproject.toml").read_text())
@@ -27,10 +27,11 @@ PINS = dict(r.split("==") for r in tomllib.loads((ROOT / "pyproject.toml").read_
 CODE_AREAS = {
     "decoder_course": (["decoder_course"], ["decoder_course/visible"]),
     "decoder_course/visible": (["decoder_course/visible"], []),
-    "autograder": (["autograder"], ["autograder/checks", "autograder/mutants", "autograder/reference"]),
-    "autograder/reference": (["autograder/reference"], []),
-    "autograder/checks": (["autograder/checks"], []),
-    "autograder/mutants": (["autograder/mutants"], []),
+    "autograder": (["autograder"],
+                   ["autograder/course/checks", "autograder/course/mutants", "autograder/course/reference"]),
+    "autograder/course/reference": (["autograder/course/reference"], []),
+    "autograder/course/checks": (["autograder/course/checks"], []),
+    "autograder/course/mutants": (["autograder/course/mutants"], []),
     "tests": (["tests"], []),
     "assets": (["assets"], []),
     # the lessons' percent sources, which contributors edit (the built notebooks are linted below, as notebooks)
@@ -178,7 +179,7 @@ def test_pre_commit_rebuilds_the_notebooks_from_their_sources():
     repo, hook = _hooks()["course-release"]
     assert repo["repo"] == "local" and hook["entry"] == "./course release" and hook["pass_filenames"] is False
     pattern = re.compile(hook["files"])
-    for changed in ("solutions/01-masks.py", "autograder/reference/masks.py", "autograder/notebooks.py",
+    for changed in ("solutions/01-masks.py", "autograder/course/reference/masks.py", "autograder/course/notebooks.py",
                     "assets/decoder_block.png"):
         assert pattern.search(changed), changed
     assert (ROOT / "course").stat().st_mode & 0o111, "./course must be executable"

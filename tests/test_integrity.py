@@ -1,4 +1,5 @@
-"""Lesson integrity during a term (autograder/integrity.py): a release withholds every graded answer of a lesson still
+"""Lesson integrity during a term (autograder/term/integrity.py): a release withholds every graded answer of a lesson
+still
 open, refuses one that holds any, grading still runs the course's blocks, and feedback that ran them waits.
 
 The unit tests run over every given cell of every lesson; the release tests make real releases through nbgrader (a
@@ -18,8 +19,11 @@ import pytest
 from nbgrader.apps import NbGraderAPI
 from nbgrader.coursedir import CourseDirectory
 
-from autograder import integrity, lessons, notebooks, pipeline, term
 from autograder.__main__ import main
+from autograder.course import lessons, notebooks
+from autograder.grading import pipeline
+from autograder.term import integrity
+from autograder.term import schedule as term
 from decoder_course import earlier
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -228,7 +232,7 @@ def test_the_self_study_release_is_refused_for_a_term_with_every_lesson_open(tmp
 
 
 def test_the_self_study_edition_says_it_is_not_for_graded_use():
-    from autograder import edition
+    from autograder.term import edition
 
     assert "not\nfor graded use" in edition.readme_text() or "not for graded use" in edition.readme_text()
     released = nbformat.read(ROOT / "lessons" / "05-decoder-layer" / "05-decoder-layer.ipynb", as_version=4)

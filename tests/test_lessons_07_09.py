@@ -13,9 +13,10 @@ import math
 import pytest
 import torch
 
-from autograder import samples, verdicts
-from autograder.mutants import run_visible, visible_test_cells
-from autograder.reference import training
+from autograder.course import samples
+from autograder.course.mutants import run_visible, visible_test_cells
+from autograder.course.reference import training
+from autograder.judge import verdicts
 from decoder_course import data
 
 # (lesson, item, a fragment of its known mistake's description, what the hidden verdict says, what its visible

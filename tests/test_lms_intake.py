@@ -1,5 +1,5 @@
 """Zipped uploads from an LMS (Canvas, Moodle, Gradescope): every student gets their own grade; no student's upload
-is lost, merged with another's, or taken for another's (autograder/intake.py).
+is lost, merged with another's, or taken for another's (autograder/intake/submissions.py).
 
 Each layout is a small export with several students: two who share a display name (told apart by the LMS's id), a
 late one, a re-upload, an accented name, a student with two notebooks, one with none, and entries written to land
@@ -18,7 +18,9 @@ from pathlib import Path
 import nbformat
 import pytest
 
-from autograder import intake, pipeline, samples
+from autograder.course import samples
+from autograder.grading import pipeline
+from autograder.intake import submissions as intake
 
 LESSON = "01-masks"
 

@@ -3,7 +3,7 @@
 An unprivileged process may create a user namespace and hold every capability in it; with a mount namespace it
 could mount a tmpfs of its own over ``/tmp`` with no size or inode cap, and fill the machine's memory (tmpfs pages
 are not in RLIMIT_AS), costing every other notebook being graded on that machine. The sandbox's launcher loads
-the syscall profile (``autograder.syscall_profile``: default-deny, built with libseccomp) before anything of the
+the syscall profile (``autograder.sandbox.syscall_profile``: default-deny, built with libseccomp) before anything of the
 notebook runs. Each way in below is tried in a real sandbox, as grading runs it (``setns`` the kernel refuses on
 its own; the profile refuses it too); what a kernel needs (fork, subprocess, multiprocessing pools, torch) still
 works. The profile's other families, and a profile that cannot be loaded: tests/test_syscall_profile.py.
@@ -19,7 +19,7 @@ from dataclasses import replace
 
 import pytest
 
-from autograder import sandbox
+from autograder.sandbox import launch as sandbox
 
 pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="the grader mounts capped file systems as root only")
 

@@ -6,8 +6,10 @@ import re
 import nbformat
 import pytest
 
-from autograder import notebooks, pipeline, verdicts
-from autograder.nbgrader_plugins import HIDDEN_BEGIN
+from autograder.course import notebooks
+from autograder.grading import pipeline
+from autograder.judge import verdicts
+from autograder.judge.preprocessors import HIDDEN_BEGIN
 from tests.conftest import ROOT
 
 LESSONS = notebooks.lessons()

@@ -21,9 +21,9 @@ from nbclient.exceptions import CellExecutionComplete
 from nbconvert.preprocessors import ExecutePreprocessor
 from nbformat import NotebookNode
 
-from autograder import nbgrader_plugins as plugins
-from autograder import sandbox
-from autograder.nbgrader_plugins import OutputBudget, TrustedExecute, message_bytes, message_charge
+from autograder.judge import preprocessors as plugins
+from autograder.judge.preprocessors import OutputBudget, TrustedExecute, message_bytes, message_charge
+from autograder.sandbox import launch as sandbox
 from tests.test_ready_client import _Manager
 
 CAP = 1 << 20  # the cell limit, and so the largest frame the grader's sockets accept

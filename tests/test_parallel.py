@@ -1,4 +1,4 @@
-"""The grading pool (autograder.parallel.run_pool): results in the order of the jobs, a worker that dies costs its
+"""The grading pool (autograder.grading.pool.run_pool): results in the order of the jobs, a worker that dies costs its
 running jobs one retry in a fresh pool, and a student's notebooks go to one worker as far as the work allows."""
 
 from __future__ import annotations
@@ -7,7 +7,7 @@ import os
 import time
 from pathlib import Path
 
-from autograder import parallel
+from autograder.grading import pool as parallel
 
 
 def _init() -> None:

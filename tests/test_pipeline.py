@@ -12,8 +12,10 @@ import nbformat
 import pytest
 from nbgrader.api import Gradebook
 
-from autograder import notebooks, pipeline, samples, verdicts
-from autograder.nbgrader_plugins import HIDDEN_BEGIN
+from autograder.course import notebooks, samples
+from autograder.grading import pipeline
+from autograder.judge import verdicts
+from autograder.judge.preprocessors import HIDDEN_BEGIN
 
 LESSONS = notebooks.lessons()
 MISTAKE_LESSONS = [lesson for lesson in ("01-masks", "05-decoder-layer") if lesson in LESSONS]

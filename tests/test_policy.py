@@ -7,8 +7,10 @@ import nbformat
 import pytest
 from nbgrader.api import Gradebook
 
-from autograder import notebooks, pipeline, policy, samples, verdicts
-from autograder.checks.framework import Case, Exercise, Verdict
+from autograder.course import notebooks, samples
+from autograder.course.checks.framework import Case, Exercise, Verdict
+from autograder.grading import pipeline
+from autograder.judge import policy, verdicts
 from decoder_course import guard, harvest
 
 FORBIDDEN = ("F.scaled_dot_product_attention", "nn.MultiheadAttention")

@@ -14,9 +14,9 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from autograder import lessons
-from autograder.reference import attention, masks
-from autograder.reference import setup as warmup
+from autograder.course import lessons
+from autograder.course.reference import attention, masks
+from autograder.course.reference import setup as warmup
 
 B, H, T, S, Dh, Dv = 2, 3, 5, 7, 4, 6  # all different: a swapped axis cannot go unnoticed
 SEEDS = [0, 1, 2]

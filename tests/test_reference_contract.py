@@ -11,8 +11,8 @@ import textwrap
 
 import pytest
 
-from autograder import bugs, lessons
-from autograder.notebooks import _MARKERS
+from autograder.course import bugs, lessons
+from autograder.course.notebooks import _MARKERS
 
 
 # ----------------------------------------------------------------------------------------------------
@@ -61,8 +61,8 @@ def _is_data(node: ast.AST) -> bool:
 
 def check_module_contract(lesson):
     """Top level: only imports and definitions, so each definition is a self-contained cell, then the known mistakes
-    (``MISTAKES``) and the helpers that port an earlier answer (``PORTS``, autograder.integrity) as plain data; the
-    exercises are those that mark the student's part (autograder.lessons), the
+    (``MISTAKES``) and the helpers that port an earlier answer (``PORTS``, autograder.term.integrity) as plain data; the
+    exercises are those that mark the student's part (autograder.course.lessons), the
     rest is given code."""
     module = lessons.module(lesson, "reference")
     exercises, given = lessons.exercises(lesson), lessons.given(lesson)

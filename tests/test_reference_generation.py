@@ -13,9 +13,9 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from autograder.reference import generation as gen
-from autograder.reference import kv_cache as kv
-from autograder.reference.model import Seq2SeqTransformer
+from autograder.course.reference import generation as gen
+from autograder.course.reference import kv_cache as kv
+from autograder.course.reference.model import Seq2SeqTransformer
 from decoder_course.testing import HashedLogitsModel, ScriptedModel, sequence_log_prob
 
 BOS, EOS = 1, 2
@@ -431,7 +431,7 @@ def test_beam_batch_matches_each_row_alone_and_pads_after_eos(pad_id):
 def test_sample_n_gives_every_source_its_own_samples():
     # each source's first-token frequencies follow PyTorch's softmax of that source's own logits; at temperature 0
     # every sample is the source's walked greedy path; the buggy release is right for one source only
-    from autograder import notebooks
+    from autograder.course import notebooks
 
     model = HashedLogitsModel(8, seed=4, scale=1.5)
     src, is_real = padded_source([6, 3, 2], V=8, seed=2)
@@ -638,7 +638,7 @@ def test_beam_search_cached_projects_memory_once_and_decodes_one_position_per_st
 def test_prefill_gives_the_full_decoders_logits_whatever_the_chunk_size(norm_first):
     # the oracle is the uncached decoder on the whole prefix; one more cached token must see the prefill's cache;
     # the buggy release (chunk index as position) is right for one token per chunk and for one chunk only
-    from autograder import notebooks
+    from autograder.course import notebooks
 
     model = small_model(norm_first, seed=3)
     src, is_real = padded_source([6, 2, 4], V=20, seed=4)

@@ -10,8 +10,8 @@ import pytest
 import torch
 from torch import nn
 
-from autograder.reference.decoder_layer import DecoderLayer
-from autograder.reference.gpt import (
+from autograder.course.reference.decoder_layer import DecoderLayer
+from autograder.course.reference.gpt import (
     GPT,
     BPETokenizer,
     KVCache,
@@ -23,7 +23,7 @@ from autograder.reference.gpt import (
     merge_pair,
     train_bpe,
 )
-from autograder.reference.multi_head import load_from_torch_mha
+from autograder.course.reference.multi_head import load_from_torch_mha
 from decoder_course.data import python_source_text
 from decoder_course.testing import HashedLM
 

@@ -16,11 +16,11 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from autograder import lessons
-from autograder.reference import attention as np_attention
-from autograder.reference import cross_attention, decoder_layer, masks
-from autograder.reference.cross_attention import CrossAttention, cross_attention_mask
-from autograder.reference.decoder_layer import (
+from autograder.course import lessons
+from autograder.course.reference import attention as np_attention
+from autograder.course.reference import cross_attention, decoder_layer, masks
+from autograder.course.reference.cross_attention import CrossAttention, cross_attention_mask
+from autograder.course.reference.decoder_layer import (
     DecoderLayer,
     FeedForward,
     count_parameters,
@@ -29,7 +29,7 @@ from autograder.reference.decoder_layer import (
     numpy_decoder_layer,
     numpy_params_from_torch,
 )
-from autograder.reference.multi_head import (
+from autograder.course.reference.multi_head import (
     MultiHeadAttention,
     attention,
     load_from_torch_mha,

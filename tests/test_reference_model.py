@@ -12,9 +12,9 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from autograder.reference import model as ref
-from autograder.reference import training as tr
-from autograder.reference.decoder_layer import load_from_torch_decoder_layer
+from autograder.course.reference import model as ref
+from autograder.course.reference import training as tr
+from autograder.course.reference.decoder_layer import load_from_torch_decoder_layer
 from decoder_course import twins
 from decoder_course.data import get_task
 
@@ -456,8 +456,8 @@ def test_train_step_equals_a_step_written_with_torch_ops(clip_norm):
 
 def test_validation_loss_is_torchs_mean_over_every_real_token_whatever_the_batching():
     # PyTorch's own loss, summed over the real tokens of every batch; the same pairs batched otherwise agree;
-    # the buggy version the release shows (autograder.bugs) is right on batches of equal token counts only
-    from autograder import notebooks
+    # the buggy version the release shows (autograder.course.bugs) is right on batches of equal token counts only
+    from autograder.course import notebooks
 
     task = get_task("reverse")
     pairs = task.make_pairs(11, rng=3, split="test")
@@ -514,7 +514,7 @@ def test_quick_training_learns_to_copy_three_digits():
     # evaluate_exact_match agrees with exact_match on a decoded batch
     pairs = task.make_pairs(100, rng=5, split="test")
     batch = task.make_batch(pairs)
-    from autograder.reference.generation import greedy_decode
+    from autograder.course.reference.generation import greedy_decode
 
     pred = greedy_decode(model.eval(), batch["src_ids"], 4, BOS, EOS, src_is_real=batch["src_is_real"])
     assert tr.evaluate_exact_match(model, pairs, task) == pytest.approx(

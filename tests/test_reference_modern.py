@@ -8,8 +8,8 @@ import torch
 from torch import nn
 from torch.nn import functional as F
 
-from autograder.reference.decoder_layer import FeedForward
-from autograder.reference.modern import (
+from autograder.course.reference.decoder_layer import FeedForward
+from autograder.course.reference.modern import (
     GroupedQueryAttention,
     KVCache,
     ModernBlock,

@@ -8,7 +8,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from autograder.reference import numerics as nm
+from autograder.course.reference import numerics as nm
 
 HALF = [torch.float16, torch.bfloat16]
 ALL = [torch.float64, torch.float32, *HALF]

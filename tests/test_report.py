@@ -1,4 +1,4 @@
-"""The class report (autograder/report.py) of a small class graded through the pipeline, with planted mistakes.
+"""The class report (autograder/pages/report.py) of a small class graded through the pipeline, with planted mistakes.
 
 One grading run (module fixture) of lesson 01 for 11 students: 5 with one known mistake of `causal_mask`, 3 with
 one of `combine_masks`, 2 correct, 1 who handed in the release untouched; one of the correct ones forged a verdict
@@ -12,8 +12,11 @@ import numpy as np
 import pytest
 from nbgrader.api import Gradebook
 
-from autograder import notebooks, pipeline, report, samples, verdicts
-from autograder.checks import framework
+from autograder.course import notebooks, samples
+from autograder.course.checks import framework
+from autograder.grading import pipeline
+from autograder.judge import verdicts
+from autograder.pages import report
 
 pytestmark = pytest.mark.pipeline
 

@@ -27,7 +27,7 @@ browser = test_browser.browser  # the same headless Chromium fixture
 
 @pytest.fixture(scope="module")
 def page_path(tmp_path_factory):
-    from autograder import report
+    from autograder.pages import report
 
     work = tmp_path_factory.mktemp("class")
     students = ["ada", "bea", "cy", "dee", HOSTILE_ID, "zed"]

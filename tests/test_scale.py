@@ -19,8 +19,10 @@ import pytest
 from nbgrader.api import Grade, Gradebook, InvalidEntry, SubmittedAssignment
 from sqlalchemy.exc import OperationalError
 
-from autograder import notebooks, parallel, pipeline, samples
-from autograder.pipeline import CANARY, Outcome
+from autograder.course import notebooks, samples
+from autograder.grading import pipeline
+from autograder.grading import pool as parallel
+from autograder.grading.pipeline import CANARY, Outcome
 from tests.conftest import ROOT
 
 pytestmark = pytest.mark.pipeline

@@ -1,4 +1,5 @@
-"""Similarity of submissions (autograder/similarity.py): planted copies rank first, independent work is not flagged,
+"""Similarity of submissions (autograder/pages/similarity.py): planted copies rank first, independent work is not
+flagged,
 given code never counts. No grading: the code of each cell is handed in as the report reads it."""
 
 import json
@@ -7,7 +8,8 @@ import re
 import subprocess
 import sys
 
-from autograder import notebooks, similarity
+from autograder.course import notebooks
+from autograder.pages import similarity
 
 LESSON = "02-attention"
 ITEMS = ("softmax", "masked_softmax", "scaled_dot_product_attention")
@@ -170,7 +172,7 @@ def test_the_same_class_gets_the_same_scores_in_every_process():
     """Python salts ``hash()`` anew in every process; fingerprints built on it scored the same copied cell 0.33 in
     one run and 0.54 in the next. Two processes with different salts must agree on every pair's cells."""
     program = ("import json, sys; sys.path.insert(0, 'tests'); import test_similarity as t; "
-               "from autograder import similarity; "
+               "from autograder.pages import similarity; "
                "pairs = similarity.pairs(t._class(), {t.LESSON: t._released(t.LESSON)}); "
                "print(json.dumps([[p.a, p.b, [[c.cell, c.similarity] for c in p.cells]] for p in pairs]))")
     runs = [subprocess.run([sys.executable, "-c", program], capture_output=True, text=True, check=True,

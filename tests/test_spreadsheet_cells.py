@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from autograder import pipeline
+from autograder.grading import pipeline
 from decoder_course.text import csv_cell, shown
 from tests.conftest import ROOT
 
@@ -117,10 +117,10 @@ def test_nbgrader_export_has_no_formula_with_any_separator(tmp_path):
     from nbgrader.api import Gradebook
     from traitlets.config import Config
 
-    from autograder.nbgrader_plugins import SafeCsvExport
+    from autograder.judge.preprocessors import SafeCsvExport
 
     config = pipeline.tools_config(Config(), tmp_path / "work")
-    assert config.ExportApp.plugin_class == "autograder.nbgrader_plugins.SafeCsvExport"
+    assert config.ExportApp.plugin_class == "autograder.judge.preprocessors.SafeCsvExport"
     with Gradebook(f"sqlite:///{tmp_path / 'gradebook.db'}") as gb:
         gb.add_assignment("01-masks", duedate=datetime(2027, 1, 25))
         for i, attack in enumerate(ATTACKS):

@@ -1,6 +1,6 @@
 """The student edition: what students get, and nothing of the instructor's side; it installs and runs on its own.
 
-Built once per module into a temporary folder (``autograder.edition.build``, what ``./course student-edition``
+Built once per module into a temporary folder (``autograder.term.edition.build``, what ``./course student-edition``
 runs) and made a git repository tagged with the package version. Then:
 
 - no solution marker, hidden-test line, reference body, hidden check or wrong answer is in it, and a planted
@@ -27,7 +27,8 @@ from pathlib import Path
 import nbformat
 import pytest
 
-from autograder import edition, notebooks
+from autograder.course import notebooks
+from autograder.term import edition
 from tests.conftest import ROOT
 from tests.test_colab_like import (  # noqa: F401  (colab_venv is a fixture)
     INSTALLED_BY_BOOTSTRAP,

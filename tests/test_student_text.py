@@ -14,7 +14,7 @@ import nbformat
 import pytest
 from nbclient import NotebookClient
 
-from autograder import notebooks
+from autograder.course import notebooks
 from tests.conftest import ROOT
 
 LESSONS = notebooks.lessons()
@@ -48,7 +48,7 @@ def test_released_lessons_say_no_internal_name(lesson):
     assert not found, f"lessons/{lesson}: internal names a student has never seen (cell, word): {found}"
 
 
-@pytest.mark.parametrize("area", ["decoder_course", "autograder/reference", "autograder/checks"])
+@pytest.mark.parametrize("area", ["decoder_course", "autograder/course/reference", "autograder/course/checks"])
 def test_docstrings_and_check_messages_say_no_internal_name(area):
     """The package is public (visible checks, their messages); reference docstrings are in the lessons; hidden
     checks' messages reach the feedback."""

@@ -1,4 +1,4 @@
-"""The sandbox's default-deny syscall profile (autograder/syscall_profile.py), its uid per sandbox and its IPC.
+"""The sandbox's default-deny syscall profile (autograder/sandbox/syscall_profile.py), its uid per sandbox and its IPC.
 
 Two views. The profile itself, for x86-64 and aarch64 and both kinds (a kernel's, a warm sandbox's zygote's): a
 small classic-BPF interpreter here runs the exported program on each call of each denied family, on calls a kernel
@@ -25,7 +25,9 @@ from dataclasses import replace
 import pyseccomp as seccomp
 import pytest
 
-from autograder import sandbox, sandbox_uids, syscall_profile
+from autograder.sandbox import launch as sandbox
+from autograder.sandbox import syscall_profile
+from autograder.sandbox import uids as sandbox_uids
 
 ALLOW, EPERM, ENOSYS = 0x7FFF0000, 0x00050000 | errno.EPERM, 0x00050000 | errno.ENOSYS
 ARCHES = {"x86_64": (seccomp.Arch.X86_64, seccomp.Arch.X86), "aarch64": (seccomp.Arch.AARCH64, seccomp.Arch.ARM)}
@@ -351,7 +353,7 @@ def test_two_live_sandboxes_have_different_uids_even_from_two_grading_processes(
         seen = [int(_run(box, "import os; print(os.getuid())").stdout) for box in boxes[:2]]
         assert seen == uids[:2]
         # another grading process, starting its search at a uid this one holds, gets another
-        other = subprocess.run([sys.executable, "-c", "from autograder import sandbox_uids; "
+        other = subprocess.run([sys.executable, "-c", "from autograder.sandbox import uids as sandbox_uids; "
                                 f"print(sandbox_uids.lease(start={uids[0] - sandbox_uids.UID_BASE}).uid)"],
                                capture_output=True, text=True, timeout=60)
         assert other.returncode == 0, other.stderr

@@ -1,9 +1,9 @@
-"""The term (autograder/term.py) and when a notebook counts as submitted, without grading anything.
+"""The term (autograder/term/schedule.py) and when a notebook counts as submitted, without grading anything.
 
 Parsing: each mistake in a term file is an error naming the key and what to write. Dates: local times in the
 term's zone (winter and summer time), offsets kept, a day alone meaning its end, extensions in days and as dates.
 The late policy at its edges: the grace, each day or part of one, the cap, the cutoff, "zero after the due date".
-When a lesson closes. The late-penalty plugin and the gradebook sync nbgrader runs (autograder/late.py). Intake:
+When a lesson closes. The late-penalty plugin and the gradebook sync nbgrader runs (autograder/term/late.py). Intake:
 ``timestamp.txt`` written by the rule, a zip entry's time read in the term's zone, and a ``timestamp.txt`` a student
 uploaded in an LMS export never read. A bad term stops ``./course grade`` before anything is graded.
 """
@@ -20,8 +20,11 @@ import pytest
 from nbgrader.api import Gradebook
 from nbgrader.utils import parse_utc
 
-from autograder import intake, late, pipeline, term
 from autograder.__main__ import main
+from autograder.grading import pipeline
+from autograder.intake import submissions as intake
+from autograder.term import late
+from autograder.term import schedule as term
 
 GOOD = {
     "timezone": "Europe/Berlin",
@@ -247,7 +250,7 @@ def test_a_dask_worker_grades_by_the_instructor_s_term_never_its_own(tmp_path, m
     still gives the instructor's penalties and feedback; a task without a term is graded without one."""
     from dataclasses import asdict
 
-    from autograder import distributed
+    from autograder.grading import cluster as distributed
 
     text = '[late]\npercent_per_day = {}\ncutoff_days = 7\n[lessons]\n"01-masks" = {{ due = 2027-01-18 }}\n'
     own = tmp_path / "own.toml"
@@ -404,7 +407,7 @@ def test_a_bad_term_stops_grading_before_anything_is_graded(tmp_path, capsys):
 
 def test_the_term_s_schedule_shows_its_own_clock_with_utc_beside():
     """``./course term`` of a term written in Europe/Berlin: its dates as written there (the issue found UTC)."""
-    from autograder import integrity
+    from autograder.term import integrity
 
     table = integrity.schedule(term.parse(GOOD), datetime(2027, 1, 12, tzinfo=UTC))
     assert "2027-01-18 23:59 CET (22:59 UTC)" in table  # 01-masks' due date, as the term file writes it

@@ -22,7 +22,9 @@ import nbformat
 import pytest
 from nbgrader.api import Gradebook
 
-from autograder import pipeline, samples, term
+from autograder.course import samples
+from autograder.grading import pipeline
+from autograder.term import schedule as term
 
 pytestmark = pytest.mark.pipeline
 
@@ -180,7 +182,7 @@ def test_the_canaries_are_never_late(run):
 def test_feedback_pages_record_the_answers_they_show(run):
     """Lesson 02's pages show lesson 01's masks (closed): grading records that moment beside the term's release,
     where ./course term and the next release read it. Lesson 01's pages show no graded answer of another lesson."""
-    from autograder import integrity
+    from autograder.term import integrity
 
     out = integrity.handed_out(integrity.ledger_of(run["work"] / "lessons"))
     assert set(out) == {"00-setup", "01-masks"}, out

@@ -14,9 +14,12 @@ from datetime import UTC, datetime, timedelta
 import nbformat
 import pytest
 
-from autograder import intake, lessons, pipeline, samples, term
 from autograder.__main__ import main
-from autograder.pipeline import CANARY, Outcome
+from autograder.course import lessons, samples
+from autograder.grading import pipeline
+from autograder.grading.pipeline import CANARY, Outcome
+from autograder.intake import submissions as intake
+from autograder.term import schedule as term
 
 WEEK = {"01-masks": 2, "02-attention": 1}
 

@@ -7,7 +7,7 @@ from pathlib import Path
 
 from nbgrader.converters import GenerateAssignment
 
-from autograder import pipeline
+from autograder.grading import pipeline
 
 ROOT = Path(__file__).resolve().parent.parent
 LESSON = "01-masks"

@@ -5,9 +5,9 @@ import pytest
 import torch
 from torch import nn
 
-from autograder.reference.decoder_layer import DecoderLayer
-from autograder.reference.model import EncoderLayer
-from autograder.reference.multi_head import MultiHeadAttention
+from autograder.course.reference.decoder_layer import DecoderLayer
+from autograder.course.reference.model import EncoderLayer
+from autograder.course.reference.multi_head import MultiHeadAttention
 from decoder_course import twins
 
 D, H, F = 8, 2, 16

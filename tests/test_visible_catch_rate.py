@@ -1,6 +1,6 @@
 """The visible checks catch what the hidden ones do: every mutant through its lesson's visible checks.
 
-Each wrong answer (``autograder.mutants``) is typed into a kernel-like namespace (``samples.notebook_namespace``)
+Each wrong answer (``autograder.course.mutants``) is typed into a kernel-like namespace (``samples.notebook_namespace``)
 and its item's visible test cell (the ``# %% test=<item>`` cell of ``solutions/<lesson>.py``) is run there, as
 the student would run it before submitting. The rate per lesson is printed; the test fails when the visible
 checks catch fewer than 95 % of any lesson's mutants. A catch counts only when the reference passes the same
@@ -11,8 +11,9 @@ cell (``test_reference_passes_every_visible_check``), and the namespace holds th
 import matplotlib
 import pytest
 
-from autograder import lessons, mutants, verdicts
-from autograder.mutants import run_visible, visible_test_cells
+from autograder.course import lessons, mutants
+from autograder.course.mutants import run_visible, visible_test_cells
+from autograder.judge import verdicts
 
 matplotlib.use("Agg")
 TARGET = 0.95

@@ -10,8 +10,8 @@ import torch
 import torch.nn.functional as F  # noqa: N812 - PyTorch's own spelling
 from torch import nn
 
-from autograder.reference import cross_attention as xref
-from autograder.reference import multi_head as ref
+from autograder.course.reference import cross_attention as xref
+from autograder.course.reference import multi_head as ref
 from decoder_course.checks import CheckFailed
 from decoder_course.guard import watching
 from decoder_course.visible import l03_multi_head, l04_cross_attention

@@ -1,4 +1,4 @@
-"""Warm sandboxes (autograder.sandbox.WarmSandbox): one per student, a zygote that imported the libraries once
+"""Warm sandboxes (autograder.sandbox.launch.WarmSandbox): one per student, a zygote that imported the libraries once
 forks each notebook's kernel. A notebook must start from what a cold sandbox gives it, no two students may share
 one, no kernel may stop its zygote, and the scores must be those of cold grading."""
 
@@ -15,7 +15,10 @@ from nbgrader.api import Gradebook
 from nbgrader.apps import NbGraderAPI
 from nbgrader.coursedir import CourseDirectory
 
-from autograder import cgroups, pipeline, samples, sandbox
+from autograder.course import samples
+from autograder.grading import pipeline
+from autograder.sandbox import cgroups
+from autograder.sandbox import launch as sandbox
 
 ROOT = Path(__file__).resolve().parent.parent
 LESSONS = ["01-masks", "05-decoder-layer"]

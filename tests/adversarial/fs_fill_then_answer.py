@@ -1,6 +1,6 @@
 """Fill $HOME, /tmp and /dev/shm to their cap, in bytes and in files, then answer correctly.
 
-The student's own space is a file system of its own (autograder/sandbox.py: capped tmpfs): filling it stops the
+The student's own space is a file system of its own (autograder/sandbox/launch.py: capped tmpfs): filling it stops the
 student's writes with ENOSPC, and nothing of grading, which hands answers in through another one.
 target: causal_mask
 full: causal_mask, padding_mask, combine_masks, mask_to_bias

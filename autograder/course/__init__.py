@@ -1,0 +1,1 @@
+"""The course room of the grader (docs/ARCHITECTURE.md, the map)."""

@@ -1,0 +1,1 @@
+"""The grading room of the grader (docs/ARCHITECTURE.md, the map)."""

@@ -1,0 +1,1 @@
+"""The intake room of the grader (docs/ARCHITECTURE.md, the map)."""

@@ -1,0 +1,1 @@
+"""The judge room of the grader (docs/ARCHITECTURE.md, the map)."""

@@ -1,0 +1,1 @@
+"""The pages room of the grader (docs/ARCHITECTURE.md, the map)."""

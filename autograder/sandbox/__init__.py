@@ -1,0 +1,1 @@
+"""The sandbox room of the grader (docs/ARCHITECTURE.md, the map)."""

@@ -1,0 +1,1 @@
+"""The term room of the grader (docs/ARCHITECTURE.md, the map)."""
