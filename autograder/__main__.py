@@ -27,7 +27,7 @@ from datetime import datetime
 from pathlib import Path
 
 from autograder.course import notebooks, samples
-from autograder.grading import access, pipeline
+from autograder.grading import access, grade_class, pipeline
 from autograder.grading import cluster as distributed
 from autograder.grading import pool as parallel
 from autograder.intake import submissions as intake
@@ -193,12 +193,12 @@ def main(argv: list[str] | None = None) -> int:
                   file=sys.stderr)
             return 2
     try:
-        outcomes = pipeline.grade(submissions, args.work, args.lessons, args.db_url, args.verbose,
+        outcomes = grade_class.grade(submissions, args.work, args.lessons, args.db_url, args.verbose,
                                   sandbox=not args.no_sandbox, workers=args.workers, progress=True,
                                   scheduler=args.scheduler, layout=getattr(args, "layout", None),
                                   term_file=term_file)
     except (pipeline.SandboxUnavailable, distributed.ClusterUnavailable, term.TermError,
-            pipeline.NothingToGrade) as exc:
+            grade_class.NothingToGrade) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
     print(pipeline.score_table(outcomes))

@@ -2,7 +2,7 @@
 
 Each student's notebook is one of the demo samples (perfect, untouched, typical mistakes) in turn. The release
 and canaries are graded once into a base folder; each run grades the students into its own copy of it, so both
-runs do the same work from the same state. Sequential is ``grade_one`` in a loop, as ``pipeline.grade`` does.
+runs do the same work from the same state. Sequential is ``grade_one`` in a loop, as ``grade_class.grade`` does.
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ from pathlib import Path
 import nbformat
 
 from autograder.course import notebooks, samples
-from autograder.grading import pipeline
+from autograder.grading import grade_class, pipeline
 from autograder.grading import pool as parallel
 from autograder.sandbox.launch import SandboxUnavailable, check_available
 from bench.common import NOT_AVAILABLE, seconds, table
@@ -84,7 +84,7 @@ def run(quick: bool = False, students: int | None = None, workers: int = 2) -> s
 
         work = fresh_copy(root, "parallel")
         started = time.perf_counter()
-        in_parallel = pipeline.grade_many(jobs, work, None, workers, progress=False, sandbox=sandbox)
+        in_parallel = grade_class.grade_many(jobs, work, None, workers, progress=False, sandbox=sandbox)
         parallel_s = time.perf_counter() - started
     same = [(o.score, o.max_score, o.ok) for o in sequential] == [(o.score, o.max_score, o.ok) for o in in_parallel]
     n = len(jobs)

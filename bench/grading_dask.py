@@ -4,7 +4,7 @@ The cluster is Dask's own commands as an instructor starts them (``docs/INSTRUCT
 two plain ``dask worker`` processes of the course's venv, one thread each, started in a folder of their own without
 ``PYTHONPATH`` (the venv brings the grading code). The release and canaries are graded once into a base folder;
 each run grades the class into its own copy of it (the same secret, so the same hidden cases): sequentially
-(``grade_one`` in a loop, as ``pipeline.grade`` does), then on the cluster (``distributed.grade_on_cluster``).
+(``grade_one`` in a loop, as ``grade_class.grade`` does), then on the cluster (``distributed.grade_on_cluster``).
 Each writes its ``grades.csv`` (``pipeline.write_csv``); the two must be the same, byte for byte.
 """
 

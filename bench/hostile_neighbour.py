@@ -27,7 +27,7 @@ import time
 from dataclasses import replace
 from pathlib import Path
 
-from autograder.grading import pipeline
+from autograder.grading import grade_class
 from autograder.sandbox import cgroups
 from autograder.sandbox import launch as sandbox
 
@@ -87,7 +87,7 @@ class Hostile:
 
 def worker_limits() -> sandbox.Limits:
     """The hostile sandbox's limits: a grading worker's of two (half the cores), :data:`HOSTILE_MEMORY`."""
-    return pipeline.worker_limits(replace(sandbox.Limits(), sandbox_memory_bytes=HOSTILE_MEMORY), workers=2)
+    return grade_class.worker_limits(replace(sandbox.Limits(), sandbox_memory_bytes=HOSTILE_MEMORY), workers=2)
 
 
 def hostile_worker(folder: Path, grouped: bool) -> tuple[int, int]:

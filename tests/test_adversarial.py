@@ -31,7 +31,7 @@ from nbgrader.api import Gradebook
 
 from autograder.course import lessons, notebooks, samples
 from autograder.course.reference import masks as ref
-from autograder.grading import pipeline
+from autograder.grading import grade_class, pipeline
 from autograder.intake import submissions as intake
 from autograder.judge import policy, verdicts
 from autograder.judge.preprocessors import HIDDEN_BEGIN
@@ -377,7 +377,7 @@ def test_without_bubblewrap_grading_refuses_clearly(monkeypatch, tmp_path):
     try:
         with pytest.raises(sandbox.SandboxUnavailable, match="bubblewrap is not available: install it, or pass "
                                                              r"--no-sandbox to grade without one \(unsafe\)"):
-            pipeline.grade(tmp_path / "none", tmp_path / "work", [LESSON])
+            grade_class.grade(tmp_path / "none", tmp_path / "work", [LESSON])
         from autograder.__main__ import main
         assert main(["grade", str(tmp_path), "--work", str(tmp_path / "work"), "--lessons", LESSON]) == 2
     finally:
@@ -409,7 +409,7 @@ def run(tmp_path_factory):
     logger.setLevel(logging.INFO)
     started = time.perf_counter()
     try:
-        outcomes = pipeline.grade(base / "incoming", base / "work", [LESSON], limits=LIMITS)
+        outcomes = grade_class.grade(base / "incoming", base / "work", [LESSON], limits=LIMITS)
     finally:
         logger.removeHandler(records)
         logger.setLevel(level)

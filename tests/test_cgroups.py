@@ -21,7 +21,7 @@ from pathlib import Path
 
 import pytest
 
-from autograder.grading import pipeline
+from autograder.grading import grade_class
 from autograder.sandbox import cgroups
 from autograder.sandbox import launch as sandbox
 
@@ -196,9 +196,9 @@ def test_many_busy_sessions_get_no_more_than_the_sandboxs_cpu_share(tmp_path):
 def test_a_sandbox_gets_its_workers_part_of_the_machine_and_at_least_a_core():
     assert cgroups.cpu_share(2, 1) == 2.0 and cgroups.cpu_share(2, 2) == 1.0 and cgroups.cpu_share(2, 6) == 1.0
     assert cgroups.cpu_share(16, 4) == 4.0
-    assert pipeline.worker_limits(LIMITS, workers=2, cores=2).cpus == 1.0
-    assert pipeline.worker_limits(LIMITS, workers=1, cores=2).cpus == 2.0
-    assert pipeline.worker_limits(replace(LIMITS, cpus=0.5), workers=2, cores=2).cpus == 0.5, "a set share is kept"
+    assert grade_class.worker_limits(LIMITS, workers=2, cores=2).cpus == 1.0
+    assert grade_class.worker_limits(LIMITS, workers=1, cores=2).cpus == 2.0
+    assert grade_class.worker_limits(replace(LIMITS, cpus=0.5), workers=2, cores=2).cpus == 0.5, "a set share is kept"
 
 
 # -- v2 and v1: the files written, the counts read (a fake hierarchy: this machine mounts v1) -------------------------

@@ -13,7 +13,7 @@ import nbformat
 import pytest
 
 from autograder.course import notebooks, samples
-from autograder.grading import pipeline
+from autograder.grading import grade_class
 from autograder.judge import verdicts
 from tests.conftest import ROOT
 
@@ -101,7 +101,7 @@ def test_grading_skips_untouched_demos_and_runs_an_edited_one(tmp_path):
     path = tmp_path / "incoming" / "ada" / lesson / f"{lesson}.ipynb"
     path.parent.mkdir(parents=True)
     nbformat.write(nb, path)
-    outcomes = pipeline.grade(tmp_path / "incoming", tmp_path / "course", lessons=[lesson])
+    outcomes = grade_class.grade(tmp_path / "incoming", tmp_path / "course", lessons=[lesson])
     ada = next(o for o in outcomes if o.student == "ada")
     assert ada.ok and ada.score == ada.max_score > 0, ada
     graded = nbformat.read(tmp_path / "course" / "autograded" / "ada" / lesson / f"{lesson}.ipynb", as_version=4)

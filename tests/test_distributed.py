@@ -7,7 +7,7 @@ in a folder of their own without ``PYTHONPATH``: they find the grading code as a
 the venv (``./course setup``'s path file). The third cannot import it (its ``sys.path`` lacks the checkout): it is
 named in a warning with its fix, and gets no notebook. A small class (3 students x 00-setup, 01-masks; each notebook
 perfect, untouched or with typical mistakes; one with nbgrader's exchange files) is graded through
-``pipeline.grade(..., scheduler=address)``. As soon as one worker runs a student's kernel (a ``bwrap`` among its
+``grade_class.grade(..., scheduler=address)``. As soon as one worker runs a student's kernel (a ``bwrap`` among its
 processes), its whole process group is killed with SIGKILL. Then: every notebook was graded exactly once (the
 gradebook's rows), with the scores, gradebook rows, notes and feedback of local sequential grading of the same
 submissions with the same secret, and nothing of the cluster is left running: no Dask process, no sandbox.
@@ -35,7 +35,7 @@ from nbgrader.api import Comment, Grade, Gradebook, SubmittedAssignment
 
 from autograder.course import samples
 from autograder.grading import cluster as distributed
-from autograder.grading import pipeline
+from autograder.grading import grade_class, pipeline
 from tests.conftest import ROOT
 
 pytestmark = pytest.mark.pipeline
@@ -251,7 +251,7 @@ def on_cluster(prepared):
         address = cluster.start()
         watcher.start()
         started = time.monotonic()
-        outcomes = pipeline.grade(prepared["incoming"], work, LESSONS, limits=LIMITS, scheduler=address,
+        outcomes = grade_class.grade(prepared["incoming"], work, LESSONS, limits=LIMITS, scheduler=address,
                                   term_file=prepared["term"])
         seconds = time.monotonic() - started
         stop.set()
@@ -459,5 +459,5 @@ def test_an_unreachable_scheduler_is_an_error_that_says_so_before_the_canaries(p
     work = tmp_path / "work"
     monkeypatch.setattr(distributed, "CONNECT_TIMEOUT", 2)
     with pytest.raises(distributed.ClusterUnavailable, match="cannot reach the Dask scheduler"):
-        pipeline.grade(prepared["incoming"], work, LESSONS, limits=LIMITS, scheduler="tcp://127.0.0.1:9")
+        grade_class.grade(prepared["incoming"], work, LESSONS, limits=LIMITS, scheduler="tcp://127.0.0.1:9")
     assert not pipeline.canary_work(work).exists()

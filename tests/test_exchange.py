@@ -36,6 +36,7 @@ import pytest
 
 from autograder.course import samples
 from autograder.course.reference import masks as ref
+from autograder.grading import grade_class
 from autograder.judge import verdicts
 from tests.conftest import ROOT
 
@@ -704,14 +705,12 @@ def test_collect_dates_a_submission_no_earlier_than_the_exchange_saw_it_change(c
 
     from nbgrader.api import Gradebook
 
-    from autograder.grading import pipeline
-
     due = started - datetime.timedelta(hours=2)
     term_file = tmp_path / "term.toml"
     term_file.write_text(f'[late]\ngrace_minutes = 10\npercent_per_day = 10\nmax_percent = 50\ncutoff_days = 7\n'
                          f'[lessons]\n"{LESSON}" = {{ due = {due.strftime("%Y-%m-%dT%H:%M:%SZ")} }}\n'
                          f'[extensions]\n"{alice.name}" = {{ "{LESSON}" = 1 }}\n')
-    pipeline.grade(submitted, work, [LESSON], term_file=term_file)
+    grade_class.grade(submitted, work, [LESSON], term_file=term_file)
     with open(work / "grades.csv") as handle:
         rows = {row["student"]: row for row in csv.DictReader(handle)}
     percent = {student: 0 if student == alice.name else 100 if student == "fay" else 10 for student in submissions}

@@ -6,7 +6,7 @@ the page with a real HTML parser: no script but the template's own (MathJax), no
 ``javascript:`` URL from student content, no iframe, form or object; PNG images and tables still there; a printed
 "✓ Hidden checks" never inside the grader's boxes. Each attack is first shown to be live without
 :class:`SafeFeedback`, so the checks are known to see it. One end-to-end test grades a 01-masks notebook with
-the attacks through :func:`autograder.grading.pipeline.grade` and reads its feedback file.
+the attacks through :func:`autograder.grading.grade_class.grade` and reads its feedback file.
 """
 
 from __future__ import annotations
@@ -27,7 +27,7 @@ from nbgrader.converters import GenerateFeedback
 from traitlets.config import Config
 
 from autograder.course import samples
-from autograder.grading import pipeline
+from autograder.grading import grade_class, pipeline
 from autograder.pages import feedback
 from autograder.pages.feedback import SafeFeedback
 from autograder.sandbox import launch as sandbox
@@ -419,7 +419,7 @@ def test_graded_feedback_of_a_hostile_notebook_is_inert_and_the_verdicts_are_the
     path.parent.mkdir(parents=True)
     nbformat.write(nb, path)
     work = tmp_path / "work"
-    outcomes = pipeline.grade(tmp_path / "incoming", work, [LESSON], limits=replace(LIMITS))
+    outcomes = grade_class.grade(tmp_path / "incoming", work, [LESSON], limits=replace(LIMITS))
     mallory = next(o for o in outcomes if o.student == "mallory")
     assert mallory.ok and mallory.score == 3.0 and mallory.max_score == 4.0, mallory
     page_path = work / "feedback" / "mallory" / LESSON / f"{LESSON}.html"

@@ -28,7 +28,7 @@ from nbgrader.converters import GenerateFeedback
 from traitlets.config import Config
 
 from autograder.course import samples
-from autograder.grading import pipeline
+from autograder.grading import grade_class, pipeline
 from autograder.pages import feedback
 from autograder.pages.feedback import NO_ALT, FeedbackExporter, SafeFeedback, accessibility_edits
 from autograder.sandbox import launch as sandbox
@@ -122,7 +122,7 @@ def graded(tmp_path_factory):
         path.parent.mkdir(parents=True, exist_ok=True)
         nbformat.write(nb, path)
     work = root / "work"
-    outcomes = pipeline.grade(root / "incoming", work, list(LESSONS), limits=replace(LIMITS, deadline=120))
+    outcomes = grade_class.grade(root / "incoming", work, list(LESSONS), limits=replace(LIMITS, deadline=120))
     assert all(o.ok for o in outcomes), outcomes
     # A plot output with no description, as the inline backend writes it, in the plot cell's outputs.
     path = work / "autograded" / "mallory" / "01-masks" / "01-masks.ipynb"

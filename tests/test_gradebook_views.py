@@ -1,5 +1,5 @@
 """nbgrader's export as the course writes it, and the names formgrader shows (autograder/pages/gradebook_views.py,
-``pipeline.name_students``), on a gradebook made here: no grading needed. The graded, late case (formgrader in
+``grade_class.name_students``), on a gradebook made here: no grading needed. The graded, late case (formgrader in
 Chromium, export and grades.csv agreeing) is tests/test_formgrader_late.py."""
 
 import csv
@@ -8,7 +8,7 @@ from datetime import datetime
 
 from nbgrader.api import Gradebook
 
-from autograder.grading import pipeline
+from autograder.grading import grade_class, pipeline
 from autograder.judge.preprocessors import SafeCsvExport
 from autograder.pages import gradebook_views
 
@@ -38,7 +38,7 @@ def test_roster_names_reach_the_gradebook(tmp_path):
     url = f"sqlite:///{tmp_path / 'gradebook.db'}"
     with Gradebook(url, pipeline.COURSE_ID) as gb:
         gb.add_student("canvas-7")
-    pipeline.name_students(url, {"canvas-7": {"name": "Ada King Lovelace", "email": "ada@example.org"},
+    grade_class.name_students(url, {"canvas-7": {"name": "Ada King Lovelace", "email": "ada@example.org"},
                                  "canvas-8": {"name": "Grace", "email": ""}, "moodle-1": {"name": "", "email": ""}})
     with Gradebook(url, pipeline.COURSE_ID) as gb:
         ada, grace = gb.find_student("canvas-7"), gb.find_student("canvas-8")

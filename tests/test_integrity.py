@@ -21,7 +21,7 @@ from nbgrader.coursedir import CourseDirectory
 
 from autograder.__main__ import main
 from autograder.course import lessons, notebooks
-from autograder.grading import pipeline
+from autograder.grading import grade_class, pipeline
 from autograder.term import integrity
 from autograder.term import schedule as term
 from decoder_course import earlier
@@ -495,7 +495,7 @@ def graded(tmp_path_factory):
         (submissions / student / "02-attention").mkdir(parents=True)
         nbformat.write(nb, submissions / student / "02-attention" / "02-attention.ipynb")
     work = tmp / "work"
-    outcomes = pipeline.grade(submissions, work, ["02-attention"], term_file=path)
+    outcomes = grade_class.grade(submissions, work, ["02-attention"], term_file=path)
     return {"tmp": tmp, "work": work, "term": path, "released": released, "outcomes": {o.student: o for o in outcomes}}
 
 

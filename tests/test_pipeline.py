@@ -13,7 +13,7 @@ import pytest
 from nbgrader.api import Gradebook
 
 from autograder.course import notebooks, samples
-from autograder.grading import pipeline
+from autograder.grading import grade_class, pipeline
 from autograder.judge import verdicts
 from autograder.judge.preprocessors import HIDDEN_BEGIN
 
@@ -44,7 +44,7 @@ def run(tmp_path_factory):
         path.parent.mkdir(parents=True)
         nbformat.write(samples.one_left(lesson, item), path)
     started = time.perf_counter()
-    outcomes = pipeline.grade(subs, work / "course")
+    outcomes = grade_class.grade(subs, work / "course")
     return {"work": work / "course", "outcomes": outcomes, "seconds": time.perf_counter() - started}
 
 

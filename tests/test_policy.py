@@ -9,7 +9,7 @@ from nbgrader.api import Gradebook
 
 from autograder.course import notebooks, samples
 from autograder.course.checks.framework import Case, Exercise, Verdict
-from autograder.grading import pipeline
+from autograder.grading import grade_class, pipeline
 from autograder.judge import policy, verdicts
 from decoder_course import guard, harvest
 
@@ -575,7 +575,7 @@ def test_the_guard_decides_in_a_graded_notebook(tmp_path):
         path = tmp_path / "incoming" / student / lesson / f"{lesson}.ipynb"
         path.parent.mkdir(parents=True)
         nbformat.write(nb, path)
-    outcomes = pipeline.grade(tmp_path / "incoming", tmp_path / "course", [lesson])
+    outcomes = grade_class.grade(tmp_path / "incoming", tmp_path / "course", [lesson])
     with Gradebook(f"sqlite:///{tmp_path / 'course' / 'gradebook.db'}", pipeline.COURSE_ID) as gb:
         for student in attacks:
             scores = {g.name: g.score for g in gb.find_submission_notebook(lesson, lesson, student).grades}

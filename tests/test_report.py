@@ -2,7 +2,7 @@
 
 One grading run (module fixture) of lesson 01 for 11 students: 5 with one known mistake of `causal_mask`, 3 with
 one of `combine_masks`, 2 correct, 1 who handed in the release untouched; one of the correct ones forged a verdict
-in their notebook's metadata. ``pipeline.grade`` writes the report at its end; the tests read its CSVs.
+in their notebook's metadata. ``grade_class.grade`` writes the report at its end; the tests read its CSVs.
 """
 
 import csv
@@ -14,7 +14,7 @@ from nbgrader.api import Gradebook
 
 from autograder.course import notebooks, samples
 from autograder.course.checks import framework
-from autograder.grading import pipeline
+from autograder.grading import grade_class, pipeline
 from autograder.judge import verdicts
 from autograder.pages import report
 
@@ -60,7 +60,7 @@ def graded(tmp_path_factory):
         path = subs / student / LESSON / f"{LESSON}.ipynb"
         path.parent.mkdir(parents=True)
         nbformat.write(nb, path)
-    outcomes = pipeline.grade(subs, work / "course", [LESSON], term_file="")
+    outcomes = grade_class.grade(subs, work / "course", [LESSON], term_file="")
     return work / "course", outcomes
 
 

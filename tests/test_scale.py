@@ -2,7 +2,7 @@
 
 One class (6 students x 2 lessons, each notebook perfect, untouched or with typical mistakes) is prepared once:
 release and canaries in one work folder. Copies of that folder are then graded sequentially (``grade_one`` in a
-loop, as ``pipeline.grade`` does), with ``grade_many`` on 2 worker processes, and, for a few notebooks, against a
+loop, as ``grade_class.grade`` does), with ``grade_many`` on 2 worker processes, and, for a few notebooks, against a
 real PostgreSQL server started on loopback by ``.ci/postgres.sh`` (Debian's package, installed when missing). The
 copies share the grading secret, so every run draws the same hidden cases.
 """
@@ -20,7 +20,7 @@ from nbgrader.api import Grade, Gradebook, InvalidEntry, SubmittedAssignment
 from sqlalchemy.exc import OperationalError
 
 from autograder.course import notebooks, samples
-from autograder.grading import pipeline
+from autograder.grading import grade_class, pipeline
 from autograder.grading import pool as parallel
 from autograder.grading.pipeline import CANARY, Outcome
 from tests.conftest import ROOT
@@ -66,7 +66,7 @@ def sequential(prepared):
 @pytest.fixture(scope="module")
 def in_parallel(prepared):
     work = _copy_of_base(prepared, "parallel")
-    outcomes = pipeline.grade_many(prepared["jobs"], work, None, workers=2, progress=False)
+    outcomes = grade_class.grade_many(prepared["jobs"], work, None, workers=2, progress=False)
     return {"work": work, "outcomes": outcomes, "url": f"sqlite:///{work / 'gradebook.db'}"}
 
 
@@ -133,7 +133,7 @@ def test_students_exist_before_the_workers_start_and_a_bad_file_fails_alone(prep
     broken = prepared["root"] / "broken.ipynb"
     broken.write_text('{"cells": [')
     jobs = [("zoe", LESSONS[0], broken), ("yan", LESSONS[1], broken)]
-    outcomes = pipeline.grade_many(jobs, work, None, workers=2, progress=False)
+    outcomes = grade_class.grade_many(jobs, work, None, workers=2, progress=False)
     assert [(o.student, o.lesson, o.ok) for o in outcomes] == [("zoe", LESSONS[0], False), ("yan", LESSONS[1], False)]
     assert all("not a notebook" in o.message for o in outcomes), [o.message for o in outcomes]
     assert pipeline.summary(outcomes) == "graded 0, needs attention 0, failed 2"
@@ -164,7 +164,7 @@ def test_postgresql_gradebook_gives_the_same_scores_as_sqlite(prepared, sequenti
     _, (canary,) = pipeline.prepare(work, [lesson], db_url=postgres_url)
     assert canary.ok and canary.score == canary.max_score > 0
     jobs = [job for job in prepared["jobs"] if job[0] in PG_STUDENTS and job[1] == lesson]
-    outcomes = pipeline.grade_many(jobs, work, postgres_url, workers=2, progress=False)
+    outcomes = grade_class.grade_many(jobs, work, postgres_url, workers=2, progress=False)
     assert all(o.ok for o in outcomes), [o.message for o in outcomes]
     assert not (work / "gradebook.db").exists(), "a SQLite gradebook was written instead of PostgreSQL"
 
@@ -225,7 +225,7 @@ def test_gradebook_url_adds_a_timeout_to_sqlite_only(tmp_path):
 
 def test_grade_many_refuses_to_start_before_the_canary(tmp_path):
     with pytest.raises(RuntimeError, match="canar"):
-        pipeline.grade_many([("ada", "01-masks", tmp_path / "x.ipynb")], tmp_path, workers=2, progress=False)
+        grade_class.grade_many([("ada", "01-masks", tmp_path / "x.ipynb")], tmp_path, workers=2, progress=False)
 
 
 def test_summary_counts_each_notebook_once():

@@ -21,7 +21,7 @@ from nbgrader.api import Gradebook
 from nbgrader.utils import parse_utc
 
 from autograder.__main__ import main
-from autograder.grading import pipeline
+from autograder.grading import grade_class, pipeline
 from autograder.intake import submissions as intake
 from autograder.term import late
 from autograder.term import schedule as term
@@ -396,7 +396,7 @@ def test_a_bad_term_stops_grading_before_anything_is_graded(tmp_path, capsys):
     bad.write_text('[late]\npercent_per_day = 10\n[lessons]\n"01-masks" = { due = 2027-01-18 }\n')
     (tmp_path / "in").mkdir()
     with pytest.raises(term.TermError, match="cutoff_days is missing"):
-        pipeline.grade(tmp_path / "in", tmp_path / "work", ["01-masks"], term_file=bad)
+        grade_class.grade(tmp_path / "in", tmp_path / "work", ["01-masks"], term_file=bad)
     assert not (tmp_path / "work").exists()
     assert main(["grade", str(tmp_path / "in"), "--work", str(tmp_path / "work2"), "--term", str(bad)]) == 2
     assert "cutoff_days is missing" in capsys.readouterr().err and not (tmp_path / "work2").exists()

@@ -1,4 +1,4 @@
-"""A term end to end: three lessons with due dates, a late policy and extensions, graded through ``pipeline.grade``
+"""A term end to end: three lessons with due dates, a late policy and extensions, graded through ``grade_class.grade``
 (two worker processes: the term must reach every one), read back from grades.csv, nbgrader's gradebook and the
 feedback pages.
 
@@ -23,7 +23,7 @@ import pytest
 from nbgrader.api import Gradebook
 
 from autograder.course import samples
-from autograder.grading import pipeline
+from autograder.grading import grade_class, pipeline
 from autograder.term import schedule as term
 
 pytestmark = pytest.mark.pipeline
@@ -91,7 +91,7 @@ def run(tmp_path_factory):
     # lesson 00's answers went out a day after its due date (as if a release had shown them): within the cutoff
     (work / "handed-out.json").write_text(json.dumps(
         {"00-setup": {"at": (DUE["00-setup"] + timedelta(days=1)).isoformat(), "by": "the release of 01-masks"}}))
-    outcomes = pipeline.grade(incoming, work, LESSONS, workers=2, term_file=term_file)
+    outcomes = grade_class.grade(incoming, work, LESSONS, workers=2, term_file=term_file)
     with open(work / "grades.csv") as handle:
         rows = {(row["student"], row["lesson"]): row for row in csv.DictReader(handle)}
     return {"work": work, "outcomes": outcomes, "rows": rows, "term": term.load(term_file)}

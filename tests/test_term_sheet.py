@@ -2,7 +2,7 @@
 lessons it was not asked to grade are skipped quietly (one line, never a problem); a run with a term grades the
 term's lessons; an empty submissions folder is an error that says what was expected.
 
-The two-run case grades for real (``pipeline.grade``, its canaries and sandbox): week 1 grades 02-attention, week 2
+The two-run case grades for real (``grade_class.grade``, its canaries and sandbox): week 1 grades 02-attention, week 2
 01-masks alone, from a folder that still holds week 1's notebooks; grades.csv then holds both weeks' rows.
 """
 
@@ -16,7 +16,7 @@ import pytest
 
 from autograder.__main__ import main
 from autograder.course import lessons, samples
-from autograder.grading import pipeline
+from autograder.grading import grade_class, pipeline
 from autograder.grading.pipeline import CANARY, Outcome
 from autograder.intake import submissions as intake
 from autograder.term import schedule as term
@@ -98,8 +98,8 @@ def _term_file(tmp_path, scheduled=("01-masks", "02-attention")):
 
 
 def test_a_term_s_run_grades_the_term_s_lessons(tmp_path):
-    assert pipeline.default_lessons(term.load(_term_file(tmp_path))) == ["01-masks", "02-attention"]
-    assert pipeline.default_lessons(None) == lessons.ids()
+    assert grade_class.default_lessons(term.load(_term_file(tmp_path))) == ["01-masks", "02-attention"]
+    assert grade_class.default_lessons(None) == lessons.ids()
 
 
 @pytest.mark.parametrize("what", ["empty", "other-lessons", "not-notebooks"])
@@ -113,8 +113,8 @@ def test_an_empty_submissions_folder_is_an_error_that_says_what_it_expected(tmp_
         (incoming / "ada").mkdir()
         (incoming / "ada" / "notes.txt").write_text("hello")
     work = tmp_path / "work"
-    with pytest.raises(pipeline.NothingToGrade, match="student/lesson/notebook.ipynb"):
-        pipeline.grade(incoming, work, ["01-masks"], term_file="")
+    with pytest.raises(grade_class.NothingToGrade, match="student/lesson/notebook.ipynb"):
+        grade_class.grade(incoming, work, ["01-masks"], term_file="")
     assert not (work / "canary").exists()  # said before any canary ran
     assert main(["grade", str(incoming), "--work", str(work), "--lessons", "01-masks"]) == 2
     err = capsys.readouterr().err
@@ -130,9 +130,9 @@ def test_two_weekly_runs_leave_both_lessons_in_grades_csv(tmp_path, capsys):
     incoming, work = tmp_path / "incoming", tmp_path / "work"
     _submit(incoming, "ada", "02-attention")
     _submit(incoming, "bo", "02-attention", samples.untouched)
-    week1 = pipeline.grade(incoming, work, ["02-attention"], term_file=term_file, progress=True)
+    week1 = grade_class.grade(incoming, work, ["02-attention"], term_file=term_file, progress=True)
     _submit(incoming, "ada", "01-masks", samples.typical_mistakes)
-    week2 = pipeline.grade(incoming, work, ["01-masks"], term_file=term_file, progress=True)
+    week2 = grade_class.grade(incoming, work, ["01-masks"], term_file=term_file, progress=True)
     assert "2 notebooks of lessons not graded in this run skipped (02-attention: 2)" in capsys.readouterr().out
     rows = _rows(work / "grades.csv")
     assert set(rows) == {("ada", "01-masks"), ("ada", "02-attention"), ("bo", "02-attention")}

@@ -378,7 +378,7 @@ def grade_on_cluster(jobs, work: Path, db_url: str | None, scheduler: str, progr
     """Grade ``(student, lesson, notebook)`` jobs on the Dask cluster at ``scheduler`` (an address such as
     ``tcp://10.0.0.5:8786``, or a scheduler file); outcomes in the order of ``jobs``, scores those of local
     grading. The assignments and canaries must be there already (:func:`autograder.grading.pipeline.prepare`).
-    ``term_file`` and ``exchange`` as :func:`autograder.grading.pipeline.grade_many`'s."""
+    ``term_file`` and ``exchange`` as :func:`autograder.grading.grade_class.grade_many`'s."""
     from distributed import as_completed
     from distributed.scheduler import KilledWorker
 

@@ -1,10 +1,9 @@
 """A pool of grading processes: jobs in, outcomes out, a worker that dies costs nobody their grade.
 
 :func:`run_pool` runs ``task(job)`` for each job in ``workers`` fresh processes (``spawn``), each set up once by
-``initializer``; it knows nothing of grading. :func:`autograder.grading.pipeline.grade_many` is its one user: it hands
-in
-the grading of one notebook as the task, so the scores are those of sequential grading; only the order in which
-notebooks finish changes. Imports go one way: ``pipeline`` imports this module, never the other way round. What
+``initializer``; it knows nothing of grading. :func:`autograder.grading.grade_class.grade_many` is its one user: it
+hands in the grading of one notebook as the task, so the scores are those of sequential grading; only the order in
+which notebooks finish changes. Imports go one way: ``grade_class`` imports this module, never the other way round. What
 makes the pool safe for grading:
 
 - **processes, not threads**: ``TrustedExecute`` sets the harvest variable in ``os.environ`` and keeps per-notebook
