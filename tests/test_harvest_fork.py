@@ -18,7 +18,8 @@ import numpy as np
 import pytest
 
 from autograder.course import lessons, notebooks
-from autograder.course.checks.framework import run_judge, write_cases
+from autograder.course.checks.exercises import run_judge
+from autograder.course.checks.framework import write_cases
 from autograder.judge import verdicts
 from decoder_course import harvest
 

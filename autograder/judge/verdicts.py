@@ -26,15 +26,8 @@ from nbformat import NotebookNode
 
 from autograder.course import lessons
 from autograder.course.checks import framework
-from autograder.course.checks.framework import (
-    REGISTRY,
-    Case,
-    Exercise,
-    Result,
-    Verdict,
-    run_judge,
-    write_cases,
-)
+from autograder.course.checks.exercises import run_judge
+from autograder.course.checks.framework import REGISTRY, Case, Exercise, Result, Verdict, write_cases
 from autograder.judge import policy
 from decoder_course.guard import TAMPER
 from decoder_course.text import without_escapes

@@ -70,30 +70,6 @@ class Unobservable(Raised):
     that raised (autograder.course.checks.relative). Not a pass: a cell no check could see earns nothing."""
 
 
-def exercise(lesson: str, name: str):
-    """Register an exercise class under ``lesson`` and its graded cell id ``name`` (its points are the cell's, as
-    the solution marks them: :func:`autograder.course.lessons.points`)."""
-
-    def register(cls):
-        from autograder.course import lessons
-
-        cls.lesson, cls.name, cls.points = lesson, name, lessons.points(lesson).get(name, 1.0)
-        REGISTRY.setdefault(lesson, {})[name] = cls
-        if cls.uses:  # built on the student's other items: watch their calls (autograder.course.checks.relative)
-            make_cases = cls.cases
-
-            def cases(self, rng):
-                from autograder.course.checks import relative
-
-                return relative.watch(make_cases(self, rng), tuple(cls.uses))
-
-            cls.cases = cases
-        return cls
-
-    return register
-
-
-# -- building cases ---------------------------------------------------------------------------------------------
 @dataclass
 class Case:
     """One call sequence to run in the kernel, with the inputs kept for the reference."""
@@ -523,18 +499,6 @@ def name_mistake(description: str) -> None:
         named.append(description)
 
 
-def _not_attempted(result: Result | None) -> bool:
-    """Whether the student's code raised NotImplementedError on a case: the released stub, left as it was."""
-    for case_id in (result.cases if result is not None else {}):
-        try:
-            error = result.error(case_id)
-        except Fail:
-            continue
-        if error and error.strip().splitlines()[-1].startswith("NotImplementedError"):
-            return True
-    return False
-
-
 class Exercise:
     """Base class: subclasses set ``cases`` and ``judge``; ``lesson``, ``name`` and ``points`` come from @exercise."""
 
@@ -559,50 +523,6 @@ class Exercise:
 
     def judge(self, result: Result) -> None:
         raise NotImplementedError
-
-
-def _quotes_an_error(result: Result | None, message: str) -> bool:
-    """Whether a verdict quotes an exception the student's code raised on one of its cases."""
-    for case_id in (result.cases if result is not None else {}):
-        try:
-            error = result.error(case_id)
-        except Fail:
-            continue
-        if error and error.strip() and error.strip().splitlines()[-1] in message:
-            return True
-    return False
-
-
-def run_judge(ex: Exercise, folder: Path, cases: list[Case], passed: dict[str, bool] | None = None,
-              outputs: tuple | None = None) -> Verdict:
-    """Judge one exercise from the kernel's outputs in ``folder``; any failure becomes a teaching verdict.
-
-    ``passed`` holds the verdicts of the notebook's items judged before this one: an item built on the student's
-    other items (``uses``) whose building blocks all passed their own checks is judged by its own checks alone."""
-    result = None
-    named: list[str] = []
-    token = _NAMED.set(named)
-    try:
-        result = Result(folder, ex.name, cases, outputs)
-        if ex.uses:
-            from autograder.course.checks import relative
-
-            relative.judge(ex, result, passed)
-        else:
-            ex.judge(result)
-    except Fail as fail:
-        raised = isinstance(fail, Raised) or _quotes_an_error(result, str(fail))
-        mistake = "" if raised else fail.mistake or (named[-1] if named else "")
-        kind = (NOT_ATTEMPTED if raised and _not_attempted(result) else RAISED if raised else
-                WRONG_VALUES if fail.kind == OTHER and mistake else fail.kind)  # a property broken by a known mistake
-        return Verdict(False, str(fail), raised=raised, unobservable=isinstance(fail, Unobservable), kind=kind,
-                       mistake=mistake)
-    except Exception as exc:  # a grader bug must not look like the student's fault; say so plainly
-        return Verdict(False, f"the grader could not judge this exercise ({type(exc).__name__}: {exc}); "
-                              "tell your instructor.", kind=OTHER)
-    finally:
-        _NAMED.reset(token)
-    return Verdict(True, PASSED_MESSAGE.format(n=len(cases)))
 
 
 def each(cases: Iterable[Case], fn: Callable[[Case], None]) -> None:

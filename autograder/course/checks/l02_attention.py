@@ -13,8 +13,8 @@ judged relative to the student's own answers (``uses``, :mod:`autograder.course.
 from __future__ import annotations
 
 from autograder.course.checks import spec
+from autograder.course.checks.exercises import exercise
 from autograder.course.checks.find_the_bug import FindTheBug
-from autograder.course.checks.framework import exercise
 from autograder.course.reference import attention as ref
 from decoder_course.visible import l02_attention as visible
 

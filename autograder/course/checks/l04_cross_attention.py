@@ -15,7 +15,8 @@ import re
 import numpy as np
 
 from autograder.course.checks import judges, spec
-from autograder.course.checks.framework import Case, Exercise, Fail, Result, exercise, expect_close
+from autograder.course.checks.exercises import exercise
+from autograder.course.checks.framework import Case, Exercise, Fail, Result, expect_close
 from autograder.course.reference import cross_attention as ref
 from decoder_course.spec import Build, Keyword, agrees, compared, expected, hint_for, judge_items, what_of
 from decoder_course.visible import l04_cross_attention as visible

@@ -20,7 +20,8 @@ import numpy as np
 import torch
 
 from autograder.course.checks import judges
-from autograder.course.checks.framework import Case, Exercise, Fail, Raised, Result, exercise, expect_close
+from autograder.course.checks.exercises import exercise
+from autograder.course.checks.framework import Case, Exercise, Fail, Raised, Result, expect_close
 from autograder.course.reference import cross_attention as ref_cross
 from autograder.course.reference import decoder_layer as ref
 from autograder.course.reference import multi_head as ref_mh

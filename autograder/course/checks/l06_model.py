@@ -15,7 +15,8 @@ import numpy as np
 import torch
 
 from autograder.course.checks import judges, spec
-from autograder.course.checks.framework import Case, Exercise, Fail, Raised, Result, exercise, expect_close
+from autograder.course.checks.exercises import exercise
+from autograder.course.checks.framework import Case, Exercise, Fail, Raised, Result, expect_close
 from autograder.course.reference import model as ref
 from decoder_course.spec import Keyword
 from decoder_course.visible import l06_model as visible

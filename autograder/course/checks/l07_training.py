@@ -11,7 +11,8 @@ import torch
 import torch.nn.functional as F
 
 from autograder.course.checks import judges
-from autograder.course.checks.framework import Case, Exercise, Fail, Result, exercise
+from autograder.course.checks.exercises import exercise
+from autograder.course.checks.framework import Case, Exercise, Fail, Result
 from autograder.course.reference import training as ref_training
 from decoder_course.conventions import BOS, EOS, PAD
 

@@ -16,7 +16,8 @@ import numpy as np
 import torch
 
 from autograder.course.checks import judges, relative, spec
-from autograder.course.checks.framework import Case, Exercise, Fail, Result, exercise
+from autograder.course.checks.exercises import exercise
+from autograder.course.checks.framework import Case, Exercise, Fail, Result
 from autograder.course.reference import generation as ref
 from decoder_course.conventions import BOS, EOS
 from decoder_course.testing import ScriptedModel

@@ -20,7 +20,8 @@ import numpy as np
 import torch
 
 from autograder.course.checks import judges, spec
-from autograder.course.checks.framework import Case, Exercise, Fail, Result, exercise, expect_close
+from autograder.course.checks.exercises import exercise
+from autograder.course.checks.framework import Case, Exercise, Fail, Result, expect_close
 from autograder.course.reference import generation as ref_gen
 from autograder.course.reference import kv_cache as ref
 from autograder.course.reference.model import Seq2SeqTransformer

@@ -24,7 +24,8 @@ import numpy as np
 import torch
 
 from autograder.course.checks import spec
-from autograder.course.checks.framework import Case, Exercise, Fail, Result, exercise, expect_close
+from autograder.course.checks.exercises import exercise
+from autograder.course.checks.framework import Case, Exercise, Fail, Result, expect_close
 from autograder.course.checks.judges import diagnose, record_after, unchanged, value_error
 from autograder.course.reference import generation as ref_gen
 from autograder.course.reference import gpt as ref

@@ -16,7 +16,8 @@ import numpy as np
 import torch
 
 from autograder.course.checks import spec
-from autograder.course.checks.framework import Case, Exercise, Fail, Result, exercise, expect_close
+from autograder.course.checks.exercises import exercise
+from autograder.course.checks.framework import Case, Exercise, Fail, Result, expect_close
 from autograder.course.checks.judges import unchanged
 from autograder.course.reference import modern as ref
 from decoder_course.visible import l12_modern as visible

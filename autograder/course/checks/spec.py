@@ -21,7 +21,8 @@ from types import ModuleType
 import numpy as np
 
 from autograder.course.checks import framework, judges
-from autograder.course.checks.framework import REGISTRY, Case, Exercise, Fail, Raised, Result, exercise, expect_close
+from autograder.course.checks.exercises import exercise
+from autograder.course.checks.framework import REGISTRY, Case, Exercise, Fail, Raised, Result, expect_close
 from decoder_course.checks import CheckFailed, _is_tensor
 from decoder_course.spec import (
     Built,
