@@ -395,17 +395,45 @@ def _np_rows(rng: np.random.Generator) -> list[tuple]:
     return rows
 
 
+def _blocked(allowed: torch.Tensor | None, B: int, H: int) -> torch.Tensor | None:
+    """Our mask (True = may attend; (T, S) or (B, 1, T, S)) as PyTorch's (True = blocked; (T, S) or (B·H, T, S))."""
+    if allowed is None:
+        return None
+    allowed = torch.as_tensor(allowed, dtype=torch.bool)
+    if allowed.dim() == 2:
+        return ~allowed
+    return ~allowed.expand(B, H, *allowed.shape[-2:]).reshape(B * H, *allowed.shape[-2:])
+
+
+def stack_twin(init: dict, state: dict, inputs: dict, train: bool, layers: list[int] | None = None,
+                final_norm: bool = True, masked_memory: bool = True) -> torch.Tensor:
+    """nn.TransformerDecoder in float64 over twin layers with the same weights (``layers``: which of them, in order;
+    the flags make known mistakes). Lesson 06's stack check uses it; this lesson's NumPy layer is a stack of one."""
+    N, H, norm_first = init["n_layers"], init["n_heads"], init.get("norm_first", True)
+    twins_ = [twins.torch_twin({k.removeprefix(f"layers.{i}."): v for k, v in state.items()
+                                if k.startswith(f"layers.{i}.")}, "decoder", H, d_ff=init["d_ff"],
+                               norm_first=norm_first, dtype=torch.float64) for i in (layers or range(N))]
+    norm = None
+    if norm_first and final_norm:
+        norm = nn.LayerNorm(init["d_model"], dtype=torch.float64)
+        norm.load_state_dict({k: state[f"norm.{k}"].double() for k in ("weight", "bias")})
+    theirs = nn.TransformerDecoder(twins_[0], num_layers=len(twins_), norm=norm)
+    theirs.layers = nn.ModuleList(twins_)  # each layer its own weights
+    x, memory = inputs["x"].double(), inputs["memory"].double()
+    cross = inputs.get("cross_allowed") if masked_memory else None
+    return theirs.eval()(x, memory, tgt_mask=_blocked(inputs.get("self_allowed"), x.shape[0], H),
+                         memory_mask=_blocked(cross, x.shape[0], H))
+
+
 def _np_twin(args: dict, norm_first: bool) -> np.ndarray:
     """nn.TransformerDecoderLayer (float64) with the parameters' weights, on the row's inputs and masks."""
-    from decoder_course.visible.l06_model import _stack_twin  # lesson 06 builds on this module
-
     D, F_ = args["params"]["ff_W1"].shape
     state = {f"layers.0.{key}": np.asarray(args["params"][k]).T for k, key in NP_NAMES.items()}
     init = {"n_layers": 1, "n_heads": args["n_heads"], "d_ff": F_, "d_model": D, "norm_first": norm_first}
     inputs = {n: torch.from_numpy(np.asarray(args[n])) for n in ("x", "memory", "self_allowed", "cross_allowed")
               if args.get(n) is not None}
     with torch.no_grad():
-        return _stack_twin(init, state, inputs, False, final_norm=False).numpy()
+        return stack_twin(init, state, inputs, False, final_norm=False).numpy()
 
 
 def _np_twin_agrees(args: dict, got: np.ndarray, situation: str) -> None:

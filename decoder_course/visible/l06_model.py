@@ -28,7 +28,7 @@ from decoder_course.checks import (
     randomised,
 )
 from decoder_course.spec import Build, Keyword, ModuleSpec, Perturbed, Spec, run, run_module
-from decoder_course.visible.l05_decoder_layer import WIRING, random_state
+from decoder_course.visible.l05_decoder_layer import WIRING, random_state, stack_twin
 
 # -- sinusoidal_table ----------------------------------------------------------------------------------------
 ODD_WIDTH = ("With an odd D the even features 0, 2, ..., D - 1 are (D + 1) // 2 sines and the odd features D // 2 "
@@ -281,52 +281,22 @@ def _stack_rows(rng: np.random.Generator) -> list[Build]:
     return rows
 
 
-def _blocked(allowed: torch.Tensor | None, B: int, H: int) -> torch.Tensor | None:
-    """Our mask (True = may attend; (T, S) or (B, 1, T, S)) as PyTorch's (True = blocked; (T, S) or (B·H, T, S))."""
-    if allowed is None:
-        return None
-    allowed = torch.as_tensor(allowed, dtype=torch.bool)
-    if allowed.dim() == 2:
-        return ~allowed
-    return ~allowed.expand(B, H, *allowed.shape[-2:]).reshape(B * H, *allowed.shape[-2:])
-
-
-def _stack_twin(init: dict, state: dict, inputs: dict, train: bool, layers: list[int] | None = None,
-                final_norm: bool = True, masked_memory: bool = True) -> torch.Tensor:
-    """nn.TransformerDecoder in float64 over twin layers with the same weights (``layers``: which of them, in order;
-    the flags make known mistakes)."""
-    N, H, norm_first = init["n_layers"], init["n_heads"], init.get("norm_first", True)
-    twins_ = [twins.torch_twin({k.removeprefix(f"layers.{i}."): v for k, v in state.items()
-                                if k.startswith(f"layers.{i}.")}, "decoder", H, d_ff=init["d_ff"],
-                               norm_first=norm_first, dtype=torch.float64) for i in (layers or range(N))]
-    norm = None
-    if norm_first and final_norm:
-        norm = nn.LayerNorm(init["d_model"], dtype=torch.float64)
-        norm.load_state_dict({k: state[f"norm.{k}"].double() for k in ("weight", "bias")})
-    theirs = nn.TransformerDecoder(twins_[0], num_layers=len(twins_), norm=norm)
-    theirs.layers = nn.ModuleList(twins_)  # each layer its own weights
-    x, memory = inputs["x"].double(), inputs["memory"].double()
-    cross = inputs.get("cross_allowed") if masked_memory else None
-    return theirs.eval()(x, memory, tgt_mask=_blocked(inputs.get("self_allowed"), x.shape[0], H),
-                         memory_mask=_blocked(cross, x.shape[0], H))
-
-
 def _stack_variants(init: dict, state: dict, inputs: dict, train: bool = False) -> dict:
     N, last = init["n_layers"], init["n_layers"] - 1
     wrong = {}
     if init.get("norm_first", True):
         wrong["the pre-LN stack has no final LayerNorm: nothing normalises the residual stream after the last "
-              "layer, so self.norm = nn.LayerNorm(d_model)"] = _stack_twin(init, state, inputs, False, final_norm=False)
+              "layer, so self.norm = nn.LayerNorm(d_model)"] = stack_twin(init, state, inputs, False, final_norm=False)
     if N > 1:
         wrong["the stack is one layer, the first: each layer must read the previous layer's output (x = layer(x, "
-              "...))"] = _stack_twin(init, state, inputs, False, layers=[0])
+              "...))"] = stack_twin(init, state, inputs, False, layers=[0])
         wrong["only the last layer counts: each layer must read the previous layer's output, not the stack's "
-              "input x"] = _stack_twin(init, state, inputs, False, layers=[last])
+              "input x"] = stack_twin(init, state, inputs, False, layers=[last])
         wrong["every layer holds the last layer's weights: one layer object repeated n_layers times shares them; "
-              "build n_layers separate DecoderLayer objects"] = _stack_twin(init, state, inputs, False,
+              "build n_layers separate DecoderLayer objects"] = stack_twin(init, state, inputs, False,
                                                                           layers=[last] * N)
     if inputs.get("cross_allowed") is not None:
-        wrong["memory padding leaks: pass cross_allowed to every layer"] = _stack_twin(init, state, inputs, False,
+        wrong["memory padding leaks: pass cross_allowed to every layer"] = stack_twin(init, state, inputs, False,
                                                                                       masked_memory=False)
     return wrong
 
@@ -339,7 +309,7 @@ def _stack_names(init: dict) -> str:
 
 
 SPECS["Decoder"] = ModuleSpec(
-    "Decoder", _stack_rows, _stack_twin, names=_stack_names, dtype=lambda a: a["x"].dtype,
+    "Decoder", _stack_rows, stack_twin, names=_stack_names, dtype=lambda a: a["x"].dtype,
     shape=lambda a: a["x"].shape, axes="B, T, D", forbidden=("nn.TransformerDecoder", "nn.TransformerDecoderLayer"),
     variants=_stack_variants, rtol=1e-4, atol=1e-4, dropout="in the layers: pass dropout to them",
     hint="run the layers in order, each on the previous layer's output, all with the same memory and masks; then "
@@ -445,7 +415,7 @@ def _model_twin(init: dict, state: dict, inputs: dict, train: bool, scale: bool 
     if tgt_real is not None:
         self_allowed = self_allowed[None, None] & tgt_real[:, None, None, :]  # (B, 1, T, T)
     cross = None if src_real is None else src_real[:, None, None, :].expand(B, 1, T, S)  # (B, 1, T, S)
-    y = _stack_twin(sizes, {k.removeprefix("decoder."): v for k, v in w.items() if k.startswith("decoder.")},
+    y = stack_twin(sizes, {k.removeprefix("decoder."): v for k, v in w.items() if k.startswith("decoder.")},
                     {"x": w["tgt_embed.weight"][tgt] * factor + w["pos_encoding.pe"][:T], "memory": x,
                      "self_allowed": self_allowed, "cross_allowed": cross}, False)
     return F.linear(y, w["out_proj.weight"], w["out_proj.bias"])  # (B, T, V)
