@@ -40,18 +40,7 @@ if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 os.environ.setdefault("MPLBACKEND", "Agg")
 
-SECTIONS = {
-    "notebooks": "1. Solution notebooks, top to bottom, fresh kernel",
-    "grading": "2. Autograde cost per notebook: this pipeline vs plain nbgrader",
-    "class": "3. A class of synthetic students × all lessons: sequential vs 2 workers",
-    "training": "4. Lesson 07's toy task: CPU training to ≥ 99 % held-out exact match",
-    "kv-cache": "5. Lesson 09: KV-cache speed-up",
-    "attention": "6. Reference attention and decoder layer vs PyTorch",
-    "dask": "7. The class on a Dask cluster of two local workers vs local grading",
-    "guard": "8. The run-time policy guard: its cost per notebook",
-    "report": "9. The class report for 100 students × 13 lessons",
-    "catch_rate": "10. The corpus of realistic mistakes: what the visible and hidden checks catch",
-}
+from bench.publish import SECTIONS  # noqa: E402 (the checkout on sys.path first)
 
 
 def section(name: str, args) -> str:

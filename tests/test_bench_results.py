@@ -4,7 +4,7 @@ import json
 import re
 
 from bench import publish
-from bench.__main__ import SECTIONS
+from bench.publish import SECTIONS
 from tests.conftest import ROOT
 
 
