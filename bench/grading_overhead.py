@@ -11,7 +11,7 @@ The same submission (the lesson's reference solutions typed into the release) is
 - **trusted + sandbox**, twice: our pipeline as it grades (the kernel in bubblewrap), for a student's **first**
   notebook (grading as root, the student's warm sandbox starts: its zygote imports torch and the rest once) and
   for a student's **next** one (the warm sandbox's zygote forks the kernel; see
-  ``autograder.sandbox.launch.WarmSandbox``);
+  ``autograder.sandbox.warm.WarmSandbox``);
   without root both are cold sandboxes;
 
 each in its own work folder, side by side: every round runs the three in a rotated order, and the table gives
@@ -44,6 +44,7 @@ from nbgrader.coursedir import CourseDirectory  # noqa: E402
 from autograder.course import notebooks, samples  # noqa: E402
 from autograder.grading import pipeline  # noqa: E402
 from autograder.sandbox import launch as sandbox  # noqa: E402
+from autograder.sandbox import warm  # noqa: E402
 from bench import hostile_neighbour  # noqa: E402
 
 STUDENT = "bench"
@@ -119,13 +120,13 @@ def main(argv: list[str] | None = None) -> None:
             for name in order:
                 grader = variants[name]
                 if name == FIRST:
-                    sandbox.retire_warm()  # not timed: the student's sandbox starts in the autograde below
+                    warm.retire_warm()  # not timed: the student's sandbox starts in the autograde below
                 g = timed(lambda grader=grader: grader.autograde(args.lesson, STUDENT, force=True, create=True))
                 f = timed(lambda grader=grader: grader.generate_feedback(args.lesson, STUDENT, force=True))
                 if round_:
                     grade[name].append(g)
                     feedback[name].append(f)
-        sandbox.retire_warm()
+        warm.retire_warm()
         scores = {}
         for name, grader in variants.items():
             with Gradebook(grader.coursedir.db_url, pipeline.COURSE_ID) as gb:
@@ -139,7 +140,7 @@ def main(argv: list[str] | None = None) -> None:
                 return f"{sub.score:g}/{sub.max_score:g}"
 
         beside = hostile_neighbour.report(classmate, args.lesson, args.repeats)
-        sandbox.retire_warm()
+        warm.retire_warm()
     plain_start, boxed_start = startup(max(5, args.repeats))
     base = statistics.median(grade[names[0]])
     print(f"### Grading one `{args.lesson}` notebook ({args.repeats} rounds, medians; "

@@ -19,6 +19,7 @@ from dataclasses import replace
 import pytest
 
 from autograder.sandbox import launch as sandbox
+from autograder.sandbox import warm
 
 pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="the grader mounts capped file systems as root only")
 
@@ -244,7 +245,7 @@ def test_mounts_are_released_even_when_nothing_else_cleans_up(tmp_path):
 def test_a_tree_too_deep_to_walk_retires_the_warm_sandbox_and_costs_no_grade(tmp_path):
     """A notebook leaves a tree nobody can walk (deeper than Python's recursion and PATH_MAX): emptying fails,
     the kernel's count shows it, the sandbox is retired (no grade involved); the next one starts clean."""
-    box = sandbox.WarmSandbox(tmp_path / "warm", replace(LIMITS, inodes=3000), student="s")
+    box = warm.WarmSandbox(tmp_path / "warm", replace(LIMITS, inodes=3000), student="s")
     box.start()
     try:
         assert box.fresh, "the warm sandbox recorded no fresh state"
@@ -262,7 +263,7 @@ for place in ("/tmp", "/harvest/outputs"):
         assert box.retired, "a sandbox still holding the previous notebook's tree was kept for the next one"
     finally:
         box.retire()
-    fresh = sandbox.WarmSandbox(tmp_path / "warm2", LIMITS, student="s")
+    fresh = warm.WarmSandbox(tmp_path / "warm2", LIMITS, student="s")
     fresh.start()
     try:
         assert sandbox.usage(fresh.space).used_inodes == fresh.fresh[f"{sandbox.HOME}, /tmp and /dev/shm inodes"]

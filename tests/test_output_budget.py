@@ -23,7 +23,7 @@ from nbformat import NotebookNode
 
 from autograder.judge import preprocessors as plugins
 from autograder.judge.preprocessors import OutputBudget, TrustedExecute, message_bytes, message_charge
-from autograder.sandbox import launch as sandbox
+from autograder.sandbox import kernel as sandbox_kernel
 from tests.test_ready_client import _Manager
 
 CAP = 1 << 20  # the cell limit, and so the largest frame the grader's sockets accept
@@ -242,7 +242,7 @@ def test_a_reply_over_the_cap_stops_the_notebook_with_a_message():
     payload = ("get_ipython().payload_manager.write_payload({'source': 'page', 'start': 0, "
                "'data': {'text/plain': 'p' * (16 << 20)}})")
     nb, seconds, raised = _run("print('before')", payload, "print('after')")
-    assert isinstance(raised, sandbox.ConnectionDropped), raised
+    assert isinstance(raised, sandbox_kernel.ConnectionDropped), raised
     assert "limit of a cell on its shell channel" in str(raised)
     assert _texts(nb.cells[0]) == ["before\n"] and _texts(nb.cells[2]) == []
     assert seconds < 25, f"{seconds:.0f} s: the grader waited on a closed connection"
@@ -264,7 +264,7 @@ def _peak_kb(pid: int) -> int | None:
 
 
 def test_the_relay_passes_messages_and_bounds_what_one_message_costs(tmp_path):
-    """A stand-in kernel (plain sockets) behind a :class:`sandbox.KernelRelay`: messages pass both ways; one
+    """A stand-in kernel (plain sockets) behind a :class:`sandbox_kernel.KernelRelay`: messages pass both ways; one
     message of 400 parts of 512 KB (200 MB, each part under the frame cap) costs the relay at most its spare
     memory, never the grader, whose connection closes (to be opened again by its channel)."""
     import zmq
@@ -275,8 +275,8 @@ def test_the_relay_passes_messages_and_bounds_what_one_message_costs(tmp_path):
     pub, shell = context.socket(zmq.PUB), context.socket(zmq.ROUTER)
     pub.bind(f"ipc://{kernel_ip}-2")
     shell.bind(f"ipc://{kernel_ip}-1")
-    relay = sandbox.KernelRelay(kernel_ip, ports, CAP, 32 << 20)
-    grader = sandbox.capped_context(CAP)
+    relay = sandbox_kernel.KernelRelay(kernel_ip, ports, CAP, 32 << 20)
+    grader = sandbox_kernel.capped_context(CAP)
 
     async def talk():
         sub, dealer = grader.socket(zmq.SUB), grader.socket(zmq.DEALER)

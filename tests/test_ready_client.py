@@ -1,4 +1,4 @@
-"""autograder.sandbox.launch.ReadyClient: ready without jupyter_client's 0.2 s IOPub flush, and no stray output from it.
+"""autograder.sandbox.kernel.ReadyClient: ready without jupyter_client's 0.2 s IOPub flush, and no stray output from it.
 
 What ``kernel_info`` leaves on IOPub when the client skips the flush (the kernel's status messages) must not reach
 a cell's outputs, and a kernel that died must still be reported, not waited on for ever."""
@@ -14,7 +14,7 @@ from jupyter_client.kernelspec import KernelSpec
 from jupyter_client.manager import AsyncKernelManager
 from nbclient import NotebookClient
 
-from autograder.sandbox.launch import ReadyClient
+from autograder.sandbox.kernel import ReadyClient
 
 
 class _Manager(AsyncKernelManager):
@@ -57,7 +57,8 @@ def test_the_grading_kernel_manager_uses_it(tmp_path):
 
     import zmq
 
-    from autograder.sandbox.launch import QUEUED_MESSAGES, Limits, SandboxedKernelManager
+    from autograder.sandbox.kernel import QUEUED_MESSAGES, SandboxedKernelManager
+    from autograder.sandbox.launch import Limits
 
     km = SandboxedKernelManager(SimpleNamespace(kernel_dir=tmp_path, limits=Limits(cell_output_bytes=123456)))
     assert km.client_factory is ReadyClient

@@ -1,4 +1,4 @@
-"""Warm sandboxes (autograder.sandbox.launch.WarmSandbox): one per student, a zygote that imported the libraries once
+"""Warm sandboxes (autograder.sandbox.warm.WarmSandbox): one per student, a zygote that imported the libraries once
 forks each notebook's kernel. A notebook must start from what a cold sandbox gives it, no two students may share
 one, no kernel may stop its zygote, and the scores must be those of cold grading."""
 
@@ -17,7 +17,7 @@ from nbgrader.coursedir import CourseDirectory
 
 from autograder.course import samples
 from autograder.grading import pipeline
-from autograder.sandbox import cgroups
+from autograder.sandbox import cgroups, warm
 from autograder.sandbox import launch as sandbox
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -73,12 +73,12 @@ def course(tmp_path_factory):
     sandbox.check_available()
     work = tmp_path_factory.mktemp("warm") / "work"
     pipeline.prepare(work, LESSONS)
-    sandbox.retire_warm()  # the canary's
+    warm.retire_warm()  # the canary's
     cold_config = pipeline.nbgrader_config(work)
     cold_config.TrustedExecute.warm = False
     cold = NbGraderAPI(coursedir=CourseDirectory(config=cold_config), config=cold_config)
     yield {"work": work, "warm": pipeline.api(work), "cold": cold, "incoming": work.parent / "incoming"}
-    sandbox.retire_warm()
+    warm.retire_warm()
 
 
 def _grade(course, student: str, lesson: str, nb, which: str = "warm"):
@@ -104,25 +104,25 @@ def _has_image(graded) -> bool:
 
 
 def test_warm_sandboxes_are_used_where_they_can_be(course):
-    assert sandbox.warm_possible() == (os.geteuid() == 0)
+    assert warm.warm_possible() == (os.geteuid() == 0)
     _grade(course, "w0", "01-masks", samples.perfect("01-masks"))
-    box = getattr(sandbox._WARM, "box", None)
-    if sandbox.warm_possible():
-        assert isinstance(box, sandbox.WarmSandbox) and box.student == "w0" and box.alive()
+    box = getattr(warm._WARM, "box", None)
+    if warm.warm_possible():
+        assert isinstance(box, warm.WarmSandbox) and box.student == "w0" and box.alive()
     else:
         assert box is None, "without root every notebook gets a cold sandbox"
 
 
-@pytest.mark.skipif(not sandbox.warm_possible(), reason="warm sandboxes need grading as root (cold ones are used)")
+@pytest.mark.skipif(not warm.warm_possible(), reason="warm sandboxes need grading as root (cold ones are used)")
 def test_a_students_next_notebook_starts_from_what_a_cold_sandbox_gives(course, monkeypatch):
     monkeypatch.delenv("MPLBACKEND", raising=False)  # the kernel draws inline, as for a student (conftest: Agg)
     nb = _with_cell(samples.perfect("01-masks"), PROBE)
     first, graded_first = _grade(course, "w1", "01-masks", nb)
-    box = sandbox._WARM.box
+    box = warm._WARM.box
     zygote, outer = box.zygote, box.outer
     second, graded_second = _grade(course, "w1", "05-decoder-layer", _with_cell(samples.perfect("05-decoder-layer"),
                                                                                 PROBE))
-    assert sandbox._WARM.box is box and box.zygote == zygote and box.outer is outer and box.notebooks == 2, (
+    assert warm._WARM.box is box and box.zygote == zygote and box.outer is outer and box.notebooks == 2, (
         "the student's second notebook did not reuse the warm sandbox: this test would prove nothing")
     assert (first.score, first.max_score) == (4, 4) and (second.score, second.max_score) == (8, 8), (first, second)
     for graded in (graded_first, graded_second):
@@ -134,7 +134,7 @@ def test_a_students_next_notebook_starts_from_what_a_cold_sandbox_gives(course, 
         assert _has_image(graded), "a plot in a cell the student added does not show (inline backend)"
 
 
-@pytest.mark.skipif(not sandbox.warm_possible(), reason="warm sandboxes need grading as root (cold ones are used)")
+@pytest.mark.skipif(not warm.warm_possible(), reason="warm sandboxes need grading as root (cold ones are used)")
 def test_a_notebooks_ipc_objects_are_gone_in_the_next_notebook_of_its_warm_sandbox(course):
     """Each kernel the zygote forks has an IPC namespace of its own (SysV and POSIX objects go with the notebook,
     not with the sandbox), then runs under the kernel's syscall profile on top of the zygote's."""
@@ -143,7 +143,7 @@ def test_a_notebooks_ipc_objects_are_gone_in_the_next_notebook_of_its_warm_sandb
         outcome, graded = _grade(course, "w8", lesson, _with_cell(samples.perfect(lesson), IPC_PROBE))
         assert outcome.score == outcome.max_score, outcome
         seen.append(_probe(graded, "IPC"))
-    box = sandbox._WARM.box
+    box = warm._WARM.box
     assert box.student == "w8" and box.notebooks == 3, "the notebooks did not share a warm sandbox"
     for n, got in enumerate(seen):
         assert got["left"] == {"shm": [], "sem": [], "msg": [], "shmget by key": -1, "mq_open": -1, "/dev/shm": []}, (
@@ -157,18 +157,18 @@ def test_a_notebooks_ipc_objects_are_gone_in_the_next_notebook_of_its_warm_sandb
     assert all(got["namespace"] != zygote for got in seen), "a kernel shared its zygote's IPC namespace"
 
 
-@pytest.mark.skipif(not sandbox.warm_possible(), reason="warm sandboxes need grading as root (cold ones are used)")
+@pytest.mark.skipif(not warm.warm_possible(), reason="warm sandboxes need grading as root (cold ones are used)")
 def test_no_two_students_share_a_sandbox(course):
     _grade(course, "w2", "01-masks", samples.perfect("01-masks"))
-    box = sandbox._WARM.box
+    box = warm._WARM.box
     _grade(course, "w3", "01-masks", samples.perfect("01-masks"))
-    other = sandbox._WARM.box
+    other = warm._WARM.box
     assert other is not box and other.student == "w3" and other.pid_ns != box.pid_ns
     assert box.retired and box.outer.poll() is not None and not box.scratch.exists(), "w2's sandbox lives on"
     assert box._all() == [], "a process of w2's sandbox survived"
 
 
-@pytest.mark.skipif(not sandbox.warm_possible(), reason="warm sandboxes need grading as root (cold ones are used)")
+@pytest.mark.skipif(not warm.warm_possible(), reason="warm sandboxes need grading as root (cold ones are used)")
 def test_a_kernel_that_kills_all_it_can_costs_its_own_item_and_not_the_next_notebook(course):
     attack = (ROOT / "tests" / "adversarial" / "kill_grader.py").read_text().split('"""', 2)[2]
     nb = samples.perfect("01-masks")
@@ -176,25 +176,25 @@ def test_a_kernel_that_kills_all_it_can_costs_its_own_item_and_not_the_next_note
         if cell.cell_type == "code" and "def causal_mask" in cell.source:
             cell.source = "import numpy as np\n" + attack
     hit, _ = _grade(course, "w4", "01-masks", nb)
-    box = sandbox._WARM.box
+    box = warm._WARM.box
     after, _ = _grade(course, "w4", "01-masks", samples.perfect("01-masks"))
     assert (hit.score, after.score) == (3, 4), (hit, after)
-    assert sandbox._WARM.box is box and box.notebooks == 2, "the kernel stopped its zygote (or the sandbox retired)"
+    assert warm._WARM.box is box and box.notebooks == 2, "the kernel stopped its zygote (or the sandbox retired)"
 
 
-@pytest.mark.skipif(not sandbox.warm_possible(), reason="warm sandboxes need grading as root (cold ones are used)")
+@pytest.mark.skipif(not warm.warm_possible(), reason="warm sandboxes need grading as root (cold ones are used)")
 def test_a_prestarted_sandbox_is_the_one_the_notebook_gets_and_never_another_students(course):
-    sandbox.retire_warm()
+    warm.retire_warm()
     limits = sandbox.Limits(**course["warm"].config.TrustedExecute.limits)
-    sandbox.prestart_warm("w6", limits)
-    box = sandbox._WARM.box
+    warm.prestart_warm("w6", limits)
+    box = warm._WARM.box
     assert box.student == "w6" and not box.ready, "prestart_warm waited for the zygote: nothing overlaps it"
-    sandbox.prestart_warm("w6", limits)
-    assert sandbox._WARM.box is box, "a second prestart for the same student replaced the sandbox"
-    sandbox.prestart_warm("w7", limits)
-    assert sandbox._WARM.box is not box and box.retired, "another student's prestart kept w6's sandbox"
+    warm.prestart_warm("w6", limits)
+    assert warm._WARM.box is box, "a second prestart for the same student replaced the sandbox"
+    warm.prestart_warm("w7", limits)
+    assert warm._WARM.box is not box and box.retired, "another student's prestart kept w6's sandbox"
     outcome, _ = _grade(course, "w7", "01-masks", samples.perfect("01-masks"))
-    assert sandbox._WARM.box.student == "w7" and sandbox._WARM.box.notebooks == 1 and outcome.score == 4, outcome
+    assert warm._WARM.box.student == "w7" and warm._WARM.box.notebooks == 1 and outcome.score == 4, outcome
 
 
 @pytest.mark.parametrize("lesson", LESSONS)
@@ -223,9 +223,9 @@ def _verdicts(graded) -> list[str]:
 
 def test_nothing_of_a_warm_sandbox_outlives_it(course):
     _grade(course, "w5", "01-masks", samples.perfect("01-masks"))
-    box = getattr(sandbox._WARM, "box", None)
-    sandbox.retire_warm()
-    assert getattr(sandbox._WARM, "box", None) is None
+    box = getattr(warm._WARM, "box", None)
+    warm.retire_warm()
+    assert getattr(warm._WARM, "box", None) is None
     if box is not None:
         assert box.outer.poll() is not None and box._all() == [] and not box.scratch.exists()
 
@@ -234,7 +234,7 @@ def test_nothing_of_a_warm_sandbox_outlives_it(course):
 SHM_HOG = (ROOT / "tests" / "adversarial" / "memory_sysv_shm.py").read_text().split('"""', 2)[2]
 
 
-@pytest.mark.skipif(not sandbox.warm_possible(), reason="warm sandboxes need grading as root (cold ones are used)")
+@pytest.mark.skipif(not warm.warm_possible(), reason="warm sandboxes need grading as root (cold ones are used)")
 def test_a_notebook_past_its_sandboxs_memory_costs_its_items_and_the_next_notebook_gets_a_fresh_sandbox(course):
     limits = sandbox.Limits(**course["warm"].config.TrustedExecute.limits)
     course["tight"] = pipeline.api(course["work"], limits=replace(limits, sandbox_memory_bytes=768 << 20))
@@ -243,14 +243,14 @@ def test_a_notebook_past_its_sandboxs_memory_costs_its_items_and_the_next_notebo
         if cell.cell_type == "code" and "def combine_masks" in cell.source:
             cell.source = SHM_HOG + cell.source
     hit, graded = _grade(course, "w8", "01-masks", nb, "tight")
-    box = sandbox._WARM.box
+    box = warm._WARM.box
     assert box.retired and box.cgroup is None, "the sandbox that hit its memory limit was kept, or its group"
     assert _item_scores(course, "01-masks", "w8") == {"causal_mask": 1.0, "padding_mask": 1.0, "combine_masks": 0.0,
                                                        "mask_to_bias": 0.0}, hit
     assert any("used more than the 768 MB of memory" in verdict for verdict in _verdicts(graded))
     assert any("reached the sandbox's memory limit" in note for note in hit.notes), hit.notes
     after, _ = _grade(course, "w8", "01-masks", samples.perfect("01-masks"), "tight")
-    fresh = sandbox._WARM.box
+    fresh = warm._WARM.box
     assert after.score == 4 and fresh is not box and fresh.notebooks == 1, "the next notebook got no fresh sandbox"
     memory = cgroups.hierarchy().parents["memory"]
     groups = [folder for folder in memory.iterdir() if folder.name.startswith(f"{cgroups.PREFIX}{os.getpid()}-")]

@@ -41,7 +41,8 @@ from autograder.grading.pipeline import (
 from autograder.intake import submissions as intake
 from autograder.pages import report
 from autograder.sandbox import cgroups
-from autograder.sandbox.launch import Limits, check_available, retire_all, retire_warm
+from autograder.sandbox.launch import Limits, check_available
+from autograder.sandbox.warm import retire_all, retire_warm
 from autograder.term import integrity
 from autograder.term import schedule as term_module
 from decoder_course.text import shown

@@ -35,7 +35,9 @@ from autograder.course import notebooks
 from autograder.course.checks import framework
 from autograder.course.checks.framework import write_cases
 from autograder.judge import verdicts
+from autograder.sandbox import kernel as sandbox_kernel
 from autograder.sandbox import launch as sandbox
+from autograder.sandbox import warm as warm_sandboxes
 from decoder_course.harvest import ENV_VAR
 from decoder_course.text import csv_writer, shown
 
@@ -169,10 +171,10 @@ class TrustedExecute(Execute):
     def prestart(cls, config, student: str) -> None:
         """Launch ``student``'s warm sandbox now, as this configuration would have :meth:`preprocess` ask for it,
         so that its zygote imports while nbgrader does its own work before the kernel (see
-        :func:`autograder.sandbox.launch.prestart_warm`); nothing when sandboxes or warm ones are off."""
+        :func:`autograder.sandbox.warm.prestart_warm`); nothing when sandboxes or warm ones are off."""
         execute = cls(config=config)
         if execute.sandbox and execute.warm:
-            sandbox.prestart_warm(student, sandbox.Limits(**execute.limits))
+            warm_sandboxes.prestart_warm(student, sandbox.Limits(**execute.limits))
 
     def _secret(self) -> bytes:
         path = Path(self.secret_file or os.environ.get("DECODER_COURSE_SECRET_FILE", ".grading/secret"))
@@ -186,7 +188,7 @@ class TrustedExecute(Execute):
     def create_kernel_manager(self):
         if self._box is None:
             return super().create_kernel_manager()
-        self.km = sandbox.SandboxedKernelManager(self._box, config=self.config)
+        self.km = sandbox_kernel.SandboxedKernelManager(self._box, config=self.config)
         return self.km
 
     def preprocess_cell(self, cell, resources, index):
@@ -291,11 +293,11 @@ class TrustedExecute(Execute):
 
     async def _async_poll_output_msg(self, parent_msg_id, cell, cell_index):
         """Read the cell's IOPub messages. A frame over the message cap closes the connection (see
-        :class:`sandbox.CappedChannel`), and what the kernel sent meanwhile is lost, its idle status perhaps: the
+        :class:`sandbox_kernel.CappedChannel`), and what the kernel sent meanwhile is lost, its idle status perhaps: the
         cell's output ends there, noted, and nbclient waits for its reply alone (a dead kernel it reports itself)."""
         try:
             await super()._async_poll_output_msg(parent_msg_id, cell, cell_index)
-        except sandbox.ConnectionDropped:
+        except sandbox_kernel.ConnectionDropped:
             if not await self._kernel_ended():
                 self._budget.close(cell_index)
                 self._drop("message", cell, cell_index)
@@ -305,12 +307,12 @@ class TrustedExecute(Execute):
         try:
             return await super()._async_poll_for_reply(msg_id, cell, timeout, task_poll_output_msg,
                                                        task_poll_kernel_alive)
-        except sandbox.ConnectionDropped:
+        except sandbox_kernel.ConnectionDropped:
             task_poll_output_msg.cancel()
             task_poll_kernel_alive.cancel()
             if await self._kernel_ended():
                 raise DeadKernelError("Kernel died") from None
-            raise sandbox.ConnectionDropped(
+            raise sandbox_kernel.ConnectionDropped(
                 f"the kernel sent a message over the {self._limits.cell_output_bytes / 2**20:g} MB output limit "
                 "of a cell on its shell channel, whose connection was closed") from None
 
@@ -357,7 +359,7 @@ class TrustedExecute(Execute):
                 summary = "passed" if verdict.passed else "failed: " + verdict.message.splitlines()[0][:160]
                 self._note(f"{item}: {summary}", logging.INFO)
         finally:
-            if isinstance(self._box, sandbox.WarmSandbox):
+            if isinstance(self._box, warm_sandboxes.WarmSandbox):
                 self._box.finish_notebook()
             elif self._box is not None:
                 self._box.release()  # its capped file systems, before their folders go
@@ -381,15 +383,15 @@ class TrustedExecute(Execute):
         self._malformed_cells: set[int] = set()  # cells whose malformed message was noted
 
     def _sandbox(self, scratch: Path) -> sandbox.Sandbox | None:
-        """This notebook's sandbox: the student's warm one (see :class:`autograder.sandbox.launch.WarmSandbox`), or a
+        """This notebook's sandbox: the student's warm one (see :class:`autograder.sandbox.warm.WarmSandbox`), or a
         cold one of its own when warm sandboxes are off or the warm one cannot start."""
         if not self.sandbox:
             return None
-        if self.warm and sandbox.warm_possible():
+        if self.warm and warm_sandboxes.warm_possible():
             try:
                 uses_torch = any(_IMPORTS_TORCH.search(cell.source) for cell in self._nb.cells
                                  if cell.cell_type == "code")  # only how soon its kernel starts
-                return sandbox.warm_sandbox(self._student, self._limits, uses_torch)
+                return warm_sandboxes.warm_sandbox(self._student, self._limits, uses_torch)
             except (sandbox.SandboxUnavailable, OSError, RuntimeError) as exc:
                 self._note(f"the student's warm sandbox could not start ({shown(str(exc))[:200]}): a cold one "
                            "was used", logging.INFO)
