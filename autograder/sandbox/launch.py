@@ -1,11 +1,13 @@
 """The student's kernel runs inside a bubblewrap sandbox: what it may see, write and use, and how it is stopped.
 
-One :class:`Sandbox` per graded notebook, or, grading as root, one :class:`WarmSandbox` per student: the same
-bwrap sandbox, whose first process is a root *zygote* that imported the lessons' libraries once and forks each of
-the student's notebooks a kernel (see that class for what is reset between two notebooks).
-:class:`SandboxedKernelManager` is jupyter_client's kernel manager with one change: the kernel command is wrapped
-in ``bwrap`` (see :meth:`Sandbox.command`), or the kernel is the zygote's fork. nbclient, nbgrader and the kernel
-itself are unchanged; ``TrustedExecute`` builds the sandbox and hands its kernel manager to nbclient.
+One :class:`Sandbox` per graded notebook, or, grading as root, one
+:class:`~autograder.sandbox.warm.WarmSandbox` per student: the same bwrap sandbox, whose first process is a root
+*zygote* (:mod:`autograder.sandbox.zygote`) that imported the lessons' libraries once and forks each of the
+student's notebooks a kernel (see that class for what is reset between two notebooks).
+:class:`~autograder.sandbox.kernel.SandboxedKernelManager` is jupyter_client's kernel manager with one change: the
+kernel command is wrapped in ``bwrap`` (see :meth:`Sandbox.command`), or the kernel is the zygote's fork.
+nbclient, nbgrader and the kernel itself are unchanged; ``TrustedExecute`` builds the sandbox and hands its kernel
+manager to nbclient.
 
 Inside the sandbox
     - no network (``--unshare-net``): the kernel's ZMQ channels use the ``ipc`` transport, socket files in the
