@@ -37,8 +37,8 @@ Importing the package, its data and its NumPy checks never imports torch: lesson
 """
 
 import os
-import sys
 
+from decoder_course import notebook_figures
 from decoder_course.conventions import BOS, DIMENSIONS, EOS, PAD, SPECIAL_TOKENS
 from decoder_course.devices import device
 
@@ -55,29 +55,20 @@ def grading() -> bool:
 
 
 def _figure_html(fig) -> dict:
-    """A matplotlib figure's ``text/html`` form: an ``<img>`` with its description as ``alt``
-    (:func:`decoder_course.plots.figure_html`); nothing for an empty figure."""
-    from decoder_course import plots
+    """A matplotlib figure's ``text/html`` form (:func:`decoder_course.figure_text.figure_mimebundle`); that
+    module, and so matplotlib, imported only once a figure is shown."""
+    from decoder_course import figure_text
 
-    page = plots.figure_html(fig)
-    return {"text/html": page} if page else {}
+    return figure_text.figure_mimebundle(fig)
 
 
 def describe_figures_in_notebooks() -> bool:
     """Show every matplotlib figure of this kernel with a text description a screen reader gets: its ``text/html``
-    form becomes an ``<img>`` with ``alt`` (JupyterLab prefers it to the PNG, whose renderer writes no ``alt``).
-    Registered by name, so matplotlib is not imported here, with IPython's mime-bundle formatter, which the inline
-    backend leaves alone (it removes every per-type formatter of ``Figure`` whenever it sets its formats, as on
-    pyplot's import); the PNG and the text still come from the usual formatters. A figure drawn with ``plt``
-    directly is described from what it holds (:func:`decoder_course.plots.figure_description`). Run when the
-    package is imported in a kernel; True when it was registered."""
-    ipython = sys.modules.get("IPython")
-    shell = ipython.get_ipython() if ipython is not None else None
-    formatter = getattr(getattr(shell, "display_formatter", None), "mimebundle_formatter", None)
-    if formatter is None:
-        return False
-    formatter.for_type_by_name("matplotlib.figure", "Figure", _figure_html)
-    return True
+    form becomes an ``<img>`` with ``alt`` (JupyterLab prefers it to the PNG, whose renderer writes no ``alt``); the
+    PNG and the text still come from the usual formatters. A figure drawn with ``plt`` directly is described from
+    what it holds (:func:`decoder_course.figure_text.figure_description`). Run when the package is imported in a kernel;
+    True when it was registered (:func:`decoder_course.notebook_figures.register`)."""
+    return notebook_figures.register(_figure_html)
 
 
 describe_figures_in_notebooks()
