@@ -3,7 +3,7 @@
 The corpus is :func:`autograder.course.mutants.of` (the reference modules' ``MISTAKES`` tables and the ``mNN_*.py``
 whole
 wrong answers). Each mistake is typed after the lesson's reference, as a student's wrong cell would be, and judged
-twice (:func:`autograder.course.mutants.catch`, the code tests/test_hidden_checks.py and
+twice (:func:`autograder.judge.corpus.catch`, the code tests/test_hidden_checks.py and
 tests/test_visible_catch_rate.py
 run): by the hidden checks, as graded, and by its item's visible test cell, as the student runs it. Two rates per
 lesson and overall:
@@ -30,13 +30,14 @@ def run(quick: bool = False) -> str:
     import matplotlib
 
     matplotlib.use("Agg")  # some visible test cells draw
-    from autograder.course import lessons, mutants
+    from autograder.course import lessons
+    from autograder.judge import corpus
 
     rows, everything, missed, spilled = [], [], [], []
     for lesson in lessons.ids():
-        caught = mutants.catch(lesson, first_of_each=quick)
+        caught = corpus.catch(lesson, first_of_each=quick)
         everything += caught
-        counted = mutants.rates(caught)
+        counted = corpus.rates(caught)
         rows.append([lesson, len(lessons.exercises(lesson)), counted["mistakes"],
                      _percent(counted["visible"], counted["hidden"]), _percent(counted["strict"],
                                                                                counted["mistakes"])])
@@ -44,7 +45,7 @@ def run(quick: bool = False) -> str:
         spilled += [f"{lesson} `{c['item']}`: {c['description']}"
                     + (f" (also cost {', '.join(c['others'])})" if c["others"] else " (its own item passed)")
                     for c in caught if c["others"] or not c["hidden"]]
-    total = mutants.rates(everything)
+    total = corpus.rates(everything)
     rows.append(["**all**", sum(len(lessons.exercises(lesson)) for lesson in lessons.ids()), total["mistakes"],
                  f"**{_percent(total['visible'], total['hidden'])}**",
                  f"**{_percent(total['strict'], total['mistakes'])}**"])

@@ -13,7 +13,7 @@ import pytest
 
 from autograder.course import lessons, mutants, notebooks, samples
 from autograder.course.checks.framework import Exercise
-from autograder.judge import verdicts
+from autograder.judge import corpus, verdicts
 
 LESSONS = lessons.ids()
 
@@ -114,7 +114,7 @@ def test_a_bare_comparison_does_not_name_an_idea():
 @pytest.mark.parametrize("lesson,index", list(_mutant_cases()))
 def test_wrong_answer_loses_its_item_and_no_other(lesson, index):
     item, description, replacement = _mutants(lesson)[index]
-    decided = mutants.hidden_verdicts(lesson, replacement)
+    decided = corpus.hidden_verdicts(lesson, replacement)
     assert not decided[item].passed, f"the wrong answer '{description}' passed the hidden checks of {item}"
     # Only its own: an item built on the wrong one is judged relative to it, and where the wrong one raises, a
     # correct one's answers stand in for it (autograder.course.checks.relative.answered), so that item is still seen.
@@ -131,7 +131,7 @@ def test_a_building_block_just_wrong_enough_to_fail_is_never_taken_for_right(sec
     as strictly as the items' own checks do). On secret a1 it once cost train_step too."""
     lesson = "07-training"
     item, description, replacement = next(m for m in _mutants(lesson) if "V - 1 wrong tokens" in m[1])
-    decided = mutants.hidden_verdicts(lesson, replacement, secret=secret)
+    decided = corpus.hidden_verdicts(lesson, replacement, secret=secret)
     assert [name for name, v in decided.items() if not v.passed] == [item], (description, {
         name: v.message for name, v in decided.items() if not v.passed})
 
@@ -276,18 +276,18 @@ def test_split_heads_reshape_raising_on_a_valid_input_is_told_the_input_was_vali
     """Issue 37: any exception on a NumPy input was answered with the torch-only .transpose/.view hint, even an
     exception the student raised on purpose on a valid input. Both layers now name the input and say that a
     valid input must not raise; a torch-only call on NumPy still gets the hint about the two libraries."""
-    from autograder.course.mutants import run_visible
+    from autograder.judge.corpus import run_visible
 
     lesson, item = "03-multi-head", "split_heads_reshape"
     wrong = _split_heads_reshape_mistake("raises ValueError on a valid input")
-    hidden = mutants.hidden_verdicts(lesson, wrong)[item].message
+    hidden = corpus.hidden_verdicts(lesson, wrong)[item].message
     visible = run_visible(lesson, item, wrong)
     for message in (hidden, visible):
         assert "a valid input must not raise" in message and "NumPy array of shape" in message, message
         assert _TORCH_ONLY_HINT not in message, message
     merge = "merge_heads_reshape"
     torch_only = next(r for name, d, r in _mutants(lesson) if name == merge and "torch-only" in d)
-    assert _TORCH_ONLY_HINT in mutants.hidden_verdicts(lesson, torch_only)[merge].message
+    assert _TORCH_ONLY_HINT in corpus.hidden_verdicts(lesson, torch_only)[merge].message
     assert _TORCH_ONLY_HINT in run_visible(lesson, merge, torch_only)
     assert _TORCH_ONLY_HINT in run_visible(lesson, item, _split_heads_reshape_mistake("torch's .transpose(1, 2)"))
 

@@ -14,9 +14,9 @@ import pytest
 import torch
 
 from autograder.course import samples
-from autograder.course.mutants import run_visible, visible_test_cells
 from autograder.course.reference import training
 from autograder.judge import verdicts
+from autograder.judge.corpus import run_visible, visible_test_cells
 from decoder_course import data
 
 # (lesson, item, a fragment of its known mistake's description, what the hidden verdict says, what its visible

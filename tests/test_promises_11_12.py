@@ -11,8 +11,8 @@ import pytest
 import torch
 
 from autograder.course import samples
-from autograder.course.mutants import run_visible, visible_test_cells
 from autograder.judge import verdicts
+from autograder.judge.corpus import run_visible, visible_test_cells
 from decoder_course.checks import CheckFailed, expect_dtype
 
 # (lesson, item, a words of the mistake's description, words the hidden message holds, words the visible one holds)

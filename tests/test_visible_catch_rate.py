@@ -12,8 +12,8 @@ import matplotlib
 import pytest
 
 from autograder.course import lessons, mutants
-from autograder.course.mutants import run_visible, visible_test_cells
-from autograder.judge import verdicts
+from autograder.judge import corpus, verdicts
+from autograder.judge.corpus import run_visible, visible_test_cells
 
 matplotlib.use("Agg")
 TARGET = 0.95
@@ -65,10 +65,10 @@ def test_rates_count_the_visible_among_the_hidden_and_the_strict_among_all():
     caught = [{"hidden": True, "visible": True, "others": []},
               {"hidden": True, "visible": False, "others": ["train_step"]},
               {"hidden": False, "visible": True, "others": []}]
-    counted = mutants.rates(caught)
+    counted = corpus.rates(caught)
     assert (counted["mistakes"], counted["hidden"], counted["visible"], counted["strict"]) == (3, 2, 1, 1)
     assert counted["visible_rate"] == 0.5 and counted["strict_rate"] == 1 / 3
-    assert mutants.rates([])["visible_rate"] == 1.0
+    assert corpus.rates([])["visible_rate"] == 1.0
 
 
 def test_the_catch_rate_section_reports_each_lesson_and_what_was_missed(monkeypatch):
@@ -80,7 +80,7 @@ def test_the_catch_rate_section_reports_each_lesson_and_what_was_missed(monkeypa
     table = catch_rate.run(quick=True)
     assert "| 00-setup | 3 | 3 | 3/3 = 100.0 % | 3/3 = 100.0 % |" in table and "| **all** |" in table
     assert "not by the visible cell" not in table
-    monkeypatch.setattr(mutants, "run_visible", lambda *args, **kwargs: None)
+    monkeypatch.setattr(corpus, "run_visible", lambda *args, **kwargs: None)
     missed = catch_rate.run(quick=True)
     assert "0/3 = 0.0 %" in missed and "Caught by the hidden checks but not by the visible cell:" in missed
     assert "- 00-setup `flatten_batch`:" in missed
