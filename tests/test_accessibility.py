@@ -3,7 +3,7 @@
 axe-core (axe-playwright-python, which ships axe.min.js) must find no serious or critical violation, and the
 violations found are listed in the failure's message.
 
-- **The feedback page** of a graded submission (``./course grade`` through :func:`autograder.grading.pipeline.grade`):
+- **The feedback page** of a graded submission (``./course grade``, :func:`autograder.grading.grade_class.grade`):
 the
   release of 01-masks with typical mistakes and a cell of the student's own that plots their mask. It is opened
   from disk with every request outside its folder refused (MathJax's CDN). Besides axe: a language, one ``<main>``
@@ -34,7 +34,7 @@ from nbclient import NotebookClient
 from nbformat.v4 import new_code_cell
 
 from autograder.course import samples
-from autograder.grading import pipeline
+from autograder.grading import grade_class
 from autograder.sandbox import launch as sandbox
 from tests import test_browser
 from tests.test_feedback import LIMITS
@@ -84,7 +84,7 @@ def feedback_page(tmp_path_factory):
     nbformat.write(nb, path)
     with pytest.MonkeyPatch.context() as patch:
         patch.delenv("MPLBACKEND", raising=False)  # the kernel draws inline, as for a student (conftest: Agg)
-        outcomes = pipeline.grade(home / "incoming", home / "work", [FEEDBACK_LESSON], limits=replace(LIMITS))
+        outcomes = grade_class.grade(home / "incoming", home / "work", [FEEDBACK_LESSON], limits=replace(LIMITS))
     assert all(o.ok for o in outcomes), outcomes
     page = home / "work" / "feedback" / "alan" / FEEDBACK_LESSON / f"{FEEDBACK_LESSON}.html"
     assert page.exists(), f"no feedback page: {sorted(p.name for p in page.parent.parent.rglob('*'))}"

@@ -820,6 +820,7 @@ from pathlib import Path
 import nbformat
 from autograder.grading import pipeline
 from autograder.course import samples
+from autograder.sandbox.warm import retire_warm
 from tests.test_adversarial import ATTACKS, LESSON, LIMITS, attack_notebook
 work, folder = Path(sys.argv[1]), Path(sys.argv[2])
 grader, _ = pipeline.prepare(work, [LESSON], sandbox=True, limits=LIMITS)
@@ -833,7 +834,7 @@ got = {"honest": grade("a-honest", samples.perfect(LESSON))}
 for attack in ATTACKS:
     if attack.student.startswith("x-output-"):
         got[attack.student] = grade(attack.student, attack_notebook(attack))
-pipeline.retire_warm()
+retire_warm()
 print(json.dumps(got))
 """
 

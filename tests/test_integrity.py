@@ -345,7 +345,7 @@ def test_grading_warns_of_late_extensions_from_the_record_in_its_work_folder(tmp
     work.mkdir()
     _ledger(work)
     (tmp_path / "incoming").mkdir()
-    monkeypatch.setattr(pipeline, "grade", lambda *args, **kwargs: [])
+    monkeypatch.setattr(grade_class, "grade", lambda *args, **kwargs: [])
     assert main(["grade", str(tmp_path / "incoming"), "--work", str(work), "--term", str(path)]) == 0
     said = capsys.readouterr()
     assert "warning: alice's extension of 02-attention" in said.err
