@@ -179,8 +179,8 @@ def test_no_module_over_700_lines_unless_architecture_says_why():
     ("autograder.nbgrader_plugins.TrustedExecute", "autograder.judge.preprocessors.TrustedExecute"),
     ("autograder.nbgrader_plugins.SafeCsvExport", "autograder.judge.preprocessors.SafeCsvExport"),
     ("autograder.feedback.SafeFeedback", "autograder.pages.feedback.SafeFeedback"),
-    ("autograder.feedback.FeedbackExporter", "autograder.pages.feedback.FeedbackExporter"),
-    ("autograder.feedback.FormgradeExporter", "autograder.pages.feedback.FormgradeExporter"),
+    ("autograder.feedback.FeedbackExporter", "autograder.pages.exporters.FeedbackExporter"),
+    ("autograder.feedback.FormgradeExporter", "autograder.pages.exporters.FormgradeExporter"),
     ("autograder.exchange.CourseExchangeCollect", "autograder.intake.exchange.CourseExchangeCollect"),
 ])
 def test_compatibility_names_are_the_rooms_objects(old, new):

@@ -2,11 +2,11 @@
 
 formgrader (nbgrader's server extension) renders ``autograded/<student>/<lesson>/<nb>.ipynb`` in the instructor's
 Jupyter session, whose page holds the XSRF token: ``pipeline.tools_config`` makes it build
-:class:`autograder.pages.feedback.FormgradeExporter`, which runs :class:`SafeFormgrade` (the feedback page's sanitiser).
+:class:`autograder.pages.exporters.FormgradeExporter`, which runs :class:`SafeFormgrade` (the feedback's sanitiser).
 Each attack is shown live with formgrader's stock exporter first. The page must keep formgrader's own scripts,
 score inputs and comment boxes, each id once.
 
-The bound (:class:`autograder.pages.feedback.BoundedExporter`): sanitising and rendering one notebook runs in a child
+The bound (:class:`autograder.pages.exporters.BoundedExporter`): sanitising and rendering one notebook runs in a child
 with a time, memory and size limit; past it the page is plain text with a note saying why, the log says so, and
 the next student's page is the usual one. Variants: deeply nested HTML (nh3 takes time quadratic in the depth),
 the same inside a markdown cell, markdown that is slow to parse, a notebook over the size limit, many outputs,
@@ -30,7 +30,8 @@ from traitlets.config import Config
 
 from autograder.grading import pipeline
 from autograder.judge import preprocessors as nbgrader_plugins
-from autograder.pages.feedback import FeedbackExporter, FormgradeExporter, SafeFeedback, Unrendered, bounded
+from autograder.pages.exporters import FeedbackExporter, FormgradeExporter, Unrendered, bounded
+from autograder.pages.feedback import SafeFeedback
 from tests.test_feedback import FORGED, attack_notebook, problems
 
 BASE = "/user/instructor"

@@ -28,7 +28,7 @@ from traitlets.config import Config
 
 from autograder.course import samples
 from autograder.grading import grade_class, pipeline
-from autograder.pages import feedback
+from autograder.pages import sanitiser
 from autograder.pages.feedback import SafeFeedback
 from autograder.sandbox import launch as sandbox
 
@@ -313,9 +313,9 @@ def test_the_seal_is_new_on_every_page():
 def test_student_html_cannot_produce_the_graders_marks():
     forged_box = ('<div data-course-grader="verdict" class="tex2jax_ignore" style="border:2px solid #1b7a34">'
                   "GRADER'S VERDICT · causal_mask · 1 / 1 point</div>")
-    cleaned = feedback.sanitize_html(forged_box)
+    cleaned = sanitiser.sanitize_html(forged_box)
     assert "data-course-grader" not in cleaned and "style" not in cleaned and "tex2jax" not in cleaned
-    assert "seal" not in feedback.markdown_block(cleaned).lower()
+    assert "seal" not in sanitiser.markdown_block(cleaned).lower()
 
 
 @pytest.mark.parametrize("source", [
@@ -338,20 +338,20 @@ def test_markdown_with_hostile_html_renders_inert(source):
 
 
 def test_markdown_blocks_pass_the_template_renderer_unchanged():
-    html_text = feedback.sanitize_html(feedback._markdown("# T\n\n```python\ndef f():\n\n    return 1 < 2\n```\n"))
-    block = feedback.markdown_block(html_text)
-    assert feedback._markdown(block).strip() == block and "\n" not in block
+    html_text = sanitiser.sanitize_html(sanitiser._markdown("# T\n\n```python\ndef f():\n\n    return 1 < 2\n```\n"))
+    block = sanitiser.markdown_block(html_text)
+    assert sanitiser._markdown(block).strip() == block and "\n" not in block
     # Code with blank lines keeps them (as &#10;, the same character to the browser).
     assert "return" in _soup(block).get_text() and "\n\n" in _soup(block).get_text()
 
 
 def test_outputs_keep_only_safe_types_and_metadata():
-    out = feedback.sanitize_output(new_output("display_data", data={
+    out = sanitiser.sanitize_output(new_output("display_data", data={
         "image/png": PNG, "text/latex": "$x<y$", "application/pdf": "JVBER", "text/plain": "fig"},
         metadata={"image/png": {"width": 300, "height": "2 onerror=x"}, "filenames": {"image/png": "/etc/passwd"}}))
     assert set(out.data) == {"image/png", "text/latex", "text/plain"}
     assert out.metadata == {"image/png": {"width": 300}}
-    js = feedback.sanitize_output(new_output("display_data", data={"application/javascript": "alert(1)"}))
+    js = sanitiser.sanitize_output(new_output("display_data", data={"application/javascript": "alert(1)"}))
     assert js.data == {"text/plain": "[not shown in the feedback: application/javascript output]"}
 
 

@@ -1,8 +1,8 @@
-"""The feedback page of :class:`autograder.pages.feedback.FeedbackExporter` is nbconvert's ``HTMLExporter`` page.
+"""The feedback page of :class:`autograder.pages.exporters.FeedbackExporter` is nbconvert's ``HTMLExporter`` page.
 
 ``HTMLExporter`` parses its whole rendered page with BeautifulSoup only to give ``<img>`` tags without one an
 ``alt`` and lab-template cells a ``tabindex``, then prints the tree again; ``FeedbackExporter`` makes the same
-edits on the template's text (:func:`autograder.pages.feedback.accessibility_edits`) and leaves the page to nbconvert's
+edits on the template's text (:func:`autograder.pages.exporters.accessibility_edits`) and leaves the page to nbconvert's
 pass where its scanner does not plainly read the markup. Both pages, read with BeautifulSoup's html.parser (what
 the feedback tests read them with), are the same tree: for real graded notebooks of two lessons (every kind of
 image: a matplotlib plot, markdown images with and without a description, an image in HTML output), for the
@@ -29,8 +29,9 @@ from traitlets.config import Config
 
 from autograder.course import samples
 from autograder.grading import grade_class, pipeline
-from autograder.pages import feedback
-from autograder.pages.feedback import NO_ALT, FeedbackExporter, SafeFeedback, accessibility_edits
+from autograder.pages import exporters, feedback
+from autograder.pages.exporters import NO_ALT, FeedbackExporter, accessibility_edits
+from autograder.pages.feedback import SafeFeedback
 from autograder.sandbox import launch as sandbox
 from tests.test_feedback import LIMITS, PNG, attack_notebook, problems
 
@@ -162,7 +163,7 @@ def test_the_course_writes_feedback_with_the_feedback_exporter(tmp_path, monkeyp
         assert converter.exporter_class is FeedbackExporter
         exporter = converter.exporter_class(parent=converter, config=converter.config)  # as converter.start does
         # its own section: the course's page (nbgrader's, with a language, <main> and headings in order)
-        assert (exporter.template_name, exporter.template_file) == (feedback.PAGE_TEMPLATE, feedback.PAGE_FILE)
+        assert (exporter.template_name, exporter.template_file) == (exporters.PAGE_TEMPLATE, exporters.PAGE_FILE)
         assert converter.preprocessors[-1] == "autograder.pages.feedback.SafeFeedback"
 
 
@@ -243,7 +244,7 @@ def test_lab_template_cells_get_their_tabindex(monkeypatch):
     assert _count(stock, "tabindex", "0") >= 3 and _count(stock, "alt", NO_ALT) == 2
     assert differences(stock, ours) == []
     # A scanner that does not know which divs nbconvert makes focusable drops their tabindex: the test sees it.
-    monkeypatch.setattr(feedback, "FOCUSABLE", ())
+    monkeypatch.setattr(exporters, "FOCUSABLE", ())
     broken = _render(FeedbackExporter, nb, safe=False, template_name="lab")
     assert differences(stock, broken) != []
     assert _count(broken, "tabindex", "0") < _count(stock, "tabindex", "0")
@@ -285,7 +286,7 @@ NOT_READ = [  # a <img that is not the start of an image tag, or markup opened i
 def test_the_scanner_makes_nbconverts_edits(page):
     edited = accessibility_edits(page)
     assert edited is not None
-    stock, missing = feedback._soup_edits(page)
+    stock, missing = exporters._soup_edits(page)
     assert differences(stock, edited[0]) == [] and edited[1] == missing
 
 

@@ -55,7 +55,7 @@ from autograder.intake import submissions as intake
 from autograder.intake.submissions import BadSubmission
 from autograder.judge import preprocessors as nbgrader_plugins
 from autograder.judge.preprocessors import RestoreGradingMetadata, StripHiddenTests, TrustedExecute
-from autograder.pages import feedback, gradebook_views
+from autograder.pages import exporters, gradebook_views
 from autograder.sandbox.launch import MAX_SLOWDOWN, Limits, SandboxUnavailable, check_available
 from autograder.term import integrity
 from autograder.term import schedule as term_module
@@ -146,12 +146,12 @@ def nbgrader_config(work: Path, db_url: str | None = None, release_dir: Path | N
         "nbconvert.preprocessors.CSSHTMLHeaderPreprocessor", "autograder.pages.feedback.SafeFeedback",
     ]
     # nbconvert's HTMLExporter, same template and page, without its BeautifulSoup pass over the whole page.
-    c.GenerateFeedback.exporter_class = "autograder.pages.feedback.FeedbackExporter"
+    c.GenerateFeedback.exporter_class = "autograder.pages.exporters.FeedbackExporter"
     # Its template: nbgrader's page with a language, a <main> landmark and headings in order (the exporter's own
     # section, so formgrader's HTMLExporter keeps its "formgrade" template)
-    c.FeedbackExporter.template_name = feedback.PAGE_TEMPLATE
-    c.FeedbackExporter.template_file = feedback.PAGE_FILE
-    c.FeedbackExporter.extra_template_basedirs = feedback.page_template_dirs()
+    c.FeedbackExporter.template_name = exporters.PAGE_TEMPLATE
+    c.FeedbackExporter.template_file = exporters.PAGE_FILE
+    c.FeedbackExporter.extra_template_basedirs = exporters.page_template_dirs()
     return c
 
 
@@ -179,9 +179,10 @@ def tools_config(c: Config, work: Path | None = None) -> Config:
     without the course's trusted execution and sandbox: ``nbgrader autograde`` and formgrader's Autograde button
     run :class:`~autograder.judge.preprocessors.TrustedExecute` exactly as ``./course grade`` does (same secret, so the
     same hidden cases and the same scores), feedback and formgrader's view of a submission go through the same
-    sanitiser within its bound (:class:`~autograder.pages.feedback.BoundedExporter`), and a notebook over the size limit
-    stops the run with a message naming ``./course grade`` before a byte of it is parsed. The canary is not in this
-    gradebook (it has its own tree), so it is never a student in ``export`` or formgrader's averages. The term is
+    sanitiser within its bound (:class:`~autograder.pages.exporters.BoundedExporter`), and a notebook over the
+    size limit stops the run with a message naming ``./course grade`` before a byte of it is parsed. The canary is
+    not in this gradebook (it has its own tree), so it is never a student in ``export`` or formgrader's averages. The
+    term is
     ``./course grade``'s default one (``$DECODER_COURSE_TERM``, else ``term.toml``): ``nbgrader autograde`` and
     formgrader give the same due dates, extensions and late penalties.
     """
@@ -257,12 +258,12 @@ def _stage_generate_assignment() -> None:
 
 
 def _sanitise_formgrader() -> None:
-    """Make formgrader render each submission with :class:`autograder.pages.feedback.FormgradeExporter`: the course's
+    """Make formgrader render each submission with :class:`autograder.pages.exporters.FormgradeExporter`: the course's
     sanitiser within its bound, so no student script runs in the instructor's Jupyter session. formgrader builds
     its exporter from this module-level name after reading this configuration, and has no setting for its class."""
     from nbgrader.server_extensions.formgrader import formgrader
 
-    from autograder.pages.feedback import FormgradeExporter
+    from autograder.pages.exporters import FormgradeExporter
 
     formgrader.HTMLExporter = FormgradeExporter
 
