@@ -48,6 +48,9 @@ LAB_LESSON = "02-attention"
 # A student's own plot in the graded notebook: not a demonstration cell, so grading runs it and the feedback
 # shows it.
 STUDENT_PLOT = "plot_mask(causal_mask(5), title='my causal mask');"
+# ... and one drawn with pyplot alone, in a graded kernel forked from the warm sandbox's zygote (which imported the
+# package before the kernel's shell existed): its description must reach the page too.
+PLAIN_PLOT = "import matplotlib.pyplot as plt\nplt.plot([3.0, 1.0, 2.0])\nplt.title('my own curve')\nplt.show()"
 browser = test_browser.browser  # the same headless Chromium fixture
 # What axe reads of a lesson in JupyterLab: the notebook's cells, but JupyterLab's code editor (see the docstring).
 LESSON_SCOPE = {"include": [[".jp-Notebook .jp-Cell"]], "exclude": [[".jp-InputArea-editor"]]}
@@ -79,6 +82,7 @@ def feedback_page(tmp_path_factory):
     nb = samples.typical_mistakes(FEEDBACK_LESSON)
     last_exercise = max(i for i, c in enumerate(nb.cells) if c.metadata.get("course", {}).get("exercise"))
     nb.cells.insert(last_exercise + 2, new_code_cell(STUDENT_PLOT))  # after the exercise's test cell
+    nb.cells.insert(1, new_code_cell(PLAIN_PLOT))  # before any helper has drawn (a helper registers it too)
     path = home / "incoming" / "alan" / FEEDBACK_LESSON / f"{FEEDBACK_LESSON}.ipynb"
     path.parent.mkdir(parents=True)
     nbformat.write(nb, path)
@@ -133,6 +137,7 @@ def test_the_students_figure_reaches_the_feedback_with_its_description(browser, 
     assert any(alt.startswith("'my causal mask': mask 5×5") and "query 0: no key; query 1: key 0;" in alt
                for alt in alts), alts
     assert all(alt.strip() for alt in alts), alts
+    assert any("my own curve" in alt for alt in alts), f"the pyplot figure came without its description: {alts}"
     loaded = page.evaluate("() => Array.from(document.images).every(i => i.complete && i.naturalWidth > 0)")
     assert loaded, "an image of the feedback page did not load"
     page.close()
