@@ -9,8 +9,8 @@ of 01-masks: ``ada`` on time, ``lin`` five hours late (every answer right: 4 raw
   extension;
 - formgrader, as the instructor's JupyterLab serves it with that config, shows 3.6 / 4 on Manage Submissions
   (its timestamp says "late: 4 − 0.4 = 3.6"), on Manual Grading, on Manage Students and the student's pages (the
-  notebook's *Code Score* stays the raw 4), lists the term's two lessons and no other, and shows a student with no
-  name by the id, never "None, None".
+  notebook's *Code Score* stays the raw 4) and in Manual Grading's averages (3.87 / 4, not 4 / 4), lists the term's
+  two lessons and no other, and shows a student with no name by the id, never "None, None".
 """
 
 import csv
@@ -127,6 +127,10 @@ def test_formgrader_shows_the_final_score_with_the_penalty(course, browser):
         assert "4 / 4" in _row(submissions, "ada") and "4 / 4" in _row(submissions, "bea")
         assert "None" not in " ".join(lin)  # no "None, None" for a student without a name
 
+        averages = _table(page, f"{base}/gradebook", LESSON)  # Manual Grading's assignments: (4 + 4 + 3.6) / 3
+        assert "3.87 / 4" in _row(averages, LESSON), averages
+        averages = _table(page, f"{base}/gradebook/{LESSON}", LESSON)  # ... and the assignment's notebooks
+        assert "3.87 / 4" in _row(averages, LESSON), averages
         manual = _table(page, f"{base}/gradebook/{LESSON}/{LESSON}", "Submission")
         assert sorted(cells[2] for cells in manual.values() if cells[2].endswith("/ 4")) == ["3.6 / 4", "4 / 4",
                                                                                              "4 / 4"], manual
@@ -171,3 +175,8 @@ def test_formgrader_s_api_gives_final_scores_beside_raw_ones(course, monkeypatch
     assert sorted(api.get_source_assignments()) == ["01-masks", "02-attention"]
     assert {s["student"]: s["score"] for s in api.get_submissions(LESSON)} == pytest.approx(
         {"ada": 4.0, "bea": 4.0, "lin": 3.6})
+    assignment = api.get_assignment(LESSON)  # Manage Assignments' average: of the final scores, the raw one beside
+    assert (assignment["average_score"], assignment["raw_average_score"]) == pytest.approx((11.6 / 3, 4.0))
+    assert {a["name"]: a["average_score"] for a in api.get_assignments()}[LESSON] == pytest.approx(11.6 / 3)
+    [notebook] = api.get_notebooks(LESSON)  # Manual Grading's per-notebook average
+    assert (notebook["average_score"], notebook["raw_average_score"]) == pytest.approx((11.6 / 3, 4.0))

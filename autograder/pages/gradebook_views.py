@@ -10,6 +10,8 @@ with each ``score`` the final one and the raw score and penalty beside it (``raw
 - every page's *Score* column is the final score; the detail pages keep nbgrader's *Code Score* (the raw score
   the tests gave), so the two side by side show the penalty;
 - Manage Submissions' *Timestamp* of a late submission says so: ``… (late: 2 − 0.2 = 1.8)``;
+- Manage Assignments' and Manual Grading's averages are of the final scores (nbgrader's raw one kept beside, as
+  ``raw_average_score``);
 - a student with no name in the gradebook is shown by their id, not "None, None";
 - with a term, the assignments are the term's lessons (not every lesson of the course, the rest as drafts).
 
@@ -66,6 +68,40 @@ class FinalScoreAPI(NbGraderAPI):
                 for notebook in submission.notebooks:
                     found[(*key, notebook.name)] = float(notebook.late_submission_penalty or 0.0)
         return found
+
+    def _average_final(self, assignment_id: str, notebook_id: str | None = None) -> float | None:
+        """The mean final score of an assignment's submissions (of one of its notebooks): nbgrader's average with
+        each submission's penalty taken, clipped at 0 as :func:`_final` does; None when it has none."""
+        finals = []
+        with self.gradebook as gb:
+            try:
+                submissions = gb.find_assignment(assignment_id).submissions
+            except MissingEntry:
+                return None
+            for submission in submissions:
+                parts = ([submission] if notebook_id is None else
+                         [n for n in submission.notebooks if n.name == notebook_id])
+                for part in parts:
+                    finals.append(max(0.0, float(part.score or 0.0) - float(part.late_submission_penalty or 0.0)))
+        return sum(finals) / len(finals) if finals else None
+
+    @staticmethod
+    def _final_average(entry: dict, average: float | None) -> dict:
+        """``entry``'s ``average_score`` made the final one, nbgrader's raw average kept as ``raw_average_score``
+        (its *code* average stays raw, as each notebook's *Code Score* does)."""
+        if average is not None and "raw_average_score" not in entry and "average_score" in entry:
+            entry.update(raw_average_score=entry["average_score"], average_score=average)
+        return entry
+
+    def get_assignment(self, assignment_id, released=None):
+        """Manage Assignments' *Average score*: of the final scores."""
+        entry = super().get_assignment(assignment_id, released)
+        return entry if entry is None else self._final_average(entry, self._average_final(assignment_id))
+
+    def get_notebooks(self, assignment_id):
+        """Manual Grading's per-notebook *Avg. Score*: of the final scores."""
+        return [self._final_average(entry, self._average_final(assignment_id, entry.get("name")))
+                for entry in super().get_notebooks(assignment_id)]
 
     def get_source_assignments(self):
         """With a term, the term's lessons only (Manage Assignments, a student's page): the course's other lessons
