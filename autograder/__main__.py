@@ -44,6 +44,12 @@ def _moment(text: str) -> datetime:
         raise argparse.ArgumentTypeError(f"{text!r} is not a time: write 2027-02-01T09:00:00+01:00") from None
 
 
+def _term_file(text: str) -> Path | str:
+    """A ``--term`` file; ``--term ""`` says there is none, whatever $DECODER_COURSE_TERM or term.toml say
+    (``Path("")`` would be the current folder)."""
+    return text if text == "" else Path(text)
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m autograder", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -52,14 +58,14 @@ def main(argv: list[str] | None = None) -> int:
     p_release = sub.add_parser("release", help="build the student release into lessons/")
     p_release.add_argument("--lessons", nargs="*", help="lesson ids (default: all; with a term, those released by "
                                                         "--as-of)")
-    p_release.add_argument("--term", type=Path, default=None,
+    p_release.add_argument("--term", type=_term_file, default=None,
                            help="the term file (default: $DECODER_COURSE_TERM, or term.toml when there): a term's "
                                 "release goes to .grading/lessons and withholds earlier answers still open")
     p_release.add_argument("--as-of", type=_moment, default=None, metavar="ISO-TIME",
                            help="the moment the release is made (default: now), e.g. 2027-02-01T09:00:00+01:00")
     p_release.add_argument("--out", type=Path, default=None, help="where the release goes")
     p_term = sub.add_parser("term", help="show the term: each lesson's release, due and closing dates")
-    p_term.add_argument("--term", type=Path, default=None, help="the term file (default: $DECODER_COURSE_TERM, "
+    p_term.add_argument("--term", type=_term_file, default=None, help="the term file (default: $DECODER_COURSE_TERM, "
                                                                 "or term.toml when there)")
     p_term.add_argument("--out", type=Path, default=None,
                         help="the term's release folder, beside which releases record when each lesson's answers went "
@@ -96,7 +102,7 @@ def main(argv: list[str] | None = None) -> int:
                        help="grade on the Dask cluster of this scheduler (an address or a scheduler file), one "
                             "task per notebook; this process stays the gradebook's only writer "
                             "(docs/INSTRUCTOR.md, Grading on a cluster)")
-        p.add_argument("--term", type=Path, default=None, metavar="FILE",
+        p.add_argument("--term", type=_term_file, default=None, metavar="FILE",
                        help=f"the term: due dates, late policy, extensions (default: ${term.ENV_VAR}, else term.toml "
                             "when there; without one nothing is late; term.example.toml shows one)")
     args = parser.parse_args(argv)

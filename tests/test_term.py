@@ -405,6 +405,20 @@ def test_a_bad_term_stops_grading_before_anything_is_graded(tmp_path, capsys):
     assert "cannot read the term file" in capsys.readouterr().err
 
 
+def test_an_empty_term_option_means_no_term_whatever_the_default(tmp_path, capsys, monkeypatch):
+    """``--term ""`` grades without a term even where $DECODER_COURSE_TERM names one (it was read as the folder
+    ".", and grading stopped on "cannot read the term file")."""
+    bad = tmp_path / "term.toml"
+    bad.write_text('[late]\npercent_per_day = 10\n')
+    monkeypatch.setenv(term.ENV_VAR, str(bad))
+    (tmp_path / "in").mkdir()
+    assert main(["grade", str(tmp_path / "in"), "--work", str(tmp_path / "work"), "--term", ""]) == 2
+    said = capsys.readouterr().err
+    assert "cutoff_days" not in said and "term file" not in said and "no notebook to grade" in said, said
+    assert main(["grade", str(tmp_path / "in"), "--work", str(tmp_path / "work")]) == 2  # the default: that term
+    assert "cutoff_days is missing" in capsys.readouterr().err
+
+
 def test_the_term_s_schedule_shows_its_own_clock_with_utc_beside():
     """``./course term`` of a term written in Europe/Berlin: its dates as written there (the issue found UTC)."""
     from autograder.term import integrity
