@@ -348,3 +348,34 @@ def test_a_group_whose_process_dies_late_is_removed_by_the_next_sandbox_or_at_ex
         if following is not None:
             following.remove()
         cgroups.reap_unremoved()
+
+
+@as_root
+def test_a_group_no_sandbox_holds_any_more_is_removed_by_the_next_sandbox():
+    """A sandbox dropped without its release (whatever the path) leaves a group with a process in it; the next group
+    this process makes kills that process and removes the group. Groups still held are left alone."""
+    import gc
+
+    held = cgroups.for_sandbox(64 * MB, 16, 1.0)
+    dropped = cgroups.for_sandbox(64 * MB, 16, 1.0)
+    folders = list(dropped.folders.values())
+    process = subprocess.Popen(dropped.attach_command() + ["sleep", "600"])
+    following = None
+    try:
+        for _ in range(100):
+            if process.pid in dropped.pids():
+                break
+            time.sleep(0.02)
+        assert process.pid in dropped.pids()
+        del dropped
+        gc.collect()
+        following = cgroups.for_sandbox(64 * MB, 16, 1.0)
+        assert not any(folder.exists() for folder in folders), "the group no sandbox held was still there"
+        assert process.wait(timeout=10) == -9
+        assert held.exists() and following.exists(), "a group still held was removed"
+    finally:
+        process.kill()
+        process.wait()
+        for group in (held, following):
+            if group is not None:
+                group.remove()

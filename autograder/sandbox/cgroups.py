@@ -48,6 +48,7 @@ import secrets
 import signal
 import threading
 import time
+import weakref
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -125,6 +126,7 @@ class Group:
 
     version: int
     folders: dict[str, Path]  # controller -> folder (v1: memory, pids, cpu and perhaps cpuacct; v2: the same one)
+    refused: str = ""  # why the last removal left a folder (for the warning)
 
     @property
     def name(self) -> str:
@@ -236,6 +238,9 @@ class Group:
                     break
                 except OSError as exc:
                     if exc.errno != errno.EBUSY or time.monotonic() > deadline:
+                        self.refused = f"{folder}: {os.strerror(exc.errno or 0)}" + (
+                            "" if self.pids() else " with no process listed (one that has ended but was not "
+                            "yet waited for still counts)")
                         break
                     time.sleep(0.02)
         return self.pids()
@@ -254,6 +259,8 @@ class Hierarchy:
         name = f"{PREFIX}{os.getpid()}-{secrets.token_hex(4)}"
         folders = {controller: parent / name for controller, parent in self.parents.items()}
         group = Group(self.version, folders)
+        with _UNREMOVED_LOCK:
+            _LIVE.add(group)  # before its folders exist: sweep_orphans never takes a group being made
         try:
             for folder in dict.fromkeys(folders.values()):
                 folder.mkdir()
@@ -267,6 +274,33 @@ class Hierarchy:
             group.remove()
             raise CgroupUnavailable(f"cannot make the sandbox's control group {name}: {exc}") from exc
         return group
+
+    def sweep_orphans(self) -> list[str]:
+        """Kill and remove this process's groups that no :class:`Group` object holds any more (a sandbox dropped
+        without its release, whatever the path): no group of a grading process outlives its sandbox."""
+        mine = f"{PREFIX}{os.getpid()}-"
+        with _UNREMOVED_LOCK:
+            held = {group.name for group in _LIVE} | {group.name for group in _UNREMOVED}
+        orphans: dict[str, dict[str, Path]] = {}
+        for controller, parent in self.parents.items():
+            try:
+                names = [entry.name for entry in os.scandir(parent) if entry.name.startswith(mine)]
+            except OSError:
+                continue
+            for name in names:
+                if name not in held:
+                    orphans.setdefault(name, {})[controller] = parent / name
+        swept = []
+        for name, folders in orphans.items():
+            group = Group(self.version, folders)
+            group._lift_memory_limit()
+            group._kill_and_rmdir(1.0)
+            if group.exists():
+                log.warning("the control group %s, left by a sandbox of this process, is still there (%s)", name,
+                            group.refused or f"processes {group.pids()}")
+            else:
+                swept.append(name)
+        return swept
 
     def sweep_stale(self) -> list[str]:
         """Remove the (empty) groups of sandboxes whose grading process is gone: it was killed before it could
@@ -410,6 +444,7 @@ def hierarchy() -> Hierarchy | None:
 
 _UNREMOVED: list[Group] = []  # groups whose removal found processes still dying: tried again (reap_unremoved)
 _UNREMOVED_LOCK = threading.Lock()
+_LIVE: weakref.WeakSet[Group] = weakref.WeakSet()  # every group this process made whose object is still held
 
 
 def reap_unremoved(seconds: float = 1.0) -> list[Group]:
@@ -424,8 +459,8 @@ def reap_unremoved(seconds: float = 1.0) -> list[Group]:
         _UNREMOVED[:] = [group for group in _UNREMOVED if group.exists()]
         left = list(_UNREMOVED)
     for group in left:
-        log.warning("the control group %s is still there: its processes %s have not died yet", group.name,
-                    group.pids())
+        log.warning("the control group %s is still there (%s)", group.name,
+                    group.refused or f"its processes {group.pids()} have not died yet")
     return left
 
 
@@ -434,12 +469,14 @@ atexit.register(reap_unremoved, 15.0)
 
 def for_sandbox(memory_bytes: int, pids: int, cpus: float) -> Group | None:
     """A new group for one sandbox with these limits, or None where groups cannot be made (warned once). Groups an
-    earlier removal had to leave are removed first (:func:`reap_unremoved`)."""
+    earlier removal had to leave are removed first (:func:`reap_unremoved`), and so are this process's groups that
+    no sandbox holds any more (:meth:`Hierarchy.sweep_orphans`)."""
     found = hierarchy()
     if found is None:
         return None
     if _UNREMOVED:
         reap_unremoved()
+    found.sweep_orphans()
     try:
         return found.create(memory_bytes, pids, cpus)
     except CgroupUnavailable as exc:
