@@ -320,20 +320,26 @@ def test_a_sandbox_starts_in_its_group_or_not_at_all(tmp_path):
     assert box.cgroup is None
 
 
+def _sleeping_in(group: cgroups.Group) -> subprocess.Popen:
+    """A process that sleeps in ``group`` (started through its attach command), once the group lists it."""
+    process = subprocess.Popen(group.attach_command() + ["sleep", "600"])
+    for _ in range(100):
+        if process.pid in group.pids():
+            return process
+        time.sleep(0.02)
+    process.kill()
+    raise AssertionError(f"the process never joined {group.name}")
+
+
 @as_root
 def test_a_group_whose_process_dies_late_is_removed_by_the_next_sandbox_or_at_exit(monkeypatch):
     """A killed process leaves its group only once the kernel has freed what it held, which a loaded machine can take
     longer than :meth:`Group.remove` waits. Such a group is not forgotten: the next group made in this process (or
     its exit) removes it. Here the process "dies late" because the first removal's kill is withheld."""
     group = cgroups.for_sandbox(64 * MB, 16, 1.0)
-    process = subprocess.Popen(group.attach_command() + ["sleep", "600"])
+    process = _sleeping_in(group)
     following = None
     try:
-        for _ in range(100):
-            if process.pid in group.pids():
-                break
-            time.sleep(0.02)
-        assert process.pid in group.pids()
         with monkeypatch.context() as patched:
             patched.setattr(cgroups.os, "kill", lambda pid, sig: None)  # the kill lands after the removal's wait
             left = group.remove(seconds=0.2)
@@ -359,14 +365,9 @@ def test_a_group_no_sandbox_holds_any_more_is_removed_by_the_next_sandbox():
     held = cgroups.for_sandbox(64 * MB, 16, 1.0)
     dropped = cgroups.for_sandbox(64 * MB, 16, 1.0)
     folders = list(dropped.folders.values())
-    process = subprocess.Popen(dropped.attach_command() + ["sleep", "600"])
+    process = _sleeping_in(dropped)
     following = None
     try:
-        for _ in range(100):
-            if process.pid in dropped.pids():
-                break
-            time.sleep(0.02)
-        assert process.pid in dropped.pids()
         del dropped
         gc.collect()
         following = cgroups.for_sandbox(64 * MB, 16, 1.0)
