@@ -13,7 +13,7 @@ import sys
 import time
 from pathlib import Path
 
-from tests.conftest import ROOT
+from tests.conftest import NOW, NOW_ENV, ROOT
 
 
 def _collecting(folder: Path, cwd: Path) -> subprocess.Popen:
@@ -55,3 +55,23 @@ def test_the_comparison_sees_a_clock_in_an_id(tmp_path):
         "@pytest.mark.parametrize('when', [f'{NOW:%H:%M:%S}'])\ndef test_when(when):\n    pass\n")
     first, second = collected_twice_across_a_second(tmp_path, tmp_path)
     assert len(first) == len(second) == 1 and first != second
+
+
+def test_every_process_of_a_run_reads_the_runs_one_clock():
+    """``tests.conftest.NOW`` is read once, in the process that starts the run, and handed to its workers through the
+    environment: two processes started a second apart, as xdist's workers are, build the same term dates."""
+    import os
+
+    program = "from tests.conftest import NOW; print(NOW.isoformat())"
+    env = {key: value for key, value in os.environ.items() if key != NOW_ENV}
+    env[NOW_ENV] = NOW.isoformat()
+
+    def read() -> str:
+        return subprocess.run([sys.executable, "-c", program], cwd=ROOT, env=env, capture_output=True, text=True,
+                              check=True).stdout.strip()
+
+    first = read()
+    time.sleep(1.1)
+    assert first == read() == NOW.isoformat()
+    del env[NOW_ENV]  # a process with no reading handed down reads its own clock
+    assert read() != first

@@ -18,7 +18,7 @@ import os
 import subprocess
 import sys
 import time
-from datetime import UTC, datetime, timedelta
+from datetime import datetime, timedelta
 from zoneinfo import ZoneInfo
 
 import nbformat
@@ -26,7 +26,7 @@ import pytest
 
 from autograder.course import samples
 from tests import test_browser
-from tests.conftest import ROOT
+from tests.conftest import NOW, ROOT
 from tests.test_browser import Lab, loopback_page
 
 pytestmark = [pytest.mark.notebook, pytest.mark.pipeline]
@@ -34,7 +34,6 @@ pytestmark = [pytest.mark.notebook, pytest.mark.pipeline]
 browser = test_browser.browser
 LESSON = "01-masks"
 ZONE = ZoneInfo("Europe/Berlin")
-NOW = datetime.now(UTC).replace(microsecond=0)
 DUE = NOW - timedelta(days=3)
 LATE = {"ada": -timedelta(hours=1), "lin": timedelta(hours=5), "bea": timedelta(days=2)}
 SERVER_CONFIG = {"ServerApp": {"jpserver_extensions": {"nbgrader.server_extensions.formgrader": True}}}

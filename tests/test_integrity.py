@@ -10,7 +10,7 @@ from __future__ import annotations
 import csv
 import json
 import shutil
-from datetime import UTC, datetime, timedelta
+from datetime import datetime, timedelta
 from pathlib import Path
 
 import nbformat
@@ -25,9 +25,9 @@ from autograder.grading import grade_class, pipeline
 from autograder.term import integrity
 from autograder.term import schedule as term
 from decoder_course import earlier
+from tests.conftest import NOW
 
 ROOT = Path(__file__).resolve().parent.parent
-NOW = datetime.now(UTC)
 
 
 def _term(tmp_path: Path, dates: dict[str, tuple[datetime, datetime]], extensions: str = "",

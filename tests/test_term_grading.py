@@ -25,12 +25,12 @@ from nbgrader.api import Gradebook
 from autograder.course import samples
 from autograder.grading import grade_class, pipeline
 from autograder.term import schedule as term
+from tests.conftest import NOW
 
 pytestmark = pytest.mark.pipeline
 
 LESSONS = ["00-setup", "01-masks", "02-attention"]
 ZONE = "Europe/Berlin"
-NOW = datetime.now(UTC).replace(microsecond=0)
 DUE = {"00-setup": NOW - timedelta(days=30), "01-masks": NOW - timedelta(days=20),
        "02-attention": NOW - timedelta(days=10)}
 EXTENDED_TO = DUE["02-attention"] + timedelta(days=2, hours=6)  # bea's new due date for 02-attention
