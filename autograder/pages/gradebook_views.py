@@ -69,7 +69,7 @@ class FinalScoreAPI(NbGraderAPI):
                     found[(*key, notebook.name)] = float(notebook.late_submission_penalty or 0.0)
         return found
 
-    def _average_final(self, assignment_id: str, notebook_id: str | None = None) -> float | None:
+    def _mean_final_score(self, assignment_id: str, notebook_id: str | None = None) -> float | None:
         """The mean final score of an assignment's submissions (of one of its notebooks): nbgrader's average with
         each submission's penalty taken, clipped at 0 as :func:`_final` does; None when it has none."""
         finals = []
@@ -86,7 +86,7 @@ class FinalScoreAPI(NbGraderAPI):
         return sum(finals) / len(finals) if finals else None
 
     @staticmethod
-    def _final_average(entry: dict, average: float | None) -> dict:
+    def _with_final_average(entry: dict, average: float | None) -> dict:
         """``entry``'s ``average_score`` made the final one, nbgrader's raw average kept as ``raw_average_score``
         (its *code* average stays raw, as each notebook's *Code Score* does)."""
         if average is not None and "raw_average_score" not in entry and "average_score" in entry:
@@ -96,11 +96,11 @@ class FinalScoreAPI(NbGraderAPI):
     def get_assignment(self, assignment_id, released=None):
         """Manage Assignments' *Average score*: of the final scores."""
         entry = super().get_assignment(assignment_id, released)
-        return entry if entry is None else self._final_average(entry, self._average_final(assignment_id))
+        return entry if entry is None else self._with_final_average(entry, self._mean_final_score(assignment_id))
 
     def get_notebooks(self, assignment_id):
         """Manual Grading's per-notebook *Avg. Score*: of the final scores."""
-        return [self._final_average(entry, self._average_final(assignment_id, entry.get("name")))
+        return [self._with_final_average(entry, self._mean_final_score(assignment_id, entry.get("name")))
                 for entry in super().get_notebooks(assignment_id)]
 
     def get_source_assignments(self):

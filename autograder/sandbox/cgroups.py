@@ -293,7 +293,6 @@ class Hierarchy:
         swept = []
         for name, folders in orphans.items():
             group = Group(self.version, folders)
-            group._lift_memory_limit()
             group._kill_and_rmdir(1.0)
             if group.exists():
                 log.warning("the control group %s, left by a sandbox of this process, is still there (%s)", name,
@@ -453,7 +452,6 @@ def reap_unremoved(seconds: float = 1.0) -> list[Group]:
     with _UNREMOVED_LOCK:
         waiting = list(_UNREMOVED)
     for group in waiting:
-        group._lift_memory_limit()
         group._kill_and_rmdir(seconds)
     with _UNREMOVED_LOCK:
         _UNREMOVED[:] = [group for group in _UNREMOVED if group.exists()]
